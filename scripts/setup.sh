@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Build every Python environment tpu-stack needs, idempotently (DESIGN.md,
+# "Two Python environments"):
+#   .venv/infra   pulumi, pulumi-gcp, policy, ops CLI, infra tests
+#   .venv/tf218   training package + TensorFlow 2.18 (the TPU image's TF) + tf-keras
+#   .venv/tf220   training package + TensorFlow 2.20 (newest tensorflow-tpu) + tf-keras
+#   .venv/image   TensorFlow 2.18 only: stands in for the TPU VM image in agent tests
+# Usage: scripts/setup.sh [infra|tf218|tf220|image ...]   (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+quiet_pip() {
+  # pip.conf on some machines names local indexes that do not exist; drop the noise.
+  "$@" 2> >(grep -v "is neither a file nor a directory" >&2)
+}
+
+make_venv() {
+  local name=$1; shift
+  local stamp=".venv/$name/.installed"
+  local want
+  want=$(printf '%s\n' "$@" | sha256sum | cut -c1-16)
+  if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
+    return 0
+  fi
+  echo "setting up .venv/$name" >&2
+  [[ -x .venv/$name/bin/python ]] || "$PYTHON" -m venv ".venv/$name"
+  quiet_pip ".venv/$name/bin/python" -m pip install --quiet --upgrade pip
+  quiet_pip ".venv/$name/bin/python" -m pip install --quiet "$@"
+  echo "$want" > "$stamp"
+}
+
+setup_one() {
+  case $1 in
+    infra) make_venv infra -r requirements-dev.txt -e ./training ;;
+    tf218) make_venv tf218 -e './training[tf218,test]' ;;
+    tf220) make_venv tf220 -e './training[tf220,test]' ;;
+    image) make_venv image 'tensorflow-cpu>=2.18,<2.19' ;;
+    *) echo "setup.sh: unknown environment '$1' (infra, tf218, tf220, image)" >&2; exit 2 ;;
+  esac
+}
+
+if [[ $# -eq 0 ]]; then set -- infra tf218 tf220 image; fi
+for env in "$@"; do setup_one "$env"; done

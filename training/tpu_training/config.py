@@ -1,0 +1,173 @@
+"""The job config: one schema for the stack (`tpu-stack:jobs`) and the node.
+
+Standard library only. The TPU VM runs this module with nothing but the image's
+Python and TensorFlow, and the infra side imports the same module to check
+`tpu-stack:jobs` at preview time, so the schema lives once (DESIGN.md, "The
+training package").
+
+A stack job names its data relative to the data bucket (or as a `gs://` URI)
+and has no locations; the node's job is the same job with every location
+resolved. `JobConfig.from_dict(data, resolved=...)` checks either form and
+raises one `JobConfigError` listing every problem with its key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+# The models the package knows; `tpu_training.models` builds them (with TensorFlow).
+MODEL_NAMES: tuple[str, ...] = ("mnist_cnn", "resnet18", "resnet50")
+
+# Keys the infra side fills in when it resolves a stack job for a node.
+LOCATION_KEYS: tuple[str, ...] = ("checkpointDir", "exportDir", "tensorboardDir")
+
+# Where a location may point: GCS on the VM; local folders and TF's in-memory
+# filesystem off it (TF's gs:// filesystem cannot be pointed at an emulator).
+REMOTE_SCHEMES: tuple[str, ...] = ("gs://",)
+LOCAL_SCHEMES: tuple[str, ...] = ("ram://",)
+
+
+class JobConfigError(ValueError):
+    """Every problem of one job config, each as (key, what is wrong and allowed)."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{key}: {message}" for key, message in problems))
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    model: str
+    trainData: str
+    globalBatchSize: int
+    trainSteps: int
+    evalData: str | None = None
+    stepsPerExecution: int = 100
+    checkpointEverySteps: int = 1000
+    learningRate: float | None = None
+    warmupSteps: int | None = None
+    imageSize: int | None = None
+    numClasses: int | None = None
+    checkpointDir: str | None = None
+    exportDir: str | None = None
+    tensorboardDir: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, resolved: bool = True) -> JobConfig:
+        """Check `data` and build the config; `resolved=False` for a stack job."""
+        problems = _problems(data, resolved=resolved)
+        if problems:
+            raise JobConfigError(problems)
+        return cls(**dict(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def resolve(self, *, data_root: str, checkpoint_dir: str, export_dir: str,
+                tensorboard_dir: str) -> JobConfig:
+        """The node's job: data made absolute under `data_root`, locations set."""
+        return dataclasses.replace(
+            self,
+            trainData=absolute(self.trainData, data_root),
+            evalData=None if self.evalData is None else absolute(self.evalData, data_root),
+            checkpointDir=checkpoint_dir,
+            exportDir=export_dir,
+            tensorboardDir=tensorboard_dir,
+        )
+
+
+def absolute(path: str, root: str) -> str:
+    """`path` as given when it is already absolute, else under `root`."""
+    if is_absolute(path):
+        return path
+    return root.rstrip("/") + "/" + path.lstrip("/")
+
+
+def is_absolute(path: str) -> bool:
+    return path.startswith(REMOTE_SCHEMES + LOCAL_SCHEMES) or path.startswith("/")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(JobConfig)}
+_REQUIRED = tuple(name for name, f in _FIELDS.items()
+                  if f.default is dataclasses.MISSING)
+_INTS = ("globalBatchSize", "trainSteps", "stepsPerExecution", "checkpointEverySteps",
+         "warmupSteps", "imageSize", "numClasses")
+_MIN_IMAGE_SIZE = 32  # ResNet downsamples by 32 before its pooling layer
+
+
+def _problems(data: Mapping[str, Any], *, resolved: bool) -> list[tuple[str, str]]:
+    if not isinstance(data, Mapping):
+        return [("", f"must be a mapping of job settings, got {type(data).__name__}")]
+    problems: list[tuple[str, str]] = []
+    allowed = sorted(_FIELDS) if resolved else sorted(set(_FIELDS) - set(LOCATION_KEYS))
+    for key in data:
+        if key not in allowed:
+            problems.append((str(key), f"unknown key; allowed: {', '.join(allowed)}"))
+    for key in _REQUIRED:
+        if data.get(key) is None:
+            problems.append((key, "is required"))
+    problems += _type_problems(data)
+    if problems:
+        return problems
+    problems += _value_problems(data)
+    if resolved:
+        for key in LOCATION_KEYS:
+            if not data.get(key):
+                problems.append((key, "is required in a resolved job config"))
+    return problems
+
+
+def _type_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    problems = []
+    for key, value in data.items():
+        if key not in _FIELDS or value is None:
+            continue
+        if key in _INTS:
+            if isinstance(value, bool) or not isinstance(value, int):
+                problems.append((key, f"must be a whole number, got {value!r}"))
+        elif key == "learningRate":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                problems.append((key, f"must be a number, got {value!r}"))
+        elif not isinstance(value, str) or not value:
+            problems.append((key, f"must be a non-empty string, got {value!r}"))
+    return problems
+
+
+def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    problems = []
+    model = data["model"]
+    if model not in MODEL_NAMES:
+        problems.append(("model", f"{model!r} is not a known model; allowed: "
+                                  f"{', '.join(MODEL_NAMES)}"))
+    for key in ("globalBatchSize", "trainSteps", "stepsPerExecution",
+                "checkpointEverySteps", "numClasses"):
+        value = data.get(key)
+        if value is not None and value < 1:
+            problems.append((key, f"must be at least 1, got {value}"))
+    warmup = data.get("warmupSteps")
+    if warmup is not None and warmup < 0:
+        problems.append(("warmupSteps", f"must be 0 or more, got {warmup}"))
+    rate = data.get("learningRate")
+    if rate is not None and not 0 < rate < 10:
+        problems.append(("learningRate", f"must be between 0 and 10 (exclusive), got {rate}"))
+    image_size = data.get("imageSize")
+    if image_size is not None:
+        if model == "mnist_cnn":
+            problems.append(("imageSize", "applies to the resnet models only "
+                                          "(mnist_cnn reads 28x28 images)"))
+        elif image_size < _MIN_IMAGE_SIZE:
+            problems.append(("imageSize", f"must be at least {_MIN_IMAGE_SIZE}, got {image_size}"))
+    if problems:
+        return problems
+    steps, per_execution = data["trainSteps"], data.get("stepsPerExecution", 100)
+    every = data.get("checkpointEverySteps", 1000)
+    if per_execution > steps:
+        problems.append(("stepsPerExecution",
+                         f"{per_execution} is more than trainSteps ({steps})"))
+    if every % per_execution:
+        # Checkpoints are taken between executions, so the interval must be whole ones.
+        problems.append(("checkpointEverySteps",
+                         f"{every} is not a multiple of stepsPerExecution ({per_execution})"))
+    return problems
