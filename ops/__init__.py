@@ -1,0 +1,1 @@
+"""tpuctl: the ops CLI (plan, preflight, status, wait, recover, janitor, logs, rehearse)."""

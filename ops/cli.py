@@ -1,0 +1,40 @@
+"""`tpuctl`: one CLI; each verb lives in its own module and registers itself here."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="tpuctl",
+    help="Plan, check and operate tpu-stack TPU capacity.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Each module defines `register(app: typer.Typer) -> None`.
+_VERB_MODULES = ("ops.plan_cmd", "ops.rehearse_cmd", "ops.tpu_cmds")
+
+
+def _register_verbs() -> None:
+    for name in _VERB_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name != name:
+                raise
+            continue  # a verb module that is not part of this checkout
+        module.register(app)
+
+
+_register_verbs()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
