@@ -1,0 +1,1 @@
+"""The tpu-stack policy pack: `pulumi preview --policy-pack policy`."""

@@ -1,0 +1,102 @@
+"""Run the pack's policies on an offline plan (`ops.plan.offline_plan(...).to_json()`).
+
+The engine is not involved: each plan resource becomes the args a policy sees
+during `pulumi preview`, every policy runs against it, and the violations come
+back as data for `tpuctl plan` to print.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pulumi_policy import (
+    PolicyCustomTimeouts,
+    PolicyResource,
+    PolicyResourceOptions,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+from policy.tpu_policies import POLICIES
+
+PolicyConfig = Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Violation:
+    policy: str
+    message: str
+    urn: str | None  # None: the stack as a whole
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_config(path: Path | None) -> dict[str, dict[str, Any]]:
+    """A policy config file (policy/config.example.json), or no overrides."""
+    if path is None:
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"policy config {path}: {error}") from None
+    if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
+        raise ValueError(f"policy config {path}: expected {{policy name: {{setting: value}}}}")
+    return config
+
+
+def _options(resource: Mapping[str, Any]) -> PolicyResourceOptions:
+    return PolicyResourceOptions(
+        protect=bool(resource.get("protect")), ignore_changes=[],
+        delete_before_replace=resource.get("deleteBeforeReplace"), aliases=[],
+        custom_timeouts=PolicyCustomTimeouts(0, 0, 0), additional_secret_outputs=[],
+        parent=resource.get("parent"))
+
+
+def _custom_resources(plan: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [r for r in plan.get("resources", []) if r.get("custom", True)]
+
+
+def _settings(config: PolicyConfig, name: str) -> dict[str, Any]:
+    settings = dict(config.get(name) or {})
+    settings.pop("enforcementLevel", None)
+    return settings
+
+
+def _disabled(config: PolicyConfig, name: str) -> bool:
+    return (config.get(name) or {}).get("enforcementLevel") == "disabled"
+
+
+def _collector(violations: list[Violation], policy: str,
+               default_urn: str | None = None) -> ReportViolation:
+    def report(message: str, urn: str | None = None) -> None:
+        violations.append(Violation(policy, message, urn or default_urn))
+    return report
+
+
+def evaluate(plan: Mapping[str, Any], config: PolicyConfig | None = None) -> list[Violation]:
+    """Every violation of every enabled policy on the plan's custom resources."""
+    config = config or {}
+    resources = _custom_resources(plan)
+    violations: list[Violation] = []
+    for policy in POLICIES:
+        if _disabled(config, policy.name):
+            continue
+        settings = _settings(config, policy.name)
+        if isinstance(policy, ResourceValidationPolicy):
+            for r in resources:
+                args = ResourceValidationArgs(r["type"], r.get("inputs", {}), r["urn"], r["name"],
+                                              _options(r), None, settings)
+                policy.validate(args, _collector(violations, policy.name, r["urn"]))
+        elif isinstance(policy, StackValidationPolicy):
+            stack = [PolicyResource(r["type"], r.get("inputs", {}), r["urn"], r["name"],
+                                    _options(r), None, None, [], {}) for r in resources]
+            policy.validate(StackValidationArgs(stack, settings), _collector(violations, policy.name))
+    return violations

@@ -1,0 +1,362 @@
+"""tpu-stack guardrails: the policies of the pack, importable without starting it.
+
+`policy/__main__.py` hands `POLICIES` to a `PolicyPack` (which blocks serving
+gRPC); tests and `policy/evaluate.py` call the policies directly.
+
+Properties arrive camelCase, as the engine sends them. Each policy reads its
+config through `settings(args, name)`: the defaults below, overridden by the
+policy config file (policy/README.md, policy/config.example.json).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyConfigSchema,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+from components import catalog
+
+BUCKET = "gcp:storage/bucket:Bucket"
+SERVICE_ACCOUNT_KEY = "gcp:serviceaccount/key:Key"
+API_SERVICE = "gcp:projects/service:Service"
+V2VM = "gcp:tpu/v2Vm:V2Vm"
+PROJECT_IAM_TYPES = frozenset({
+    "gcp:projects/iAMMember:IAMMember",
+    "gcp:projects/iAMBinding:IAMBinding",
+    "gcp:projects/iAMPolicy:IAMPolicy",
+})
+# Resources whose pulumi-gcp inputs carry `labels`.
+LABELLED_TYPES = frozenset({BUCKET, V2VM, "gcp:organizations/project:Project"})
+PUBLIC_MEMBERS = ("allUsers", "allAuthenticatedUsers")
+COMPUTE_DEFAULT_SA_SUFFIX = "-compute@developer.gserviceaccount.com"
+# A V2Vm with neither acceleratorType nor acceleratorConfig gets v2-8 from the
+# provider (tpu-facts, "The API and the resources").
+PROVIDER_DEFAULT_ACCELERATOR = "v2-8"
+
+
+def is_tpu_node(resource_type: str) -> bool:
+    """A V2Vm, or the queued TPU node (a Python dynamic resource whose type names it)."""
+    if resource_type == V2VM:
+        return True
+    return resource_type.startswith("pulumi-python:dynamic") and "queued" in resource_type.lower()
+
+
+def stack_of(urn: str) -> str:
+    """`urn:pulumi:dev::tpu-stack::…` → `dev`."""
+    return urn.split("::", 1)[0].rsplit(":", 1)[-1]
+
+
+# --- configuration ---------------------------------------------------------
+
+Schema = dict[str, dict[str, Any]]
+
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+
+CONFIG_SCHEMAS: dict[str, Schema] = {
+    "tpu-no-external-ip": {
+        "allowedStacks": {**_STRINGS, "default": [],
+                          "description": "stacks whose TPU nodes may have external IPs"},
+    },
+    "no-privileged-project-roles": {
+        "forbiddenRoles": {**_STRINGS,
+                           "default": ["roles/editor", "roles/owner", "roles/storage.admin"],
+                           "description": "roles never granted at project level"},
+    },
+    "required-labels": {
+        "requiredLabels": {**_STRINGS, "default": ["stack", "managed-by"],
+                           "description": "labels every labelled resource carries"},
+        "teamLabel": {"type": "string", "default": "team",
+                      "description": "required everywhere once any resource of the stack has it"},
+    },
+    "protected-data-buckets": {
+        "bucketPurposes": {**_STRINGS, "default": ["checkpoints", "data"],
+                           "description": "name parts that mark a bucket as holding data"},
+        "exemptStacks": {**_STRINGS, "default": ["dev"],
+                         "description": "stacks whose data buckets may be deleted"},
+    },
+    "tpu-accelerator-allowlist": {
+        "allowedAcceleratorTypes": {**_STRINGS, "default": [],
+                                    "description": "accelerator types allowed; empty: any"},
+    },
+    "tpu-max-chips": {
+        "maxChips": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
+                     "default": {"dev": 32, "*": 256},
+                     "description": "TPU chips per stack, by stack name; '*' for the rest"},
+    },
+    "tpu-spot-stacks": {
+        "spotStacks": {**_STRINGS, "default": ["dev"],
+                       "description": "stacks that may run spot or preemptible TPUs"},
+    },
+}
+
+
+def settings(args: ResourceValidationArgs | StackValidationArgs, policy: str) -> dict[str, Any]:
+    """The policy's config: schema defaults overridden by the pack's config file."""
+    values = {key: spec["default"] for key, spec in CONFIG_SCHEMAS.get(policy, {}).items()}
+    values.update(args.get_config() or {})
+    return values
+
+
+def _schema(policy: str) -> PolicyConfigSchema | None:
+    properties = CONFIG_SCHEMAS.get(policy)
+    return PolicyConfigSchema(properties=properties) if properties else None
+
+
+# --- helpers over camelCase properties -----------------------------------
+
+def _get(props: Mapping[str, Any], path: str) -> Any:
+    """`_get(props, "networkConfig.enableExternalIps")`, None when any part is missing."""
+    value: Any = props
+    for part in path.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _members(props: Mapping[str, Any]) -> Iterable[str]:
+    """Every IAM member a resource grants: `member`, `members`, and `policyData` bindings."""
+    if isinstance(props.get("member"), str):
+        yield props["member"]
+    yield from (m for m in props.get("members") or () if isinstance(m, str))
+    policy_data = props.get("policyData")
+    if isinstance(policy_data, str):
+        try:
+            bindings = json.loads(policy_data).get("bindings", [])
+        except (ValueError, AttributeError):
+            bindings = []
+        for binding in bindings:
+            yield from binding.get("members", ())
+
+
+def _roles(props: Mapping[str, Any]) -> Iterable[str]:
+    if isinstance(props.get("role"), str):
+        yield props["role"]
+    policy_data = props.get("policyData")
+    if isinstance(policy_data, str):
+        try:
+            yield from (b.get("role", "") for b in json.loads(policy_data).get("bindings", []))
+        except (ValueError, AttributeError):
+            return
+
+
+def tpu_slice(props: Mapping[str, Any]) -> catalog.Slice:
+    """The node's slice from `acceleratorType` or `acceleratorConfig{type, topology}`."""
+    config = props.get("acceleratorConfig")
+    if isinstance(config, Mapping) and config.get("type"):
+        by_api_type = {g.api_type: g.name for g in catalog.GENERATIONS.values()}
+        if config["type"] not in by_api_type:
+            raise catalog.CatalogError(
+                f"acceleratorConfig.type {config['type']!r} is unknown; allowed: "
+                f"{', '.join(by_api_type)}")
+        return catalog.slice_for(by_api_type[config["type"]], str(config.get("topology")))
+    return catalog.parse_accelerator_type(props.get("acceleratorType") or PROVIDER_DEFAULT_ACCELERATOR)
+
+
+def is_spot(props: Mapping[str, Any]) -> bool:
+    scheduling = props.get("schedulingConfig") or {}
+    return bool(scheduling.get("spot") or scheduling.get("preemptible"))
+
+
+# --- resource policies ----------------------------------------------------
+
+def _bucket_access(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if args.resource_type != BUCKET:
+        return
+    if args.props.get("uniformBucketLevelAccess") is not True:
+        report(f"bucket {args.name}: set uniformBucketLevelAccess=true "
+               "(object ACLs could make objects public)", None)
+    if args.props.get("publicAccessPrevention") != "enforced":
+        report(f"bucket {args.name}: set publicAccessPrevention='enforced' "
+               f"(it is {args.props.get('publicAccessPrevention')!r})", None)
+
+
+def _no_public_members(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    public = sorted({m for m in _members(args.props) if m in PUBLIC_MEMBERS})
+    if public:
+        report(f"{args.name} grants access to {', '.join(public)}: "
+               "grant named principals only", None)
+
+
+def _no_sa_keys(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if args.resource_type == SERVICE_ACCOUNT_KEY:
+        report(f"service-account key {args.name}: keys are forbidden; "
+               "use Workload Identity Federation (components/ci.py)", None)
+
+
+def _tpu_service_account(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if not is_tpu_node(args.resource_type):
+        return
+    email = _get(args.props, "serviceAccount.email")
+    if not email:
+        report(f"TPU node {args.name}: serviceAccount.email is missing, so it would run as "
+               "the Compute default service account; give it the stack's runtime account", None)
+    elif str(email).endswith(COMPUTE_DEFAULT_SA_SUFFIX):
+        report(f"TPU node {args.name}: runs as the Compute default service account {email}; "
+               "give it the stack's runtime account", None)
+
+
+def _tpu_external_ip(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if not is_tpu_node(args.resource_type):
+        return
+    allowed = settings(args, "tpu-no-external-ip")["allowedStacks"]
+    stack = stack_of(args.urn)
+    if _get(args.props, "networkConfig.enableExternalIps") and stack not in allowed:
+        report(f"TPU node {args.name}: networkConfig.enableExternalIps is true in stack "
+               f"{stack!r}; external IPs are allowed only in {allowed or 'no stack'} "
+               "(policy config tpu-no-external-ip.allowedStacks)", None)
+
+
+def _privileged_project_roles(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if args.resource_type not in PROJECT_IAM_TYPES:
+        return
+    forbidden = settings(args, "no-privileged-project-roles")["forbiddenRoles"]
+    for role in sorted(set(_roles(args.props)) & set(forbidden)):
+        report(f"{args.name} grants {role} on the whole project; grant a narrower role "
+               "on the resource that needs it", None)
+
+
+def _protected_data_buckets(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if args.resource_type != BUCKET:
+        return
+    config = settings(args, "protected-data-buckets")
+    stack = stack_of(args.urn)
+    name_parts = set(re.split(r"[-_.]", args.name.lower()))
+    if stack in config["exemptStacks"] or not name_parts & set(config["bucketPurposes"]):
+        return
+    if not args.opts.protect:
+        report(f"bucket {args.name} holds data in stack {stack!r}: create it with "
+               "protect=True so no command deletes it", None)
+    if args.props.get("forceDestroy"):
+        report(f"bucket {args.name} holds data in stack {stack!r}: forceDestroy must be "
+               "false outside " + ", ".join(config["exemptStacks"]), None)
+
+
+def _apis_kept(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if args.resource_type == API_SERVICE and args.props.get("disableOnDestroy") is not False:
+        # The SDK defaults disableOnDestroy to true (tpu-facts, "The API and the resources").
+        report(f"API {args.props.get('service', args.name)}: set disableOnDestroy=false; "
+               "destroying this stack must not switch APIs off in a shared project", None)
+
+
+def _accelerator_allowlist(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if not is_tpu_node(args.resource_type):
+        return
+    allowed = settings(args, "tpu-accelerator-allowlist")["allowedAcceleratorTypes"]
+    try:
+        accelerator = tpu_slice(args.props).accelerator_type
+    except catalog.CatalogError as error:
+        report(f"TPU node {args.name}: {error}", None)
+        return
+    if allowed and accelerator not in allowed:
+        report(f"TPU node {args.name}: accelerator type {accelerator} is not allowed; "
+               f"allowed: {', '.join(allowed)} "
+               "(policy config tpu-accelerator-allowlist.allowedAcceleratorTypes)", None)
+
+
+def _spot_stacks(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if not is_tpu_node(args.resource_type) or not is_spot(args.props):
+        return
+    allowed = settings(args, "tpu-spot-stacks")["spotStacks"]
+    stack = stack_of(args.urn)
+    if stack not in allowed:
+        report(f"TPU node {args.name}: spot/preemptible capacity in stack {stack!r}; "
+               f"allowed only in {allowed or 'no stack'} (policy config tpu-spot-stacks.spotStacks)",
+               None)
+
+
+# --- stack policies -------------------------------------------------------
+
+def _required_labels(args: StackValidationArgs, report: ReportViolation) -> None:
+    config = settings(args, "required-labels")
+    labelled = [r for r in args.resources if r.resource_type in LABELLED_TYPES]
+    required = list(config["requiredLabels"])
+    team = config["teamLabel"]
+    if team and any(team in (r.props.get("labels") or {}) for r in labelled):
+        required.append(team)
+    for resource in labelled:
+        labels = resource.props.get("labels") or {}
+        missing = [key for key in required if not labels.get(key)]
+        if missing:
+            report(f"{resource.name} is missing labels {', '.join(missing)} "
+                   f"(required: {', '.join(required)})", resource.urn)
+
+
+def _max_chips(args: StackValidationArgs, report: ReportViolation) -> None:
+    limits = settings(args, "tpu-max-chips")["maxChips"]
+    nodes = [r for r in args.resources if is_tpu_node(r.resource_type)]
+    if not nodes:
+        return
+    stack = stack_of(nodes[0].urn)
+    limit = limits.get(stack, limits.get("*"))
+    chips = 0
+    for node in nodes:
+        try:
+            chips += tpu_slice(node.props).chips
+        except catalog.CatalogError:
+            continue  # tpu-accelerator-allowlist reports it
+    if limit is not None and chips > limit:
+        report(f"stack {stack!r} asks for {chips} TPU chips; the limit is {limit} "
+               f"(policy config tpu-max-chips.maxChips)", None)
+
+
+# --- the pack's policy list ------------------------------------------------
+
+Validation = Callable[..., None]
+
+_RESOURCE_POLICIES: tuple[tuple[str, str, Validation], ...] = (
+    ("bucket-uniform-access",
+     "Buckets use uniform bucket-level access and enforce public access prevention.",
+     _bucket_access),
+    ("no-public-members", "No IAM grant to allUsers or allAuthenticatedUsers.", _no_public_members),
+    ("no-service-account-keys", "No service-account keys; CI uses Workload Identity.", _no_sa_keys),
+    ("tpu-not-default-service-account",
+     "TPU nodes never run as the Compute default service account.", _tpu_service_account),
+    ("tpu-no-external-ip", "TPU nodes have no external IPs unless the stack allows it.",
+     _tpu_external_ip),
+    ("no-privileged-project-roles",
+     "No editor, owner or storage.admin grants at project level.", _privileged_project_roles),
+    ("protected-data-buckets",
+     "Checkpoint and data buckets are protected and not force-destroyable outside dev.",
+     _protected_data_buckets),
+    ("apis-kept-on-destroy", "APIs are never disabled when the stack is destroyed.", _apis_kept),
+    ("tpu-accelerator-allowlist", "TPU nodes use a known, allowed accelerator type.",
+     _accelerator_allowlist),
+    ("tpu-spot-stacks", "Spot and preemptible TPUs only in stacks configured for them.",
+     _spot_stacks),
+)
+
+_STACK_POLICIES: tuple[tuple[str, str, Validation], ...] = (
+    ("required-labels", "Labelled resources carry stack, managed-by (and team where teams exist).",
+     _required_labels),
+    ("tpu-max-chips", "A stack's TPU nodes stay within its chip budget.", _max_chips),
+)
+
+
+def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
+    mandatory = EnforcementLevel.MANDATORY
+    resource = [
+        ResourceValidationPolicy(name=name, description=text, validate=check,
+                                 enforcement_level=mandatory, config_schema=_schema(name))
+        for name, text, check in _RESOURCE_POLICIES
+    ]
+    stack = [
+        StackValidationPolicy(name=name, description=text, validate=check,
+                              enforcement_level=mandatory, config_schema=_schema(name))
+        for name, text, check in _STACK_POLICIES
+    ]
+    return [*resource, *stack]
+
+
+POLICIES = build_policies()

@@ -1,0 +1,126 @@
+"""Each resource policy: compliant, violating, a missing property, a config override."""
+
+from __future__ import annotations
+
+import json
+
+from policy.tpu_policies import BUCKET, V2VM
+
+QUEUED = "pulumi-python:dynamic/tpu:QueuedTpuNode"
+GOOD_BUCKET = {"uniformBucketLevelAccess": True, "publicAccessPrevention": "enforced",
+               "forceDestroy": False}
+
+
+def test_bucket_access_compliant_violating_and_missing(check):
+    assert check("bucket-uniform-access", BUCKET, GOOD_BUCKET) == []
+    bad = check("bucket-uniform-access", BUCKET,
+                {"uniformBucketLevelAccess": False, "publicAccessPrevention": "inherited"})
+    assert len(bad) == 2 and "uniformBucketLevelAccess=true" in bad[0]
+    assert "'inherited'" in bad[1]
+    missing = check("bucket-uniform-access", BUCKET, {})
+    assert len(missing) == 2
+    assert check("bucket-uniform-access", V2VM, {}) == []
+
+
+def test_no_public_members_in_member_members_and_policy_data(check):
+    member = "gcp:storage/bucketIAMMember:BucketIAMMember"
+    assert check("no-public-members", member, {"member": "user:a@acme.com"}) == []
+    assert "allUsers" in check("no-public-members", member, {"member": "allUsers"})[0]
+    binding = check("no-public-members", "gcp:projects/iAMBinding:IAMBinding",
+                    {"members": ["group:ml@acme.com", "allAuthenticatedUsers"]})
+    assert "allAuthenticatedUsers" in binding[0]
+    policy_data = json.dumps({"bindings": [{"role": "roles/viewer", "members": ["allUsers"]}]})
+    assert check("no-public-members", "gcp:storage/bucketIAMPolicy:BucketIAMPolicy",
+                 {"policyData": policy_data})
+    assert check("no-public-members", member, {}) == []
+    assert check("no-public-members", member, {"policyData": "not json"}) == []
+
+
+def test_no_service_account_keys(check):
+    assert "keys are forbidden" in check("no-service-account-keys",
+                                         "gcp:serviceaccount/key:Key", {})[0]
+    assert check("no-service-account-keys", "gcp:serviceaccount/account:Account", {}) == []
+
+
+def test_tpu_service_account(check, good_node):
+    assert check("tpu-not-default-service-account", V2VM, good_node) == []
+    default = {**good_node, "serviceAccount": {"email": "123-compute@developer.gserviceaccount.com"}}
+    assert "Compute default" in check("tpu-not-default-service-account", V2VM, default)[0]
+    missing = check("tpu-not-default-service-account", V2VM, {"acceleratorType": "v2-8"})
+    assert "serviceAccount.email is missing" in missing[0]
+    assert check("tpu-not-default-service-account", QUEUED, {}), "queued nodes are TPU nodes"
+
+
+def test_tpu_external_ip(check, good_node):
+    exposed = {**good_node, "networkConfig": {"enableExternalIps": True}}
+    assert check("tpu-no-external-ip", V2VM, good_node) == []
+    assert "enableExternalIps is true" in check("tpu-no-external-ip", V2VM, exposed)[0]
+    assert check("tpu-no-external-ip", V2VM, {}) == [], "the API default is no external IP"
+    assert check("tpu-no-external-ip", V2VM, exposed, config={"allowedStacks": ["prod"]}) == []
+
+
+def test_privileged_project_roles(check):
+    member = "gcp:projects/iAMMember:IAMMember"
+    assert check("no-privileged-project-roles", member, {"role": "roles/tpu.viewer"}) == []
+    assert "roles/editor" in check("no-privileged-project-roles", member,
+                                   {"role": "roles/editor"})[0]
+    policy_data = json.dumps({"bindings": [{"role": "roles/owner", "members": ["user:a@b.c"]}]})
+    assert check("no-privileged-project-roles", "gcp:projects/iAMPolicy:IAMPolicy",
+                 {"policyData": policy_data})
+    assert check("no-privileged-project-roles", member, {}) == []
+    bucket_level = "gcp:storage/bucketIAMMember:BucketIAMMember"
+    assert check("no-privileged-project-roles", bucket_level, {"role": "roles/storage.admin"}) == []
+    override = {"forbiddenRoles": ["roles/tpu.admin"]}
+    assert check("no-privileged-project-roles", member, {"role": "roles/editor"},
+                 config=override) == []
+    assert check("no-privileged-project-roles", member, {"role": "roles/tpu.admin"},
+                 config=override)
+
+
+def test_protected_data_buckets(check):
+    ckpt = {"name": "checkpoints", "props": GOOD_BUCKET}
+    assert check("protected-data-buckets", BUCKET, protect=True, **ckpt) == []
+    unprotected = check("protected-data-buckets", BUCKET, protect=False, **ckpt)
+    assert len(unprotected) == 1 and "protect=True" in unprotected[0]
+    forced = check("protected-data-buckets", BUCKET, {"forceDestroy": True}, name="train-data",
+                   protect=True)
+    assert "forceDestroy must be false" in forced[0]
+    assert check("protected-data-buckets", BUCKET, {}, name="logs") == [], "not a data bucket"
+    assert check("protected-data-buckets", BUCKET, {"forceDestroy": True}, name="data",
+                 stack="dev") == []
+    assert check("protected-data-buckets", BUCKET, {}, name="data", stack="dev",
+                 config={"exemptStacks": []})
+
+
+def test_apis_kept_on_destroy(check):
+    service = "gcp:projects/service:Service"
+    assert check("apis-kept-on-destroy", service, {"service": "tpu.googleapis.com",
+                                                   "disableOnDestroy": False}) == []
+    kept = check("apis-kept-on-destroy", service, {"service": "tpu.googleapis.com",
+                                                   "disableOnDestroy": True})
+    assert "tpu.googleapis.com: set disableOnDestroy=false" in kept[0]
+    assert check("apis-kept-on-destroy", service, {"service": "x"}), "missing = SDK default true"
+
+
+def test_accelerator_allowlist(check, good_node):
+    assert check("tpu-accelerator-allowlist", V2VM, good_node) == []
+    unknown = check("tpu-accelerator-allowlist", V2VM, {**good_node, "acceleratorType": "v9-8"})
+    assert "not an accelerator type" in unknown[0]
+    config = {"allowedAcceleratorTypes": ["v2-8"]}
+    refused = check("tpu-accelerator-allowlist", V2VM, good_node, config=config)
+    assert "v5litepod-8 is not allowed" in refused[0]
+    assert check("tpu-accelerator-allowlist", V2VM, {}, config=config) == [], \
+        "no type: the provider's v2-8"
+    by_config = {"acceleratorConfig": {"type": "V4", "topology": "2x2x1"}}
+    assert check("tpu-accelerator-allowlist", V2VM, by_config,
+                 config={"allowedAcceleratorTypes": ["v4-8"]}) == []
+
+
+def test_spot_stacks(check, good_node):
+    spot = {**good_node, "schedulingConfig": {"spot": True}}
+    preemptible = {**good_node, "schedulingConfig": {"preemptible": True}}
+    assert check("tpu-spot-stacks", V2VM, spot, stack="dev") == []
+    assert "spot/preemptible capacity in stack 'prod'" in check("tpu-spot-stacks", V2VM, spot)[0]
+    assert check("tpu-spot-stacks", V2VM, preemptible)
+    assert check("tpu-spot-stacks", V2VM, {"acceleratorType": "v2-8"}) == []
+    assert check("tpu-spot-stacks", V2VM, spot, config={"spotStacks": ["prod"]}) == []

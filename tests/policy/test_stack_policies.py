@@ -1,0 +1,46 @@
+"""Stack policies: labels and the chip budget."""
+
+from __future__ import annotations
+
+from policy.tpu_policies import BUCKET, V2VM
+
+LABELS = {"stack": "prod", "managed-by": "pulumi"}
+
+
+def test_required_labels_compliant_and_missing(check_stack):
+    assert check_stack("required-labels", [(BUCKET, "logs", {"labels": LABELS})]) == []
+    missing = check_stack("required-labels", [(BUCKET, "logs", {"labels": {"stack": "prod"}}),
+                                              (V2VM, "trainer", {})])
+    assert missing[0].startswith("logs is missing labels managed-by")
+    assert missing[1].startswith("trainer is missing labels stack, managed-by")
+    unlabelled_type = [("gcp:serviceaccount/account:Account", "sa", {})]
+    assert check_stack("required-labels", unlabelled_type) == []
+
+
+def test_team_label_required_once_teams_exist(check_stack):
+    with_team = {**LABELS, "team": "vision"}
+    messages = check_stack("required-labels", [(V2VM, "a", {"labels": with_team}),
+                                               (V2VM, "b", {"labels": LABELS})])
+    assert messages == ["b is missing labels team (required: stack, managed-by, team)"]
+
+
+def test_required_labels_config_override(check_stack):
+    config = {"requiredLabels": ["cost-center"], "teamLabel": ""}
+    messages = check_stack("required-labels", [(BUCKET, "logs", {"labels": LABELS})],
+                           config=config)
+    assert messages == ["logs is missing labels cost-center (required: cost-center)"]
+
+
+def test_max_chips(check_stack):
+    v5e_8 = {"acceleratorType": "v5litepod-8"}
+    v4_32 = {"acceleratorConfig": {"type": "V4", "topology": "2x2x4"}}
+    assert check_stack("tpu-max-chips", [(V2VM, "a", v5e_8), (V2VM, "b", v5e_8)],
+                       stack="dev") == []
+    too_many = check_stack("tpu-max-chips", [(V2VM, "a", v5e_8), (V2VM, "b", v4_32)],
+                           stack="dev", config={"maxChips": {"dev": 16}})
+    assert too_many == [("stack 'dev' asks for 24 TPU chips; the limit is 16 "
+                        "(policy config tpu-max-chips.maxChips)")]
+    assert check_stack("tpu-max-chips", [(V2VM, "a", {})], config={"maxChips": {"*": 4}}) == [], \
+        "no type: the provider's v2-8, 4 chips"
+    assert check_stack("tpu-max-chips", [(V2VM, "a", {})], config={"maxChips": {"*": 3}})
+    assert check_stack("tpu-max-chips", [(BUCKET, "logs", {})]) == []
