@@ -1,0 +1,132 @@
+"""Render an offline plan (`ops.plan.Plan.to_json()`) for people: the PR comment.
+
+Formats: `markdown` (GitHub comment), `table` (terminal), `json` (the plan plus
+monthly cost and the policy results). Everything works on the plan's JSON dict,
+so a plan saved by another branch renders the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from components.catalog import HOURS_PER_MONTH
+from policy.evaluate import Violation
+from policy.tpu_policies import is_spot, is_tpu_node
+
+FORMATS = ("markdown", "table", "json")
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r} is not a format; allowed: {', '.join(FORMATS)}")
+    return fmt
+
+
+def money(usd: float | None, *, signed: bool = False) -> str:
+    """`$1.20`; `n/a` where the catalog has no price."""
+    if usd is None:
+        return "n/a"
+    sign = "+" if signed and usd > 0 else "-" if usd < 0 else ""
+    return f"{sign}${abs(usd):,.2f}"
+
+
+def per_month(usd_per_hour: float | None) -> float | None:
+    return None if usd_per_hour is None else usd_per_hour * HOURS_PER_MONTH
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, markdown: bool) -> str:
+    """A markdown table, or plain aligned columns for a terminal."""
+    cells = [[str(c) for c in headers], *([str(c) for c in row] for row in rows)]
+    if markdown:
+        escaped = [[c.replace("|", "\\|") for c in row] for row in cells]
+        lines = ["| " + " | ".join(row) + " |" for row in escaped]
+        lines.insert(1, "|" + "|".join("---" for _ in headers) + "|")
+        return "\n".join(lines)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+def heading(text: str, *, markdown: bool, level: int = 2) -> str:
+    return f"{'#' * level} {text}" if markdown else f"{text}\n{'=' * len(text)}"
+
+
+def accelerator_of(inputs: Mapping[str, Any]) -> str:
+    config = inputs.get("acceleratorConfig")
+    if isinstance(config, Mapping) and config.get("type"):
+        return f"{config['type']} {config.get('topology', '')}".strip()
+    return str(inputs.get("acceleratorType") or "provider default")
+
+
+def node_rows(plan: Mapping[str, Any]) -> list[list[str]]:
+    """One row per TPU node: name, accelerator, runtime, provisioning, cost."""
+    costs = {n["name"]: n for n in plan.get("cost", {}).get("nodes", [])}
+    rows = []
+    for r in plan.get("resources", []):
+        if not is_tpu_node(r["type"]):
+            continue
+        inputs = r.get("inputs", {})
+        cost = costs.get(r["name"], {})
+        hourly = cost.get("usdPerHour")
+        rows.append([r["name"], accelerator_of(inputs), str(inputs.get("runtimeVersion", "")),
+                     "spot" if is_spot(inputs) else "on-demand", money(hourly),
+                     money(per_month(hourly)), money(cost.get("spotSavingUsdPerHour"))])
+    return rows
+
+
+NODE_HEADERS = ("node", "accelerator", "runtime", "provisioning", "USD/hour", "USD/month",
+                "spot saving USD/hour")
+
+
+def cost_summary(plan: Mapping[str, Any]) -> str:
+    hourly = plan.get("cost", {}).get("usdPerHour")
+    return (f"Estimated cost: {money(hourly)}/hour, {money(per_month(hourly))}/month "
+            f"({HOURS_PER_MONTH} h) at list prices")
+
+
+def policy_section(violations: Sequence[Violation], *, markdown: bool) -> str:
+    if not violations:
+        return "Policy pack: every guardrail passes."
+    lines = [f"Policy pack: {len(violations)} violation(s)"]
+    for v in violations:
+        resource = v.urn.rsplit("::", 1)[-1] if v.urn else "stack"
+        lines.append(f"- {'**' + v.policy + '**' if markdown else v.policy} ({resource}): "
+                     f"{v.message}")
+    return "\n".join(lines)
+
+
+def _resource_rows(plan: Mapping[str, Any]) -> list[list[str]]:
+    return [[r["name"], r["type"], r.get("component") or "", "yes" if r.get("protect") else ""]
+            for r in plan.get("resources", []) if r.get("custom", True)]
+
+
+def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown: bool) -> str:
+    resources = _resource_rows(plan)
+    parts = [
+        heading(f"tpu-stack plan: {plan.get('stack')} ({plan.get('project')})", markdown=markdown),
+        policy_section(violations, markdown=markdown),
+        cost_summary(plan),
+        table(NODE_HEADERS, node_rows(plan), markdown=markdown),
+        f"{len(resources)} resources",
+        table(("resource", "type", "component", "protected"), resources, markdown=markdown),
+    ]
+    if markdown:
+        # Folded: a PR comment leads with nodes, cost and policy.
+        parts[-1] = f"<details><summary>resources</summary>\n\n{parts[-1]}\n\n</details>"
+    return "\n\n".join(parts) + "\n"
+
+
+def to_json(plan: Mapping[str, Any], violations: Sequence[Violation]) -> dict[str, Any]:
+    cost = dict(plan.get("cost", {}))
+    cost["usdPerMonth"] = per_month(cost.get("usdPerHour"))
+    cost["hoursPerMonth"] = HOURS_PER_MONTH
+    return {**plan, "cost": cost, "violations": [v.to_json() for v in violations]}
+
+
+def render(plan: Mapping[str, Any], fmt: str, violations: Sequence[Violation] = ()) -> str:
+    """The plan as `fmt` (markdown, table or json), with cost and policy results."""
+    if check_format(fmt) == "json":
+        return json.dumps(to_json(plan, violations), indent=2, sort_keys=True) + "\n"
+    return _text(plan, violations, markdown=fmt == "markdown")

@@ -1,0 +1,92 @@
+"""`ops.plan_diff`: added / changed / removed, cost delta, TPU replacement warnings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ops.plan_diff import diff_plans, load_plan, render_diff
+from policy.evaluate import Violation
+
+
+def test_runtime_version_change_warns_of_replacement(make_plan, node):
+    base = make_plan({"trainer": node()})
+    changed = node()
+    changed["runtimeVersion"] = "tpu-vm-tf-2.18.0-pod-pjrt"
+    diff = diff_plans(base, make_plan({"trainer": changed}))
+    assert [c.replaced_by for c in diff.replacements] == [("runtimeVersion",)]
+    text = render_diff(diff, "markdown")
+    assert "> [!WARNING]" in text
+    assert "TPU node trainer will be REPLACED (deleted, then created) because runtimeVersion" in text
+
+
+def test_label_metadata_change_updates_in_place(make_plan, node):
+    changed = node()
+    changed["labels"]["team"] = "vision"
+    changed["metadata"]["startup-script"] = "#!/bin/bash\necho new\n"
+    diff = diff_plans(make_plan({"trainer": node()}), make_plan({"trainer": changed}))
+    assert [c.properties for c in diff.changed] == [("labels.team", "metadata.startup-script")]
+    assert diff.replacements == []
+    assert "WARNING" not in render_diff(diff, "table")
+    assert "update" in render_diff(diff, "table")
+
+
+def test_nested_replacing_property_is_named(make_plan, node):
+    spot = node(spot=True)
+    diff = diff_plans(make_plan({"trainer": node()}), make_plan({"trainer": spot}))
+    assert diff.replacements[0].replaced_by == ("schedulingConfig.spot",)
+
+
+def test_new_node_adds_its_cost(make_plan, node):
+    base = make_plan({"trainer": node()}, usd_per_hour={"trainer": 9.6})
+    head = make_plan({"trainer": node(), "eval": node("v5litepod-4")},
+                     usd_per_hour={"trainer": 9.6, "eval": 4.8})
+    diff = diff_plans(base, head)
+    assert [r["name"] for r in diff.added] == ["eval"]
+    assert diff.usd_per_hour_delta == pytest.approx(4.8)
+    assert "change +$4.80/hour, +$3,504.00/month" in render_diff(diff, "markdown")
+
+
+def test_removed_node_warns(make_plan, node):
+    diff = diff_plans(make_plan({"a": node(), "b": node()}), make_plan({"a": node()}))
+    assert [r["name"] for r in diff.removed] == ["b"]
+    assert "TPU node b will be DELETED" in render_diff(diff, "markdown")
+    assert diff.usd_per_hour_delta == pytest.approx(-9.6)
+
+
+def test_identical_plans_and_protect_option(make_plan):
+    plan = make_plan()
+    assert diff_plans(plan, plan).empty
+    assert "No resource changes." in render_diff(diff_plans(plan, plan), "table")
+    unprotected = make_plan()
+    unprotected["resources"][0]["protect"] = True
+    assert diff_plans(plan, unprotected).changed[0].properties == ("(protect)",)
+
+
+def test_json_format_and_violations(make_plan, node):
+    changed = node("v5litepod-16")
+    diff = diff_plans(make_plan(), make_plan({"trainer": changed}, usd_per_hour={"trainer": 19.2}))
+    violation = Violation("tpu-max-chips", "too many chips", None)
+    data = json.loads(render_diff(diff, "json", [violation]))
+    assert data["changed"][0]["replacedBy"] == ["acceleratorType"]
+    assert data["cost"]["deltaUsdPerHour"] == pytest.approx(9.6)
+    assert data["violations"] == [{"policy": "tpu-max-chips", "message": "too many chips",
+                                   "urn": None}]
+    assert "**tpu-max-chips** (stack): too many chips" in render_diff(diff, "markdown",
+                                                                      [violation])
+
+
+def test_unknown_price_shows_not_available(make_plan):
+    diff = diff_plans(make_plan(), {**make_plan(), "cost": {"nodes": [], "usdPerHour": None}})
+    assert "→ n/a/hour (change n/a/hour" in render_diff(diff, "table")
+
+
+def test_bad_format_and_bad_base_file(make_plan, tmp_path):
+    with pytest.raises(ValueError, match="--format 'html' is not a format; allowed: markdown"):
+        render_diff(diff_plans(make_plan(), make_plan()), "html")
+    (tmp_path / "base.json").write_text('{"stack": "dev"}')
+    with pytest.raises(ValueError, match="not a plan"):
+        load_plan(tmp_path / "base.json")
+    with pytest.raises(ValueError, match="cannot read a plan"):
+        load_plan(tmp_path / "missing.json")

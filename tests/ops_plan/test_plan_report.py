@@ -1,0 +1,50 @@
+"""`ops.plan_report`: markdown / table / json with cost per hour and month, policy results."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ops.plan_report import render
+from policy.evaluate import evaluate
+
+
+def test_markdown_shows_nodes_cost_and_policy(make_plan, node):
+    plan = make_plan({"trainer": node(spot=True)}, usd_per_hour={"trainer": 4.856})
+    text = render(plan, "markdown", evaluate(plan))
+    assert text.startswith("## tpu-stack plan: dev (acme-ml-dev)")
+    assert "Estimated cost: $4.86/hour, $3,544.88/month (730 h)" in text
+    assert "| trainer | v5litepod-8 | tpu-vm-tf-2.18.0-pjrt | spot | $4.86 | $3,544.88 | $4.74 |" \
+        in text
+    assert "Policy pack: every guardrail passes." in text
+
+
+def test_violations_are_listed(make_plan, node):
+    bad = node()
+    del bad["serviceAccount"]
+    plan = make_plan({"trainer": bad}, stack="prod")
+    violations = evaluate(plan)
+    policies = {v.policy for v in violations}
+    assert "tpu-not-default-service-account" in policies
+    assert "required-labels" not in policies or all(v.urn for v in violations)
+    text = render(plan, "table", violations)
+    assert f"Policy pack: {len(violations)} violation(s)" in text
+    assert "tpu-not-default-service-account (trainer): TPU node trainer" in text
+
+
+def test_json_adds_monthly_cost_and_violations(make_plan):
+    plan = make_plan(usd_per_hour={"trainer": 2.0})
+    data = json.loads(render(plan, "json", evaluate(plan)))
+    assert data["cost"]["usdPerMonth"] == pytest.approx(1460.0)
+    assert data["violations"] == []
+    assert data["resources"] == plan["resources"]
+
+
+def test_evaluate_honours_policy_config(make_plan, node):
+    plan = make_plan({"trainer": node(spot=True)}, stack="prod")
+    assert {v.policy for v in evaluate(plan)} >= {"tpu-spot-stacks"}
+    relaxed = {"tpu-spot-stacks": {"spotStacks": ["prod"]},
+               "protected-data-buckets": {"enforcementLevel": "disabled"},
+               "required-labels": {"requiredLabels": ["managed-by"]}}
+    assert evaluate(plan, relaxed) == []
