@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# tpu-stack bootstrap: the node's `startup-script`. It runs at every boot on every
+# worker (tpu-facts.md, "On the VM"), writes the agent beside the packages and
+# hands over to it: as a systemd service where systemd runs (restart on failure,
+# SIGTERM with a grace period on stop, one instance), else in the foreground,
+# exiting with the job's outcome. components/agent/startup_script() puts the
+# agent's source where the marker line below stands.
+set -euo pipefail
+
+root=${TPU_STACK_ROOT:-/opt/tpu-stack}
+python=${TPU_STACK_PYTHON:-python3}
+unit=tpu-stack-agent.service
+
+mkdir -p "$root"
+agent_tmp=$(mktemp "$root/.agent.py.XXXXXX")
+cat > "$agent_tmp" <<'TPU_STACK_AGENT_SOURCE'
+@AGENT_SOURCE@
+TPU_STACK_AGENT_SOURCE
+mv -f "$agent_tmp" "$root/agent.py"
+
+# sd_booted(3): systemd is PID 1 exactly when this directory exists.
+if [[ -d /run/systemd/system && ${TPU_STACK_FOREGROUND:-0} != 1 ]]; then
+  python_path=$(command -v "$python")
+  cat > "/etc/systemd/system/$unit" <<UNIT
+[Unit]
+Description=tpu-stack node agent (training package supervisor)
+After=network-online.target
+Wants=network-online.target
+StartLimitIntervalSec=3600
+StartLimitBurst=5
+
+[Service]
+Environment=TPU_STACK_ROOT=$root
+ExecStart=$python_path $root/agent.py run --stay
+Restart=on-failure
+RestartSec=30
+# 75: the job stopped on SIGTERM after a checkpoint, a clean stop.
+SuccessExitStatus=75
+# SIGTERM to the agent only; it stops the job so the job checkpoints, then
+# everything left gets SIGKILL after TimeoutStopSec (above the agent's 120 s grace).
+KillSignal=SIGTERM
+KillMode=mixed
+TimeoutStopSec=150
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+  systemctl daemon-reload
+  # `start` on an active unit does nothing: a rerun never starts a second job.
+  systemctl enable --now "$unit"
+  exit 0
+fi
+
+exec "$python" "$root/agent.py" run

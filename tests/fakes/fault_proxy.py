@@ -1,0 +1,95 @@
+"""A loopback HTTP proxy that answers 503 to the first N matching requests.
+
+Put it between a client and a server (e.g. the storage emulator) to check that
+the client retries: `FaultProxy(upstream, failures=3, match="alt=media")`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
+
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, *, failures: int, match: str = "", status: int = 503):
+        self.upstream = urllib.parse.urlsplit(upstream)
+        self.match = match
+        self.status = status
+        self.failures_left = failures
+        self.faults_sent = 0
+        self.forwarded = 0
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    @property
+    def host(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def should_fail(self, path: str) -> bool:
+        with self._lock:
+            if self.match in path and self.failures_left > 0:
+                self.failures_left -= 1
+                self.faults_sent += 1
+                return True
+            self.forwarded += 1
+            return False
+
+    def forward(self, method: str, path: str, headers: dict[str, str],
+                body: bytes | None) -> tuple[int, list[tuple[str, str]], bytes]:
+        connection = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port,
+                                                timeout=60)
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            answer = connection.getresponse()
+            return answer.status, answer.getheaders(), answer.read()
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _relay(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            if proxy.should_fail(self.path):
+                self._send(proxy.status, [], b"injected fault\n")
+                return
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+            status, answer_headers, data = proxy.forward(self.command, self.path, headers, body)
+            self._send(status, answer_headers, data)
+
+        def _send(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
+            self.send_response(status)
+            for key, value in headers:
+                if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _relay
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler

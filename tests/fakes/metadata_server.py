@@ -1,0 +1,174 @@
+"""A loopback GCE metadata server: attributes, token, guest attributes, wait_for_change.
+
+Standard library only, in-process (a thread), so tests and `tpuctl rehearse` can
+change attributes while an agent is long-polling them. Behaves like the real one
+where the agent relies on it (cloud.google.com/compute/docs/metadata/querying-metadata):
+every request needs `Metadata-Flavor: Google`; `?wait_for_change=true` blocks until
+the value's ETag differs from `last_etag` (at once when it already differs) or
+`timeout_sec` passes, then answers the current value with its `ETag` header;
+`instance/attributes/?recursive=true` answers every attribute as one JSON object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
+from urllib.parse import parse_qs, urlsplit
+
+PREFIX = "/computeMetadata/v1/"
+ATTRIBUTES = "instance/attributes/"
+GUEST_ATTRIBUTES = "instance/guest-attributes/"
+TOKEN = "instance/service-accounts/default/token"
+FAKE_TOKEN = "fake-metadata-token"
+_LONGEST_WAIT = 3600.0
+
+
+class MetadataServer:
+    """Serve `attributes` (and `instance/name`) on 127.0.0.1 until `close()`."""
+
+    def __init__(self, attributes: Mapping[str, str], *, instance_name: str = "test-node"):
+        self._lock = threading.Condition()
+        self._attributes = dict(attributes)
+        self.instance_name = instance_name
+        self.guest_attributes: dict[str, str] = {}
+        self.token_requests = 0
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def host(self) -> str:
+        """The `GCE_METADATA_HOST` value that points a client here."""
+        host, port = self._httpd.server_address[:2]
+        return f"{host}:{port}"
+
+    def set_attributes(self, changes: Mapping[str, str | None]) -> None:
+        """Change attributes (None removes one); wakes every long-poll."""
+        with self._lock:
+            for key, value in changes.items():
+                if value is None:
+                    self._attributes.pop(key, None)
+                else:
+                    self._attributes[key] = value
+            self._lock.notify_all()
+
+    def attributes(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._attributes)
+
+    def guest(self, namespace: str) -> dict[str, str]:
+        """Guest attributes written under `namespace/` so far."""
+        with self._lock:
+            prefix = namespace.rstrip("/") + "/"
+            return {key[len(prefix):]: value for key, value in self.guest_attributes.items()
+                    if key.startswith(prefix)}
+
+    def close(self) -> None:
+        with self._lock:
+            self._lock.notify_all()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- request handling (called from the server's threads) --------------------
+
+    def read(self, path: str, query: Mapping[str, str]) -> tuple[int, str]:
+        if path == TOKEN:
+            with self._lock:
+                self.token_requests += 1
+            return 200, json.dumps({"access_token": FAKE_TOKEN, "expires_in": 3599,
+                                    "token_type": "Bearer"})
+        if path == "instance/name":
+            return 200, self.instance_name
+        if path.startswith(GUEST_ATTRIBUTES):
+            value = self.guest_attributes.get(path[len(GUEST_ATTRIBUTES):])
+            return (404, "not found") if value is None else (200, value)
+        if not path.startswith(ATTRIBUTES):
+            return 404, "not found"
+        return self._read_attribute(path[len(ATTRIBUTES):], query)
+
+    def _read_attribute(self, key: str, query: Mapping[str, str]) -> tuple[int, str]:
+        wait = query.get("wait_for_change") == "true"
+        timeout = min(float(query.get("timeout_sec", _LONGEST_WAIT)), _LONGEST_WAIT)
+        with self._lock:
+            if wait:
+                self._lock.wait_for(
+                    lambda: etag_of(self._value(key, query)) != query.get("last_etag"),
+                    timeout=timeout)
+            value = self._value(key, query)
+        return (404, "not found") if value is None else (200, value)
+
+    def _value(self, key: str, query: Mapping[str, str]) -> str | None:
+        if key == "":
+            if query.get("recursive") == "true":
+                return json.dumps(self._attributes, sort_keys=True)
+            return "".join(f"{name}\n" for name in sorted(self._attributes))
+        return self._attributes.get(key)
+
+    def write_guest_attribute(self, path: str, value: str) -> int:
+        if not path.startswith(GUEST_ATTRIBUTES) or path.count("/") != 3:
+            return 404
+        with self._lock:
+            self.guest_attributes[path[len(GUEST_ATTRIBUTES):]] = value
+        return 200
+
+
+def etag_of(value: str | None) -> str:
+    return hashlib.sha256((value or "").encode()).hexdigest()[:16]
+
+
+def _handler_for(server: MetadataServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            path, query = self._parse()
+            if path is None:
+                return
+            status, body = server.read(path, query)
+            self._answer(status, body, etag_of(body) if status == 200 else None)
+
+        def do_PUT(self) -> None:
+            path, _ = self._parse()
+            if path is None:
+                return
+            length = int(self.headers.get("Content-Length", 0))
+            value = self.rfile.read(length).decode()
+            self._answer(server.write_guest_attribute(path, value), "")
+
+        def _parse(self) -> tuple[str | None, dict[str, str]]:
+            url = urlsplit(self.path)
+            if self.headers.get("Metadata-Flavor") != "Google":
+                self._answer(403, "Missing Metadata-Flavor: Google header")
+                return None, {}
+            if not url.path.startswith(PREFIX):
+                self._answer(404, "not found")
+                return None, {}
+            query = {key: values[-1] for key, values in parse_qs(url.query).items()}
+            return url.path[len(PREFIX):], query
+
+        def _answer(self, status: int, body: str, etag: str | None = None) -> None:
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Metadata-Flavor", "Google")
+            self.send_header("Content-Type", "application/text")
+            if etag:
+                self.send_header("ETag", etag)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass  # quiet: tests read state, not access logs
+
+    return Handler
