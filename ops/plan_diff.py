@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components import queued_tpu
 from ops.plan_report import (
     check_format,
     heading,
@@ -60,7 +61,7 @@ class PlanDiff:
 
     @property
     def removed_tpu_nodes(self) -> list[Mapping[str, Any]]:
-        return [r for r in self.removed if is_tpu_node(r["type"])]
+        return [r for r in self.removed if is_tpu_node(r["type"], r.get("inputs", {}))]
 
     @property
     def usd_per_hour_delta(self) -> float | None:
@@ -90,24 +91,27 @@ def load_plan(path: Path) -> dict[str, Any]:
 
 
 def changed_paths(base: Any, head: Any, prefix: str = "") -> Iterator[str]:
-    """Dotted paths where two input trees differ; lists compare whole."""
+    """Dotted paths where two input trees differ; lists compare whole.
+
+    Engine-internal keys (`__provider`, a dynamic resource's pickled provider) are skipped."""
     if isinstance(base, Mapping) and isinstance(head, Mapping):
-        for key in sorted(set(base) | set(head)):
+        for key in sorted(k for k in {*base, *head} if not k.startswith("__")):
             yield from changed_paths(base.get(key), head.get(key), f"{prefix}{key}.")
     elif base != head:
         yield prefix.rstrip(".")
 
 
-def replacing_properties(resource_type: str, paths: Sequence[str]) -> tuple[str, ...]:
+def replacing_properties(resource_type: str, inputs: Mapping[str, Any],
+                         paths: Sequence[str]) -> tuple[str, ...]:
     """The changed properties that replace a TPU node rather than update it."""
     if resource_type == V2VM:
-        return tuple(p for p in paths if p.split(".", 1)[0] not in V2VM_IN_PLACE)
-    if is_tpu_node(resource_type):
-        # A queued resource cannot be updated: the TPU v2 API has no update
-        # method for it (google-cloud-tpu tpu_v2.TpuClient: create/get/list/
-        # delete/reset_queued_resource only).
-        return tuple(paths)
-    return ()
+        kept = V2VM_IN_PLACE
+    elif is_tpu_node(resource_type, inputs):
+        # What the queued node's provider updates in place (QueuedTpuProvider.diff).
+        kept = frozenset(queued_tpu.IN_PLACE + queued_tpu.PROVIDER_ONLY)
+    else:
+        return ()
+    return tuple(p for p in paths if p.split(".", 1)[0] not in kept)
 
 
 def _change(base: Mapping[str, Any], head: Mapping[str, Any]) -> Change | None:
@@ -118,7 +122,7 @@ def _change(base: Mapping[str, Any], head: Mapping[str, Any]) -> Change | None:
         return None
     input_paths = [p for p in paths if p != "(protect)"]
     return Change(head["urn"], head["type"], head["name"], tuple(paths),
-                  replacing_properties(head["type"], input_paths))
+                  replacing_properties(head["type"], head.get("inputs", {}), input_paths))
 
 
 def diff_plans(base: Mapping[str, Any], head: Mapping[str, Any]) -> PlanDiff:

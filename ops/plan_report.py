@@ -13,7 +13,7 @@ from typing import Any
 
 from components.catalog import HOURS_PER_MONTH
 from policy.evaluate import Violation
-from policy.tpu_policies import is_spot, is_tpu_node
+from policy.tpu_policies import is_spot, tpu_view
 
 FORMATS = ("markdown", "table", "json")
 
@@ -65,9 +65,9 @@ def node_rows(plan: Mapping[str, Any]) -> list[list[str]]:
     costs = {n["name"]: n for n in plan.get("cost", {}).get("nodes", [])}
     rows = []
     for r in plan.get("resources", []):
-        if not is_tpu_node(r["type"]):
+        inputs = tpu_view(r["type"], r.get("inputs", {}))
+        if inputs is None:
             continue
-        inputs = r.get("inputs", {})
         cost = costs.get(r["name"], {})
         hourly = cost.get("usdPerHour")
         rows.append([r["name"], accelerator_of(inputs), str(inputs.get("runtimeVersion", "")),

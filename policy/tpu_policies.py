@@ -31,6 +31,7 @@ BUCKET = "gcp:storage/bucket:Bucket"
 SERVICE_ACCOUNT_KEY = "gcp:serviceaccount/key:Key"
 API_SERVICE = "gcp:projects/service:Service"
 V2VM = "gcp:tpu/v2Vm:V2Vm"
+DYNAMIC_PREFIX = "pulumi-python:dynamic"
 PROJECT_IAM_TYPES = frozenset({
     "gcp:projects/iAMMember:IAMMember",
     "gcp:projects/iAMBinding:IAMBinding",
@@ -45,11 +46,35 @@ COMPUTE_DEFAULT_SA_SUFFIX = "-compute@developer.gserviceaccount.com"
 PROVIDER_DEFAULT_ACCELERATOR = "v2-8"
 
 
-def is_tpu_node(resource_type: str) -> bool:
-    """A V2Vm, or the queued TPU node (a Python dynamic resource whose type names it)."""
+def is_tpu_node(resource_type: str, props: Mapping[str, Any] | None = None) -> bool:
+    """A V2Vm, or a queued TPU node (components/queued_tpu.py: a Python dynamic
+    resource, recognised by its node_id and runtime_version inputs)."""
     if resource_type == V2VM:
         return True
-    return resource_type.startswith("pulumi-python:dynamic") and "queued" in resource_type.lower()
+    return (resource_type.startswith(DYNAMIC_PREFIX) and props is not None
+            and "node_id" in props and "runtime_version" in props)
+
+
+def tpu_view(resource_type: str, props: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A TPU node's inputs in V2Vm shape (camelCase), or None for any other resource.
+
+    The queued node's dynamic provider takes flat snake_case inputs."""
+    if resource_type == V2VM:
+        return props
+    if not is_tpu_node(resource_type, props):
+        return None
+    view: dict[str, Any] = {
+        "runtimeVersion": props.get("runtime_version"),
+        "acceleratorType": props.get("accelerator_type"),
+        "serviceAccount": {"email": props.get("service_account_email")},
+        "networkConfig": {"enableExternalIps": props.get("enable_external_ips")},
+        "schedulingConfig": {"spot": props.get("spot")},
+        "labels": props.get("labels"),
+    }
+    if props.get("accelerator_config_type"):
+        view["acceleratorConfig"] = {"type": props["accelerator_config_type"],
+                                     "topology": props.get("accelerator_topology")}
+    return view
 
 
 def stack_of(urn: str) -> str:
@@ -196,9 +221,10 @@ def _no_sa_keys(args: ResourceValidationArgs, report: ReportViolation) -> None:
 
 
 def _tpu_service_account(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    if not is_tpu_node(args.resource_type):
+    node = tpu_view(args.resource_type, args.props)
+    if node is None:
         return
-    email = _get(args.props, "serviceAccount.email")
+    email = _get(node, "serviceAccount.email")
     if not email:
         report(f"TPU node {args.name}: serviceAccount.email is missing, so it would run as "
                "the Compute default service account; give it the stack's runtime account", None)
@@ -208,11 +234,12 @@ def _tpu_service_account(args: ResourceValidationArgs, report: ReportViolation) 
 
 
 def _tpu_external_ip(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    if not is_tpu_node(args.resource_type):
+    node = tpu_view(args.resource_type, args.props)
+    if node is None:
         return
     allowed = settings(args, "tpu-no-external-ip")["allowedStacks"]
     stack = stack_of(args.urn)
-    if _get(args.props, "networkConfig.enableExternalIps") and stack not in allowed:
+    if _get(node, "networkConfig.enableExternalIps") and stack not in allowed:
         report(f"TPU node {args.name}: networkConfig.enableExternalIps is true in stack "
                f"{stack!r}; external IPs are allowed only in {allowed or 'no stack'} "
                "(policy config tpu-no-external-ip.allowedStacks)", None)
@@ -251,11 +278,12 @@ def _apis_kept(args: ResourceValidationArgs, report: ReportViolation) -> None:
 
 
 def _accelerator_allowlist(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    if not is_tpu_node(args.resource_type):
+    node = tpu_view(args.resource_type, args.props)
+    if node is None:
         return
     allowed = settings(args, "tpu-accelerator-allowlist")["allowedAcceleratorTypes"]
     try:
-        accelerator = tpu_slice(args.props).accelerator_type
+        accelerator = tpu_slice(node).accelerator_type
     except catalog.CatalogError as error:
         report(f"TPU node {args.name}: {error}", None)
         return
@@ -266,7 +294,8 @@ def _accelerator_allowlist(args: ResourceValidationArgs, report: ReportViolation
 
 
 def _spot_stacks(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    if not is_tpu_node(args.resource_type) or not is_spot(args.props):
+    node = tpu_view(args.resource_type, args.props)
+    if node is None or not is_spot(node):
         return
     allowed = settings(args, "tpu-spot-stacks")["spotStacks"]
     stack = stack_of(args.urn)
@@ -280,7 +309,8 @@ def _spot_stacks(args: ResourceValidationArgs, report: ReportViolation) -> None:
 
 def _required_labels(args: StackValidationArgs, report: ReportViolation) -> None:
     config = settings(args, "required-labels")
-    labelled = [r for r in args.resources if r.resource_type in LABELLED_TYPES]
+    labelled = [r for r in args.resources
+                if r.resource_type in LABELLED_TYPES or is_tpu_node(r.resource_type, r.props)]
     required = list(config["requiredLabels"])
     team = config["teamLabel"]
     if team and any(team in (r.props.get("labels") or {}) for r in labelled):
@@ -294,16 +324,17 @@ def _required_labels(args: StackValidationArgs, report: ReportViolation) -> None
 
 
 def _max_chips(args: StackValidationArgs, report: ReportViolation) -> None:
-    limits = settings(args, "tpu-max-chips")["maxChips"]
-    nodes = [r for r in args.resources if is_tpu_node(r.resource_type)]
+    nodes = [(r.urn, view) for r in args.resources
+             if (view := tpu_view(r.resource_type, r.props)) is not None]
     if not nodes:
         return
-    stack = stack_of(nodes[0].urn)
+    stack = stack_of(nodes[0][0])
+    limits = settings(args, "tpu-max-chips")["maxChips"]
     limit = limits.get(stack, limits.get("*"))
     chips = 0
-    for node in nodes:
+    for _urn, view in nodes:
         try:
-            chips += tpu_slice(node.props).chips
+            chips += tpu_slice(view).chips
         except catalog.CatalogError:
             continue  # tpu-accelerator-allowlist reports it
     if limit is not None and chips > limit:

@@ -90,3 +90,19 @@ def test_bad_format_and_bad_base_file(make_plan, tmp_path):
         load_plan(tmp_path / "base.json")
     with pytest.raises(ValueError, match="cannot read a plan"):
         load_plan(tmp_path / "missing.json")
+
+
+def test_queued_node_follows_its_provider(make_plan):
+    queued = {"node_id": "dev-q", "runtime_version": "tpu-vm-tf-2.18.0-pjrt",
+              "accelerator_type": "v5litepod-8", "labels": {"stack": "dev"}, "poll_seconds": 15,
+              "__provider": "pickled-1"}
+    base = make_plan({})
+    base["resources"].append({**base["resources"][0], "type": "pulumi-python:dynamic:Resource",
+                              "urn": "urn:pulumi:dev::tpu-stack::dyn::q", "name": "q",
+                              "inputs": queued})
+    head = json.loads(json.dumps(base))
+    head["resources"][-1]["inputs"].update(labels={"stack": "dev", "team": "a"}, poll_seconds=5,
+                                           __provider="pickled-2")
+    assert diff_plans(base, head).replacements == []
+    head["resources"][-1]["inputs"]["accelerator_type"] = "v5litepod-16"
+    assert diff_plans(base, head).replacements[0].replaced_by == ("accelerator_type",)

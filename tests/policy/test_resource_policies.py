@@ -6,7 +6,10 @@ import json
 
 from policy.tpu_policies import BUCKET, V2VM
 
-QUEUED = "pulumi-python:dynamic/tpu:QueuedTpuNode"
+QUEUED = "pulumi-python:dynamic:Resource"
+QUEUED_NODE = {"node_id": "dev-trainer", "runtime_version": "tpu-vm-tf-2.18.0-pjrt",
+               "accelerator_type": "v5litepod-8", "spot": True, "enable_external_ips": True,
+               "service_account_email": "123-compute@developer.gserviceaccount.com"}
 GOOD_BUCKET = {"uniformBucketLevelAccess": True, "publicAccessPrevention": "enforced",
                "forceDestroy": False}
 
@@ -48,7 +51,8 @@ def test_tpu_service_account(check, good_node):
     assert "Compute default" in check("tpu-not-default-service-account", V2VM, default)[0]
     missing = check("tpu-not-default-service-account", V2VM, {"acceleratorType": "v2-8"})
     assert "serviceAccount.email is missing" in missing[0]
-    assert check("tpu-not-default-service-account", QUEUED, {}), "queued nodes are TPU nodes"
+    assert "Compute default" in check("tpu-not-default-service-account", QUEUED, QUEUED_NODE)[0]
+    assert check("tpu-not-default-service-account", QUEUED, {"other": 1}) == [], "not a TPU"
 
 
 def test_tpu_external_ip(check, good_node):
@@ -57,6 +61,7 @@ def test_tpu_external_ip(check, good_node):
     assert "enableExternalIps is true" in check("tpu-no-external-ip", V2VM, exposed)[0]
     assert check("tpu-no-external-ip", V2VM, {}) == [], "the API default is no external IP"
     assert check("tpu-no-external-ip", V2VM, exposed, config={"allowedStacks": ["prod"]}) == []
+    assert check("tpu-no-external-ip", QUEUED, QUEUED_NODE)
 
 
 def test_privileged_project_roles(check):
@@ -114,6 +119,10 @@ def test_accelerator_allowlist(check, good_node):
     by_config = {"acceleratorConfig": {"type": "V4", "topology": "2x2x1"}}
     assert check("tpu-accelerator-allowlist", V2VM, by_config,
                  config={"allowedAcceleratorTypes": ["v4-8"]}) == []
+    queued_v4 = {**QUEUED_NODE, "accelerator_type": None, "accelerator_config_type": "V4",
+                 "accelerator_topology": "2x2x2"}
+    assert "v4-16 is not allowed" in check("tpu-accelerator-allowlist", QUEUED, queued_v4,
+                                           config=config)[0]
 
 
 def test_spot_stacks(check, good_node):
@@ -124,3 +133,5 @@ def test_spot_stacks(check, good_node):
     assert check("tpu-spot-stacks", V2VM, preemptible)
     assert check("tpu-spot-stacks", V2VM, {"acceleratorType": "v2-8"}) == []
     assert check("tpu-spot-stacks", V2VM, spot, config={"spotStacks": ["prod"]}) == []
+    assert check("tpu-spot-stacks", QUEUED, QUEUED_NODE)
+    assert check("tpu-spot-stacks", QUEUED, {**QUEUED_NODE, "spot": False}) == []
