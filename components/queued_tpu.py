@@ -1,0 +1,371 @@
+"""A queued TPU that boots into a job: a Pulumi dynamic resource over google-cloud-tpu.
+
+`gcp.tpu.V2QueuedResource` carries no metadata, service account or spot flag, so
+a queued TPU built with it cannot run the agent. The API itself takes a full
+`Node` inside a queued resource (tpu-facts.md, "The API and the resources"), so
+this provider sends one with `tpu_v2.TpuClient.create_queued_resource`.
+
+The provider is serialised by dill into the Pulumi state: it holds no client and
+no attributes; every method builds its client lazily. `TPU_STACK_TPU_ENDPOINT`
+(an `http://host:port` URL) aims the client at a fake API with anonymous
+credentials, for tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from datetime import timedelta
+from typing import Any
+
+import pulumi
+import pulumi.dynamic as dyn
+
+ENDPOINT_ENV = "TPU_STACK_TPU_ENDPOINT"
+
+# Node fields the API updates in place; any other change replaces the node
+# (magic-modules mmv1/products/tpuv2/Vm.yaml, tpu-facts.md). data_disks is not an input here.
+IN_PLACE = ("metadata", "labels", "tags", "description")
+# Inputs that only steer this provider (no cloud field): changing them is a no-op update.
+PROVIDER_ONLY = ("create_timeout_seconds", "delete_timeout_seconds", "poll_seconds")
+DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+# AcceleratorConfig.Type names in google-cloud-tpu 1.27 (tpu-facts.md).
+CONFIG_TYPES = ("V2", "V3", "V4", "V5LITE_POD", "V5P", "V6E")
+DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
+UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def tpu_client() -> Any:
+    """A TpuClient: default credentials, or anonymous REST against `$TPU_STACK_TPU_ENDPOINT`."""
+    from google.cloud import tpu_v2
+
+    endpoint = os.environ.get(ENDPOINT_ENV)
+    if not endpoint:
+        return tpu_v2.TpuClient()
+    from google.auth.credentials import AnonymousCredentials
+
+    return tpu_v2.TpuClient(
+        credentials=AnonymousCredentials(), transport="rest", client_options={"api_endpoint": endpoint}
+    )
+
+
+def transient_retry(deadline: float = 60.0) -> Any:
+    """Retries for 503/429/500 and dropped connections: the TPU v2 client sets none itself."""
+    from google.api_core import exceptions as gexc
+    from google.api_core import retry as gretry
+
+    predicate = gretry.if_exception_type(
+        gexc.ServiceUnavailable, gexc.TooManyRequests, gexc.InternalServerError, ConnectionError
+    )
+    return gretry.Retry(predicate=predicate, initial=0.1, maximum=5.0, multiplier=2.0, timeout=deadline)
+
+
+def duration_seconds(text: str, setting: str = "validUntilDuration") -> int:
+    """'90m' -> 5400. One clear error naming the setting otherwise."""
+    match = DURATION.match(str(text))
+    if match is None or int(match[1]) == 0:
+        raise ValueError(f"{setting}: {text!r} is not a duration; use a positive number with s, m, h or d (e.g. 6h)")
+    return int(match[1]) * UNIT_SECONDS[match[2]]
+
+
+class QueuedTpuError(RuntimeError):
+    """A queued TPU reached a state it cannot leave by itself, or ran out of time."""
+
+
+# ---- building the request ----------------------------------------------------
+
+
+def check_inputs(props: dict[str, Any]) -> list[str]:
+    """Every problem with the inputs, each naming the input and what is allowed."""
+    problems = [f"{key} is required" for key in ("project", "zone", "node_id", "runtime_version") if not props.get(key)]
+    has_type = bool(props.get("accelerator_type"))
+    has_config = bool(props.get("accelerator_topology") or props.get("accelerator_config_type"))
+    if has_type == has_config:
+        problems.append("set accelerator_type, or accelerator_topology with accelerator_config_type (not both)")
+    if has_config and props.get("accelerator_config_type") not in CONFIG_TYPES:
+        problems.append(f"accelerator_config_type must be one of {', '.join(CONFIG_TYPES)}")
+    if has_config and not props.get("accelerator_topology"):
+        problems.append("accelerator_topology is required with accelerator_config_type (e.g. 2x2x1)")
+    if props.get("spot") and (props.get("guaranteed") or props.get("reservation_name")):
+        problems.append("spot cannot be combined with guaranteed or reservation_name (one tier per queued resource)")
+    if int(props.get("valid_until_seconds") or 0) < 0:
+        problems.append("valid_until_seconds must be positive")
+    return problems
+
+
+def build_node(props: dict[str, Any]) -> Any:
+    from google.cloud import tpu_v2
+
+    node = tpu_v2.Node(
+        runtime_version=props["runtime_version"],
+        description=props.get("description") or "",
+        network_config=tpu_v2.NetworkConfig(
+            network=props.get("network") or "",
+            subnetwork=props.get("subnetwork") or "",
+            enable_external_ips=bool(props.get("enable_external_ips")),
+        ),
+        metadata=props.get("metadata") or {},
+        labels=props.get("labels") or {},
+        tags=props.get("tags") or [],
+    )
+    if props.get("accelerator_type"):
+        node.accelerator_type = props["accelerator_type"]
+    else:
+        node.accelerator_config = tpu_v2.AcceleratorConfig(
+            type_=tpu_v2.AcceleratorConfig.Type[props["accelerator_config_type"]],
+            topology=props["accelerator_topology"],
+        )
+    if props.get("service_account_email"):
+        node.service_account = tpu_v2.ServiceAccount(
+            email=props["service_account_email"], scope=list(props.get("scopes") or DEFAULT_SCOPES)
+        )
+    return node
+
+
+def build_queued_resource(props: dict[str, Any]) -> Any:
+    from google.cloud import tpu_v2
+
+    qr = tpu_v2.QueuedResource
+    spec = qr.Tpu.NodeSpec(parent=_parent(props), node_id=props["node_id"], node=build_node(props))
+    queued = qr(tpu=qr.Tpu(node_spec=[spec]))
+    if props.get("spot"):
+        queued.spot = qr.Spot()
+    elif props.get("guaranteed"):
+        queued.guaranteed = qr.Guaranteed()
+    if props.get("reservation_name"):
+        queued.reservation_name = _reservation(props)
+    if props.get("valid_until_seconds"):
+        seconds = int(props["valid_until_seconds"])
+        queued.queueing_policy = qr.QueueingPolicy(valid_until_duration=timedelta(seconds=seconds))
+    return queued
+
+
+def _parent(props: dict[str, Any]) -> str:
+    return f"projects/{props['project']}/locations/{props['zone']}"
+
+
+def _queued_id(props: dict[str, Any]) -> str:
+    return props.get("queued_resource_id") or props["node_id"]
+
+
+def _reservation(props: dict[str, Any]) -> str:
+    # Format: projects/{project}/locations/{zone}/reservations/{reservation} (QueuedResource docstring).
+    name = props["reservation_name"]
+    return name if "/" in name else f"{_parent(props)}/reservations/{name}"
+
+
+# ---- waiting -------------------------------------------------------------------
+
+
+def _state_name(queued: Any) -> str:
+    return queued.state.state.name
+
+
+def _failure_detail(queued: Any) -> str:
+    error = queued.state.failed_data.error
+    return f": {error.message}" if error and error.message else ""
+
+
+def wait_for_queued(
+    client: Any, name: str, wanted: set[str], timeout: float, poll: float, missing_ok: bool = False
+) -> Any:
+    """Poll a queued resource until its state is in `wanted`; None if it is gone and `missing_ok`.
+
+    FAILED and SUSPENDED end the wait with a QueuedTpuError unless wanted.
+    """
+    from google.api_core import exceptions as gexc
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            queued = client.get_queued_resource(name=name, retry=transient_retry())
+        except gexc.NotFound:
+            if missing_ok:
+                return None
+            raise QueuedTpuError(f"queued resource {name} disappeared while waiting for {sorted(wanted)}") from None
+        state = _state_name(queued)
+        if state in wanted:
+            return queued
+        if state == "FAILED":
+            raise QueuedTpuError(f"queued resource {name} FAILED{_failure_detail(queued)}")
+        if state == "SUSPENDED":
+            raise QueuedTpuError(
+                f"queued resource {name} is SUSPENDED (its node was deleted or preempted): "
+                "run `tpuctl recover --apply`, then `pulumi up --refresh`"
+            )
+        if time.monotonic() >= deadline:
+            raise QueuedTpuError(
+                f"queued resource {name} is still {state} after {timeout:.0f} s (wanted {'/'.join(sorted(wanted))}); "
+                "it stays queued: the next `pulumi up` picks it up again"
+            )
+        time.sleep(poll)
+
+
+# ---- the provider ----------------------------------------------------------------
+
+
+class QueuedTpuProvider(dyn.ResourceProvider):
+    """create/read/diff/update/delete for one queued resource holding one node."""
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dyn.CheckResult:
+        failures = [dyn.CheckFailure(_problem_key(p), p) for p in check_inputs(news)]
+        return dyn.CheckResult(news, failures)
+
+    def create(self, props: dict[str, Any]) -> dyn.CreateResult:
+        from google.api_core import exceptions as gexc
+
+        problems = check_inputs(props)
+        if problems:
+            raise QueuedTpuError("; ".join(problems))
+        client = tpu_client()
+        name = f"{_parent(props)}/queuedResources/{_queued_id(props)}"
+        try:
+            client.create_queued_resource(
+                parent=_parent(props),
+                queued_resource_id=_queued_id(props),
+                queued_resource=build_queued_resource(props),
+                retry=transient_retry(),
+            ).result(timeout=_timeout(props, "create"))
+        except gexc.Conflict:  # 409 ALREADY_EXISTS
+            pass  # an earlier `up` timed out waiting: adopt the request already in the queue
+        queued = wait_for_queued(client, name, {"ACTIVE"}, _timeout(props, "create"), _poll(props))
+        return dyn.CreateResult(name, _outputs(client, props, queued))
+
+    def read(self, id_: str, props: dict[str, Any]) -> dyn.ReadResult:
+        from google.api_core import exceptions as gexc
+
+        client = tpu_client()
+        try:
+            queued = client.get_queued_resource(name=id_, retry=transient_retry())
+        except gexc.NotFound:
+            return dyn.ReadResult("", {})  # gone: Pulumi drops it and the next `up` recreates it
+        return dyn.ReadResult(id_, _outputs(client, props, queued))
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.DiffResult:
+        changed = [key for key in _input_keys(olds, news) if _normal(olds.get(key)) != _normal(news.get(key))]
+        replaces = [key for key in changed if key not in IN_PLACE + PROVIDER_ONLY]
+        # Node and queued-resource ids are fixed names: the old one must go first.
+        return dyn.DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=True)
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.UpdateResult:
+        from google.protobuf import field_mask_pb2
+
+        client = tpu_client()
+        paths = [key for key in IN_PLACE if _normal(olds.get(key)) != _normal(news.get(key))]
+        if paths:
+            node = build_node(news)
+            node.name = _node_name(news)
+            client.update_node(
+                node=node, update_mask=field_mask_pb2.FieldMask(paths=paths), retry=transient_retry()
+            ).result(timeout=_timeout(news, "create"))
+        queued = client.get_queued_resource(name=id_, retry=transient_retry())
+        return dyn.UpdateResult(_outputs(client, news, queued))
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        from google.api_core import exceptions as gexc
+
+        client = tpu_client()
+        timeout, poll = _timeout(props, "delete"), _poll(props)
+        try:
+            client.delete_node(name=_node_name(props), retry=transient_retry()).result(timeout=timeout)
+        except gexc.NotFound:
+            pass  # preempted and cleaned up, or never provisioned
+        # A queued resource can be deleted once its node is gone (SUSPENDED), or if it never got one.
+        settled = {"SUSPENDED", "FAILED", "WAITING_FOR_RESOURCES", "ACCEPTED"}
+        try:
+            if wait_for_queued(client, id_, settled, timeout, poll, missing_ok=True) is not None:
+                client.delete_queued_resource(name=id_, retry=transient_retry()).result(timeout=timeout)
+        except gexc.NotFound:
+            pass
+
+
+def _outputs(client: Any, props: dict[str, Any], queued: Any) -> dict[str, Any]:
+    from google.api_core import exceptions as gexc
+
+    outs = {**props, "state": _state_name(queued), "queued_resource_name": queued.name, "node_name": ""}
+    outs["node_state"] = ""
+    try:
+        node = client.get_node(name=_node_name(props), retry=transient_retry())
+    except gexc.NotFound:
+        return outs
+    outs.update(
+        node_name=node.name,
+        node_state=node.state.name,
+        metadata=dict(node.metadata),
+        labels=dict(node.labels),
+        tags=list(node.tags),
+    )
+    return outs
+
+
+def _node_name(props: dict[str, Any]) -> str:
+    return f"{_parent(props)}/nodes/{props['node_id']}"
+
+
+def _timeout(props: dict[str, Any], phase: str) -> float:
+    return float(props.get(f"{phase}_timeout_seconds") or 3600)
+
+
+def _poll(props: dict[str, Any]) -> float:
+    return float(props.get("poll_seconds") or 15)
+
+
+def _input_keys(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
+    outputs_only = {"state", "node_name", "node_state", "queued_resource_name", "__provider"}
+    return sorted((set(olds) | set(news)) - outputs_only)
+
+
+def _normal(value: Any) -> Any:
+    """None, '' and empty collections are all 'unset'."""
+    return value if value not in (None, "", [], {}) else None
+
+
+def _problem_key(problem: str) -> str:
+    return problem.split(" ", 1)[0].strip(",")
+
+
+class QueuedTpu(dyn.Resource):
+    """A TPU node requested through a queued resource, carrying the agent's metadata.
+
+    Outputs: state (queued-resource state), queued_resource_name, node_name, node_state.
+    """
+
+    state: pulumi.Output[str]
+    queued_resource_name: pulumi.Output[str]
+    node_name: pulumi.Output[str]
+    node_state: pulumi.Output[str]
+
+    def __init__(
+        self,
+        resource_name: str,
+        *,
+        project: pulumi.Input[str],
+        zone: str,
+        node_id: str,
+        runtime_version: str,
+        queued_resource_id: str | None = None,
+        accelerator_type: str | None = None,
+        accelerator_topology: str | None = None,
+        accelerator_config_type: str | None = None,
+        network: pulumi.Input[str] | None = None,
+        subnetwork: pulumi.Input[str] | None = None,
+        enable_external_ips: bool = False,
+        service_account_email: pulumi.Input[str] | None = None,
+        scopes: list[str] | None = None,
+        metadata: pulumi.Input[dict[str, pulumi.Input[str]]] | None = None,
+        labels: dict[str, str] | None = None,
+        tags: list[str] | None = None,
+        spot: bool = False,
+        guaranteed: bool = False,
+        reservation_name: str | None = None,
+        valid_until_seconds: int | None = None,
+        description: str | None = None,
+        create_timeout_seconds: float = 3600,
+        delete_timeout_seconds: float = 1800,
+        poll_seconds: float = 15,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        inputs = {key: value for key, value in locals().items() if not key.startswith("_") and key not in {"self", "resource_name", "opts"}}
+        inputs.update(state=None, queued_resource_name=None, node_name=None, node_state=None)
+        super().__init__(QueuedTpuProvider(), resource_name, inputs, opts)

@@ -1,0 +1,200 @@
+"""The TPU API as tpuctl sees it: one client, retries, clear errors, a stack's nodes.
+
+A stack's nodes are found with ONE `list_nodes` call per zone the stack uses,
+filtered by the labels every tpu-stack resource carries (`stack`,
+`managed-by=pulumi`, DESIGN.md "Labels everywhere"), never one `get` per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from google.api_core import exceptions as gexc
+from google.auth import exceptions as auth_exceptions
+from google.cloud import tpu_v2
+
+from components.queued_tpu import tpu_client, transient_retry
+
+T = TypeVar("T")
+
+STATUS_NAMESPACE = "tpu-stack"  # DESIGN.md: the agent's guest attributes live under tpu-stack/
+STATUS_KEYS = ("state", "step", "package", "message", "updated")
+
+# The IAM permission each call needs (docs.cloud.google.com/iam/docs/roles-permissions/tpu).
+PERMISSIONS = {
+    "list_nodes": "tpu.nodes.list",
+    "get_node": "tpu.nodes.get",
+    "get_guest_attributes": "tpu.nodes.get",
+    "delete_node": "tpu.nodes.delete",
+    "stop_node": "tpu.nodes.stop",
+    "update_node": "tpu.nodes.update",
+    "list_accelerator_types": "tpu.acceleratortypes.list",
+    "list_runtime_versions": "tpu.runtimeversions.list",
+    "get_queued_resource": "tpu.queuedresources.get",
+    "create_queued_resource": "tpu.queuedresources.create",
+    "delete_queued_resource": "tpu.queuedresources.delete",
+    "reset_queued_resource": "tpu.queuedresources.reset",
+}
+
+class TpuApiError(RuntimeError):
+    """A TPU API failure reduced to one sentence a person can act on."""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node as the list call returned it, plus the agent's status if fetched."""
+
+    zone: str
+    node_id: str
+    state: str
+    health: str
+    accelerator_type: str
+    runtime_version: str
+    spot: bool
+    labels: dict[str, str]
+    metadata: dict[str, str]
+    queued_resource: str
+    symptoms: tuple[str, ...] = ()
+    job: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_node(cls, node: tpu_v2.Node) -> NodeStatus:
+        zone, node_id = _zone_and_id(node.name)
+        scheduling = node.scheduling_config
+        return cls(
+            zone=zone,
+            node_id=node_id,
+            state=node.state.name,
+            health=node.health.name if node.health else "",
+            accelerator_type=node.accelerator_type,
+            runtime_version=node.runtime_version,
+            spot=bool(scheduling.spot or scheduling.preemptible),
+            labels=dict(node.labels),
+            metadata=dict(node.metadata),
+            queued_resource=node.queued_resource,
+            symptoms=tuple(f"{s.symptom_type.name}: {s.details}".strip(": ") for s in node.symptoms),
+        )
+
+
+def _zone_and_id(name: str) -> tuple[str, str]:
+    # projects/<p>/locations/<zone>/nodes/<id>
+    parts = name.split("/")
+    return parts[3], parts[5]
+
+
+class TpuApi:
+    """The calls tpuctl makes, each retried and each failing with one clear message."""
+
+    def __init__(self, project: str, client: tpu_v2.TpuClient | None = None, deadline: float = 60.0) -> None:
+        self.project = project
+        self._client = client
+        self._retry = transient_retry(deadline)
+
+    @property
+    def client(self) -> tpu_v2.TpuClient:
+        if self._client is None:
+            try:
+                self._client = tpu_client()
+            except auth_exceptions.DefaultCredentialsError as error:
+                raise TpuApiError(
+                    "no Google credentials: run `gcloud auth application-default login` "
+                    "or set GOOGLE_APPLICATION_CREDENTIALS"
+                ) from error
+        return self._client
+
+    def parent(self, zone: str) -> str:
+        return f"projects/{self.project}/locations/{zone}"
+
+    def node_name(self, zone: str, node_id: str) -> str:
+        return f"{self.parent(zone)}/nodes/{node_id}"
+
+    def call(self, method: str, target: str, **request: Any) -> Any:
+        """Call `client.<method>(**request)` with retries; `target` names the zone or node for errors."""
+        function: Callable[..., Any] = getattr(self.client, method)
+        try:
+            return function(request=request, retry=self._retry)
+        except gexc.PermissionDenied as error:
+            permission = PERMISSIONS.get(method, "a tpu.* permission")
+            raise TpuApiError(
+                f"permission denied: {method} on {target} in project {self.project} needs "
+                f"IAM permission {permission} (e.g. roles/tpu.viewer or roles/tpu.admin)"
+            ) from error
+        except gexc.NotFound as error:
+            if "Location" in str(error.message):
+                raise TpuApiError(
+                    f"zone {target!r} is unknown to the TPU API for project {self.project}: {error.message}"
+                ) from error
+            raise
+        except gexc.RetryError as error:
+            raise TpuApiError(f"{method} on {target}: the TPU API kept failing ({error.cause})") from error
+        except gexc.GoogleAPICallError as error:
+            raise TpuApiError(f"{method} on {target} failed: {error.code} {error.message}") from error
+
+    # ---- reads ---------------------------------------------------------------
+    def list_nodes(self, zone: str) -> list[tpu_v2.Node]:
+        pager = self.call("list_nodes", zone, parent=self.parent(zone))
+        return list(pager)
+
+    def stack_nodes(self, zones: Iterable[str], stack: str) -> list[NodeStatus]:
+        """Every node of `stack` in `zones`: one list call per zone."""
+        found: list[NodeStatus] = []
+        for zone in sorted(set(zones)):
+            found += [NodeStatus.from_node(n) for n in self.list_nodes(zone) if belongs_to(n.labels, stack)]
+        return sorted(found, key=lambda n: (n.zone, n.node_id))
+
+    def job_status(self, node: NodeStatus) -> dict[str, str]:
+        """The agent's status from worker 0's guest attributes (`tpu-stack/<key>`); {} if none yet."""
+        response = self.call(
+            "get_guest_attributes",
+            node.node_id,
+            name=self.node_name(node.zone, node.node_id),
+            query_path=f"{STATUS_NAMESPACE}/",
+        )
+        return parse_guest_attributes(response)
+
+    def with_job_status(self, nodes: list[NodeStatus], workers: int = 8) -> list[NodeStatus]:
+        """Nodes with `job` filled in; guest attributes are per node, so fetched concurrently."""
+        readable = [n for n in nodes if n.state in {"READY", "STOPPING"}]
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            statuses = dict(zip([(n.node_id, n.zone) for n in readable], pool.map(self.job_status, readable)))
+        return [_with_job(n, statuses.get((n.node_id, n.zone), {})) for n in nodes]
+
+    def accelerator_types(self, zone: str) -> set[str]:
+        pager = self.call("list_accelerator_types", zone, parent=self.parent(zone))
+        return {item.type_ for item in pager}
+
+    def runtime_versions(self, zone: str) -> set[str]:
+        pager = self.call("list_runtime_versions", zone, parent=self.parent(zone))
+        return {item.version for item in pager}
+
+    # ---- changes -------------------------------------------------------------
+    def delete_node(self, zone: str, node_id: str, timeout: float = 600.0) -> None:
+        self.call("delete_node", node_id, name=self.node_name(zone, node_id)).result(timeout=timeout)
+
+    def stop_node(self, zone: str, node_id: str, timeout: float = 600.0) -> None:
+        self.call("stop_node", node_id, name=self.node_name(zone, node_id)).result(timeout=timeout)
+
+    def reset_queued_resource(self, queued_resource: str, timeout: float = 600.0) -> None:
+        self.call("reset_queued_resource", queued_resource, name=queued_resource).result(timeout=timeout)
+
+
+def belongs_to(labels: Any, stack: str) -> bool:
+    return labels.get("stack") == stack and labels.get("managed-by") == "pulumi"
+
+
+def parse_guest_attributes(response: tpu_v2.GetGuestAttributesResponse) -> dict[str, str]:
+    """Worker 0's `tpu-stack/` keys (the first entry the API returns is worker 0)."""
+    for worker in response.guest_attributes[:1]:
+        return {
+            item.key: item.value
+            for item in worker.query_value.items
+            if item.namespace == STATUS_NAMESPACE and item.key in STATUS_KEYS
+        }
+    return {}
+
+
+def _with_job(node: NodeStatus, job: dict[str, str]) -> NodeStatus:
+    return NodeStatus(**{**node.__dict__, "job": job})

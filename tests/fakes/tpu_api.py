@@ -1,0 +1,442 @@
+"""A fake Cloud TPU v2 REST API on loopback, for the real `tpu_v2.TpuClient`.
+
+Aim a client at it with `transport="rest"`, `AnonymousCredentials()` and
+`client_options={"api_endpoint": fake.endpoint}` (an `http://127.0.0.1:PORT` URL),
+or set `TPU_STACK_TPU_ENDPOINT=fake.endpoint` for code that builds its own client.
+
+Bodies are (de)serialised with google-cloud-tpu's own proto-plus classes, so a
+field the client sends or expects is a field here too. Long-running operations
+come back already done. State is scripted per resource: every read of a node
+or queued resource (get or list) returns its current state, then moves it to
+the next scripted one, so "CREATING, READY, PREEMPTED" is three polls.
+Every request is logged in `calls` so tests can assert that a dry run changed
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from google.cloud import tpu_v2
+from google.longrunning import operations_pb2
+from google.protobuf import empty_pb2, json_format
+
+PATH = re.compile(
+    r"^/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
+    r"(?:/(?P<collection>[A-Za-z]+)(?:/(?P<id>[^/:]+))?)?(?::(?P<verb>[A-Za-z]+))?$"
+)
+NodeState = tpu_v2.Node.State
+QueuedState = tpu_v2.QueuedResourceState.State
+# Verbs that read only; everything else changes state.
+READ_ONLY = {"GET list", "GET get", "POST getGuestAttributes"}
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str  # HTTP method
+    action: str  # list, get, create, delete, patch, stop, start, reset, getGuestAttributes
+    collection: str  # nodes, queuedResources, acceleratorTypes, ...
+    zone: str
+    resource_id: str | None
+
+    @property
+    def mutating(self) -> bool:
+        return f"{self.method} {self.action}" not in READ_ONLY
+
+
+@dataclass
+class _Scripted:
+    message: object
+    upcoming: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Fault:
+    status: int
+    remaining: int
+    action: str | None
+    collection: str | None
+    message: str
+
+
+@dataclass
+class FakeTpuApi:
+    project: str = "acme-ml-dev"
+    accelerator_types: dict[str, list[str]] = field(default_factory=dict)
+    runtime_versions: dict[str, list[str]] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes: dict[tuple[str, str], _Scripted] = {}
+        self._queued: dict[tuple[str, str], _Scripted] = {}
+        self._guest: dict[tuple[str, str], dict[int, dict[tuple[str, str], str]]] = {}
+        self._faults: list[_Fault] = []
+        self._queued_scripts: dict[str, list[str]] = {}
+        self._server: ThreadingHTTPServer | None = None
+
+    # ---- lifecycle ---------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        assert self._server is not None, "start() the fake first"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> FakeTpuApi:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        serve = partial(self._server.serve_forever, poll_interval=0.02)
+        threading.Thread(target=serve, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # ---- scripting ---------------------------------------------------------
+    def zones(self) -> set[str]:
+        return set(self.accelerator_types) | set(self.runtime_versions)
+
+    def add_node(
+        self,
+        zone: str,
+        node_id: str,
+        *states: str,
+        accelerator_type: str = "v2-8",
+        runtime_version: str = "tpu-vm-tf-2.18.0-pjrt",
+        labels: dict[str, str] | None = None,
+        metadata: dict[str, str] | None = None,
+        spot: bool = False,
+        health: str = "HEALTHY",
+        symptoms: Iterable[str] = (),
+    ) -> None:
+        """A node whose reads return `states` in turn (default: READY forever)."""
+        node = tpu_v2.Node(
+            name=self._name(zone, "nodes", node_id),
+            accelerator_type=accelerator_type,
+            runtime_version=runtime_version,
+            labels=labels or {},
+            metadata=metadata or {},
+            scheduling_config=tpu_v2.SchedulingConfig(spot=spot),
+            health=tpu_v2.Node.Health[health],
+            symptoms=[tpu_v2.Symptom(symptom_type=s, details=s.lower()) for s in symptoms],
+        )
+        self._put_node(zone, node_id, node, list(states) or ["READY"])
+
+    def set_node_states(self, zone: str, node_id: str, *states: str) -> None:
+        with self._lock:
+            scripted = self._nodes[(zone, node_id)]
+            scripted.message.state = NodeState[states[0]]
+            scripted.upcoming = [NodeState[s] for s in states[1:]]
+
+    def set_queued_states(self, zone: str, queued_id: str, *states: str) -> None:
+        with self._lock:
+            scripted = self._queued[(zone, queued_id)]
+            scripted.message.state.state = QueuedState[states[0]]
+            scripted.upcoming = [QueuedState[s] for s in states[1:]]
+
+    def script_queued(self, queued_id: str, *states: str) -> None:
+        """The states a queued resource created later goes through (default: WAITING, then ACTIVE)."""
+        self._queued_scripts[queued_id] = list(states)
+
+    def set_guest_attributes(
+        self, zone: str, node_id: str, worker: int, values: dict[str, str], namespace: str = "tpu-stack"
+    ) -> None:
+        """What worker `worker` of a node has published under `namespace/`."""
+        with self._lock:
+            workers = self._guest.setdefault((zone, node_id), {})
+            workers[worker] = {(namespace, key): str(value) for key, value in values.items()}
+
+    def fail(
+        self,
+        status: int,
+        times: int = 1,
+        action: str | None = None,
+        collection: str | None = None,
+        message: str = "",
+    ) -> None:
+        """The next `times` matching requests answer with HTTP `status`."""
+        self._faults.append(_Fault(status, times, action, collection, message))
+
+    def node(self, zone: str, node_id: str) -> tpu_v2.Node | None:
+        scripted = self._nodes.get((zone, node_id))
+        return None if scripted is None else tpu_v2.Node(scripted.message)
+
+    def queued_resource(self, zone: str, queued_id: str) -> tpu_v2.QueuedResource | None:
+        scripted = self._queued.get((zone, queued_id))
+        return None if scripted is None else tpu_v2.QueuedResource(scripted.message)
+
+    def mutating_calls(self) -> list[Call]:
+        return [call for call in self.calls if call.mutating]
+
+    def count(self, action: str, collection: str = "nodes") -> int:
+        return sum(1 for c in self.calls if c.action == action and c.collection == collection)
+
+    # ---- request handling (called by the HTTP handler) ------------------------
+    def handle(self, method: str, url: str, body: bytes) -> tuple[int, str]:
+        parts = urlsplit(url)
+        match = PATH.match(parts.path)
+        if match is None:
+            return _error(404, "NOT_FOUND", f"no such path {parts.path}")
+        zone, collection, rid = match["zone"], match["collection"] or "", match["id"]
+        action = match["verb"] or _action(method, rid)
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        with self._lock:
+            self.calls.append(Call(method, action, collection, zone, rid))
+            fault = self._take_fault(action, collection)
+            if fault is not None:
+                return fault
+            if zone not in self.zones():
+                return _error(404, "NOT_FOUND", f"Location {zone} is not found or access is unauthorized.")
+            route = getattr(self, f"_{collection}_{action}", None)
+            if route is None:
+                return _error(400, "INVALID_ARGUMENT", f"fake: {method} {parts.path} not implemented")
+            return route(zone, rid, query, body)
+
+    def _take_fault(self, action: str, collection: str) -> tuple[int, str] | None:
+        for fault in self._faults:
+            if fault.remaining and fault.action in (None, action) and fault.collection in (None, collection):
+                fault.remaining -= 1
+                status = {403: "PERMISSION_DENIED", 503: "UNAVAILABLE", 429: "RESOURCE_EXHAUSTED"}
+                return _error(fault.status, status.get(fault.status, "UNKNOWN"), fault.message or "injected")
+        return None
+
+    # nodes
+    def _nodes_list(self, zone: str, _rid: None, query: dict[str, str], _body: bytes) -> tuple[int, str]:
+        nodes = [self._read(s) for (z, _), s in sorted(self._nodes.items()) if z == zone]
+        page, token = _page(nodes, query)
+        return 200, tpu_v2.ListNodesResponse.to_json(tpu_v2.ListNodesResponse(nodes=page, next_page_token=token))
+
+    def _nodes_get(self, zone: str, rid: str, _query: dict[str, str], _body: bytes) -> tuple[int, str]:
+        scripted = self._nodes.get((zone, rid))
+        if scripted is None:
+            return _not_found("node", zone, rid)
+        return 200, tpu_v2.Node.to_json(self._read(scripted))
+
+    def _nodes_create(self, zone: str, _rid: None, query: dict[str, str], body: bytes) -> tuple[int, str]:
+        node_id = query["nodeId"]
+        if (zone, node_id) in self._nodes:
+            return _error(409, "ALREADY_EXISTS", f"node {node_id} already exists")
+        node = tpu_v2.Node.from_json(body or b"{}", ignore_unknown_fields=True)
+        node.name = self._name(zone, "nodes", node_id)
+        self._put_node(zone, node_id, node, ["CREATING", "READY"], lock=False)
+        return _done(zone, node_id, tpu_v2.Node.pb(node))
+
+    def _nodes_patch(self, zone: str, rid: str, query: dict[str, str], body: bytes) -> tuple[int, str]:
+        scripted = self._nodes.get((zone, rid))
+        if scripted is None:
+            return _not_found("node", zone, rid)
+        sent = tpu_v2.Node.from_json(body, ignore_unknown_fields=True)
+        for path in query.get("updateMask", "").split(","):
+            if path not in {"labels", "metadata", "description", "tags"}:
+                return _error(400, "INVALID_ARGUMENT", f"field {path!r} cannot be updated")
+            setattr(scripted.message, path, getattr(sent, path))
+        return _done(zone, rid, tpu_v2.Node.pb(scripted.message))
+
+    def _nodes_delete(self, zone: str, rid: str, _query: dict[str, str], _body: bytes) -> tuple[int, str]:
+        scripted = self._nodes.pop((zone, rid), None)
+        if scripted is None:
+            return _not_found("node", zone, rid)
+        self._guest.pop((zone, rid), None)
+        for queued in self._queued.values():
+            if any(spec.node_id == rid for spec in queued.message.tpu.node_spec):
+                queued.message.state.state = QueuedState.SUSPENDING
+                queued.upcoming = [QueuedState.SUSPENDED]
+        return _done(zone, rid, empty_pb2.Empty())
+
+    def _nodes_stop(self, zone: str, rid: str, _query: dict[str, str], _body: bytes) -> tuple[int, str]:
+        return self._set_node_state(zone, rid, NodeState.STOPPED)
+
+    def _nodes_start(self, zone: str, rid: str, _query: dict[str, str], _body: bytes) -> tuple[int, str]:
+        return self._set_node_state(zone, rid, NodeState.READY)
+
+    def _nodes_getGuestAttributes(self, zone: str, rid: str, _q: dict[str, str], body: bytes) -> tuple[int, str]:
+        if (zone, rid) not in self._nodes:
+            return _not_found("node", zone, rid)
+        prefix = json.loads(body or b"{}").get("queryPath", "")
+        response = tpu_v2.GetGuestAttributesResponse()
+        for worker, values in sorted(self._guest.get((zone, rid), {}).items()):
+            items = [
+                tpu_v2.GuestAttributesEntry(namespace=namespace, key=key, value=value)
+                for (namespace, key), value in sorted(values.items())
+                if f"{namespace}/{key}".startswith(prefix)
+            ]
+            value = tpu_v2.GuestAttributesValue(items=items)
+            response.guest_attributes.append(tpu_v2.GuestAttributes(query_path=prefix, query_value=value))
+        return 200, tpu_v2.GetGuestAttributesResponse.to_json(response)
+
+    # queued resources
+    def _queuedResources_create(self, zone: str, _rid: None, query: dict[str, str], body: bytes) -> tuple[int, str]:
+        queued_id = query["queuedResourceId"]
+        if (zone, queued_id) in self._queued:
+            return _error(409, "ALREADY_EXISTS", f"queued resource {queued_id} already exists")
+        queued = tpu_v2.QueuedResource.from_json(body or b"{}", ignore_unknown_fields=True)
+        queued.name = self._name(zone, "queuedResources", queued_id)
+        states = self._queued_scripts.pop(queued_id, ["WAITING_FOR_RESOURCES", "ACTIVE"])
+        queued.state = tpu_v2.QueuedResourceState(state=QueuedState[states[0]])
+        self._queued[(zone, queued_id)] = _Scripted(queued, [QueuedState[s] for s in states[1:]])
+        return _done(zone, queued_id, tpu_v2.QueuedResource.pb(queued))
+
+    def _queuedResources_get(self, zone: str, rid: str, _q: dict[str, str], _body: bytes) -> tuple[int, str]:
+        scripted = self._queued.get((zone, rid))
+        if scripted is None:
+            return _not_found("queued resource", zone, rid)
+        return 200, tpu_v2.QueuedResource.to_json(self._read_queued(zone, scripted))
+
+    def _queuedResources_list(self, zone: str, _rid: None, query: dict[str, str], _b: bytes) -> tuple[int, str]:
+        items = [self._read_queued(z, s) for (z, _), s in sorted(self._queued.items()) if z == zone]
+        page, token = _page(items, query)
+        response = tpu_v2.ListQueuedResourcesResponse(queued_resources=page, next_page_token=token)
+        return 200, tpu_v2.ListQueuedResourcesResponse.to_json(response)
+
+    def _queuedResources_delete(self, zone: str, rid: str, query: dict[str, str], _b: bytes) -> tuple[int, str]:
+        scripted = self._queued.get((zone, rid))
+        if scripted is None:
+            return _not_found("queued resource", zone, rid)
+        deletable = {QueuedState.SUSPENDED, QueuedState.FAILED, QueuedState.WAITING_FOR_RESOURCES}
+        if scripted.message.state.state not in deletable and query.get("force") != "true":
+            state = scripted.message.state.state.name
+            return _error(400, "FAILED_PRECONDITION", f"queued resource {rid} is {state}: delete its node first")
+        del self._queued[(zone, rid)]
+        return _done(zone, rid, empty_pb2.Empty())
+
+    def _queuedResources_reset(self, zone: str, rid: str, _q: dict[str, str], _b: bytes) -> tuple[int, str]:
+        scripted = self._queued.get((zone, rid))
+        if scripted is None:
+            return _not_found("queued resource", zone, rid)
+        for spec in scripted.message.tpu.node_spec:
+            self._nodes.pop((zone, spec.node_id), None)
+        scripted.message.state.state = QueuedState.WAITING_FOR_RESOURCES
+        scripted.upcoming = [QueuedState.ACTIVE]
+        return _done(zone, rid, tpu_v2.QueuedResource.pb(scripted.message))
+
+    # catalog
+    def _acceleratorTypes_list(self, zone: str, _rid: None, query: dict[str, str], _b: bytes) -> tuple[int, str]:
+        types = [
+            tpu_v2.AcceleratorType(name=self._name(zone, "acceleratorTypes", t), type_=t)
+            for t in self.accelerator_types.get(zone, [])
+        ]
+        page, token = _page(types, query)
+        response = tpu_v2.ListAcceleratorTypesResponse(accelerator_types=page, next_page_token=token)
+        return 200, tpu_v2.ListAcceleratorTypesResponse.to_json(response)
+
+    def _runtimeVersions_list(self, zone: str, _rid: None, query: dict[str, str], _b: bytes) -> tuple[int, str]:
+        versions = [
+            tpu_v2.RuntimeVersion(name=self._name(zone, "runtimeVersions", v), version=v)
+            for v in self.runtime_versions.get(zone, [])
+        ]
+        page, token = _page(versions, query)
+        response = tpu_v2.ListRuntimeVersionsResponse(runtime_versions=page, next_page_token=token)
+        return 200, tpu_v2.ListRuntimeVersionsResponse.to_json(response)
+
+    # ---- internals -----------------------------------------------------------
+    def _name(self, zone: str, collection: str, rid: str) -> str:
+        return f"projects/{self.project}/locations/{zone}/{collection}/{rid}"
+
+    def _put_node(self, zone: str, node_id: str, node: tpu_v2.Node, states: list[str], lock: bool = True) -> None:
+        node.state = NodeState[states[0]]
+        scripted = _Scripted(node, [NodeState[s] for s in states[1:]])
+        if lock:
+            with self._lock:
+                self._nodes[(zone, node_id)] = scripted
+        else:
+            self._nodes[(zone, node_id)] = scripted
+
+    def _set_node_state(self, zone: str, rid: str, state: NodeState) -> tuple[int, str]:
+        scripted = self._nodes.get((zone, rid))
+        if scripted is None:
+            return _not_found("node", zone, rid)
+        scripted.message.state = state
+        scripted.upcoming = []
+        return _done(zone, rid, tpu_v2.Node.pb(scripted.message))
+
+    @staticmethod
+    def _read(scripted: _Scripted) -> object:
+        snapshot = type(scripted.message)(scripted.message)
+        if scripted.upcoming:
+            scripted.message.state = scripted.upcoming.pop(0)
+        return snapshot
+
+    def _read_queued(self, zone: str, scripted: _Scripted) -> tpu_v2.QueuedResource:
+        snapshot = tpu_v2.QueuedResource(scripted.message)
+        if scripted.upcoming:
+            scripted.message.state.state = scripted.upcoming.pop(0)
+            if scripted.message.state.state == QueuedState.ACTIVE:
+                self._provision(zone, scripted.message)
+        return snapshot
+
+    def _provision(self, zone: str, queued: tpu_v2.QueuedResource) -> None:
+        for spec in queued.tpu.node_spec:
+            node = tpu_v2.Node(spec.node)
+            node.name = self._name(zone, "nodes", spec.node_id)
+            node.queued_resource = queued.name
+            self._put_node(zone, spec.node_id, node, ["READY"], lock=False)
+
+
+def _action(method: str, rid: str | None) -> str:
+    if method == "GET":
+        return "get" if rid else "list"
+    return {"POST": "create", "DELETE": "delete", "PATCH": "patch"}.get(method, method.lower())
+
+
+def _page(items: list, query: dict[str, str]) -> tuple[list, str]:
+    start = int(query.get("pageToken") or 0)
+    size = int(query.get("pageSize") or 0) or len(items) or 1
+    rest = items[start + size :]
+    return items[start : start + size], str(start + size) if rest else ""
+
+
+def _done(zone: str, rid: str, response: object) -> tuple[int, str]:
+    operation = operations_pb2.Operation(name=f"projects/-/locations/{zone}/operations/op-{rid}", done=True)
+    operation.response.Pack(response)
+    return 200, json_format.MessageToJson(operation)
+
+
+def _error(code: int, status: str, message: str) -> tuple[int, str]:
+    return code, json.dumps({"error": {"code": code, "status": status, "message": message}})
+
+
+def _not_found(kind: str, zone: str, rid: str) -> tuple[int, str]:
+    return _error(404, "NOT_FOUND", f"{kind} {rid} not found in {zone}")
+
+
+def _handler_for(api: FakeTpuApi) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: the client reuses one connection
+        disable_nagle_algorithm = True  # headers and body go out as separate writes
+
+        def _serve(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            status, text = api.handle(self.command, self.path, self.rfile.read(length))
+            payload = text.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _serve
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    return Handler
+
+
+@contextmanager
+def running(api: FakeTpuApi) -> Iterator[FakeTpuApi]:
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()

@@ -1,0 +1,194 @@
+"""The QueuedTpu dynamic provider against the fake TPU API, called method by method."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+
+import pytest
+from pulumi.dynamic.dynamic import serialize_provider
+
+from components.queued_tpu import (
+    QueuedTpuError,
+    QueuedTpuProvider,
+    build_queued_resource,
+    check_inputs,
+    duration_seconds,
+)
+from tests.fakes.tpu_api import FakeTpuApi
+from tests.ops.tpu_world import PROJECT, STACK_LABELS, ZONE
+
+QR_NAME = f"projects/{PROJECT}/locations/{ZONE}/queuedResources/dev-trainer"
+
+
+def props(**overrides: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "project": PROJECT,
+        "zone": ZONE,
+        "node_id": "dev-trainer",
+        "runtime_version": "tpu-vm-tf-2.18.0-pjrt",
+        "accelerator_type": "v2-8",
+        "network": "projects/acme-ml-dev/global/networks/tpu",
+        "service_account_email": "tpu-runtime@acme-ml-dev.iam.gserviceaccount.com",
+        "metadata": {"startup-script": "#!/bin/bash\necho hi", "tpu-stack-workers": "all"},
+        "labels": dict(STACK_LABELS),
+        "spot": True,
+        "valid_until_seconds": 6 * 3600,
+        "poll_seconds": 0.01,
+        "create_timeout_seconds": 5,
+        "delete_timeout_seconds": 5,
+    }
+    return {**base, **overrides}
+
+
+def test_create_sends_the_full_node_and_waits_for_active(fake_tpu: FakeTpuApi) -> None:
+    result = QueuedTpuProvider().create(props())
+
+    assert result.id == QR_NAME
+    assert result.outs["state"] == "ACTIVE"
+    assert result.outs["node_state"] == "READY"
+    sent = fake_tpu.queued_resource(ZONE, "dev-trainer")
+    node = sent.tpu.node_spec[0].node
+    assert node.metadata["startup-script"].startswith("#!/bin/bash")
+    assert node.service_account.email == "tpu-runtime@acme-ml-dev.iam.gserviceaccount.com"
+    assert list(node.service_account.scope) == ["https://www.googleapis.com/auth/cloud-platform"]
+    assert node.network_config.enable_external_ips is False
+    assert "spot" in sent and sent.queueing_policy.valid_until_duration.total_seconds() == 21600
+    assert fake_tpu.node(ZONE, "dev-trainer").labels["stack"] == "dev"
+
+
+def test_create_adopts_a_queued_resource_left_by_an_earlier_timeout(fake_tpu: FakeTpuApi) -> None:
+    provider = QueuedTpuProvider()
+    provider.create(props())
+    fake_tpu.set_queued_states(ZONE, "dev-trainer", "WAITING_FOR_RESOURCES", "ACTIVE")
+
+    again = provider.create(props())
+
+    assert again.outs["state"] == "ACTIVE"
+    assert fake_tpu.count("create", "queuedResources") == 2
+
+
+@pytest.mark.parametrize(
+    ("states", "expected"),
+    [
+        (("WAITING_FOR_RESOURCES", "FAILED"), "FAILED"),
+        (("WAITING_FOR_RESOURCES", "SUSPENDED"), "SUSPENDED"),
+        (("WAITING_FOR_RESOURCES",), "still WAITING_FOR_RESOURCES after"),
+    ],
+)
+def test_create_ends_with_a_clear_error_per_terminal_state(
+    fake_tpu: FakeTpuApi, states: tuple[str, ...], expected: str
+) -> None:
+    fake_tpu.script_queued("dev-trainer", *states)
+
+    with pytest.raises(QueuedTpuError, match=expected):
+        QueuedTpuProvider().create(props(create_timeout_seconds=0.2))
+
+
+def test_create_retries_503s(fake_tpu: FakeTpuApi) -> None:
+    fake_tpu.fail(503, times=2, action="create", collection="queuedResources")
+
+    assert QueuedTpuProvider().create(props()).outs["state"] == "ACTIVE"
+    assert fake_tpu.count("create", "queuedResources") == 3
+
+
+def test_read_reports_state_and_drift_and_gone(fake_tpu: FakeTpuApi) -> None:
+    provider = QueuedTpuProvider()
+    provider.create(props())
+    fake_tpu.set_node_states(ZONE, "dev-trainer", "PREEMPTED")
+
+    read = provider.read(QR_NAME, props())
+    assert (read.id, read.outs["state"], read.outs["node_state"]) == (QR_NAME, "ACTIVE", "PREEMPTED")
+
+    provider.delete(QR_NAME, props())
+    assert provider.read(QR_NAME, props()).id == ""
+
+
+def test_diff_updates_metadata_and_labels_in_place_and_replaces_the_rest() -> None:
+    provider = QueuedTpuProvider()
+    olds = {**props(), "state": "ACTIVE", "node_name": "n"}
+
+    in_place = provider.diff(QR_NAME, olds, props(labels={**STACK_LABELS, "team": "ml"}, metadata={"a": "b"}))
+    assert (in_place.changes, in_place.replaces) == (True, [])
+
+    replaced = provider.diff(QR_NAME, olds, props(accelerator_type="v3-8", spot=False))
+    assert replaced.changes and sorted(replaced.replaces) == ["accelerator_type", "spot"]
+    assert replaced.delete_before_replace is True
+
+    assert provider.diff(QR_NAME, olds, props()).changes is False
+    assert provider.diff(QR_NAME, olds, props(poll_seconds=1)).replaces == []
+
+
+def test_update_patches_only_the_changed_node_fields(fake_tpu: FakeTpuApi) -> None:
+    provider = QueuedTpuProvider()
+    provider.create(props())
+    news = props(labels={**STACK_LABELS, "team": "ml"})
+
+    outs = provider.update(QR_NAME, props(), news).outs
+
+    assert outs["labels"]["team"] == "ml"
+    assert fake_tpu.node(ZONE, "dev-trainer").metadata["tpu-stack-workers"] == "all"
+    assert fake_tpu.count("patch") == 1
+
+
+def test_delete_removes_the_node_then_the_suspended_queued_resource(fake_tpu: FakeTpuApi) -> None:
+    provider = QueuedTpuProvider()
+    provider.create(props())
+
+    provider.delete(QR_NAME, props())
+
+    assert fake_tpu.node(ZONE, "dev-trainer") is None
+    assert fake_tpu.queued_resource(ZONE, "dev-trainer") is None
+    order = [(c.action, c.collection) for c in fake_tpu.mutating_calls()]
+    assert order[-2:] == [("delete", "nodes"), ("delete", "queuedResources")]
+
+
+def test_delete_of_a_never_provisioned_request_skips_the_node(fake_tpu: FakeTpuApi) -> None:
+    fake_tpu.script_queued("dev-trainer", "WAITING_FOR_RESOURCES")
+    with pytest.raises(QueuedTpuError, match="still WAITING_FOR_RESOURCES"):
+        QueuedTpuProvider().create(props(create_timeout_seconds=0.1))
+
+    QueuedTpuProvider().delete(QR_NAME, props())
+
+    assert fake_tpu.queued_resource(ZONE, "dev-trainer") is None
+
+
+def test_check_names_each_bad_input() -> None:
+    problems = check_inputs(props(accelerator_type="", spot=True, guaranteed=True))
+    assert any("accelerator_type" in p for p in problems)
+    assert any("spot cannot be combined" in p for p in problems)
+    assert check_inputs(props(accelerator_type=None, accelerator_topology="2x2x1", accelerator_config_type="V9")) == [
+        "accelerator_config_type must be one of V2, V3, V4, V5LITE_POD, V5P, V6E"
+    ]
+    failures = QueuedTpuProvider().check({}, props(runtime_version="")).failures
+    assert [f.property for f in failures] == ["runtime_version"]
+
+
+def test_topology_and_reservation_are_sent_as_the_api_expects() -> None:
+    queued = build_queued_resource(
+        props(accelerator_type=None, accelerator_topology="2x2x1", accelerator_config_type="V4",
+              spot=False, guaranteed=True, reservation_name="team-a")
+    )
+    node = queued.tpu.node_spec[0].node
+    assert (node.accelerator_config.type_.name, node.accelerator_config.topology) == ("V4", "2x2x1")
+    assert queued.reservation_name == f"projects/{PROJECT}/locations/{ZONE}/reservations/team-a"
+    assert "guaranteed" in queued and "spot" not in queued
+
+
+def test_durations_parse_or_name_the_setting() -> None:
+    assert duration_seconds("6h") == 21600
+    assert duration_seconds("90m") == 5400
+    with pytest.raises(ValueError, match="validUntilDuration: 'soon' is not a duration"):
+        duration_seconds("soon")
+
+
+def test_the_provider_survives_dill_serialisation_in_a_fresh_process() -> None:
+    blob = serialize_provider(QueuedTpuProvider())
+    code = (
+        "import base64, sys, dill; p = dill.loads(base64.b64decode(sys.argv[1])); "
+        "print(type(p).__name__, p.diff('x', {'a': 1}, {'a': 2}).replaces)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, blob], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "QueuedTpuProvider ['a']"
+    assert base64.b64decode(blob)
