@@ -36,6 +36,11 @@ class JobConfigError(ValueError):
         self.problems = problems
         super().__init__("; ".join(f"{key}: {message}" for key, message in problems))
 
+    @classmethod
+    def single(cls, key: str, message: str) -> JobConfigError:
+        """The error of one setting, `key`, and what is wrong with it."""
+        return cls([(key, message)])
+
 
 @dataclasses.dataclass(frozen=True)
 class JobConfig:
@@ -50,6 +55,7 @@ class JobConfig:
     warmupSteps: int | None = None
     imageSize: int | None = None
     numClasses: int | None = None
+    widthMultiplier: float | None = None
     checkpointDir: str | None = None
     exportDir: str | None = None
     tensorboardDir: str | None = None
@@ -60,7 +66,8 @@ class JobConfig:
         problems = _problems(data, resolved=resolved)
         if problems:
             raise JobConfigError(problems)
-        return cls(**dict(data))
+        # None means "the default" for every key, also for those whose default is not None.
+        return cls(**{key: value for key, value in data.items() if value is not None})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -86,7 +93,7 @@ def absolute(path: str, root: str) -> str:
 
 
 def is_absolute(path: str) -> bool:
-    return path.startswith(REMOTE_SCHEMES + LOCAL_SCHEMES) or path.startswith("/")
+    return path.startswith((*REMOTE_SCHEMES, *LOCAL_SCHEMES, "/"))
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(JobConfig)}
@@ -94,7 +101,9 @@ _REQUIRED = tuple(name for name, f in _FIELDS.items()
                   if f.default is dataclasses.MISSING)
 _INTS = ("globalBatchSize", "trainSteps", "stepsPerExecution", "checkpointEverySteps",
          "warmupSteps", "imageSize", "numClasses")
+_NUMBERS = ("learningRate", "widthMultiplier")
 _MIN_IMAGE_SIZE = 32  # ResNet downsamples by 32 before its pooling layer
+_MAX_WIDTH = 4
 
 
 def _problems(data: Mapping[str, Any], *, resolved: bool) -> list[tuple[str, str]]:
@@ -127,7 +136,7 @@ def _type_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
         if key in _INTS:
             if isinstance(value, bool) or not isinstance(value, int):
                 problems.append((key, f"must be a whole number, got {value!r}"))
-        elif key == "learningRate":
+        elif key in _NUMBERS:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 problems.append((key, f"must be a number, got {value!r}"))
         elif not isinstance(value, str) or not value:
@@ -139,8 +148,8 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     problems = []
     model = data["model"]
     if model not in MODEL_NAMES:
-        problems.append(("model", f"{model!r} is not a known model; allowed: "
-                                  f"{', '.join(MODEL_NAMES)}"))
+        allowed = ", ".join(MODEL_NAMES)
+        problems.append(("model", f"{model!r} is not a known model; allowed: {allowed}"))
     for key in ("globalBatchSize", "trainSteps", "stepsPerExecution",
                 "checkpointEverySteps", "numClasses"):
         value = data.get(key)
@@ -152,17 +161,20 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     rate = data.get("learningRate")
     if rate is not None and not 0 < rate < 10:
         problems.append(("learningRate", f"must be between 0 and 10 (exclusive), got {rate}"))
+    width = data.get("widthMultiplier")
+    if width is not None and not 0 < width <= _MAX_WIDTH:
+        problems.append(("widthMultiplier", f"must be in (0, {_MAX_WIDTH}], got {width}"))
     image_size = data.get("imageSize")
     if image_size is not None:
         if model == "mnist_cnn":
-            problems.append(("imageSize", "applies to the resnet models only "
-                                          "(mnist_cnn reads 28x28 images)"))
+            problems.append(("imageSize", "applies to resnet models, not mnist_cnn (28x28)"))
         elif image_size < _MIN_IMAGE_SIZE:
             problems.append(("imageSize", f"must be at least {_MIN_IMAGE_SIZE}, got {image_size}"))
     if problems:
         return problems
-    steps, per_execution = data["trainSteps"], data.get("stepsPerExecution", 100)
-    every = data.get("checkpointEverySteps", 1000)
+    steps = data["trainSteps"]
+    per_execution = _setting(data, "stepsPerExecution")
+    every = _setting(data, "checkpointEverySteps")
     if per_execution > steps:
         problems.append(("stepsPerExecution",
                          f"{per_execution} is more than trainSteps ({steps})"))
@@ -170,4 +182,13 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
         # Checkpoints are taken between executions, so the interval must be whole ones.
         problems.append(("checkpointEverySteps",
                          f"{every} is not a multiple of stepsPerExecution ({per_execution})"))
+    warmup = data.get("warmupSteps")
+    if warmup is not None and warmup > steps:
+        problems.append(("warmupSteps", f"{warmup} is more than trainSteps ({steps})"))
     return problems
+
+
+def _setting(data: Mapping[str, Any], key: str) -> Any:
+    """`data[key]`, or the field's default when it is absent or None."""
+    value = data.get(key)
+    return _FIELDS[key].default if value is None else value

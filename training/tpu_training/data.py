@@ -1,0 +1,144 @@
+"""The input pipeline: sharded TFRecords from GCS or a local path, per replica.
+
+Record schema (one `tf.train.Example` per image, every model):
+
+| feature | type | content |
+| --- | --- | --- |
+| `image` | bytes | raw uint8 pixels, row-major height x width x channels |
+| `label` | int64 | the class, 0 <= label < numClasses |
+
+- `mnist_cnn`: 28 x 28 x 1 pixels (784 bytes), labels 0-9 unless `numClasses` says otherwise.
+- `resnet18`, `resnet50`: imageSize x imageSize x 3 pixels (RGB; imageSize defaults to
+  224, so 150528 bytes), labels below `numClasses` (default 1000).
+
+`python -m tpu_training synth` writes data in this schema. The pipeline follows
+the Cloud TPU input guidance (tpu-facts.md, "tf.data on TPU"): files are listed
+once, sharded per input pipeline, read `interleave`d in parallel, shuffled,
+repeated, batched at the per-replica size with `drop_remainder=True`, parsed a
+whole batch at a time and prefetched, with a bounded RAM budget and
+non-deterministic order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from tpu_training.config import JobConfigError
+from tpu_training.models import ModelSpec
+from tpu_training.tf_env import tf
+
+DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+
+# 8 MiB read buffer per file, as Cloud TPU's ResNet ImageNet input does for GCS
+# (tensorflow/tpu models/official/resnet/imagenet_input.py).
+READ_BUFFER_BYTES = 8 * 1024 * 1024
+MAX_PARALLEL_FILES = 16
+SHUFFLE_BUFFER_BYTES = 256 * 1024 * 1024
+MAX_SHUFFLE_RECORDS = 16384
+# tf.data's autotuner may use half of the available RAM by default
+# (tf.data.experimental.AutotuneOptions.ram_budget); the job leaves room for the rest.
+RAM_BUDGET_FRACTION = 0.25
+
+_FEATURES = {
+    "image": tf.io.FixedLenFeature([], tf.string),
+    "label": tf.io.FixedLenFeature([], tf.int64),
+}
+
+
+def list_files(pattern: str, *, key: str = "trainData") -> list[str]:
+    """The files `pattern` matches, sorted; a clear error naming `key` if none."""
+    try:
+        files = sorted(tf.io.gfile.glob(pattern))
+    except tf.errors.OpError as error:
+        raise JobConfigError.single(key, f"cannot list {pattern!r}: {error.message}") from error
+    if not files:
+        raise JobConfigError.single(key, f"no files match {pattern!r}")
+    return files
+
+
+def check_records(files: list[str], spec: ModelSpec, *, key: str = "trainData") -> None:
+    """Read the first record and check it against the schema of `spec`'s model."""
+    try:
+        first = next(iter(tf.data.TFRecordDataset(files[:1]).take(1)), None)
+        if first is None:
+            raise JobConfigError.single(key, f"{files[0]} holds no records")
+        example = tf.io.parse_single_example(first, _FEATURES)
+    except tf.errors.OpError as error:
+        raise JobConfigError.single(
+            key, f"{files[0]} is not a TFRecord file of tf.train.Examples with 'image' and "
+                 f"'label': {error.message}") from error
+    expected = _pixels(spec)
+    actual = len(example["image"].numpy())
+    if actual != expected:
+        shape = "x".join(map(str, spec.image_shape))
+        raise JobConfigError.single(
+            key, f"records in {files[0]} hold {actual}-byte images; {spec.name} reads "
+                 f"{shape} = {expected} bytes (see imageSize)")
+
+
+def make_dataset_fn(files: list[str], spec: ModelSpec, global_batch_size: int,
+                    *, key: str = "trainData") -> DatasetFn:
+    """The `distribute_datasets_from_function` input: per-replica batches, forever."""
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        if len(files) < context.num_input_pipelines:
+            raise JobConfigError.single(
+                key, f"{len(files)} files for {context.num_input_pipelines} input pipelines; "
+                     "write at least one shard per host")
+        batch_size = context.get_per_replica_batch_size(global_batch_size)
+        return records_to_batches(
+            shard_records(files, context.num_input_pipelines, context.input_pipeline_id),
+            spec, batch_size)
+
+    return dataset_fn
+
+
+def shard_records(files: list[str], num_shards: int = 1, index: int = 0) -> tf.data.Dataset:
+    """Serialized records of this pipeline's share of `files`, shuffled and repeated."""
+    paths = tf.data.Dataset.from_tensor_slices(files).shard(num_shards, index)
+    own = -(-(len(files) - index) // num_shards)
+    paths = paths.shuffle(own, reshuffle_each_iteration=True).repeat()
+    return paths.interleave(
+        lambda path: tf.data.TFRecordDataset(path, buffer_size=READ_BUFFER_BYTES),
+        cycle_length=min(own, MAX_PARALLEL_FILES), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=False)
+
+
+def records_to_batches(records: tf.data.Dataset, spec: ModelSpec,
+                       batch_size: int) -> tf.data.Dataset:
+    """Shuffle, batch and parse serialized records into (images, labels) batches."""
+    shuffle_records = max(batch_size, min(MAX_SHUFFLE_RECORDS,
+                                          SHUFFLE_BUFFER_BYTES // _pixels(spec)))
+    batches = (records.shuffle(shuffle_records)
+               .batch(batch_size, drop_remainder=True)
+               .map(lambda serialized: parse_batch(serialized, spec),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+               .prefetch(tf.data.AUTOTUNE))
+    return batches.with_options(pipeline_options())
+
+
+def parse_batch(serialized: tf.Tensor, spec: ModelSpec) -> tuple[tf.Tensor, tf.Tensor]:
+    """A batch of serialized Examples as float32 pixels [B, H, W, C] and int32 labels [B]."""
+    parsed = tf.io.parse_example(serialized, _FEATURES)
+    # fixed_length keeps the batch's shape static, which TPUs need.
+    pixels = tf.io.decode_raw(parsed["image"], tf.uint8, fixed_length=_pixels(spec))
+    images = tf.reshape(pixels, [-1, *spec.image_shape])
+    return tf.cast(images, tf.float32), tf.cast(parsed["label"], tf.int32)
+
+
+def pipeline_options() -> tf.data.Options:
+    options = tf.data.Options()
+    options.deterministic = False
+    options.autotune.enabled = True
+    options.autotune.ram_budget = int(_physical_memory() * RAM_BUDGET_FRACTION)
+    return options
+
+
+def _pixels(spec: ModelSpec) -> int:
+    height, width, channels = spec.image_shape
+    return height * width * channels
+
+
+def _physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

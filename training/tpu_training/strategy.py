@@ -1,0 +1,99 @@
+"""The distribution strategy: TPUStrategy on a TPU VM, MirroredStrategy on CPU off it.
+
+`TPU_STACK_STRATEGY` picks it (DESIGN.md, "The training package"):
+
+- `tpu`: a TPU must initialise, or the job fails. The node agent sets this, so a
+  broken libtpu never trains silently on the host CPU (tpu-facts.md, "On the VM").
+- `auto` (default): try the TPU, fall back to the CPU strategy when none is found.
+- `cpu`: never look for a TPU.
+
+On CPU, `TPU_STACK_CPU_REPLICAS=N` splits the host CPU into N logical devices under
+a MirroredStrategy, so per-replica batching and gradient all-reduce run for real.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from tpu_training.config import JobConfigError
+from tpu_training.tf_env import tf
+
+STRATEGY_ENV = "TPU_STACK_STRATEGY"
+CPU_REPLICAS_ENV = "TPU_STACK_CPU_REPLICAS"
+STRATEGY_KINDS = ("auto", "tpu", "cpu")
+
+
+class StrategyError(RuntimeError):
+    """No TPU could be initialised (a bad setting raises JobConfigError instead)."""
+
+
+def make_strategy(kind: str | None = None,
+                  cpu_replicas: int | None = None) -> tf.distribute.Strategy:
+    """The strategy `kind` (default: `$TPU_STACK_STRATEGY`, else `auto`) asks for."""
+    kind = kind or os.environ.get(STRATEGY_ENV) or "auto"
+    if kind not in STRATEGY_KINDS:
+        raise JobConfigError.single(
+            STRATEGY_ENV, f"{kind!r} is not allowed; use one of {', '.join(STRATEGY_KINDS)}")
+    if kind == "cpu":
+        return cpu_strategy(cpu_replicas)
+    try:
+        return tpu_strategy()
+    except StrategyError as error:
+        if kind == "tpu":
+            raise
+        print(f"tpu_training: no TPU ({error}); training on CPU", file=sys.stderr, flush=True)
+        return cpu_strategy(cpu_replicas)
+
+
+def tpu_strategy() -> tf.distribute.TPUStrategy:
+    """TPUStrategy for this host's TPU, or the pod slice named by `$TPU_NAME`.
+
+    Single host: `TPUClusterResolver(tpu="local")` on every worker. Pod slice: one
+    client on worker 0 resolves the slice by name (tpu-facts.md, "TensorFlow on
+    TPU"; tensorflow.org/guide/tpu). Off a TPU VM the resolver succeeds and
+    `initialize_tpu_system` raises NotFoundError (same source).
+    """
+    name = os.environ.get("TPU_NAME") or "local"
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=name)
+        if name != "local":
+            tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (tf.errors.OpError, ValueError, RuntimeError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise StrategyError(f"TPU {name!r} did not initialise: "
+                            f"{type(error).__name__}: {first_line}") from error
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def cpu_strategy(replicas: int | None = None) -> tf.distribute.Strategy:
+    """MirroredStrategy over `replicas` logical CPUs (`$TPU_STACK_CPU_REPLICAS`, default 1)."""
+    replicas = replicas or _cpu_replicas_from_env()
+    if replicas == 1:
+        return tf.distribute.get_strategy()
+    devices = split_cpu(replicas)
+    return tf.distribute.MirroredStrategy(devices=devices)
+
+
+def split_cpu(replicas: int) -> list[str]:
+    """Split the host CPU into `replicas` logical devices; must run before TF starts."""
+    (cpu,) = tf.config.list_physical_devices("CPU")
+    configured = tf.config.get_logical_device_configuration(cpu)
+    if configured is None or len(configured) != replicas:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+        except RuntimeError as error:
+            raise StrategyError(
+                f"{CPU_REPLICAS_ENV}={replicas}: the CPU is already initialised with "
+                f"{len(tf.config.list_logical_devices('CPU'))} logical devices") from error
+    return [device.name for device in tf.config.list_logical_devices("CPU")]
+
+
+def _cpu_replicas_from_env() -> int:
+    text = os.environ.get(CPU_REPLICAS_ENV, "1")
+    if not text.isdigit() or int(text) < 1:
+        raise JobConfigError.single(
+            CPU_REPLICAS_ENV, f"must be a whole number of at least 1, got {text!r}")
+    return int(text)

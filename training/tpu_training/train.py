@@ -1,0 +1,252 @@
+"""The training job: restore, train in multi-step executions, checkpoint, export.
+
+Shaped like tensorflow/models `official/legacy/image_classification/mnist_main.py`:
+`run(config, strategy=..., dataset_fn=...)` takes its strategy and input as
+overridable arguments, so tests inject CPU versions.
+
+A custom loop rather than `fit`, because resume needs the step: one `tf.function`
+runs `stepsPerExecution` steps on device (`tf.range` around `strategy.run`,
+tensorflow.org/guide/tpu, "Improving performance with multiple steps inside
+tf.function"); between executions the host prints progress, writes summaries,
+checkpoints every `checkpointEverySteps` (model, optimizer, step) and checks for
+SIGTERM. Progress lines on stdout, which the node agent parses:
+
+    tpu_training resumed_from=<N>          once, at start (0: fresh)
+    tpu_training step=<N> loss=<float>     once per execution
+    tpu_training stopped_at=<N>            SIGTERM: checkpoint saved, exit 75
+    tpu_training complete=<N> export=<dir> finished (or found finished): exit 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from tpu_training import data, models
+from tpu_training import strategy as strategies
+from tpu_training.config import LOCATION_KEYS, JobConfig, JobConfigError
+from tpu_training.stopping import StopFlag
+from tpu_training.tf_env import keras, tf
+
+COMPLETE_MARKER = "tpu_training_complete.json"
+CHECKPOINTS_KEPT = 3
+MAX_DEFAULT_WARMUP = 1000
+
+
+class Outcome(enum.Enum):
+    FINISHED = "finished"
+    ALREADY_COMPLETE = "already complete"
+    STOPPED = "stopped"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    outcome: Outcome
+    step: int
+    resumed_from: int
+    losses: tuple[float, ...] = ()  # one per execution of this run
+
+
+def run(config: JobConfig, *, strategy: tf.distribute.Strategy | None = None,
+        dataset_fn: data.DatasetFn | None = None, stop: StopFlag | None = None,
+        out: TextIO = sys.stdout) -> RunResult:
+    """Train `config` to `trainSteps`, resuming from its latest checkpoint, then export."""
+    _require_locations(config)
+    done = read_marker(config.exportDir)
+    if done is not None and done["step"] >= config.trainSteps:
+        _say(out, f"complete={done['step']} export={config.exportDir}")
+        return RunResult(Outcome.ALREADY_COMPLETE, done["step"], done["step"])
+    # First: a TPU must initialise, and CPUs be split, before TensorFlow runs any op.
+    strategy = strategy or strategies.make_strategy()
+    check_batch(config.globalBatchSize, strategy.num_replicas_in_sync)
+    spec = models.model_spec(config)
+    if dataset_fn is None:
+        files = data.list_files(config.trainData)
+        data.check_records(files, spec)
+        dataset_fn = data.make_dataset_fn(files, spec, config.globalBatchSize)
+    own_stop = stop is None
+    stop = StopFlag().install() if own_stop else stop
+    try:
+        return _Job(config, spec, strategy, out).run(dataset_fn, stop)
+    finally:
+        if own_stop:
+            stop.uninstall()
+
+
+def check_batch(global_batch_size: int, replicas: int) -> None:
+    if global_batch_size % replicas:
+        raise JobConfigError.single(
+            "globalBatchSize", f"{global_batch_size} is not divisible by the {replicas} "
+                               f"replicas of this strategy; use a multiple of {replicas}")
+
+
+def read_marker(export_dir: str) -> dict | None:
+    path = _join(export_dir, COMPLETE_MARKER)
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as marker:
+        return json.load(marker)
+
+
+class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to `peak` over `warmup_steps`, then cosine decay to 0 at `total_steps`."""
+
+    def __init__(self, peak: float, warmup_steps: int, total_steps: int):
+        self.peak, self.warmup_steps, self.total_steps = peak, warmup_steps, total_steps
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32) + 1.0
+        warmup = float(max(self.warmup_steps, 1))
+        progress = tf.minimum(1.0, (step - warmup) / float(max(self.total_steps - warmup, 1)))
+        decayed = 0.5 * self.peak * (1.0 + tf.cos(math.pi * progress))
+        return tf.where(step < warmup, self.peak * step / warmup, decayed)
+
+    def get_config(self) -> dict:
+        return {"peak": self.peak, "warmup_steps": self.warmup_steps,
+                "total_steps": self.total_steps}
+
+
+def learning_rate(config: JobConfig, spec: models.ModelSpec) -> WarmupCosine:
+    """The linear scaling rule: the base rate (per 256 examples) times globalBatchSize / 256."""
+    base = config.learningRate if config.learningRate is not None else spec.base_learning_rate
+    warmup = config.warmupSteps
+    if warmup is None:
+        warmup = min(MAX_DEFAULT_WARMUP, config.trainSteps // 10)
+    return WarmupCosine(base * config.globalBatchSize / 256, warmup, config.trainSteps)
+
+
+def precision_policy(strategy: tf.distribute.Strategy) -> str:
+    """bfloat16 compute on TPU (tpu-facts.md, "tf.data on TPU"); float32 elsewhere."""
+    return "mixed_bfloat16" if isinstance(strategy, tf.distribute.TPUStrategy) else "float32"
+
+
+class _Job:
+    def __init__(self, config: JobConfig, spec: models.ModelSpec,
+                 strategy: tf.distribute.Strategy, out: TextIO):
+        self.config, self.spec, self.strategy, self.out = config, spec, strategy, out
+        keras.mixed_precision.set_global_policy(precision_policy(strategy))
+        with strategy.scope():
+            self.model = models.build_model(spec)
+            self.optimizer = keras.optimizers.SGD(learning_rate(config, spec), momentum=0.9,
+                                                  nesterov=True)
+            self.optimizer.build(self.model.trainable_variables)
+            self.loss_metric = keras.metrics.Mean("loss")
+        checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                         step=self.optimizer.iterations)
+        self.manager = tf.train.CheckpointManager(checkpoint, config.checkpointDir,
+                                                  max_to_keep=CHECKPOINTS_KEPT)
+        self.writer = tf.summary.create_file_writer(config.tensorboardDir)
+
+    @property
+    def step(self) -> int:
+        return int(self.optimizer.iterations.numpy())
+
+    def run(self, dataset_fn: data.DatasetFn, stop: StopFlag) -> RunResult:
+        resumed_from = self._restore()
+        _say(self.out, f"resumed_from={resumed_from}")
+        iterator = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
+        losses = self._train(iterator, self._train_steps_fn(), stop)
+        self.manager.save(checkpoint_number=self.step)
+        self.writer.flush()
+        if self.step < self.config.trainSteps:
+            _say(self.out, f"stopped_at={self.step}")
+            return RunResult(Outcome.STOPPED, self.step, resumed_from, losses)
+        self._export()
+        _say(self.out, f"complete={self.step} export={self.config.exportDir}")
+        return RunResult(Outcome.FINISHED, self.step, resumed_from, losses)
+
+    def _restore(self) -> int:
+        latest = self.manager.latest_checkpoint
+        if latest is None:
+            return 0
+        try:
+            self.manager.checkpoint.restore(latest).assert_existing_objects_matched()
+        except (AssertionError, ValueError) as error:
+            raise JobConfigError.single(
+                "checkpointDir", f"{latest} is not a checkpoint of this {self.spec.name} job: "
+                                 f"{error}") from error
+        return self.step
+
+    def _train(self, iterator, train_steps: Callable, stop: StopFlag) -> tuple[float, ...]:
+        config, losses = self.config, []
+        while self.step < config.trainSteps and not stop.requested:
+            before, started = self.step, time.monotonic()
+            train_steps(iterator, tf.constant(min(config.stepsPerExecution,
+                                                  config.trainSteps - before)))
+            loss = float(self.loss_metric.result())
+            self.loss_metric.reset_state()
+            losses.append(loss)
+            _say(self.out, f"step={self.step} loss={loss:.6f}")
+            self._summarise(loss, (self.step - before) / (time.monotonic() - started))
+            if self.step // config.checkpointEverySteps > before // config.checkpointEverySteps:
+                self.manager.save(checkpoint_number=self.step)
+        return tuple(losses)
+
+    def _train_steps_fn(self) -> Callable:
+        model, optimizer, strategy = self.model, self.optimizer, self.strategy
+        loss_metric, global_batch_size = self.loss_metric, self.config.globalBatchSize
+
+        def step_fn(images: tf.Tensor, labels: tf.Tensor) -> None:
+            with tf.GradientTape() as tape:
+                probabilities = model(images, training=True)
+                per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            loss_metric.update_state(loss * strategy.num_replicas_in_sync)
+
+        @tf.function
+        def train_steps(iterator, num_steps: tf.Tensor) -> None:
+            for _ in tf.range(num_steps):
+                strategy.run(step_fn, args=next(iterator))
+
+        return train_steps
+
+    def _summarise(self, loss: float, steps_per_second: float) -> None:
+        with self.writer.as_default(step=self.step):
+            tf.summary.scalar("loss", loss)
+            tf.summary.scalar("learning_rate", self.optimizer.learning_rate)
+            tf.summary.scalar("steps_per_second", steps_per_second)
+            tf.summary.scalar("examples_per_second",
+                              steps_per_second * self.config.globalBatchSize)
+
+    def _export(self) -> None:
+        """A float32 copy of the model, so serving needs no TPU and no bfloat16 kernels."""
+        keras.mixed_precision.set_global_policy("float32")
+        serving = models.build_model(self.spec)
+        serving.set_weights(self.model.get_weights())
+
+        @tf.function(input_signature=[
+            tf.TensorSpec([None, *self.spec.image_shape], tf.float32, name="images")])
+        def serve(images: tf.Tensor) -> dict[str, tf.Tensor]:
+            probabilities = serving(images, training=False)
+            return {"probabilities": probabilities,
+                    "classes": tf.argmax(probabilities, axis=-1, output_type=tf.int32)}
+
+        serving.save(self.config.exportDir, include_optimizer=False, save_format="tf",
+                     signatures={"serving_default": serve})
+        marker = {"step": self.step, "model": self.spec.name, "trainSteps": self.config.trainSteps,
+                  "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        with tf.io.gfile.GFile(_join(self.config.exportDir, COMPLETE_MARKER), "w") as out:
+            json.dump(marker, out)
+
+
+def _require_locations(config: JobConfig) -> None:
+    missing = [(key, "is required to run a job") for key in LOCATION_KEYS
+               if not getattr(config, key)]
+    if missing:
+        raise JobConfigError(missing)
+
+
+def _join(directory: str, name: str) -> str:
+    return directory.rstrip("/") + "/" + name
+
+
+def _say(out: TextIO, line: str) -> None:
+    print(f"tpu_training {line}", file=out, flush=True)
