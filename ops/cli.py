@@ -14,6 +14,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+@app.callback()
+def _root() -> None:
+    """Plan, check and operate tpu-stack TPU capacity."""
+
+
 # Each module defines `register(app: typer.Typer) -> None`.
 _VERB_MODULES = ("ops.plan_cmd", "ops.rehearse_cmd", "ops.tpu_cmds")
 

@@ -1,0 +1,17 @@
+"""tpu-stack: Cloud TPU training capacity as code. Config in, TpuPlatform out."""
+
+import pulumi
+
+from components.platform import TpuPlatform
+from components.settings import SettingsError, load_settings
+from components.stack_config import program_config
+
+try:
+    settings = load_settings(program_config(), pulumi.get_stack())
+except SettingsError as error:
+    # One message listing every problem, and no Python traceback (RunError).
+    raise pulumi.RunError(str(error)) from None
+
+platform = TpuPlatform("tpu-stack", settings)
+for key, value in platform.outputs().items():
+    pulumi.export(key, value)

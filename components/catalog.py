@@ -1,0 +1,354 @@
+"""Cloud TPU facts: the one place that knows them.
+
+Settings validation, the cost estimate, the policy pack and `tpuctl` all read
+this module. Every fact carries its source; "tpu-facts" means
+../shared/tpu-facts.md (gathered December 2026), which names the primary
+source for each row.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from dataclasses import dataclass
+from enum import Enum
+from functools import cache
+
+
+class Naming(Enum):
+    """What the number in an accelerator type counts (tpu-facts, "Generations";
+    cloud.google.com/tpu/docs/types-topologies: TensorCore-based names for v2-v4,
+    v5p; chip-based for v5e and v6e)."""
+
+    TENSORCORES = "TensorCores"
+    CHIPS = "chips"
+
+
+@dataclass(frozen=True)
+class Price:
+    """List price, USD per chip-hour. `None` where no source gives one."""
+
+    on_demand: float | None
+    spot: float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class Generation:
+    name: str  # what users write: v2, v3, v4, v5e, v5p, v6e
+    type_prefix: str  # accelerator-type prefix: v5e is "v5litepod"
+    api_type: str  # AcceleratorConfig.type enum (tpu-facts, "The API")
+    naming: Naming
+    cores_per_chip: int
+    # TF replicas per chip: v2/v3 expose each TensorCore as a device; v4 and v5p
+    # run both cores as one "megacore" device (cloud.google.com/tpu/docs/v4,
+    # /v5p: "megacore"); v5e and v6e have one core per chip.
+    replicas_per_chip: int
+    hbm_gib_per_chip: int
+    dims: int  # 2D or 3D topology
+    # TPU VMs (workers) of a multi-host slice hold this many chips each; v5e
+    # and v6e single-host VMs hold up to 8 (tpu-facts, "Generations").
+    chips_per_host: int
+    max_single_host_chips: int
+    topologies: tuple[str, ...]  # 2D: every offered shape; 3D: see _valid_3d
+    max_chips: int
+    zones: tuple[str, ...]
+    # The TensorFlow runtime image family, or None where Google documents no
+    # TensorFlow image for the generation (tpu-facts, "Runtime versions").
+    tf_runtime: str | None
+    base_runtime: str  # the framework-free image (install TF yourself)
+    price: Price
+
+
+# Newest documented TensorFlow TPU VM image (cloud.google.com/tpu/docs/runtimes,
+# via tpu-facts): tpu-vm-tf-2.18.0-pjrt, and -pod-pjrt for multi-host slices.
+TF_RUNTIME = "tpu-vm-tf-2.18.0"
+# The TensorFlow versions the training package supports (training/wheels.lock).
+SUPPORTED_TF = ((2, 18), (2, 19), (2, 20))
+
+_V5E_V6E_TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
+
+GENERATIONS: dict[str, Generation] = {
+    g.name: g
+    for g in (
+        Generation(
+            # cloud.google.com/tpu/docs/v2: v2-8 … v2-512, 2D torus.
+            name="v2", type_prefix="v2", api_type="V2", naming=Naming.TENSORCORES,
+            cores_per_chip=2, replicas_per_chip=2, hbm_gib_per_chip=16, dims=2,
+            chips_per_host=4, max_single_host_chips=4,
+            topologies=("2x2", "4x4", "8x8", "8x16", "16x16"), max_chips=256,
+            zones=("us-central1-b", "us-central1-c", "europe-west4-a"),
+            tf_runtime=TF_RUNTIME, base_runtime="tpu-ubuntu2204-base",
+            price=Price(None, None, "no list price in tpu-facts"),
+        ),
+        Generation(
+            # cloud.google.com/tpu/docs/v3: v3-8 … v3-2048, 2D torus.
+            name="v3", type_prefix="v3", api_type="V3", naming=Naming.TENSORCORES,
+            cores_per_chip=2, replicas_per_chip=2, hbm_gib_per_chip=32, dims=2,
+            chips_per_host=4, max_single_host_chips=4,
+            topologies=("2x2", "4x4", "4x8", "8x8", "8x16", "16x16", "16x32", "32x32"),
+            max_chips=1024,
+            zones=("us-central1-a", "us-central1-b", "europe-west4-a"),
+            tf_runtime=TF_RUNTIME, base_runtime="tpu-ubuntu2204-base",
+            price=Price(None, None, "no list price in tpu-facts"),
+        ),
+        Generation(
+            # cloud.google.com/tpu/docs/v4: 3D, 4096-chip pod; v4-8 is 2x2x1.
+            name="v4", type_prefix="v4", api_type="V4", naming=Naming.TENSORCORES,
+            cores_per_chip=2, replicas_per_chip=1, hbm_gib_per_chip=32, dims=3,
+            chips_per_host=4, max_single_host_chips=4, topologies=(), max_chips=4096,
+            zones=("us-central2-b",),
+            tf_runtime=TF_RUNTIME, base_runtime="tpu-ubuntu2204-base",
+            price=Price(3.22, None, "tpu-facts: unconfirmed secondary source"),
+        ),
+        Generation(
+            # cloud.google.com/tpu/docs/v5e: 1, 4 or 8 chips per VM; multi-host
+            # slices use 4-chip VMs (4x4 = 16 chips on 4 hosts).
+            name="v5e", type_prefix="v5litepod", api_type="V5LITE_POD",
+            naming=Naming.CHIPS, cores_per_chip=1, replicas_per_chip=1,
+            hbm_gib_per_chip=16, dims=2, chips_per_host=4, max_single_host_chips=8,
+            topologies=_V5E_V6E_TOPOLOGIES, max_chips=256,
+            zones=("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a",
+                   "europe-west4-b"),
+            tf_runtime=TF_RUNTIME, base_runtime="v2-alpha-tpuv5-lite",
+            price=Price(1.20, 0.607, "tpu-facts: third-party catalog extract, 2026-08"),
+        ),
+        Generation(
+            # cloud.google.com/tpu/docs/v5p: 3D, 2x2x1 … 16x16x24 (6144 chips).
+            name="v5p", type_prefix="v5p", api_type="V5P", naming=Naming.TENSORCORES,
+            cores_per_chip=2, replicas_per_chip=1, hbm_gib_per_chip=95, dims=3,
+            chips_per_host=4, max_single_host_chips=4, topologies=(), max_chips=6144,
+            zones=("us-central1-a", "us-east5-a", "europe-west4-b"),
+            tf_runtime=TF_RUNTIME, base_runtime="v2-alpha-tpuv5",
+            price=Price(4.20, 1.20, "tpu-facts: SkyPilot issue 4579, 2025-01 "
+                                    "(a 2026 table says 2.40 on-demand: conflict)"),
+        ),
+        Generation(
+            # cloud.google.com/tpu/docs/v6e: shapes as v5e. tpu-facts lists no
+            # documented TensorFlow image for v6e (only an unconfirmed
+            # tpu-vm-tf-2.18.0-pjrt-v5e-and-v6), so a TF job there is refused.
+            name="v6e", type_prefix="v6e", api_type="V6E", naming=Naming.CHIPS,
+            cores_per_chip=1, replicas_per_chip=1, hbm_gib_per_chip=32, dims=2,
+            chips_per_host=4, max_single_host_chips=8,
+            topologies=_V5E_V6E_TOPOLOGIES, max_chips=256,
+            zones=("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b",
+                   "europe-west4-a", "asia-northeast1-b"),
+            tf_runtime=None, base_runtime="v2-alpha-tpuv6e",
+            price=Price(2.70, 1.78, "tpu-facts: SkyPilot PR 4540, 2025-01 (us-east1); "
+                                    "spot from europe-west4, 2026-08"),
+        ),
+    )
+}
+
+_BY_PREFIX = {g.type_prefix: g for g in GENERATIONS.values()}
+_TYPE_RE = re.compile(r"^(?P<prefix>[a-z0-9]+)-(?P<count>[1-9][0-9]*)$")
+SINGLE_HOST_3D = (2, 2, 1)
+_TOPOLOGY_RE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)+$")
+
+# Hours in a billing month, as cloud pricing pages count them.
+HOURS_PER_MONTH = 730
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One TPU slice: a generation in a topology, and everything that follows."""
+
+    generation: Generation
+    topology: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.topology.split("x"))
+
+    @property
+    def chips(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def tensorcores(self) -> int:
+        return self.chips * self.generation.cores_per_chip
+
+    @property
+    def hosts(self) -> int:
+        g = self.generation
+        if self.chips <= g.max_single_host_chips:
+            return 1
+        return self.chips // g.chips_per_host
+
+    @property
+    def multi_host(self) -> bool:
+        return self.hosts > 1
+
+    @property
+    def replicas(self) -> int:
+        """`num_replicas_in_sync` of a TPUStrategy over the whole slice."""
+        return self.chips * self.generation.replicas_per_chip
+
+    @property
+    def accelerator_type(self) -> str:
+        g = self.generation
+        count = self.tensorcores if g.naming is Naming.TENSORCORES else self.chips
+        return f"{g.type_prefix}-{count}"
+
+
+class CatalogError(ValueError):
+    """A value the catalog does not know; the message says what is allowed."""
+
+
+def generation(name: str) -> Generation:
+    try:
+        return GENERATIONS[name]
+    except KeyError:
+        raise CatalogError(f"{name!r} is not a TPU generation; allowed: "
+                           f"{', '.join(GENERATIONS)}") from None
+
+
+def topology_problem(gen: Generation, topology: str) -> str | None:
+    """Why `topology` is not a `gen` slice shape, or None when it is one."""
+    if not _TOPOLOGY_RE.match(topology) or topology.count("x") + 1 != gen.dims:
+        return (f"{topology} is not a {gen.name} topology: {gen.name} slices are "
+                f"{gen.dims}D ({'AxBxC' if gen.dims == 3 else 'AxB'}), "
+                f"e.g. {', '.join(example_topologies(gen))}")
+    if gen.dims == 2:
+        if topology not in gen.topologies:
+            return (f"{topology} is not a {gen.name} topology "
+                    f"({', '.join(gen.topologies)})")
+        return None
+    return _problem_3d(gen, tuple(int(d) for d in topology.split("x")))
+
+
+def _problem_3d(gen: Generation, shape: tuple[int, ...]) -> str | None:
+    # cloud.google.com/tpu/docs/types-topologies (v4; v5p follows the same
+    # rule, /tpu/docs/v5p): AxBxC with A<=B<=C, all <= 4 or all multiples of 4;
+    # a slice is whole 4-chip hosts; one host is written 2x2x1 (v4-8, v5p-8).
+    # Sides of 1 or 3 appear in no documented slice, so they are refused.
+    chips = math.prod(shape)
+    if shape == SINGLE_HOST_3D:
+        return None
+    ordered = list(shape) == sorted(shape)
+    small = all(d in (2, 4) for d in shape)
+    large = all(d % 4 == 0 for d in shape)
+    whole_hosts = chips % gen.chips_per_host == 0
+    if not ordered or not (small or large) or not whole_hosts or chips > gen.max_chips:
+        return (f"{'x'.join(map(str, shape))} is not a {gen.name} topology: AxBxC with "
+                f"every side <= 4 or every side a multiple of 4, whole "
+                f"{gen.chips_per_host}-chip hosts, at most {gen.max_chips} chips "
+                f"(e.g. {', '.join(example_topologies(gen))})")
+    return None
+
+
+def example_topologies(gen: Generation) -> tuple[str, ...]:
+    if gen.dims == 2:
+        return gen.topologies
+    return ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "…")
+
+
+@cache
+def slice_for(gen_name: str, topology: str) -> Slice:
+    gen = generation(gen_name)
+    problem = topology_problem(gen, topology)
+    if problem:
+        raise CatalogError(problem)
+    return Slice(gen, topology)
+
+
+@cache
+def parse_accelerator_type(accelerator_type: str) -> Slice:
+    """`v4-32` → the v4 slice 2x2x4; the default topology for the size."""
+    match = _TYPE_RE.match(accelerator_type)
+    gen = _BY_PREFIX.get(match["prefix"]) if match else None
+    if gen is None:
+        raise CatalogError(
+            f"{accelerator_type} is not an accelerator type: <prefix>-<count> with prefix "
+            f"{', '.join(_BY_PREFIX)} (e.g. v2-8, v4-32, v5litepod-8)")
+    count = int(match["count"])
+    per_chip = gen.cores_per_chip if gen.naming is Naming.TENSORCORES else 1
+    if count % per_chip:
+        raise CatalogError(f"{accelerator_type}: {gen.name} names count TensorCores, "
+                           f"{per_chip} per chip, so the count must be even")
+    chips = count // per_chip
+    for topology in default_topologies(gen):
+        if math.prod(int(d) for d in topology.split("x")) == chips:
+            return Slice(gen, topology)
+    raise CatalogError(
+        f"{accelerator_type} is not offered: {gen.name} types are "
+        f"{', '.join(Slice(gen, t).accelerator_type for t in default_topologies(gen))}")
+
+
+@cache
+def default_topologies(gen: Generation) -> tuple[str, ...]:
+    """The shape each size gets when named by accelerator type alone.
+
+    3D: the most cube-like valid shape (types-topologies, "Topology variants":
+    the default for a chip count is the one closest to a cube), written with
+    the smaller sides first and v4-8's documented 2x2x1 for one host.
+    """
+    if gen.dims == 2:
+        return gen.topologies
+    shapes: dict[int, tuple[int, ...]] = {gen.chips_per_host: SINGLE_HOST_3D}
+    sides = (2, *range(4, 33, 4))
+    for shape in itertools.combinations_with_replacement(sides, 3):
+        if _problem_3d(gen, shape) is not None:
+            continue
+        chips = math.prod(shape)
+        best = shapes.get(chips)
+        if best is None or _cubeness(shape) < _cubeness(best):
+            shapes[chips] = shape
+    return tuple("x".join(map(str, shapes[n])) for n in sorted(shapes))
+
+
+def _cubeness(shape: tuple[int, ...]) -> tuple[int, int]:
+    return max(shape) - min(shape), max(shape)
+
+
+def runtime_for(tpu: Slice) -> str | None:
+    """The TensorFlow image for a slice, or None where none is documented."""
+    base = tpu.generation.tf_runtime
+    if base is None:
+        return None
+    return f"{base}-pod-pjrt" if tpu.multi_host else f"{base}-pjrt"
+
+
+_TF_RUNTIME_RE = re.compile(
+    r"^tpu-vm-tf-(?P<major>\d+)\.(?P<minor>\d+)\.(?P<patch>\d+)(?P<pod>-pod)?(?P<api>-pjrt|-se)?$")
+
+
+def runtime_problem(tpu: Slice, runtime: str) -> str | None:
+    """Why `runtime` cannot run the TensorFlow job on `tpu`, or None."""
+    gen = tpu.generation
+    if gen.tf_runtime is None:
+        return (f"no TensorFlow runtime image is documented for {gen.name} "
+                f"(cloud.google.com/tpu/docs/runtimes); the TensorFlow job cannot run "
+                f"there: choose v2, v3, v4, v5e or v5p")
+    match = _TF_RUNTIME_RE.match(runtime)
+    if not match:
+        return (f"{runtime} is not a TensorFlow TPU VM image: "
+                f"tpu-vm-tf-X.Y.Z[-pod]-pjrt, e.g. {runtime_for(tpu)}")
+    version = (int(match["major"]), int(match["minor"]))
+    if version not in SUPPORTED_TF:
+        supported = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_TF)
+        return f"{runtime} carries TensorFlow {version[0]}.{version[1]}; supported: {supported}"
+    if match["api"] != "-pjrt":
+        return f"{runtime}: from TensorFlow 2.15 use the -pjrt image, e.g. {runtime_for(tpu)}"
+    if tpu.multi_host and not match["pod"]:
+        return (f"{runtime} is a single-host image but {tpu.accelerator_type} spans "
+                f"{tpu.hosts} hosts: use a -pod image, e.g. {runtime_for(tpu)}")
+    if not tpu.multi_host and match["pod"]:
+        return (f"{runtime} is a multi-host (-pod) image but {tpu.accelerator_type} is "
+                f"one host: use e.g. {runtime_for(tpu)}")
+    return None
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def all_zones() -> tuple[str, ...]:
+    return tuple(sorted({z for g in GENERATIONS.values() for z in g.zones}))
+
+
+def usd_per_hour(tpu: Slice, *, spot: bool) -> float | None:
+    """Hourly list price of the slice, or None where the catalog has none."""
+    per_chip = tpu.generation.price.spot if spot else tpu.generation.price.on_demand
+    return None if per_chip is None else round(per_chip * tpu.chips, 4)

@@ -1,0 +1,54 @@
+"""Hourly cost estimate per node and per stack, from the catalog's list prices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components import catalog
+from components.settings import NodeSettings
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    name: str
+    chips: int
+    usd_per_hour: float | None  # at the node's own rate (spot or on-demand)
+    on_demand_usd_per_hour: float | None
+
+    @property
+    def spot_saving_usd_per_hour(self) -> float | None:
+        if self.usd_per_hour is None or self.on_demand_usd_per_hour is None:
+            return None
+        return round(self.on_demand_usd_per_hour - self.usd_per_hour, 4)
+
+
+@dataclass(frozen=True)
+class StackCost:
+    nodes: list[NodeCost]
+
+    @property
+    def usd_per_hour(self) -> float:
+        """Sum over nodes the catalog can price; `unpriced` names the rest."""
+        return round(sum(n.usd_per_hour or 0.0 for n in self.nodes), 4)
+
+    @property
+    def usd_per_month(self) -> float:
+        return round(self.usd_per_hour * catalog.HOURS_PER_MONTH, 2)
+
+    @property
+    def unpriced(self) -> list[str]:
+        return [n.name for n in self.nodes if n.usd_per_hour is None]
+
+
+def node_cost(node: NodeSettings) -> NodeCost:
+    tpu = node.tpu
+    return NodeCost(
+        name=node.name,
+        chips=tpu.chips,
+        usd_per_hour=catalog.usd_per_hour(tpu, spot=node.spot),
+        on_demand_usd_per_hour=catalog.usd_per_hour(tpu, spot=False),
+    )
+
+
+def stack_cost(nodes: list[NodeSettings]) -> StackCost:
+    return StackCost([node_cost(node) for node in nodes])

@@ -1,0 +1,84 @@
+"""The runtime service account a stack's TPU nodes run as, and what it may do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from components.naming import Naming
+
+TYPE = "tpu-stack:index:RuntimeIdentity"
+
+# Object roles per bucket purpose: read what the job consumes, write what it
+# produces. roles/storage.objectUser is read/write/delete on objects without
+# any IAM or bucket administration (cloud.google.com/storage/docs/access-control/iam-roles).
+BUCKET_ROLES = {
+    "data": "roles/storage.objectViewer",
+    "artifacts": "roles/storage.objectViewer",
+    "checkpoints": "roles/storage.objectUser",
+    "logs": "roles/storage.objectUser",
+}
+# TensorFlow's GCS filesystem reads bucket metadata (storage.buckets.get) to
+# check that a bucket exists before it writes; legacyBucketReader grants that
+# and object listing, nothing else (same page, "Basic roles and legacy roles").
+BUCKET_METADATA_ROLE = "roles/storage.legacyBucketReader"
+# Project roles a TPU VM job needs: its logs and metrics, and TPU viewing,
+# which a pod slice's TPUClusterResolver uses to find its workers (TPU_NAME).
+PROJECT_ROLES = (
+    "roles/logging.logWriter",
+    "roles/monitoring.metricWriter",
+    "roles/tpu.viewer",
+)
+
+
+@dataclass(frozen=True)
+class IdentityArgs:
+    project_id: pulumi.Input[str]
+    naming: Naming
+    buckets: dict[str, pulumi.Input[str]]  # purpose → bucket name
+    team: str | None = None
+
+
+class RuntimeIdentity(pulumi.ComponentResource):
+    """A service account with bucket-scoped grants and the few project roles a
+    job needs. No keys: on the node it is the VM's identity through the
+    metadata server."""
+
+    account: gcp.serviceaccount.Account
+    email: pulumi.Output[str]
+    member: pulumi.Output[str]
+
+    def __init__(self, name: str, args: IdentityArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(TYPE, name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        account_id = args.naming.account_id("runtime", args.team)
+        self.account = gcp.serviceaccount.Account(
+            "runtime",
+            account_id=account_id,
+            display_name=f"tpu-stack runtime ({account_id})",
+            project=args.project_id,
+            opts=child,
+        )
+        self.email = self.account.email
+        self.member = self.email.apply(lambda email: f"serviceAccount:{email}")
+        for purpose, bucket in args.buckets.items():
+            for role in (BUCKET_ROLES[purpose], BUCKET_METADATA_ROLE):
+                gcp.storage.BucketIAMMember(
+                    f"{purpose}-{role.rsplit('.', 1)[-1]}",
+                    bucket=bucket,
+                    role=role,
+                    member=self.member,
+                    opts=child,
+                )
+        for role in PROJECT_ROLES:
+            gcp.projects.IAMMember(
+                role.split("/", 1)[1].replace(".", "-"),
+                project=args.project_id,
+                role=role,
+                member=self.member,
+                opts=child,
+            )
+        self.register_outputs({"email": self.email})

@@ -1,0 +1,130 @@
+"""Every GCP name tpu-stack makes, derived from project, stack and logical name.
+
+Names are made here and only here, so the rules GCP enforces live in one place.
+A derived name that would be too long keeps a readable prefix and ends with a
+short hash of the full name, so it stays unique and stable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+# A logical name in the stack config (node, job, team): short, DNS-like.
+LOGICAL_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,18}[a-z0-9])?$")
+LOGICAL_NAME_RULE = "1-20 characters: lowercase letters, digits and dashes, starting with a letter"
+
+# cloud.google.com/resource-manager/docs/labels-overview: keys and values at most
+# 63 characters of lowercase letters, digits, '_' and '-'; keys start with a letter.
+_LABEL_MAX = 63
+_LABEL_BAD = re.compile(r"[^a-z0-9_-]")
+# cloud.google.com/storage/docs/buckets#naming: 3-63 characters of lowercase
+# letters, digits, '-', '_' and '.', starting and ending with a letter or digit;
+# no "goog" prefix and no "google" inside.
+_BUCKET_MAX = 63
+# cloud.google.com/iam/docs/service-accounts-create: account ids are 6-30
+# characters, [a-z]([-a-z0-9]*[a-z0-9]).
+_ACCOUNT_MIN, _ACCOUNT_MAX = 6, 30
+# RFC 1035 names (networks, subnets, firewalls, TPU node ids): at most 63.
+_RFC1035_MAX = 63
+# cloud.google.com/iam/docs/workload-identity-federation: pool and provider ids
+# are 4-32 characters of lowercase letters, digits and dashes.
+_POOL_ID_MAX = 32
+_HASH_LEN = 6
+
+MANAGED_BY = "pulumi"
+PROJECT_NAME = "tpu-stack"
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:_HASH_LEN]
+
+
+def fit(name: str, limit: int) -> str:
+    """`name` itself when it fits in `limit`, else a prefix plus a stable hash."""
+    if len(name) <= limit:
+        return name
+    prefix = name[: limit - _HASH_LEN - 1].rstrip("-_.")
+    return f"{prefix}-{_short_hash(name)}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-")
+
+
+def label_value(text: str) -> str:
+    return fit(_LABEL_BAD.sub("-", text.lower()), _LABEL_MAX)
+
+
+@dataclass(frozen=True)
+class Naming:
+    """Names for one stack of one project; `team` prefixes what a team owns."""
+
+    project: str
+    stack: str
+
+    def _base(self, logical: str, team: str | None) -> str:
+        parts = [self.stack, team, logical] if team else [self.stack, logical]
+        return _slug("-".join(parts))
+
+    def tpu_node(self, logical: str, team: str | None = None) -> str:
+        """The TPU node id (RFC 1035): `<stack>[-<team>]-<node>`."""
+        return fit(_rfc1035(self._base(logical, team)), _RFC1035_MAX)
+
+    def queued_resource(self, logical: str, team: str | None = None) -> str:
+        return fit(_rfc1035(self._base(logical, team) + "-qr"), _RFC1035_MAX)
+
+    def network_resource(self, logical: str) -> str:
+        """Networks, subnets, firewall rules: `<stack>-<logical>`."""
+        return fit(_rfc1035(self._base(logical, None)), _RFC1035_MAX)
+
+    def bucket(self, purpose: str, team: str | None = None) -> str:
+        """Globally unique bucket name: `<project>-<stack>[-<team>]-<purpose>`."""
+        name = _slug(f"{self.project}-{self._base(purpose, team)}")
+        name = name.replace("google", "g00gle")
+        if name.startswith("goog"):
+            name = "b-" + name
+        return fit(name, _BUCKET_MAX)
+
+    def account_id(self, logical: str, team: str | None = None) -> str:
+        """Service account id: 6-30 chars, `<stack>[-<team>]-<logical>`."""
+        name = _rfc1035(self._base(logical, team))
+        if len(name) < _ACCOUNT_MIN:
+            name += "-account"
+        return fit(name, _ACCOUNT_MAX)
+
+    def pool_id(self, logical: str) -> str:
+        return fit(_rfc1035(self._base(logical, None)), _POOL_ID_MAX)
+
+    def labels(self, component: str, team: str | None = None,
+               extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The labels every resource carries (DESIGN.md, "Conventions")."""
+        labels = {
+            "stack": label_value(self.stack),
+            "team": label_value(team or "platform"),
+            "component": label_value(component),
+            "managed-by": MANAGED_BY,
+        }
+        for key, value in (extra or {}).items():
+            labels[key] = label_value(value)
+        return labels
+
+
+def _rfc1035(name: str) -> str:
+    if not name or not name[0].isalpha():
+        name = "x-" + name
+    return name.rstrip("-")
+
+
+def label_key_problem(key: str) -> str | None:
+    if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", key):
+        return (f"{key!r} is not a label key: 1-63 lowercase letters, digits, '_' or '-', "
+                f"starting with a letter")
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    if not re.fullmatch(r"[a-z0-9_-]{0,63}", value):
+        return f"{value!r} is not a label value: 0-63 lowercase letters, digits, '_' or '-'"
+    return None

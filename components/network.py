@@ -1,0 +1,107 @@
+"""The VPC the TPU nodes live in: no external IPs, GCS through Private Google Access."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from components.naming import Naming
+
+TYPE = "tpu-stack:index:Network"
+
+# cloud.google.com/iap/docs/using-tcp-forwarding#create-firewall-rule: the range
+# IAP TCP forwarding connects from.
+IAP_SOURCE_RANGE = "35.235.240.0/20"
+
+
+@dataclass(frozen=True)
+class NetworkArgs:
+    project_id: pulumi.Input[str]
+    naming: Naming
+    regions: list[str]
+    subnet_cidr: str
+    ssh_through_iap: bool
+    node_tag: str
+
+
+def subnet_ranges(cidr: str, regions: list[str]) -> dict[str, str]:
+    """One equal slice of `cidr` per region, in region order."""
+    network = ipaddress.IPv4Network(cidr)
+    if len(regions) <= 1:
+        return {region: str(network) for region in regions}
+    extra_bits = (len(regions) - 1).bit_length()
+    parts = network.subnets(prefixlen_diff=extra_bits)
+    return {region: str(part) for region, part in zip(regions, parts, strict=False)}
+
+
+class Network(pulumi.ComponentResource):
+    """A custom-mode VPC, a subnet per region with Private Google Access, and
+    firewall rules: traffic between the stack's nodes (pod workers talk to each
+    other) and SSH only through IAP."""
+
+    network: gcp.compute.Network
+    subnets: dict[str, gcp.compute.Subnetwork]
+
+    def __init__(self, name: str, args: NetworkArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(TYPE, name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        naming = args.naming
+        self.network = gcp.compute.Network(
+            "vpc",
+            name=naming.network_resource("tpu"),
+            project=args.project_id,
+            auto_create_subnetworks=False,
+            routing_mode="REGIONAL",
+            opts=child,
+        )
+        ranges = subnet_ranges(args.subnet_cidr, args.regions)
+        self.subnets = {
+            region: gcp.compute.Subnetwork(
+                f"subnet-{region}",
+                name=naming.network_resource(f"tpu-{region}"),
+                project=args.project_id,
+                region=region,
+                network=self.network.id,
+                ip_cidr_range=cidr,
+                # Nodes have no external IP: Private Google Access is how they
+                # reach GCS and the other Google APIs.
+                private_ip_google_access=True,
+                opts=child,
+            )
+            for region, cidr in ranges.items()
+        }
+        gcp.compute.Firewall(
+            "allow-internal",
+            name=naming.network_resource("tpu-internal"),
+            project=args.project_id,
+            network=self.network.id,
+            direction="INGRESS",
+            source_ranges=sorted(ranges.values()) or [args.subnet_cidr],
+            target_tags=[args.node_tag],
+            allows=[
+                gcp.compute.FirewallAllowArgs(protocol="tcp"),
+                gcp.compute.FirewallAllowArgs(protocol="udp"),
+                gcp.compute.FirewallAllowArgs(protocol="icmp"),
+            ],
+            opts=child,
+        )
+        if args.ssh_through_iap:
+            gcp.compute.Firewall(
+                "allow-iap-ssh",
+                name=naming.network_resource("tpu-iap-ssh"),
+                project=args.project_id,
+                network=self.network.id,
+                direction="INGRESS",
+                source_ranges=[IAP_SOURCE_RANGE],
+                target_tags=[args.node_tag],
+                allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=["22"])],
+                opts=child,
+            )
+        self.register_outputs({
+            "network": self.network.id,
+            "subnets": {region: s.id for region, s in self.subnets.items()},
+        })

@@ -1,0 +1,496 @@
+"""The stack config, typed and checked: the only place a rule about it lives.
+
+`load_settings(raw)` takes the config as the Pulumi CLI hands it to the program
+(`tpu-stack:<key>` → value) and returns a `StackSettings`, or raises one
+`SettingsError` that lists every problem with its key path and what is allowed,
+e.g. `tpu-stack:nodes[0].topology: 3x3 is not a v5e topology (1x1, 2x2, …)`.
+
+Two passes: pydantic checks shape and types (unknown keys refused), then plain
+functions check what depends on several values or on the catalog.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Iterator, Mapping
+from functools import cached_property
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from components import catalog
+from components.naming import (
+    LOGICAL_NAME_RE,
+    LOGICAL_NAME_RULE,
+    Naming,
+    label_key_problem,
+    label_value_problem,
+)
+from tpu_training.config import JobConfig, JobConfigError
+
+NAMESPACE = "tpu-stack"
+GCP_PROJECT_KEY = "gcp:project"
+
+Provisioning = Literal["on-demand", "spot", "preemptible", "reserved", "queued"]
+Environment = Literal["dev", "prod"]
+
+# cloud.google.com/resource-manager/docs/creating-managing-projects: 6-30
+# characters, lowercase letters, digits and hyphens, starting with a letter.
+_PROJECT_ID_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+# cloud.google.com/billing/docs/how-to/find-billing-account-id: XXXXXX-XXXXXX-XXXXXX.
+_BILLING_RE = re.compile(r"^[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}$")
+_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+# cloud.google.com/storage/docs/locations: a region (us-central1), a dual-region
+# (nam4) or a multi-region (US, EU, ASIA); GCS accepts either case.
+_LOCATION_RE = re.compile(r"^[A-Za-z]+[0-9]*(-[A-Za-z]+[0-9]+)?$")
+_DURATION_RE = re.compile(r"^(?P<n>[1-9][0-9]*)(?P<unit>[smhd])$")
+_DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class SettingsError(ValueError):
+    """Every problem in a stack config, each as (key path, message)."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        lines = "\n".join(f"  {key}: {message}" for key, message in problems)
+        super().__init__(f"the stack config has {count}:\n{lines}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel,
+                              populate_by_name=True)
+
+
+class ProjectSettings(_Model):
+    """`tpu-stack:project`: adopt `gcp:project` as it is, or create it."""
+
+    create: bool = False
+    billing_account: str | None = None
+    folder_id: str | None = None
+    org_id: str | None = None
+
+
+class NetworkSettings(_Model):
+    """`tpu-stack:network`: the VPC the nodes live in."""
+
+    subnet_cidr: str = "10.128.0.0/20"
+    ssh_through_iap: bool = True
+
+
+class StorageSettings(_Model):
+    """`tpu-stack:storage`: the data, artifacts, checkpoints and logs buckets."""
+
+    location: str
+    force_destroy: bool = False
+    protect: bool = True
+    checkpoint_versions_days: int = Field(default=30, ge=1)
+    log_retention_days: int = Field(default=90, ge=1)
+
+
+class QueueSettings(_Model):
+    """A node's `queue` block, only with `provisioning: queued`."""
+
+    spot: bool = False
+    guaranteed: bool = False
+    reservation_name: str | None = None
+    valid_until_duration: str | None = None
+
+    @property
+    def valid_until_seconds(self) -> int | None:
+        if self.valid_until_duration is None:
+            return None
+        match = _DURATION_RE.match(self.valid_until_duration)
+        assert match, "checked by _queue_problems"
+        return int(match["n"]) * _DURATION_SECONDS[match["unit"]]
+
+
+class NodeSettings(_Model):
+    """One entry of `tpu-stack:nodes`."""
+
+    name: str
+    zone: str
+    job: str
+    accelerator_type: str | None = None
+    generation: str | None = None
+    topology: str | None = None
+    runtime_version: str | None = None
+    provisioning: Provisioning = "on-demand"
+    queue: QueueSettings | None = None
+    external_ips: bool = False
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def tpu(self) -> catalog.Slice:
+        """The slice; valid once the settings have been checked."""
+        if self.accelerator_type:
+            return catalog.parse_accelerator_type(self.accelerator_type)
+        return catalog.slice_for(self.generation or "", self.topology or "")
+
+    @property
+    def runtime(self) -> str:
+        runtime = self.runtime_version or catalog.runtime_for(self.tpu)
+        assert runtime, "checked by _node_problems"
+        return runtime
+
+    @property
+    def spot(self) -> bool:
+        """Billed at spot rates: spot and preemptible capacity, or a spot queue."""
+        if self.provisioning == "queued":
+            return bool(self.queue and self.queue.spot)
+        return self.provisioning in ("spot", "preemptible")
+
+    @property
+    def workers(self) -> str:
+        """`tpu-stack-workers`: every worker runs a client, or worker 0 only
+        (pod slices run one TF client; tpu-facts, "TensorFlow on TPU")."""
+        return "0" if self.tpu.multi_host else "all"
+
+
+class CiSettings(_Model):
+    """`tpu-stack:ci`: keyless CI through Workload Identity Federation."""
+
+    github_repository: str
+    pool_id: str = "github"
+    provider_id: str = "github"
+
+
+class StackSettings(_Model):
+    """The whole stack config, checked."""
+
+    stack: str
+    gcp_project: str
+    environment: Environment = "prod"
+    team: str = "platform"
+    labels: dict[str, str] = Field(default_factory=dict)
+    project: ProjectSettings = Field(default_factory=ProjectSettings)
+    network: NetworkSettings = Field(default_factory=NetworkSettings)
+    storage: StorageSettings
+    nodes: list[NodeSettings] = Field(default_factory=list)
+    jobs: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    ci: CiSettings | None = None
+
+    @cached_property
+    def naming(self) -> Naming:
+        return Naming(self.gcp_project, self.stack)
+
+    def job(self, name: str) -> JobConfig:
+        return JobConfig.from_dict(self.jobs[name], resolved=False)
+
+    @property
+    def regions(self) -> list[str]:
+        return sorted({catalog.region_of(node.zone) for node in self.nodes})
+
+    @property
+    def zones(self) -> list[str]:
+        return sorted({node.zone for node in self.nodes})
+
+
+# Keys of the stack config the program reads, with the model field each fills.
+TOP_LEVEL_KEYS: dict[str, str] = {
+    f"{NAMESPACE}:{to_camel(name)}": name
+    for name in StackSettings.model_fields if name not in ("stack", "gcp_project")
+}
+
+
+def load_settings(raw: Mapping[str, Any], stack: str) -> StackSettings:
+    """Check the config `raw` (`namespace:key` → value, as the CLI passes it)."""
+    data, problems = _gather(raw, stack)
+    try:
+        settings = StackSettings.model_validate(data)
+    except ValidationError as error:
+        raise SettingsError(problems + _pydantic_problems(error)) from None
+    problems += list(_rule_problems(settings))
+    if problems:
+        raise SettingsError(problems)
+    return settings
+
+
+def _gather(raw: Mapping[str, Any], stack: str) -> tuple[dict[str, Any], list]:
+    problems: list[tuple[str, str]] = []
+    data: dict[str, Any] = {"stack": stack, "gcpProject": raw.get(GCP_PROJECT_KEY)}
+    for key, value in raw.items():
+        namespace, _, name = key.partition(":")
+        if namespace != NAMESPACE:
+            continue
+        if key not in TOP_LEVEL_KEYS:
+            problems.append((key, f"unknown key; allowed: {', '.join(sorted(TOP_LEVEL_KEYS))}"))
+            continue
+        decoded = _decode(value)
+        # An empty block ({} or null, e.g. a Pulumi.yaml default) is no block.
+        if decoded not in ({}, None, "null"):
+            data[name] = decoded
+    return data, problems
+
+
+def _decode(value: Any) -> Any:
+    """Pulumi hands object and array values to the program as JSON text."""
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    head, *rest = loc
+    path = GCP_PROJECT_KEY if head == "gcpProject" else f"{NAMESPACE}:{head}"
+    for part in rest:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def _pydantic_problems(error: ValidationError) -> list[tuple[str, str]]:
+    problems = []
+    for item in error.errors():
+        loc = tuple(item["loc"])
+        if item["type"] == "extra_forbidden":
+            message = f"unknown key; allowed: {_allowed_keys(loc[:-1])}"
+        elif item["type"] == "missing":
+            message = "is required"
+        else:
+            message = f"{item['msg']}, got {item.get('input')!r}"
+        problems.append((_key_path(loc), message))
+    return problems
+
+
+def _allowed_keys(parent: tuple[int | str, ...]) -> str:
+    model: Any = StackSettings
+    for part in parent:
+        if isinstance(part, int):
+            continue
+        field = next(f for n, f in model.model_fields.items() if to_camel(n) == part)
+        model = _model_of(field.annotation)
+    return ", ".join(to_camel(n) for n in model.model_fields)
+
+
+def _model_of(annotation: Any) -> Any:
+    for candidate in getattr(annotation, "__args__", ()) or (annotation,):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+        inner = _model_of(candidate) if getattr(candidate, "__args__", None) else None
+        if inner is not None:
+            return inner
+    return annotation
+
+
+# ---- rules that need several values or the catalog -------------------------
+
+Problems = Iterator[tuple[str, str]]
+
+
+def _rule_problems(s: StackSettings) -> Problems:
+    yield from _project_problems(s)
+    yield from _storage_problems(s)
+    yield from _labels_problems(f"{NAMESPACE}:labels", s.labels)
+    yield from _network_problems(s)
+    jobs = dict(_job_configs(s))
+    yield from _job_problems(s)
+    yield from _nodes_problems(s, jobs)
+    if s.ci:
+        yield from _ci_problems(s.ci)
+
+
+def _project_problems(s: StackSettings) -> Problems:
+    if not _PROJECT_ID_RE.match(s.gcp_project):
+        yield (GCP_PROJECT_KEY, f"{s.gcp_project!r} is not a project id: 6-30 lowercase "
+                                f"letters, digits or hyphens, starting with a letter")
+    key = f"{NAMESPACE}:project"
+    p = s.project
+    if p.create and not p.billing_account:
+        yield (f"{key}.billingAccount", "is required when create is true")
+    if p.billing_account and not _BILLING_RE.match(p.billing_account):
+        yield (f"{key}.billingAccount", f"{p.billing_account!r} is not a billing account "
+                                        f"id (XXXXXX-XXXXXX-XXXXXX, hex digits)")
+    for field in ("folder_id", "org_id"):
+        value = getattr(p, field)
+        if value is not None and not value.isdigit():
+            yield (f"{key}.{to_camel(field)}", f"{value!r} must be digits only")
+    if p.folder_id and p.org_id:
+        yield (f"{key}.folderId", "give folderId or orgId, not both")
+    if not p.create and (p.billing_account or p.folder_id or p.org_id):
+        yield (f"{key}.create", "billingAccount, folderId and orgId apply only with create: true")
+
+
+def _storage_problems(s: StackSettings) -> Problems:
+    key = f"{NAMESPACE}:storage"
+    if not _LOCATION_RE.match(s.storage.location):
+        yield (f"{key}.location", f"{s.storage.location!r} is not a GCS location "
+                                  f"(a region such as us-central1, or US, EU, ASIA)")
+    # DESIGN.md: prod data is never lost by a command; only dev may opt out.
+    if s.environment != "dev":
+        if s.storage.force_destroy:
+            yield (f"{key}.forceDestroy", f"true is allowed only with "
+                                          f"{NAMESPACE}:environment dev (this stack is "
+                                          f"{s.environment})")
+        if not s.storage.protect:
+            yield (f"{key}.protect", f"false is allowed only with {NAMESPACE}:environment "
+                                     f"dev (this stack is {s.environment})")
+
+
+def _labels_problems(key: str, labels: Mapping[str, str]) -> Problems:
+    for name, value in labels.items():
+        problem = label_key_problem(name) or label_value_problem(value)
+        if problem:
+            yield (f"{key}.{name}", problem)
+
+
+def _network_problems(s: StackSettings) -> Problems:
+    key = f"{NAMESPACE}:network.subnetCidr"
+    try:
+        network = ipaddress.IPv4Network(s.network.subnet_cidr)
+    except ValueError:
+        yield (key, f"{s.network.subnet_cidr!r} is not an IPv4 CIDR range, e.g. 10.128.0.0/20")
+        return
+    # cloud.google.com/vpc/docs/subnets#valid-ranges: private ranges, /29 or larger.
+    if not network.is_private or network.prefixlen > 29:
+        yield (key, f"{network} must be a private range of /29 or larger")
+    if len(s.regions) > 1 and network.prefixlen > 24:
+        yield (key, f"{network} is split into one subnet per region ({len(s.regions)}); "
+                    f"use /24 or larger")
+
+
+def _job_configs(s: StackSettings) -> Iterator[tuple[str, JobConfig]]:
+    for name, data in s.jobs.items():
+        try:
+            yield name, JobConfig.from_dict(data, resolved=False)
+        except JobConfigError:
+            continue
+
+
+def _job_problems(s: StackSettings) -> Problems:
+    for name, data in s.jobs.items():
+        if not LOGICAL_NAME_RE.match(name):
+            yield (f"{NAMESPACE}:jobs.{name}", f"job names are {LOGICAL_NAME_RULE}")
+        try:
+            JobConfig.from_dict(data, resolved=False)
+        except JobConfigError as error:
+            for key, message in error.problems:
+                yield (f"{NAMESPACE}:jobs.{name}" + (f".{key}" if key else ""), message)
+
+
+def _nodes_problems(s: StackSettings, jobs: Mapping[str, JobConfig]) -> Problems:
+    seen: dict[str, int] = {}
+    for index, node in enumerate(s.nodes):
+        key = f"{NAMESPACE}:nodes[{index}]"
+        if node.name in seen:
+            yield (f"{key}.name", f"{node.name!r} is already the name of nodes[{seen[node.name]}]")
+        seen.setdefault(node.name, index)
+        yield from node_problems(key, node, s.jobs, jobs)
+
+
+def node_problems(key: str, node: NodeSettings, job_names: Mapping[str, Any],
+                  jobs: Mapping[str, JobConfig]) -> Problems:
+    """Every rule of one node; `key` is its path in the config."""
+    if not LOGICAL_NAME_RE.match(node.name):
+        yield (f"{key}.name", f"{node.name!r}: node names are {LOGICAL_NAME_RULE}")
+    yield from _labels_problems(f"{key}.labels", node.labels)
+    yield from _queue_problems(key, node)
+    slice_problems = list(_slice_problems(key, node))
+    if slice_problems:
+        yield from slice_problems
+        return
+    tpu = node.tpu
+    yield from _zone_problems(key, node, tpu)
+    yield from _runtime_problems(key, node, tpu)
+    if node.job not in job_names:
+        allowed = ", ".join(job_names) or "none defined"
+        yield (f"{key}.job", f"{node.job!r} is not a key of {NAMESPACE}:jobs ({allowed})")
+    elif node.job in jobs:
+        yield from _batch_problems(key, node, tpu, jobs[node.job])
+
+
+def _slice_problems(key: str, node: NodeSettings) -> Problems:
+    by_type = node.accelerator_type is not None
+    by_shape = node.generation is not None or node.topology is not None
+    if by_type and by_shape:
+        yield (f"{key}.acceleratorType", "give acceleratorType or generation + topology, "
+                                         "not both")
+        return
+    if not by_type and not by_shape:
+        yield (f"{key}.acceleratorType", "give acceleratorType (e.g. v2-8) or generation + "
+                                         "topology (e.g. v4 + 2x2x4)")
+        return
+    try:
+        if by_type:
+            catalog.parse_accelerator_type(node.accelerator_type or "")
+            return
+        if node.generation is None or node.topology is None:
+            missing = "generation" if node.generation is None else "topology"
+            yield (f"{key}.{missing}", "is required with "
+                   f"{'topology' if missing == 'generation' else 'generation'}")
+            return
+        gen = catalog.generation(node.generation)
+    except catalog.CatalogError as error:
+        field = "acceleratorType" if by_type else "generation"
+        yield (f"{key}.{field}", str(error))
+        return
+    problem = catalog.topology_problem(gen, node.topology)
+    if problem:
+        yield (f"{key}.topology", problem)
+
+
+def _zone_problems(key: str, node: NodeSettings, tpu: catalog.Slice) -> Problems:
+    gen = tpu.generation
+    if not _ZONE_RE.match(node.zone):
+        yield (f"{key}.zone", f"{node.zone!r} is not a zone name, e.g. us-central1-b")
+    elif node.zone not in gen.zones:
+        yield (f"{key}.zone", f"{node.zone} does not offer TPU {gen.name} "
+                              f"({', '.join(gen.zones)})")
+
+
+def _runtime_problems(key: str, node: NodeSettings, tpu: catalog.Slice) -> Problems:
+    if node.runtime_version is None:
+        if catalog.runtime_for(tpu) is None:
+            yield (f"{key}.runtimeVersion", catalog.runtime_problem(tpu, "") or "")
+        return
+    problem = catalog.runtime_problem(tpu, node.runtime_version)
+    if problem:
+        yield (f"{key}.runtimeVersion", problem)
+
+
+def _batch_problems(key: str, node: NodeSettings, tpu: catalog.Slice,
+                    job: JobConfig) -> Problems:
+    if job.globalBatchSize % tpu.replicas:
+        yield (f"{NAMESPACE}:jobs.{node.job}.globalBatchSize",
+               f"{job.globalBatchSize} is not divisible by the {tpu.replicas} replicas of "
+               f"{key} ({tpu.accelerator_type}); use a multiple of {tpu.replicas}")
+
+
+def _queue_problems(key: str, node: NodeSettings) -> Problems:
+    queue = node.queue
+    if queue is None:
+        return
+    if node.provisioning != "queued":
+        yield (f"{key}.queue", f"applies only with provisioning: queued "
+                               f"(this node is {node.provisioning})")
+        return
+    if queue.spot and queue.guaranteed:
+        yield (f"{key}.queue.spot", "a queued resource is spot or guaranteed, not both")
+    if queue.reservation_name and queue.spot:
+        yield (f"{key}.queue.reservationName", "a reservation cannot be spot capacity")
+    if queue.valid_until_duration and not _DURATION_RE.match(queue.valid_until_duration):
+        yield (f"{key}.queue.validUntilDuration", f"{queue.valid_until_duration!r} is not a "
+                                                  f"duration: a number and s, m, h or d "
+                                                  f"(e.g. 6h)")
+
+
+_GITHUB_REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+# Workload identity pool and provider ids: 4-32 lowercase letters, digits, dashes
+# (cloud.google.com/iam/docs/manage-workload-identity-pools-providers).
+_POOL_ID_RE = re.compile(r"^[a-z0-9-]{4,32}$")
+
+
+def _ci_problems(ci: CiSettings) -> Problems:
+    key = f"{NAMESPACE}:ci"
+    if not _GITHUB_REPO_RE.match(ci.github_repository):
+        yield (f"{key}.githubRepository", f"{ci.github_repository!r} is not owner/name")
+    for field in ("pool_id", "provider_id"):
+        value = getattr(ci, field)
+        if not _POOL_ID_RE.match(value) or value.startswith("gcp-"):
+            yield (f"{key}.{to_camel(field)}", f"{value!r}: 4-32 lowercase letters, digits or "
+                                               f"dashes, not starting with gcp-")

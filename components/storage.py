@@ -1,0 +1,82 @@
+"""The stack's buckets: data, artifacts (code), checkpoints and logs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from components.naming import Naming
+from components.settings import StorageSettings
+
+TYPE = "tpu-stack:index:TrainingBuckets"
+
+PURPOSES = ("data", "artifacts", "checkpoints", "logs")
+# DESIGN.md: prod data is never lost by a command. Data and checkpoints are
+# what a team cannot rebuild from the repository.
+PRECIOUS = ("data", "checkpoints")
+VERSIONED = ("artifacts", "checkpoints")
+# Old package archives are small; keep a few for rollback.
+ARTIFACT_VERSIONS_KEPT = 5
+
+
+@dataclass(frozen=True)
+class BucketsArgs:
+    project_id: pulumi.Input[str]
+    naming: Naming
+    settings: StorageSettings
+    labels: dict[str, str]
+    team: str | None = None
+
+
+def lifecycle_rules(purpose: str, settings: StorageSettings
+                    ) -> list[gcp.storage.BucketLifecycleRuleArgs]:
+    delete = gcp.storage.BucketLifecycleRuleActionArgs(type="Delete")
+    rule = gcp.storage.BucketLifecycleRuleArgs
+    condition = gcp.storage.BucketLifecycleRuleConditionArgs
+    if purpose == "checkpoints":
+        # Overwritten checkpoints stay recoverable for a while, then go.
+        return [rule(action=delete, condition=condition(
+            days_since_noncurrent_time=settings.checkpoint_versions_days, with_state="ARCHIVED"))]
+    if purpose == "artifacts":
+        return [rule(action=delete, condition=condition(
+            num_newer_versions=ARTIFACT_VERSIONS_KEPT, with_state="ARCHIVED"))]
+    if purpose == "logs":
+        return [rule(action=delete, condition=condition(age=settings.log_retention_days))]
+    return []
+
+
+class TrainingBuckets(pulumi.ComponentResource):
+    """Four buckets with uniform bucket-level access and public access
+    prevention enforced; versioned where overwrites happen; data and
+    checkpoints protected unless the stack opts out (dev only, settings)."""
+
+    buckets: dict[str, gcp.storage.Bucket]
+    names: dict[str, str]
+
+    def __init__(self, name: str, args: BucketsArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(TYPE, name, None, opts)
+        s = args.settings
+        self.names = {p: args.naming.bucket(p, args.team) for p in PURPOSES}
+        self.buckets = {}
+        for purpose in PURPOSES:
+            protect = s.protect and purpose in PRECIOUS
+            self.buckets[purpose] = gcp.storage.Bucket(
+                purpose,
+                name=self.names[purpose],
+                project=args.project_id,
+                location=s.location,
+                uniform_bucket_level_access=True,
+                public_access_prevention="enforced",
+                versioning=gcp.storage.BucketVersioningArgs(enabled=purpose in VERSIONED),
+                lifecycle_rules=lifecycle_rules(purpose, s),
+                force_destroy=s.force_destroy,
+                labels={**args.labels, "purpose": purpose},
+                opts=pulumi.ResourceOptions(parent=self, protect=protect),
+            )
+        self.register_outputs({p: self.uri(p) for p in PURPOSES})
+
+    def uri(self, purpose: str) -> str:
+        return f"gs://{self.names[purpose]}"

@@ -1,0 +1,116 @@
+"""One TPU VM node (single host or pod slice) that boots into the stack's job."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from components import agent
+from components.settings import NodeSettings
+from tpu_training.config import JobConfig
+
+TYPE = "tpu-stack:index:TpuNode"
+
+# The runtime account reaches GCS, logging and the TPU API through IAM alone;
+# the VM scope must not narrow it (cloud.google.com/compute/docs/access/
+# service-accounts#accesscopesiam: use cloud-platform and control with IAM).
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+
+@dataclass(frozen=True)
+class NodeLocations:
+    """Where one node's job reads and writes: absolute gs:// prefixes."""
+
+    data_root: str
+    checkpoint_dir: str
+    export_dir: str
+    tensorboard_dir: str
+    status_prefix: str
+
+
+@dataclass(frozen=True)
+class TpuNodeArgs:
+    project_id: pulumi.Input[str]
+    node_id: str
+    settings: NodeSettings
+    job: JobConfig
+    locations: NodeLocations
+    package_uri: str
+    package_sha256: str
+    service_account_email: pulumi.Input[str]
+    network: pulumi.Input[str]
+    subnetwork: pulumi.Input[str]
+    network_tag: str
+    labels: dict[str, str]
+
+
+def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
+    """Every metadata key of the agent's contract (DESIGN.md). All of them
+    update in place (tpu-facts), so a code or job change never replaces a node."""
+    loc = args.locations
+    job = args.job.resolve(data_root=loc.data_root, checkpoint_dir=loc.checkpoint_dir,
+                           export_dir=loc.export_dir, tensorboard_dir=loc.tensorboard_dir)
+    return {
+        agent.STARTUP_SCRIPT_KEY: agent.startup_script(),
+        agent.PACKAGE_KEY: args.package_uri,
+        agent.PACKAGE_SHA256_KEY: args.package_sha256,
+        agent.JOB_KEY: json.dumps(job.to_dict(), sort_keys=True),
+        agent.WORKERS_KEY: args.settings.workers,
+        agent.STATUS_KEY: loc.status_prefix,
+    }
+
+
+def accelerator_args(node: NodeSettings) -> dict[str, object]:
+    """`accelerator_type` XOR `accelerator_config`, as the user chose (tpu-facts)."""
+    if node.accelerator_type:
+        return {"accelerator_type": node.accelerator_type}
+    tpu = node.tpu
+    return {"accelerator_config": gcp.tpu.V2VmAcceleratorConfigArgs(
+        type=tpu.generation.api_type, topology=tpu.topology)}
+
+
+def scheduling_args(node: NodeSettings) -> gcp.tpu.V2VmSchedulingConfigArgs | None:
+    """The one scheduling flag of the node's provisioning mode, if any."""
+    if node.provisioning == "on-demand":
+        return None
+    return gcp.tpu.V2VmSchedulingConfigArgs(**{node.provisioning: True})
+
+
+class TpuNode(pulumi.ComponentResource):
+    """A `gcp.tpu.V2Vm` with the runtime account, no external IPs unless asked,
+    the stack's labels and every metadata key the node agent reads."""
+
+    node_id: str
+    vm: gcp.tpu.V2Vm
+
+    def __init__(self, name: str, args: TpuNodeArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(TYPE, name, None, opts)
+        node = args.settings
+        self.node_id = args.node_id
+        self.vm = gcp.tpu.V2Vm(
+            "vm",
+            name=args.node_id,
+            project=args.project_id,
+            zone=node.zone,
+            runtime_version=node.runtime,
+            **accelerator_args(node),
+            scheduling_config=scheduling_args(node),
+            network_config=gcp.tpu.V2VmNetworkConfigArgs(
+                network=args.network,
+                subnetwork=args.subnetwork,
+                enable_external_ips=node.external_ips,
+            ),
+            service_account=gcp.tpu.V2VmServiceAccountArgs(
+                email=args.service_account_email, scopes=[CLOUD_PLATFORM_SCOPE]),
+            labels=args.labels,
+            tags=[args.network_tag],
+            metadata=node_metadata(args),
+            description=f"tpu-stack node {node.name}: job {node.job}",
+            # tpu-facts: with an explicit name a replacement must delete first.
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
+        )
+        self.register_outputs({"nodeId": self.node_id})

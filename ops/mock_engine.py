@@ -1,0 +1,191 @@
+"""Run the Pulumi program under Pulumi's mock engine and record what it declares.
+
+No cloud, no CLI, no credentials: `run_program` hands the program the config
+the CLI would, records every resource registration with its inputs and the
+options `Mocks` cannot see (protect, parent, delete-before-replace), and
+returns the resolved stack outputs. Offline plans, `tpuctl rehearse` and the
+tests all use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import runpy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from pulumi.runtime import mocks, rpc
+from pulumi.runtime.config import set_all_config
+from pulumi.runtime.stack import wait_for_rpcs
+
+from components.archive import REPO_ROOT
+
+PROJECT = "tpu-stack"
+STACK_TYPE = "pulumi:pulumi:Stack"
+
+
+@dataclass
+class Registration:
+    """One resource as the program registered it."""
+
+    urn: str
+    type: str
+    name: str
+    custom: bool
+    parent: str | None
+    inputs: dict[str, Any]
+    protect: bool
+    delete_before_replace: bool
+    dependencies: list[str]
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+
+class RecordingMonitor(mocks.MockMonitor):
+    """A MockMonitor that keeps each RegisterResource request, options included."""
+
+    def __init__(self, mock: mocks.Mocks) -> None:
+        super().__init__(mock)
+        self.registrations: list[Registration] = []
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC name)
+        response = super().RegisterResource(request)
+        if request.type != STACK_TYPE:
+            urn = response.urn
+            self.registrations.append(Registration(
+                urn=urn,
+                type=request.type,
+                name=request.name,
+                custom=bool(request.custom),
+                parent=request.parent or None,
+                inputs=rpc.deserialize_properties(request.object),
+                protect=bool(request.protect),
+                delete_before_replace=bool(request.deleteBeforeReplace),
+                dependencies=list(request.dependencies),
+                outputs=dict(self.resources[urn].state) if urn in self.resources else {},
+            ))
+        return response
+
+
+class GcpMocks(mocks.Mocks):
+    """Computed outputs the way GCP returns them, for what the program reads back."""
+
+    def __init__(self, project_number: str = "123456789012") -> None:
+        self.project_number = project_number
+
+    def new_resource(self, args: mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        inputs = dict(args.inputs)
+        project = inputs.get("project") or inputs.get("projectId") or "mock-project"
+        name = inputs.get("name") or args.name
+        computed = _COMPUTED.get(args.typ)
+        resource_id, outputs = computed(self, project, name, inputs) if computed else (
+            f"{args.name}-id", {})
+        return resource_id, {**inputs, **outputs}
+
+    def call(self, args: mocks.MockCallArgs) -> tuple[dict[str, Any], list | None]:
+        return {}, None
+
+
+def _account(m: GcpMocks, project: str, name: str, inputs: dict) -> tuple[str, dict]:
+    email = f"{inputs['accountId']}@{project}.iam.gserviceaccount.com"
+    return (f"projects/{project}/serviceAccounts/{email}",
+            {"email": email, "member": f"serviceAccount:{email}",
+             "name": f"projects/{project}/serviceAccounts/{email}"})
+
+
+def _network(m: GcpMocks, project: str, name: str, inputs: dict) -> tuple[str, dict]:
+    link = f"projects/{project}/global/networks/{name}"
+    return link, {"selfLink": f"https://www.googleapis.com/compute/v1/{link}"}
+
+
+def _subnetwork(m: GcpMocks, project: str, name: str, inputs: dict) -> tuple[str, dict]:
+    link = f"projects/{project}/regions/{inputs['region']}/subnetworks/{name}"
+    return link, {"selfLink": f"https://www.googleapis.com/compute/v1/{link}"}
+
+
+def _bucket(m: GcpMocks, project: str, name: str, inputs: dict) -> tuple[str, dict]:
+    return name, {"url": f"gs://{name}", "selfLink": f"https://www.googleapis.com/storage/v1/b/{name}"}
+
+
+def _project(m: GcpMocks, project: str, name: str, inputs: dict) -> tuple[str, dict]:
+    return f"projects/{inputs['projectId']}", {"number": m.project_number}
+
+
+def _pool(m: GcpMocks, project: str, name: str, inputs: dict) -> tuple[str, dict]:
+    full = (f"projects/{m.project_number}/locations/global/workloadIdentityPools/"
+            f"{inputs['workloadIdentityPoolId']}")
+    return full, {"name": full}
+
+
+def _pool_provider(m: GcpMocks, project: str, name: str, inputs: dict) -> tuple[str, dict]:
+    full = (f"projects/{m.project_number}/locations/global/workloadIdentityPools/"
+            f"{inputs['workloadIdentityPoolId']}/providers/"
+            f"{inputs['workloadIdentityPoolProviderId']}")
+    return full, {"name": full}
+
+
+_COMPUTED: dict[str, Callable[[GcpMocks, str, str, dict], tuple[str, dict]]] = {
+    "gcp:serviceaccount/account:Account": _account,
+    "gcp:compute/network:Network": _network,
+    "gcp:compute/subnetwork:Subnetwork": _subnetwork,
+    "gcp:storage/bucket:Bucket": _bucket,
+    "gcp:organizations/project:Project": _project,
+    "gcp:iam/workloadIdentityPool:WorkloadIdentityPool": _pool,
+    "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider": _pool_provider,
+}
+
+
+@dataclass
+class ProgramRun:
+    registrations: list[Registration]
+    outputs: dict[str, Any]
+
+    def of_type(self, type_token: str) -> list[Registration]:
+        return [r for r in self.registrations if r.type == type_token]
+
+    def by_urn(self) -> dict[str, Registration]:
+        return {r.urn: r for r in self.registrations}
+
+
+def run_program(config: Mapping[str, str], stack: str,
+                program: Callable[[], None] | None = None,
+                mock: mocks.Mocks | None = None) -> ProgramRun:
+    """Run `program` (default: the repo's __main__.py) as stack `stack`.
+
+    Runs in a fresh context and event loop, so runs never share Pulumi state.
+    Exceptions the program raises (e.g. pulumi.RunError for a bad config)
+    propagate to the caller.
+    """
+    return contextvars.Context().run(_run, dict(config), stack,
+                                     program or _main_program, mock or GcpMocks())
+
+
+def _main_program(path: Path = REPO_ROOT / "__main__.py") -> None:
+    runpy.run_path(str(path), run_name="__main__")
+
+
+def _run(config: dict[str, str], stack: str, program: Callable[[], None],
+         mock: mocks.Mocks) -> ProgramRun:
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        monitor = RecordingMonitor(mock)
+        mocks.set_mocks(mock, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+        set_all_config(config)
+        program()
+        loop.run_until_complete(wait_for_rpcs())
+        outputs = loop.run_until_complete(_stack_outputs())
+        return ProgramRun(monitor.registrations, outputs)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+async def _stack_outputs() -> dict[str, Any]:
+    root = pulumi.runtime.get_root_resource()
+    exported = getattr(root, "outputs", {}) or {}
+    return {key: await pulumi.Output.from_input(value).future()
+            for key, value in exported.items()}

@@ -1,0 +1,87 @@
+"""`tpuctl plan`: an offline plan of a stack, through Pulumi's mock engine.
+
+No cloud credentials: the program runs against mocks with the config the CLI
+would give it, and the plan is every resource it declares (inputs and the
+options that matter), the stack outputs and the cost estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from components.cost import StackCost, stack_cost
+from components.settings import StackSettings, load_settings
+from components.stack_config import file_config
+from ops.mock_engine import ProgramRun, Registration, run_program
+
+PLAN_FORMAT_VERSION = 1
+
+
+@dataclass
+class Plan:
+    stack: str
+    settings: StackSettings
+    run: ProgramRun
+    cost: StackCost
+
+    def component_of(self, resource: Registration) -> str | None:
+        """The nearest enclosing component, as `Type:name` (None at the top)."""
+        by_urn = self.run.by_urn()
+        parent = by_urn.get(resource.parent or "")
+        while parent is not None and parent.custom:
+            parent = by_urn.get(parent.parent or "")
+        if parent is None:
+            return None
+        return f"{parent.type.rsplit(':', 1)[-1]}:{parent.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": PLAN_FORMAT_VERSION,
+            "stack": self.stack,
+            "project": self.settings.gcp_project,
+            "resources": [self._resource_json(r)
+                          for r in sorted(self.run.registrations, key=lambda r: r.urn)],
+            "outputs": self.run.outputs,
+            "cost": cost_json(self.cost),
+        }
+
+    def _resource_json(self, r: Registration) -> dict[str, Any]:
+        return {
+            "urn": r.urn,
+            "type": r.type,
+            "name": r.name,
+            "component": self.component_of(r),
+            "parent": r.parent,
+            "custom": r.custom,
+            "inputs": r.inputs,
+            "protect": r.protect,
+            "deleteBeforeReplace": r.delete_before_replace,
+        }
+
+
+def cost_json(cost: StackCost) -> dict[str, Any]:
+    return {
+        "currency": "USD",
+        "nodes": [
+            {"name": n.name, "chips": n.chips, "usdPerHour": n.usd_per_hour,
+             "onDemandUsdPerHour": n.on_demand_usd_per_hour,
+             "spotSavingUsdPerHour": n.spot_saving_usd_per_hour}
+            for n in cost.nodes
+        ],
+        "usdPerHour": cost.usd_per_hour,
+        "usdPerMonth": cost.usd_per_month,
+        "unpriced": cost.unpriced,
+    }
+
+
+def offline_plan(stack: str, config: dict[str, str] | None = None) -> Plan:
+    """Plan `stack` from its files (or from `config`, as the CLI would pass it).
+
+    Raises SettingsError (one message, every problem) for a bad config and
+    StackFileError for a missing stack file, before anything runs.
+    """
+    config = config if config is not None else file_config(stack)
+    settings = load_settings(config, stack)
+    run = run_program(config, stack)
+    return Plan(stack=stack, settings=settings, run=run, cost=stack_cost(settings.nodes))
