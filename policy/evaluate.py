@@ -98,5 +98,6 @@ def evaluate(plan: Mapping[str, Any], config: PolicyConfig | None = None) -> lis
         elif isinstance(policy, StackValidationPolicy):
             stack = [PolicyResource(r["type"], r.get("inputs", {}), r["urn"], r["name"],
                                     _options(r), None, None, [], {}) for r in resources]
-            policy.validate(StackValidationArgs(stack, settings), _collector(violations, policy.name))
+            report = _collector(violations, policy.name)
+            policy.validate(StackValidationArgs(stack, settings), report)
     return violations

@@ -11,7 +11,6 @@ policy config file (policy/README.md, policy/config.example.json).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -186,7 +185,8 @@ def tpu_slice(props: Mapping[str, Any]) -> catalog.Slice:
                 f"acceleratorConfig.type {config['type']!r} is unknown; allowed: "
                 f"{', '.join(by_api_type)}")
         return catalog.slice_for(by_api_type[config["type"]], str(config.get("topology")))
-    return catalog.parse_accelerator_type(props.get("acceleratorType") or PROVIDER_DEFAULT_ACCELERATOR)
+    accelerator = props.get("acceleratorType") or PROVIDER_DEFAULT_ACCELERATOR
+    return catalog.parse_accelerator_type(accelerator)
 
 
 def is_spot(props: Mapping[str, Any]) -> bool:
@@ -254,13 +254,18 @@ def _privileged_project_roles(args: ResourceValidationArgs, report: ReportViolat
                "on the resource that needs it", None)
 
 
+def _bucket_purpose(args: ResourceValidationArgs) -> str:
+    """The `purpose` label components/storage.py sets, else the logical name."""
+    labels = args.props.get("labels") or {}
+    return str(labels.get("purpose") or args.name)
+
+
 def _protected_data_buckets(args: ResourceValidationArgs, report: ReportViolation) -> None:
     if args.resource_type != BUCKET:
         return
     config = settings(args, "protected-data-buckets")
     stack = stack_of(args.urn)
-    name_parts = set(re.split(r"[-_.]", args.name.lower()))
-    if stack in config["exemptStacks"] or not name_parts & set(config["bucketPurposes"]):
+    if stack in config["exemptStacks"] or _bucket_purpose(args) not in config["bucketPurposes"]:
         return
     if not args.opts.protect:
         report(f"bucket {args.name} holds data in stack {stack!r}: create it with "
@@ -301,8 +306,8 @@ def _spot_stacks(args: ResourceValidationArgs, report: ReportViolation) -> None:
     stack = stack_of(args.urn)
     if stack not in allowed:
         report(f"TPU node {args.name}: spot/preemptible capacity in stack {stack!r}; "
-               f"allowed only in {allowed or 'no stack'} (policy config tpu-spot-stacks.spotStacks)",
-               None)
+               f"allowed only in {allowed or 'no stack'} "
+               "(policy config tpu-spot-stacks.spotStacks)", None)
 
 
 # --- stack policies -------------------------------------------------------

@@ -18,7 +18,8 @@ def test_runtime_version_change_warns_of_replacement(make_plan, node):
     assert [c.replaced_by for c in diff.replacements] == [("runtimeVersion",)]
     text = render_diff(diff, "markdown")
     assert "> [!WARNING]" in text
-    assert "TPU node trainer will be REPLACED (deleted, then created) because runtimeVersion" in text
+    assert ("TPU node trainer will be REPLACED (deleted, then created) because runtimeVersion"
+            in text)
 
 
 def test_label_metadata_change_updates_in_place(make_plan, node):

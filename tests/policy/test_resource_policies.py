@@ -47,7 +47,8 @@ def test_no_service_account_keys(check):
 
 def test_tpu_service_account(check, good_node):
     assert check("tpu-not-default-service-account", V2VM, good_node) == []
-    default = {**good_node, "serviceAccount": {"email": "123-compute@developer.gserviceaccount.com"}}
+    compute_default = "123-compute@developer.gserviceaccount.com"
+    default = {**good_node, "serviceAccount": {"email": compute_default}}
     assert "Compute default" in check("tpu-not-default-service-account", V2VM, default)[0]
     missing = check("tpu-not-default-service-account", V2VM, {"acceleratorType": "v2-8"})
     assert "serviceAccount.email is missing" in missing[0]
@@ -87,7 +88,8 @@ def test_protected_data_buckets(check):
     assert check("protected-data-buckets", BUCKET, protect=True, **ckpt) == []
     unprotected = check("protected-data-buckets", BUCKET, protect=False, **ckpt)
     assert len(unprotected) == 1 and "protect=True" in unprotected[0]
-    forced = check("protected-data-buckets", BUCKET, {"forceDestroy": True}, name="train-data",
+    forced = check("protected-data-buckets", BUCKET,
+                   {"forceDestroy": True, "labels": {"purpose": "data"}}, name="team-a",
                    protect=True)
     assert "forceDestroy must be false" in forced[0]
     assert check("protected-data-buckets", BUCKET, {}, name="logs") == [], "not a data bucket"
