@@ -13,8 +13,8 @@ credentials, for tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import re
 import time
 from datetime import timedelta
 from typing import Any
@@ -32,8 +32,6 @@ PROVIDER_ONLY = ("create_timeout_seconds", "delete_timeout_seconds", "poll_secon
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 # AcceleratorConfig.Type names in google-cloud-tpu 1.27 (tpu-facts.md).
 CONFIG_TYPES = ("V2", "V3", "V4", "V5LITE_POD", "V5P", "V6E")
-DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
-UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def tpu_client() -> Any:
@@ -46,7 +44,9 @@ def tpu_client() -> Any:
     from google.auth.credentials import AnonymousCredentials
 
     return tpu_v2.TpuClient(
-        credentials=AnonymousCredentials(), transport="rest", client_options={"api_endpoint": endpoint}
+        credentials=AnonymousCredentials(),
+        transport="rest",
+        client_options={"api_endpoint": endpoint},
     )
 
 
@@ -58,15 +58,9 @@ def transient_retry(deadline: float = 60.0) -> Any:
     predicate = gretry.if_exception_type(
         gexc.ServiceUnavailable, gexc.TooManyRequests, gexc.InternalServerError, ConnectionError
     )
-    return gretry.Retry(predicate=predicate, initial=0.1, maximum=5.0, multiplier=2.0, timeout=deadline)
-
-
-def duration_seconds(text: str, setting: str = "validUntilDuration") -> int:
-    """'90m' -> 5400. One clear error naming the setting otherwise."""
-    match = DURATION.match(str(text))
-    if match is None or int(match[1]) == 0:
-        raise ValueError(f"{setting}: {text!r} is not a duration; use a positive number with s, m, h or d (e.g. 6h)")
-    return int(match[1]) * UNIT_SECONDS[match[2]]
+    return gretry.Retry(
+        predicate=predicate, initial=0.1, maximum=5.0, multiplier=2.0, timeout=deadline
+    )
 
 
 class QueuedTpuError(RuntimeError):
@@ -78,17 +72,28 @@ class QueuedTpuError(RuntimeError):
 
 def check_inputs(props: dict[str, Any]) -> list[str]:
     """Every problem with the inputs, each naming the input and what is allowed."""
-    problems = [f"{key} is required" for key in ("project", "zone", "node_id", "runtime_version") if not props.get(key)]
+    problems = [
+        f"{key} is required"
+        for key in ("project", "zone", "node_id", "runtime_version")
+        if not props.get(key)
+    ]
     has_type = bool(props.get("accelerator_type"))
     has_config = bool(props.get("accelerator_topology") or props.get("accelerator_config_type"))
     if has_type == has_config:
-        problems.append("set accelerator_type, or accelerator_topology with accelerator_config_type (not both)")
+        problems.append(
+            "set accelerator_type, or accelerator_topology with accelerator_config_type (not both)"
+        )
     if has_config and props.get("accelerator_config_type") not in CONFIG_TYPES:
         problems.append(f"accelerator_config_type must be one of {', '.join(CONFIG_TYPES)}")
     if has_config and not props.get("accelerator_topology"):
-        problems.append("accelerator_topology is required with accelerator_config_type (e.g. 2x2x1)")
+        problems.append(
+            "accelerator_topology is required with accelerator_config_type (e.g. 2x2x1)"
+        )
     if props.get("spot") and (props.get("guaranteed") or props.get("reservation_name")):
-        problems.append("spot cannot be combined with guaranteed or reservation_name (one tier per queued resource)")
+        problems.append(
+            "spot cannot be combined with guaranteed or reservation_name "
+            "(one tier per queued resource)"
+        )
     if int(props.get("valid_until_seconds") or 0) < 0:
         problems.append("valid_until_seconds must be positive")
     return problems
@@ -150,7 +155,7 @@ def _queued_id(props: dict[str, Any]) -> str:
 
 
 def _reservation(props: dict[str, Any]) -> str:
-    # Format: projects/{project}/locations/{zone}/reservations/{reservation} (QueuedResource docstring).
+    # projects/{project}/locations/{zone}/reservations/{reservation} (QueuedResource docstring).
     name = props["reservation_name"]
     return name if "/" in name else f"{_parent(props)}/reservations/{name}"
 
@@ -183,7 +188,9 @@ def wait_for_queued(
         except gexc.NotFound:
             if missing_ok:
                 return None
-            raise QueuedTpuError(f"queued resource {name} disappeared while waiting for {sorted(wanted)}") from None
+            raise QueuedTpuError(
+                f"queued resource {name} disappeared while waiting for {sorted(wanted)}"
+            ) from None
         state = _state_name(queued)
         if state in wanted:
             return queued
@@ -196,8 +203,9 @@ def wait_for_queued(
             )
         if time.monotonic() >= deadline:
             raise QueuedTpuError(
-                f"queued resource {name} is still {state} after {timeout:.0f} s (wanted {'/'.join(sorted(wanted))}); "
-                "it stays queued: the next `pulumi up` picks it up again"
+                f"queued resource {name} is still {state} after {timeout:.0f} s "
+                f"(wanted {'/'.join(sorted(wanted))}); it stays queued: "
+                "the next `pulumi up` picks it up again"
             )
         time.sleep(poll)
 
@@ -220,15 +228,14 @@ class QueuedTpuProvider(dyn.ResourceProvider):
             raise QueuedTpuError("; ".join(problems))
         client = tpu_client()
         name = f"{_parent(props)}/queuedResources/{_queued_id(props)}"
-        try:
+        # 409 ALREADY_EXISTS: an earlier `up` timed out waiting; adopt the request in the queue.
+        with contextlib.suppress(gexc.Conflict):
             client.create_queued_resource(
                 parent=_parent(props),
                 queued_resource_id=_queued_id(props),
                 queued_resource=build_queued_resource(props),
                 retry=transient_retry(),
             ).result(timeout=_timeout(props, "create"))
-        except gexc.Conflict:  # 409 ALREADY_EXISTS
-            pass  # an earlier `up` timed out waiting: adopt the request already in the queue
         queued = wait_for_queued(client, name, {"ACTIVE"}, _timeout(props, "create"), _poll(props))
         return dyn.CreateResult(name, _outputs(client, props, queued))
 
@@ -243,7 +250,11 @@ class QueuedTpuProvider(dyn.ResourceProvider):
         return dyn.ReadResult(id_, _outputs(client, props, queued))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.DiffResult:
-        changed = [key for key in _input_keys(olds, news) if _normal(olds.get(key)) != _normal(news.get(key))]
+        changed = [
+            key
+            for key in _input_keys(olds, news)
+            if _normal(olds.get(key)) != _normal(news.get(key))
+        ]
         replaces = [key for key in changed if key not in IN_PLACE + PROVIDER_ONLY]
         # Node and queued-resource ids are fixed names: the old one must go first.
         return dyn.DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=True)
@@ -257,7 +268,9 @@ class QueuedTpuProvider(dyn.ResourceProvider):
             node = build_node(news)
             node.name = _node_name(news)
             client.update_node(
-                node=node, update_mask=field_mask_pb2.FieldMask(paths=paths), retry=transient_retry()
+                node=node,
+                update_mask=field_mask_pb2.FieldMask(paths=paths),
+                retry=transient_retry(),
             ).result(timeout=_timeout(news, "create"))
         queued = client.get_queued_resource(name=id_, retry=transient_retry())
         return dyn.UpdateResult(_outputs(client, news, queued))
@@ -267,15 +280,18 @@ class QueuedTpuProvider(dyn.ResourceProvider):
 
         client = tpu_client()
         timeout, poll = _timeout(props, "delete"), _poll(props)
-        try:
-            client.delete_node(name=_node_name(props), retry=transient_retry()).result(timeout=timeout)
-        except gexc.NotFound:
-            pass  # preempted and cleaned up, or never provisioned
-        # A queued resource can be deleted once its node is gone (SUSPENDED), or if it never got one.
+        # NotFound: preempted and cleaned up already, or never provisioned.
+        with contextlib.suppress(gexc.NotFound):
+            client.delete_node(name=_node_name(props), retry=transient_retry()).result(
+                timeout=timeout
+            )
+        # A queued resource can be deleted once its node is gone (SUSPENDED) or never came.
         settled = {"SUSPENDED", "FAILED", "WAITING_FOR_RESOURCES", "ACCEPTED"}
         try:
             if wait_for_queued(client, id_, settled, timeout, poll, missing_ok=True) is not None:
-                client.delete_queued_resource(name=id_, retry=transient_retry()).result(timeout=timeout)
+                client.delete_queued_resource(name=id_, retry=transient_retry()).result(
+                    timeout=timeout
+                )
         except gexc.NotFound:
             pass
 
@@ -283,7 +299,12 @@ class QueuedTpuProvider(dyn.ResourceProvider):
 def _outputs(client: Any, props: dict[str, Any], queued: Any) -> dict[str, Any]:
     from google.api_core import exceptions as gexc
 
-    outs = {**props, "state": _state_name(queued), "queued_resource_name": queued.name, "node_name": ""}
+    outs = {
+        **props,
+        "state": _state_name(queued),
+        "queued_resource_name": queued.name,
+        "node_name": "",
+    }
     outs["node_state"] = ""
     try:
         node = client.get_node(name=_node_name(props), retry=transient_retry())
@@ -325,7 +346,7 @@ def _problem_key(problem: str) -> str:
     return problem.split(" ", 1)[0].strip(",")
 
 
-class QueuedTpu(dyn.Resource):
+class QueuedTpu(dyn.Resource, module="tpu", name="QueuedTpu"):
     """A TPU node requested through a queued resource, carrying the agent's metadata.
 
     Outputs: state (queued-resource state), queued_resource_name, node_name, node_state.
@@ -366,6 +387,10 @@ class QueuedTpu(dyn.Resource):
         poll_seconds: float = 15,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        inputs = {key: value for key, value in locals().items() if not key.startswith("_") and key not in {"self", "resource_name", "opts"}}
+        inputs = {
+            key: value
+            for key, value in locals().items()
+            if not key.startswith("_") and key not in {"self", "resource_name", "opts"}
+        }
         inputs.update(state=None, queued_resource_name=None, node_name=None, node_state=None)
         super().__init__(QueuedTpuProvider(), resource_name, inputs, opts)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 from google.api_core import exceptions as gexc
@@ -39,8 +40,13 @@ PERMISSIONS = {
     "reset_queued_resource": "tpu.queuedresources.reset",
 }
 
+
 class TpuApiError(RuntimeError):
     """A TPU API failure reduced to one sentence a person can act on."""
+
+
+class NoCredentialsError(TpuApiError):
+    """No Google credentials on this machine: only offline checks are possible."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class NodeStatus:
     metadata: dict[str, str]
     queued_resource: str
     symptoms: tuple[str, ...] = ()
+    created: datetime | None = None
     job: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -75,7 +82,10 @@ class NodeStatus:
             labels=dict(node.labels),
             metadata=dict(node.metadata),
             queued_resource=node.queued_resource,
-            symptoms=tuple(f"{s.symptom_type.name}: {s.details}".strip(": ") for s in node.symptoms),
+            symptoms=tuple(
+                f"{s.symptom_type.name}: {s.details}".strip(": ") for s in node.symptoms
+            ),
+            created=node.create_time,
         )
 
 
@@ -88,7 +98,9 @@ def _zone_and_id(name: str) -> tuple[str, str]:
 class TpuApi:
     """The calls tpuctl makes, each retried and each failing with one clear message."""
 
-    def __init__(self, project: str, client: tpu_v2.TpuClient | None = None, deadline: float = 60.0) -> None:
+    def __init__(
+        self, project: str, client: tpu_v2.TpuClient | None = None, deadline: float = 60.0
+    ) -> None:
         self.project = project
         self._client = client
         self._retry = transient_retry(deadline)
@@ -99,7 +111,7 @@ class TpuApi:
             try:
                 self._client = tpu_client()
             except auth_exceptions.DefaultCredentialsError as error:
-                raise TpuApiError(
+                raise NoCredentialsError(
                     "no Google credentials: run `gcloud auth application-default login` "
                     "or set GOOGLE_APPLICATION_CREDENTIALS"
                 ) from error
@@ -112,7 +124,7 @@ class TpuApi:
         return f"{self.parent(zone)}/nodes/{node_id}"
 
     def call(self, method: str, target: str, **request: Any) -> Any:
-        """Call `client.<method>(**request)` with retries; `target` names the zone or node for errors."""
+        """`client.<method>(**request)`, retried; `target` names the zone or node in errors."""
         function: Callable[..., Any] = getattr(self.client, method)
         try:
             return function(request=request, retry=self._retry)
@@ -125,13 +137,18 @@ class TpuApi:
         except gexc.NotFound as error:
             if "Location" in str(error.message):
                 raise TpuApiError(
-                    f"zone {target!r} is unknown to the TPU API for project {self.project}: {error.message}"
+                    f"zone {target!r} is unknown to the TPU API for project {self.project}: "
+                    f"{error.message}"
                 ) from error
             raise
         except gexc.RetryError as error:
-            raise TpuApiError(f"{method} on {target}: the TPU API kept failing ({error.cause})") from error
+            raise TpuApiError(
+                f"{method} on {target}: the TPU API kept failing ({error.cause})"
+            ) from error
         except gexc.GoogleAPICallError as error:
-            raise TpuApiError(f"{method} on {target} failed: {error.code} {error.message}") from error
+            raise TpuApiError(
+                f"{method} on {target} failed: {error.code} {error.message}"
+            ) from error
 
     # ---- reads ---------------------------------------------------------------
     def list_nodes(self, zone: str) -> list[tpu_v2.Node]:
@@ -142,11 +159,15 @@ class TpuApi:
         """Every node of `stack` in `zones`: one list call per zone."""
         found: list[NodeStatus] = []
         for zone in sorted(set(zones)):
-            found += [NodeStatus.from_node(n) for n in self.list_nodes(zone) if belongs_to(n.labels, stack)]
+            found += [
+                NodeStatus.from_node(n)
+                for n in self.list_nodes(zone)
+                if belongs_to(n.labels, stack)
+            ]
         return sorted(found, key=lambda n: (n.zone, n.node_id))
 
     def job_status(self, node: NodeStatus) -> dict[str, str]:
-        """The agent's status from worker 0's guest attributes (`tpu-stack/<key>`); {} if none yet."""
+        """The agent's status from worker 0's guest attributes (`tpu-stack/<key>`), or {}."""
         response = self.call(
             "get_guest_attributes",
             node.node_id,
@@ -159,8 +180,14 @@ class TpuApi:
         """Nodes with `job` filled in; guest attributes are per node, so fetched concurrently."""
         readable = [n for n in nodes if n.state in {"READY", "STOPPING"}]
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            statuses = dict(zip([(n.node_id, n.zone) for n in readable], pool.map(self.job_status, readable)))
-        return [_with_job(n, statuses.get((n.node_id, n.zone), {})) for n in nodes]
+            statuses = dict(
+                zip(
+                    [(n.node_id, n.zone) for n in readable],
+                    pool.map(self.job_status, readable),
+                    strict=True,
+                )
+            )
+        return [replace(n, job=statuses.get((n.node_id, n.zone), {})) for n in nodes]
 
     def accelerator_types(self, zone: str) -> set[str]:
         pager = self.call("list_accelerator_types", zone, parent=self.parent(zone))
@@ -172,13 +199,17 @@ class TpuApi:
 
     # ---- changes -------------------------------------------------------------
     def delete_node(self, zone: str, node_id: str, timeout: float = 600.0) -> None:
-        self.call("delete_node", node_id, name=self.node_name(zone, node_id)).result(timeout=timeout)
+        self.call("delete_node", node_id, name=self.node_name(zone, node_id)).result(
+            timeout=timeout
+        )
 
     def stop_node(self, zone: str, node_id: str, timeout: float = 600.0) -> None:
         self.call("stop_node", node_id, name=self.node_name(zone, node_id)).result(timeout=timeout)
 
     def reset_queued_resource(self, queued_resource: str, timeout: float = 600.0) -> None:
-        self.call("reset_queued_resource", queued_resource, name=queued_resource).result(timeout=timeout)
+        self.call("reset_queued_resource", queued_resource, name=queued_resource).result(
+            timeout=timeout
+        )
 
 
 def belongs_to(labels: Any, stack: str) -> bool:
@@ -194,7 +225,3 @@ def parse_guest_attributes(response: tpu_v2.GetGuestAttributesResponse) -> dict[
             if item.namespace == STATUS_NAMESPACE and item.key in STATUS_KEYS
         }
     return {}
-
-
-def _with_job(node: NodeStatus, job: dict[str, str]) -> NodeStatus:
-    return NodeStatus(**{**node.__dict__, "job": job})

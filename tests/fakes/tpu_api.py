@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -37,6 +38,24 @@ NodeState = tpu_v2.Node.State
 QueuedState = tpu_v2.QueuedResourceState.State
 # Verbs that read only; everything else changes state.
 READ_ONLY = {"GET list", "GET get", "POST getGuestAttributes"}
+# (collection, action) -> the FakeTpuApi method that answers it.
+ROUTES = {
+    ("nodes", "getGuestAttributes"): "_guest_attributes",
+    ("queuedResources", "create"): "_create_queued",
+    ("queuedResources", "get"): "_get_queued",
+    ("queuedResources", "list"): "_list_queued",
+    ("queuedResources", "delete"): "_delete_queued",
+    ("queuedResources", "reset"): "_reset_queued",
+    ("acceleratorTypes", "list"): "_list_accelerator_types",
+    ("runtimeVersions", "list"): "_list_runtime_versions",
+    ("nodes", "list"): "_list_nodes",
+    ("nodes", "get"): "_get_node",
+    ("nodes", "create"): "_create_node",
+    ("nodes", "patch"): "_patch_node",
+    ("nodes", "delete"): "_delete_node",
+    ("nodes", "stop"): "_stop_node",
+    ("nodes", "start"): "_start_node",
+}
 
 
 @dataclass(frozen=True)
@@ -119,6 +138,7 @@ class FakeTpuApi:
         spot: bool = False,
         health: str = "HEALTHY",
         symptoms: Iterable[str] = (),
+        created: datetime | None = None,
     ) -> None:
         """A node whose reads return `states` in turn (default: READY forever)."""
         node = tpu_v2.Node(
@@ -130,6 +150,7 @@ class FakeTpuApi:
             scheduling_config=tpu_v2.SchedulingConfig(spot=spot),
             health=tpu_v2.Node.Health[health],
             symptoms=[tpu_v2.Symptom(symptom_type=s, details=s.lower()) for s in symptoms],
+            create_time=created or datetime.now(timezone.utc),
         )
         self._put_node(zone, node_id, node, list(states) or ["READY"])
 
@@ -146,11 +167,18 @@ class FakeTpuApi:
             scripted.upcoming = [QueuedState[s] for s in states[1:]]
 
     def script_queued(self, queued_id: str, *states: str) -> None:
-        """The states a queued resource created later goes through (default: WAITING, then ACTIVE)."""
+        """The states a queued resource created later goes through.
+
+        Default: WAITING_FOR_RESOURCES, then ACTIVE."""
         self._queued_scripts[queued_id] = list(states)
 
     def set_guest_attributes(
-        self, zone: str, node_id: str, worker: int, values: dict[str, str], namespace: str = "tpu-stack"
+        self,
+        zone: str,
+        node_id: str,
+        worker: int,
+        values: dict[str, str],
+        namespace: str = "tpu-stack",
     ) -> None:
         """What worker `worker` of a node has published under `namespace/`."""
         with self._lock:
@@ -197,42 +225,63 @@ class FakeTpuApi:
             if fault is not None:
                 return fault
             if zone not in self.zones():
-                return _error(404, "NOT_FOUND", f"Location {zone} is not found or access is unauthorized.")
-            route = getattr(self, f"_{collection}_{action}", None)
+                return _error(
+                    404, "NOT_FOUND", f"Location {zone} is not found or access is unauthorized."
+                )
+            route = getattr(self, ROUTES.get((collection, action), ""), None)
             if route is None:
-                return _error(400, "INVALID_ARGUMENT", f"fake: {method} {parts.path} not implemented")
+                return _error(
+                    400, "INVALID_ARGUMENT", f"fake: {method} {parts.path} not implemented"
+                )
             return route(zone, rid, query, body)
 
     def _take_fault(self, action: str, collection: str) -> tuple[int, str] | None:
         for fault in self._faults:
-            if fault.remaining and fault.action in (None, action) and fault.collection in (None, collection):
+            if (
+                fault.remaining
+                and fault.action in (None, action)
+                and fault.collection in (None, collection)
+            ):
                 fault.remaining -= 1
                 status = {403: "PERMISSION_DENIED", 503: "UNAVAILABLE", 429: "RESOURCE_EXHAUSTED"}
-                return _error(fault.status, status.get(fault.status, "UNKNOWN"), fault.message or "injected")
+                return _error(
+                    fault.status, status.get(fault.status, "UNKNOWN"), fault.message or "injected"
+                )
         return None
 
     # nodes
-    def _nodes_list(self, zone: str, _rid: None, query: dict[str, str], _body: bytes) -> tuple[int, str]:
+    def _list_nodes(
+        self, zone: str, _rid: None, query: dict[str, str], _body: bytes
+    ) -> tuple[int, str]:
         nodes = [self._read(s) for (z, _), s in sorted(self._nodes.items()) if z == zone]
         page, token = _page(nodes, query)
-        return 200, tpu_v2.ListNodesResponse.to_json(tpu_v2.ListNodesResponse(nodes=page, next_page_token=token))
+        return 200, tpu_v2.ListNodesResponse.to_json(
+            tpu_v2.ListNodesResponse(nodes=page, next_page_token=token)
+        )
 
-    def _nodes_get(self, zone: str, rid: str, _query: dict[str, str], _body: bytes) -> tuple[int, str]:
+    def _get_node(
+        self, zone: str, rid: str, _query: dict[str, str], _body: bytes
+    ) -> tuple[int, str]:
         scripted = self._nodes.get((zone, rid))
         if scripted is None:
             return _not_found("node", zone, rid)
         return 200, tpu_v2.Node.to_json(self._read(scripted))
 
-    def _nodes_create(self, zone: str, _rid: None, query: dict[str, str], body: bytes) -> tuple[int, str]:
+    def _create_node(
+        self, zone: str, _rid: None, query: dict[str, str], body: bytes
+    ) -> tuple[int, str]:
         node_id = query["nodeId"]
         if (zone, node_id) in self._nodes:
             return _error(409, "ALREADY_EXISTS", f"node {node_id} already exists")
         node = tpu_v2.Node.from_json(body or b"{}", ignore_unknown_fields=True)
         node.name = self._name(zone, "nodes", node_id)
+        node.create_time = datetime.now(timezone.utc)
         self._put_node(zone, node_id, node, ["CREATING", "READY"], lock=False)
         return _done(zone, node_id, tpu_v2.Node.pb(node))
 
-    def _nodes_patch(self, zone: str, rid: str, query: dict[str, str], body: bytes) -> tuple[int, str]:
+    def _patch_node(
+        self, zone: str, rid: str, query: dict[str, str], body: bytes
+    ) -> tuple[int, str]:
         scripted = self._nodes.get((zone, rid))
         if scripted is None:
             return _not_found("node", zone, rid)
@@ -243,7 +292,9 @@ class FakeTpuApi:
             setattr(scripted.message, path, getattr(sent, path))
         return _done(zone, rid, tpu_v2.Node.pb(scripted.message))
 
-    def _nodes_delete(self, zone: str, rid: str, _query: dict[str, str], _body: bytes) -> tuple[int, str]:
+    def _delete_node(
+        self, zone: str, rid: str, _query: dict[str, str], _body: bytes
+    ) -> tuple[int, str]:
         scripted = self._nodes.pop((zone, rid), None)
         if scripted is None:
             return _not_found("node", zone, rid)
@@ -254,29 +305,39 @@ class FakeTpuApi:
                 queued.upcoming = [QueuedState.SUSPENDED]
         return _done(zone, rid, empty_pb2.Empty())
 
-    def _nodes_stop(self, zone: str, rid: str, _query: dict[str, str], _body: bytes) -> tuple[int, str]:
+    def _stop_node(
+        self, zone: str, rid: str, _query: dict[str, str], _body: bytes
+    ) -> tuple[int, str]:
         return self._set_node_state(zone, rid, NodeState.STOPPED)
 
-    def _nodes_start(self, zone: str, rid: str, _query: dict[str, str], _body: bytes) -> tuple[int, str]:
+    def _start_node(
+        self, zone: str, rid: str, _query: dict[str, str], _body: bytes
+    ) -> tuple[int, str]:
         return self._set_node_state(zone, rid, NodeState.READY)
 
-    def _nodes_getGuestAttributes(self, zone: str, rid: str, _q: dict[str, str], body: bytes) -> tuple[int, str]:
+    def _guest_attributes(
+        self, zone: str, rid: str, _q: dict[str, str], body: bytes
+    ) -> tuple[int, str]:
         if (zone, rid) not in self._nodes:
             return _not_found("node", zone, rid)
         prefix = json.loads(body or b"{}").get("queryPath", "")
         response = tpu_v2.GetGuestAttributesResponse()
-        for worker, values in sorted(self._guest.get((zone, rid), {}).items()):
+        for _worker, values in sorted(self._guest.get((zone, rid), {}).items()):
             items = [
                 tpu_v2.GuestAttributesEntry(namespace=namespace, key=key, value=value)
                 for (namespace, key), value in sorted(values.items())
                 if f"{namespace}/{key}".startswith(prefix)
             ]
             value = tpu_v2.GuestAttributesValue(items=items)
-            response.guest_attributes.append(tpu_v2.GuestAttributes(query_path=prefix, query_value=value))
+            response.guest_attributes.append(
+                tpu_v2.GuestAttributes(query_path=prefix, query_value=value)
+            )
         return 200, tpu_v2.GetGuestAttributesResponse.to_json(response)
 
     # queued resources
-    def _queuedResources_create(self, zone: str, _rid: None, query: dict[str, str], body: bytes) -> tuple[int, str]:
+    def _create_queued(
+        self, zone: str, _rid: None, query: dict[str, str], body: bytes
+    ) -> tuple[int, str]:
         queued_id = query["queuedResourceId"]
         if (zone, queued_id) in self._queued:
             return _error(409, "ALREADY_EXISTS", f"queued resource {queued_id} already exists")
@@ -287,30 +348,38 @@ class FakeTpuApi:
         self._queued[(zone, queued_id)] = _Scripted(queued, [QueuedState[s] for s in states[1:]])
         return _done(zone, queued_id, tpu_v2.QueuedResource.pb(queued))
 
-    def _queuedResources_get(self, zone: str, rid: str, _q: dict[str, str], _body: bytes) -> tuple[int, str]:
+    def _get_queued(self, zone: str, rid: str, _q: dict[str, str], _body: bytes) -> tuple[int, str]:
         scripted = self._queued.get((zone, rid))
         if scripted is None:
             return _not_found("queued resource", zone, rid)
         return 200, tpu_v2.QueuedResource.to_json(self._read_queued(zone, scripted))
 
-    def _queuedResources_list(self, zone: str, _rid: None, query: dict[str, str], _b: bytes) -> tuple[int, str]:
+    def _list_queued(
+        self, zone: str, _rid: None, query: dict[str, str], _b: bytes
+    ) -> tuple[int, str]:
         items = [self._read_queued(z, s) for (z, _), s in sorted(self._queued.items()) if z == zone]
         page, token = _page(items, query)
         response = tpu_v2.ListQueuedResourcesResponse(queued_resources=page, next_page_token=token)
         return 200, tpu_v2.ListQueuedResourcesResponse.to_json(response)
 
-    def _queuedResources_delete(self, zone: str, rid: str, query: dict[str, str], _b: bytes) -> tuple[int, str]:
+    def _delete_queued(
+        self, zone: str, rid: str, query: dict[str, str], _b: bytes
+    ) -> tuple[int, str]:
         scripted = self._queued.get((zone, rid))
         if scripted is None:
             return _not_found("queued resource", zone, rid)
         deletable = {QueuedState.SUSPENDED, QueuedState.FAILED, QueuedState.WAITING_FOR_RESOURCES}
         if scripted.message.state.state not in deletable and query.get("force") != "true":
             state = scripted.message.state.state.name
-            return _error(400, "FAILED_PRECONDITION", f"queued resource {rid} is {state}: delete its node first")
+            return _error(
+                400,
+                "FAILED_PRECONDITION",
+                f"queued resource {rid} is {state}: delete its node first",
+            )
         del self._queued[(zone, rid)]
         return _done(zone, rid, empty_pb2.Empty())
 
-    def _queuedResources_reset(self, zone: str, rid: str, _q: dict[str, str], _b: bytes) -> tuple[int, str]:
+    def _reset_queued(self, zone: str, rid: str, _q: dict[str, str], _b: bytes) -> tuple[int, str]:
         scripted = self._queued.get((zone, rid))
         if scripted is None:
             return _not_found("queued resource", zone, rid)
@@ -321,16 +390,22 @@ class FakeTpuApi:
         return _done(zone, rid, tpu_v2.QueuedResource.pb(scripted.message))
 
     # catalog
-    def _acceleratorTypes_list(self, zone: str, _rid: None, query: dict[str, str], _b: bytes) -> tuple[int, str]:
+    def _list_accelerator_types(
+        self, zone: str, _rid: None, query: dict[str, str], _b: bytes
+    ) -> tuple[int, str]:
         types = [
             tpu_v2.AcceleratorType(name=self._name(zone, "acceleratorTypes", t), type_=t)
             for t in self.accelerator_types.get(zone, [])
         ]
         page, token = _page(types, query)
-        response = tpu_v2.ListAcceleratorTypesResponse(accelerator_types=page, next_page_token=token)
+        response = tpu_v2.ListAcceleratorTypesResponse(
+            accelerator_types=page, next_page_token=token
+        )
         return 200, tpu_v2.ListAcceleratorTypesResponse.to_json(response)
 
-    def _runtimeVersions_list(self, zone: str, _rid: None, query: dict[str, str], _b: bytes) -> tuple[int, str]:
+    def _list_runtime_versions(
+        self, zone: str, _rid: None, query: dict[str, str], _b: bytes
+    ) -> tuple[int, str]:
         versions = [
             tpu_v2.RuntimeVersion(name=self._name(zone, "runtimeVersions", v), version=v)
             for v in self.runtime_versions.get(zone, [])
@@ -343,7 +418,9 @@ class FakeTpuApi:
     def _name(self, zone: str, collection: str, rid: str) -> str:
         return f"projects/{self.project}/locations/{zone}/{collection}/{rid}"
 
-    def _put_node(self, zone: str, node_id: str, node: tpu_v2.Node, states: list[str], lock: bool = True) -> None:
+    def _put_node(
+        self, zone: str, node_id: str, node: tpu_v2.Node, states: list[str], lock: bool = True
+    ) -> None:
         node.state = NodeState[states[0]]
         scripted = _Scripted(node, [NodeState[s] for s in states[1:]])
         if lock:
@@ -380,6 +457,7 @@ class FakeTpuApi:
             node = tpu_v2.Node(spec.node)
             node.name = self._name(zone, "nodes", spec.node_id)
             node.queued_resource = queued.name
+            node.create_time = datetime.now(timezone.utc)
             self._put_node(zone, spec.node_id, node, ["READY"], lock=False)
 
 
@@ -397,7 +475,9 @@ def _page(items: list, query: dict[str, str]) -> tuple[list, str]:
 
 
 def _done(zone: str, rid: str, response: object) -> tuple[int, str]:
-    operation = operations_pb2.Operation(name=f"projects/-/locations/{zone}/operations/op-{rid}", done=True)
+    operation = operations_pb2.Operation(
+        name=f"projects/-/locations/{zone}/operations/op-{rid}", done=True
+    )
     operation.response.Pack(response)
     return 200, json_format.MessageToJson(operation)
 
@@ -425,7 +505,7 @@ def _handler_for(api: FakeTpuApi) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(payload)
 
-        do_GET = do_POST = do_PATCH = do_DELETE = _serve
+        do_GET = do_POST = do_PATCH = do_DELETE = _serve  # noqa: N815
 
         def log_message(self, *_args: object) -> None:
             pass

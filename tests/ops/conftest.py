@@ -15,7 +15,6 @@ from tests.ops.tpu_world import OTHER_ZONE, PROJECT, ZONE
 warnings.filterwarnings("ignore", category=FutureWarning, module="google.api_core")
 
 
-
 @pytest.fixture
 def fake_tpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTpuApi]:
     api = FakeTpuApi(

@@ -14,7 +14,6 @@ from components.queued_tpu import (
     QueuedTpuProvider,
     build_queued_resource,
     check_inputs,
-    duration_seconds,
 )
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import PROJECT, STACK_LABELS, ZONE
@@ -99,7 +98,11 @@ def test_read_reports_state_and_drift_and_gone(fake_tpu: FakeTpuApi) -> None:
     fake_tpu.set_node_states(ZONE, "dev-trainer", "PREEMPTED")
 
     read = provider.read(QR_NAME, props())
-    assert (read.id, read.outs["state"], read.outs["node_state"]) == (QR_NAME, "ACTIVE", "PREEMPTED")
+    assert (read.id, read.outs["state"], read.outs["node_state"]) == (
+        QR_NAME,
+        "ACTIVE",
+        "PREEMPTED",
+    )
 
     provider.delete(QR_NAME, props())
     assert provider.read(QR_NAME, props()).id == ""
@@ -109,7 +112,9 @@ def test_diff_updates_metadata_and_labels_in_place_and_replaces_the_rest() -> No
     provider = QueuedTpuProvider()
     olds = {**props(), "state": "ACTIVE", "node_name": "n"}
 
-    in_place = provider.diff(QR_NAME, olds, props(labels={**STACK_LABELS, "team": "ml"}, metadata={"a": "b"}))
+    in_place = provider.diff(
+        QR_NAME, olds, props(labels={**STACK_LABELS, "team": "ml"}, metadata={"a": "b"})
+    )
     assert (in_place.changes, in_place.replaces) == (True, [])
 
     replaced = provider.diff(QR_NAME, olds, props(accelerator_type="v3-8", spot=False))
@@ -158,29 +163,28 @@ def test_check_names_each_bad_input() -> None:
     problems = check_inputs(props(accelerator_type="", spot=True, guaranteed=True))
     assert any("accelerator_type" in p for p in problems)
     assert any("spot cannot be combined" in p for p in problems)
-    assert check_inputs(props(accelerator_type=None, accelerator_topology="2x2x1", accelerator_config_type="V9")) == [
-        "accelerator_config_type must be one of V2, V3, V4, V5LITE_POD, V5P, V6E"
-    ]
+    assert check_inputs(
+        props(accelerator_type=None, accelerator_topology="2x2x1", accelerator_config_type="V9")
+    ) == ["accelerator_config_type must be one of V2, V3, V4, V5LITE_POD, V5P, V6E"]
     failures = QueuedTpuProvider().check({}, props(runtime_version="")).failures
     assert [f.property for f in failures] == ["runtime_version"]
 
 
 def test_topology_and_reservation_are_sent_as_the_api_expects() -> None:
     queued = build_queued_resource(
-        props(accelerator_type=None, accelerator_topology="2x2x1", accelerator_config_type="V4",
-              spot=False, guaranteed=True, reservation_name="team-a")
+        props(
+            accelerator_type=None,
+            accelerator_topology="2x2x1",
+            accelerator_config_type="V4",
+            spot=False,
+            guaranteed=True,
+            reservation_name="team-a",
+        )
     )
     node = queued.tpu.node_spec[0].node
     assert (node.accelerator_config.type_.name, node.accelerator_config.topology) == ("V4", "2x2x1")
     assert queued.reservation_name == f"projects/{PROJECT}/locations/{ZONE}/reservations/team-a"
     assert "guaranteed" in queued and "spot" not in queued
-
-
-def test_durations_parse_or_name_the_setting() -> None:
-    assert duration_seconds("6h") == 21600
-    assert duration_seconds("90m") == 5400
-    with pytest.raises(ValueError, match="validUntilDuration: 'soon' is not a duration"):
-        duration_seconds("soon")
 
 
 def test_the_provider_survives_dill_serialisation_in_a_fresh_process() -> None:
@@ -189,6 +193,8 @@ def test_the_provider_survives_dill_serialisation_in_a_fresh_process() -> None:
         "import base64, sys, dill; p = dill.loads(base64.b64decode(sys.argv[1])); "
         "print(type(p).__name__, p.diff('x', {'a': 1}, {'a': 2}).replaces)"
     )
-    out = subprocess.run([sys.executable, "-c", code, blob], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, blob], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "QueuedTpuProvider ['a']"
     assert base64.b64decode(blob)

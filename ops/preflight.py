@@ -1,0 +1,136 @@
+"""`tpuctl preflight`: can every node of the stack be created where the stack says?
+
+Three sources, each reported on its own: the catalog (components/catalog.py, the
+only place tpuctl takes TPU facts from), the live TPU API of each zone (the
+accelerator types and runtime versions it offers), and the project's TPU quota.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from components import catalog
+from ops.stack_target import ExpectedNode, StackTarget
+from ops.tpu_api import NoCredentialsError, TpuApi
+
+Outcome = Literal["ok", "fail", "not checked"]
+# (project, region, generation, spot) -> chips the quota allows, or None if unknown.
+QuotaLookup = Callable[[str, str, catalog.Generation, bool], int | None]
+
+
+@dataclass(frozen=True)
+class Check:
+    subject: str  # a node id, or "<generation> in <region>" for quota
+    what: str
+    outcome: Outcome
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    checks: tuple[Check, ...]
+    live: bool  # False: the TPU API was not asked (offline or no credentials)
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return all(check.outcome != "fail" for check in self.checks)
+
+
+def catalog_checks(node: ExpectedNode) -> list[Check]:
+    gen = node.tpu.generation
+    zone_ok = node.zone in gen.zones
+    zone_detail = "" if zone_ok else f"the catalog lists {gen.name} only in {', '.join(gen.zones)}"
+    problem = catalog.runtime_problem(node.tpu, node.runtime_version)
+    return [
+        Check(
+            node.node_id,
+            f"catalog: {gen.name} in {node.zone}",
+            "ok" if zone_ok else "fail",
+            zone_detail,
+        ),
+        Check(
+            node.node_id,
+            f"catalog: runtime {node.runtime_version}",
+            "fail" if problem else "ok",
+            problem or "",
+        ),
+    ]
+
+
+def live_checks(api: TpuApi, target: StackTarget) -> list[Check]:
+    """One list of accelerator types and one of runtime versions per zone."""
+    offered = {
+        zone: (api.accelerator_types(zone), api.runtime_versions(zone)) for zone in target.zones
+    }
+    checks = []
+    for node in target.nodes:
+        types, runtimes = offered[node.zone]
+        wanted = node.tpu.accelerator_type
+        checks.append(_offered(node, f"zone offers {wanted}", wanted in types, sorted(types)))
+        checks.append(
+            _offered(
+                node,
+                f"zone offers {node.runtime_version}",
+                node.runtime_version in runtimes,
+                sorted(runtimes),
+            )
+        )
+    return checks
+
+
+def _offered(node: ExpectedNode, what: str, ok: bool, choices: list[str]) -> Check:
+    detail = "" if ok else f"{node.zone} offers: {', '.join(choices) or 'nothing'}"
+    return Check(node.node_id, what, "ok" if ok else "fail", detail)
+
+
+def quota_checks(target: StackTarget, lookup: QuotaLookup | None) -> list[Check]:
+    """Chips the stack needs per (generation, region, spot), against the quota if known.
+
+    Quota is per TPU family and region, separately for on-demand and preemptible (tpu-facts.md).
+    """
+    needed: dict[tuple[catalog.Generation, str, bool], int] = defaultdict(int)
+    for node in target.nodes:
+        needed[(node.tpu.generation, node.region, node.spot)] += node.tpu.chips
+    checks = []
+    for (gen, region, spot), chips in sorted(
+        needed.items(), key=lambda item: (item[0][0].name, item[0][1:])
+    ):
+        subject = f"{gen.name} {'spot' if spot else 'on-demand'} in {region}"
+        allowed = lookup(target.project, region, gen, spot) if lookup else None
+        if allowed is None:
+            checks.append(Check(subject, f"quota for {chips} chips", "not checked", _QUOTA_UNKNOWN))
+        else:
+            outcome: Outcome = "ok" if allowed >= chips else "fail"
+            checks.append(
+                Check(subject, f"quota for {chips} chips", outcome, f"quota allows {allowed}")
+            )
+    return checks
+
+
+_QUOTA_UNKNOWN = (
+    "no Cloud Quotas client in this environment; "
+    "check IAM & Admin > Quotas for the TPU family and region"
+)
+
+
+def preflight(
+    target: StackTarget, api: TpuApi | None, quota: QuotaLookup | None = None
+) -> PreflightReport:
+    """Catalog checks always; live checks when `api` is given and credentials work."""
+    checks = [check for node in target.nodes for check in catalog_checks(node)]
+    if api is None:
+        return PreflightReport(
+            tuple(checks), live=False, note="offline: checked against the catalog only"
+        )
+    try:
+        checks += live_checks(api, target)
+    except NoCredentialsError as error:
+        return PreflightReport(
+            tuple(checks), live=False, note=f"{error}; checked against the catalog only"
+        )
+    checks += quota_checks(target, quota)
+    return PreflightReport(tuple(checks), live=True)

@@ -1,0 +1,74 @@
+"""What tpuctl needs to know about a stack: its project, its nodes, where they live.
+
+Built from the lead's `StackSettings` (ops/stack_config.py) so the node ids and
+slices are exactly those `pulumi up` makes; tests build one directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components import catalog
+from components.settings import SettingsError, StackSettings
+from components.stack_config import StackFileError
+
+
+class TargetError(ValueError):
+    """The stack cannot be read; the message says why."""
+
+
+@dataclass(frozen=True)
+class ExpectedNode:
+    """One node of the stack config, resolved: its TPU node id and slice."""
+
+    logical: str
+    node_id: str
+    zone: str
+    tpu: catalog.Slice
+    runtime_version: str
+    spot: bool
+    queued: bool
+
+    @property
+    def region(self) -> str:
+        return catalog.region_of(self.zone)
+
+
+@dataclass(frozen=True)
+class StackTarget:
+    project: str
+    stack: str
+    nodes: tuple[ExpectedNode, ...]
+
+    @property
+    def zones(self) -> list[str]:
+        return sorted({node.zone for node in self.nodes})
+
+    def expected(self, node_id: str) -> ExpectedNode | None:
+        return next((node for node in self.nodes if node.node_id == node_id), None)
+
+
+def target_for(settings: StackSettings) -> StackTarget:
+    nodes = tuple(
+        ExpectedNode(
+            logical=node.name,
+            node_id=settings.naming.tpu_node(node.name),
+            zone=node.zone,
+            tpu=node.tpu,
+            runtime_version=node.runtime,
+            spot=node.spot,
+            queued=node.provisioning == "queued",
+        )
+        for node in settings.nodes
+    )
+    return StackTarget(project=settings.gcp_project, stack=settings.stack, nodes=nodes)
+
+
+def load_target(stack: str) -> StackTarget:
+    """The stack's target from Pulumi.yaml + Pulumi.<stack>.yaml, or one clear TargetError."""
+    from ops.stack_config import load_settings
+
+    try:
+        return target_for(load_settings(stack))
+    except (SettingsError, StackFileError) as error:
+        raise TargetError(str(error)) from None
