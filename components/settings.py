@@ -211,7 +211,9 @@ def load_settings(raw: Mapping[str, Any], stack: str) -> StackSettings:
 
 def _gather(raw: Mapping[str, Any], stack: str) -> tuple[dict[str, Any], list]:
     problems: list[tuple[str, str]] = []
-    data: dict[str, Any] = {"stack": stack, "gcpProject": raw.get(GCP_PROJECT_KEY)}
+    data: dict[str, Any] = {"stack": stack}
+    if raw.get(GCP_PROJECT_KEY):
+        data["gcpProject"] = raw[GCP_PROJECT_KEY]
     for key, value in raw.items():
         namespace, _, name = key.partition(":")
         if namespace != NAMESPACE:
