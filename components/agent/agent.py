@@ -560,12 +560,14 @@ class Status:
 
 
 def process_start_time(pid: int) -> str | None:
-    """Field 22 of /proc/<pid>/stat: tells a pid apart from a later reuse of it."""
+    """Field 22 of /proc/<pid>/stat, telling a pid apart from a later reuse of it;
+    None when no such process lives (a zombie has exited)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else fields[19]
 
 
 class Job:

@@ -22,7 +22,7 @@ class FaultProxy:
         self.status = status
         self.failures_left = failures
         self.faults_sent = 0
-        self.forwarded = 0
+        self.matched = 0  # matching requests, failed or forwarded
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -35,11 +35,13 @@ class FaultProxy:
 
     def should_fail(self, path: str) -> bool:
         with self._lock:
-            if self.match in path and self.failures_left > 0:
+            if self.match not in path:
+                return False
+            self.matched += 1
+            if self.failures_left > 0:
                 self.failures_left -= 1
                 self.faults_sent += 1
                 return True
-            self.forwarded += 1
             return False
 
     def forward(self, method: str, path: str, headers: dict[str, str],

@@ -1,0 +1,174 @@
+"""Fixtures for the node agent's end-to-end tests: everything on loopback.
+
+A real gcp-storage-emulator process, the loopback metadata server, the package
+archive components/archive.py builds, and `.venv/image/bin/python` (TensorFlow
+only) standing in for the TPU image's Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from components.agent import (
+    JOB_KEY,
+    PACKAGE_KEY,
+    PACKAGE_SHA256_KEY,
+    STATUS_KEY,
+    WORKERS_KEY,
+    startup_script,
+)
+from components.archive import TRAINING_DIR, Archive, build_archive
+from tests.fakes.metadata_server import MetadataServer
+from tests.fakes.storage_emulator import StorageEmulator
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE_PYTHON = REPO / ".venv" / "image" / "bin" / "python"
+TRAINING_PYTHON = REPO / ".venv" / "tf218" / "bin" / "python"
+BUCKET = "tpu-stack-test"
+BOOT_TIMEOUT_SECONDS = 240
+
+
+def upload_package(gcs: StorageEmulator, archive: Archive) -> str:
+    uri = f"gs://{BUCKET}/packages/{archive.filename}"
+    gcs.upload(uri, archive.data)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def gcs() -> Iterator[StorageEmulator]:
+    with StorageEmulator() as emulator:
+        emulator.create_bucket(BUCKET)
+        yield emulator
+
+
+@pytest.fixture(scope="session")
+def archive() -> Archive:
+    return build_archive(TRAINING_DIR)
+
+
+@pytest.fixture(scope="session")
+def package_uri(gcs: StorageEmulator, archive: Archive) -> str:
+    return upload_package(gcs, archive)
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small synthetic mnist dataset, written once by the training package."""
+    out = tmp_path_factory.mktemp("mnist")
+    subprocess.run([str(TRAINING_PYTHON), "-m", "tpu_training", "synth", "--model", "mnist_cnn",
+                    "--out", str(out), "--examples", "512", "--shards", "2"],
+                   check=True, capture_output=True, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
+    return str(out / "*.tfrecord")
+
+
+def job_config(dataset: str, work: Path, train_steps: int = 24) -> dict[str, object]:
+    """A tiny mnist_cnn job; locations are local folders (TF's gs:// cannot reach an emulator)."""
+    return {"model": "mnist_cnn", "trainData": dataset, "globalBatchSize": 16,
+            "trainSteps": train_steps, "stepsPerExecution": 4, "checkpointEverySteps": 8,
+            "checkpointDir": str(work / "ckpt"), "exportDir": str(work / "export"),
+            "tensorboardDir": str(work / "tb")}
+
+
+@dataclass
+class Node:
+    """One TPU worker on loopback: its metadata server, its root, its boots."""
+
+    metadata: MetadataServer
+    gcs: StorageEmulator
+    root: Path
+    script: Path
+    storage_host: str
+    status_prefix: str
+    env_extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return os.environ | {
+            "GCE_METADATA_HOST": self.metadata.host, "STORAGE_EMULATOR_HOST": self.storage_host,
+            "TPU_STACK_ROOT": str(self.root), "TPU_STACK_PYTHON": str(IMAGE_PYTHON),
+            "TPU_STACK_STRATEGY": "cpu", "CUDA_VISIBLE_DEVICES": "",
+        } | self.env_extra
+
+    def start(self) -> subprocess.Popen[str]:
+        return subprocess.Popen(["bash", str(self.script)], env=self.env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def boot(self) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(self.script)], env=self.env, text=True,
+                              capture_output=True, timeout=BOOT_TIMEOUT_SECONDS, check=False)
+
+    @property
+    def guest(self) -> dict[str, str]:
+        return self.metadata.guest("tpu-stack")
+
+    def status_object(self, worker: int = 0) -> dict[str, object] | None:
+        data = self.gcs.read(f"{self.status_prefix}worker-{worker}/status.json")
+        return None if data is None else json.loads(data)
+
+    def job_log(self, worker: int = 0) -> str:
+        data = self.gcs.read(f"{self.status_prefix}worker-{worker}/job.log")
+        return "" if data is None else data.decode()
+
+    def wait_for(self, condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; guest attributes: {self.guest}")
+            time.sleep(0.2)
+
+    def installed_packages(self) -> list[str]:
+        packages = self.root / "packages"
+        return sorted(p.name for p in packages.iterdir()) if packages.is_dir() else []
+
+
+@pytest.fixture
+def make_node(gcs: StorageEmulator, tmp_path: Path,
+              request: pytest.FixtureRequest) -> Iterator[Callable[..., Node]]:
+    """make_node(package_uri, sha256, job, workers="all", worker=0, storage_host=None)."""
+    servers: list[MetadataServer] = []
+    script = tmp_path / "startup-script.sh"
+    script.write_text(startup_script())
+
+    def make(package_uri: str, sha256: str, job: dict[str, object], *, workers: str = "all",
+             worker: int = 0, storage_host: str | None = None) -> Node:
+        prefix = f"gs://{BUCKET}/status/{request.node.name}-{len(servers)}/"
+        server = MetadataServer({
+            PACKAGE_KEY: package_uri, PACKAGE_SHA256_KEY: sha256, JOB_KEY: json.dumps(job),
+            WORKERS_KEY: workers, STATUS_KEY: prefix, "agent-worker-number": str(worker),
+        }, instance_name="t1v-n-test-w-0")
+        servers.append(server)
+        root = tmp_path / f"node-{len(servers)}"
+        return Node(server, gcs, root, script, storage_host or gcs.host, prefix)
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    """Terminate a boot left running by a failed test."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def training_copy(tmp: Path, variant: str) -> Path:
+    """A copy of training/ whose archive differs (a new package version)."""
+    copy = tmp / "training"
+    shutil.copytree(TRAINING_DIR, copy, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info",
+                                                                          "tests"))
+    (copy / "tpu_training" / "_variant.py").write_text(f'"""Package variant {variant}."""\n')
+    return copy
