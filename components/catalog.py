@@ -232,7 +232,7 @@ def _problem_3d(gen: Generation, shape: tuple[int, ...]) -> str | None:
     whole_hosts = chips % gen.chips_per_host == 0
     if not ordered or not (small or large) or not whole_hosts or chips > gen.max_chips:
         return (f"{'x'.join(map(str, shape))} is not a {gen.name} topology: AxBxC with "
-                f"every side <= 4 or every side a multiple of 4, whole "
+                f"A<=B<=C, every side 2 or 4 or every side a multiple of 4, whole "
                 f"{gen.chips_per_host}-chip hosts, at most {gen.max_chips} chips "
                 f"(e.g. {', '.join(example_topologies(gen))})")
     return None

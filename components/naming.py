@@ -30,7 +30,7 @@ _ACCOUNT_MIN, _ACCOUNT_MAX = 6, 30
 _RFC1035_MAX = 63
 # cloud.google.com/iam/docs/workload-identity-federation: pool and provider ids
 # are 4-32 characters of lowercase letters, digits and dashes.
-_POOL_ID_MAX = 32
+_POOL_ID_MIN, _POOL_ID_MAX = 4, 32
 _HASH_LEN = 6
 
 MANAGED_BY = "pulumi"
@@ -89,13 +89,11 @@ class Naming:
 
     def account_id(self, logical: str, team: str | None = None) -> str:
         """Service account id: 6-30 chars, `<stack>[-<team>]-<logical>`."""
-        name = _rfc1035(self._base(logical, team))
-        if len(name) < _ACCOUNT_MIN:
-            name += "-account"
-        return fit(name, _ACCOUNT_MAX)
+        return fit(_padded(_rfc1035(self._base(logical, team)), _ACCOUNT_MIN), _ACCOUNT_MAX)
 
     def pool_id(self, logical: str) -> str:
-        return fit(_rfc1035(self._base(logical, None)), _POOL_ID_MAX)
+        """Workload identity pool or provider id: 4-32 characters."""
+        return fit(_padded(_rfc1035(self._base(logical, None)), _POOL_ID_MIN), _POOL_ID_MAX)
 
     def labels(self, component: str, team: str | None = None,
                extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -109,6 +107,11 @@ class Naming:
         for key, value in (extra or {}).items():
             labels[key] = label_value(value)
         return labels
+
+
+def _padded(name: str, minimum: int) -> str:
+    """Names below GCP's minimum length get a readable suffix."""
+    return name if len(name) >= minimum else f"{name}-id".ljust(minimum, "0")
 
 
 def _rfc1035(name: str) -> str:

@@ -1,0 +1,103 @@
+"""The catalog: type name ↔ chips ↔ topology round-trips for every generation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from components import catalog
+from components.catalog import CatalogError, Naming, Slice
+
+GENERATIONS = list(catalog.GENERATIONS.values())
+
+slices = st.sampled_from(GENERATIONS).flatmap(
+    lambda g: st.sampled_from(catalog.default_topologies(g)).map(lambda t: Slice(g, t)))
+
+
+@given(slices)
+def test_type_name_round_trips(tpu: Slice) -> None:
+    assert catalog.parse_accelerator_type(tpu.accelerator_type) == tpu
+
+
+@given(slices)
+def test_type_number_counts_what_the_generation_names(tpu: Slice) -> None:
+    count = int(tpu.accelerator_type.rsplit("-", 1)[1])
+    per_chip = tpu.generation.cores_per_chip if tpu.generation.naming is Naming.TENSORCORES else 1
+    assert count == tpu.chips * per_chip
+    assert tpu.chips == math.prod(tpu.shape)
+
+
+@given(slices)
+def test_topology_is_valid_and_fills_whole_hosts(tpu: Slice) -> None:
+    gen = tpu.generation
+    assert catalog.topology_problem(gen, tpu.topology) is None
+    assert catalog.slice_for(gen.name, tpu.topology) == tpu
+    if tpu.multi_host:
+        assert tpu.hosts * gen.chips_per_host == tpu.chips
+    else:
+        assert tpu.chips <= gen.max_single_host_chips
+
+
+@given(slices)
+def test_runtime_matches_host_count(tpu: Slice) -> None:
+    runtime = catalog.runtime_for(tpu)
+    if tpu.generation.tf_runtime is None:
+        assert runtime is None
+        assert "no TensorFlow runtime image" in (catalog.runtime_problem(tpu, "x") or "")
+        return
+    assert runtime is not None
+    assert catalog.runtime_problem(tpu, runtime) is None
+    assert runtime.endswith("-pod-pjrt") == tpu.multi_host
+
+
+@given(st.sampled_from([g for g in GENERATIONS if g.dims == 3]),
+       st.tuples(*[st.integers(1, 40)] * 3))
+def test_3d_rule(gen: catalog.Generation, shape: tuple[int, int, int]) -> None:
+    topology = "x".join(map(str, shape))
+    chips = math.prod(shape)
+    ordered = list(shape) == sorted(shape)
+    sides_ok = all(d in (2, 4) for d in shape) or all(d % 4 == 0 for d in shape)
+    expected = shape == (2, 2, 1) or (ordered and sides_ok and chips % 4 == 0
+                                       and chips <= gen.max_chips)
+    assert (catalog.topology_problem(gen, topology) is None) == expected
+
+
+@pytest.mark.parametrize(("accelerator_type", "chips", "hosts", "replicas"), [
+    ("v2-8", 4, 1, 8),        # cloud.google.com/tpu/docs/v2: v2-8 is 4 chips
+    ("v3-32", 16, 4, 32),
+    ("v4-8", 4, 1, 4),        # 2x2x1, megacore: one replica per chip
+    ("v4-32", 16, 4, 16),     # 2x2x4
+    ("v5litepod-8", 8, 1, 8),
+    ("v5litepod-16", 16, 4, 16),
+    ("v5p-8", 4, 1, 4),
+    ("v6e-8", 8, 1, 8),
+])
+def test_documented_slices(accelerator_type: str, chips: int, hosts: int, replicas: int) -> None:
+    tpu = catalog.parse_accelerator_type(accelerator_type)
+    assert (tpu.chips, tpu.hosts, tpu.replicas) == (chips, hosts, replicas)
+
+
+def test_v4_32_is_2x2x4() -> None:
+    assert catalog.parse_accelerator_type("v4-32").topology == "2x2x4"
+    assert catalog.slice_for("v4", "2x2x4").accelerator_type == "v4-32"
+
+
+@pytest.mark.parametrize("bad", ["v2", "v2-7", "tpu-8", "v5litepod-3", "v4-0", "V2-8"])
+def test_bad_type_names_are_refused(bad: str) -> None:
+    with pytest.raises(CatalogError):
+        catalog.parse_accelerator_type(bad)
+
+
+def test_prices_scale_with_chips_and_spot_is_cheaper() -> None:
+    tpu = catalog.parse_accelerator_type("v5litepod-8")
+    assert catalog.usd_per_hour(tpu, spot=False) == pytest.approx(1.20 * 8)
+    assert catalog.usd_per_hour(tpu, spot=True) == pytest.approx(0.607 * 8)
+    assert catalog.usd_per_hour(catalog.parse_accelerator_type("v2-8"), spot=False) is None
+
+
+def test_every_zone_names_its_region() -> None:
+    for zone in catalog.all_zones():
+        assert catalog.region_of(zone) == zone.rsplit("-", 1)[0]

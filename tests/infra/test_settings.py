@@ -1,0 +1,220 @@
+"""Stack config validation: every bad value is one clear problem naming its key."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.settings import SettingsError, load_settings
+from tests.infra.stack_fixtures import as_cli, config, job, node
+
+
+def load(data: dict) -> object:
+    return load_settings(as_cli(data), "test")
+
+
+def problems_of(data: dict) -> list[tuple[str, str]]:
+    with pytest.raises(SettingsError) as caught:
+        load(data)
+    return caught.value.problems
+
+
+def nodes(*items: dict) -> dict:
+    return {"tpu_stack_nodes": list(items)}
+
+
+def jobs(**items: dict) -> dict:
+    return {"tpu_stack_jobs": items}
+
+
+N0 = "tpu-stack:nodes[0]"
+J = "tpu-stack:jobs.mnist"
+
+# (case id, config changes, key path the message must name, words it must contain)
+BAD_CONFIGS: list[tuple[str, dict, str, str]] = [
+    ("unknown top-level key", {"tpu_stack_nodez": []}, "tpu-stack:nodez", "unknown key"),
+    ("missing gcp project", {"gcp_project": None}, "gcp:project", "required"),
+    ("bad project id", {"gcp_project": "Acme_ML"}, "gcp:project", "not a project id"),
+    ("short project id", {"gcp_project": "ab"}, "gcp:project", "6-30"),
+    ("missing storage", {"tpu_stack_storage": None}, "tpu-stack:storage", "required"),
+    ("missing storage location", {"tpu_stack_storage": {"forceDestroy": True}},
+     "tpu-stack:storage.location", "required"),
+    ("bad storage location", {"tpu_stack_storage": {"location": "us central"}},
+     "tpu-stack:storage.location", "not a GCS location"),
+    ("unknown storage key", {"tpu_stack_storage": {"location": "US", "versioned": True}},
+     "tpu-stack:storage.versioned", "allowed: location"),
+    ("force destroy in prod", {"tpu_stack_environment": "prod"},
+     "tpu-stack:storage.forceDestroy", "only with tpu-stack:environment dev"),
+    ("unprotected prod data", {"tpu_stack_environment": "prod",
+                               "tpu_stack_storage": {"location": "US", "protect": False}},
+     "tpu-stack:storage.protect", "only with tpu-stack:environment dev"),
+    ("unknown environment", {"tpu_stack_environment": "staging"},
+     "tpu-stack:environment", "'dev' or 'prod'"),
+    ("retention not positive", {"tpu_stack_storage": {"location": "US", "logRetentionDays": 0}},
+     "tpu-stack:storage.logRetentionDays", "greater than or equal to 1"),
+    ("create without billing", {"tpu_stack_project": {"create": True}},
+     "tpu-stack:project.billingAccount", "required when create is true"),
+    ("bad billing account", {"tpu_stack_project": {"create": True, "billingAccount": "123"}},
+     "tpu-stack:project.billingAccount", "XXXXXX-XXXXXX-XXXXXX"),
+    ("folder id not digits", {"tpu_stack_project": {"create": True,
+                                                    "billingAccount": "01AB23-45CD67-89EF01",
+                                                    "folderId": "folders/12"}},
+     "tpu-stack:project.folderId", "digits only"),
+    ("billing without create", {"tpu_stack_project": {"billingAccount": "01AB23-45CD67-89EF01"}},
+     "tpu-stack:project.create", "only with create: true"),
+    ("bad label key", {"tpu_stack_labels": {"Cost-Centre": "x"}},
+     "tpu-stack:labels.Cost-Centre", "not a label key"),
+    ("bad label value", {"tpu_stack_labels": {"cost-centre": "CC 12"}},
+     "tpu-stack:labels.cost-centre", "not a label value"),
+    ("bad subnet cidr", {"tpu_stack_network": {"subnetCidr": "10.0.0.0/33"}},
+     "tpu-stack:network.subnetCidr", "not an IPv4 CIDR"),
+    ("public subnet", {"tpu_stack_network": {"subnetCidr": "8.8.0.0/20"}},
+     "tpu-stack:network.subnetCidr", "private range"),
+    ("nodes not a list", {"tpu_stack_nodes": {"name": "x"}}, "tpu-stack:nodes",
+     "valid list"),
+    ("node name missing", nodes(node(name=None)), f"{N0}.name", "required"),
+    ("node name uppercase", nodes(node(name="Trainer")), f"{N0}.name", "lowercase"),
+    ("duplicate node names", nodes(node(), node()), "tpu-stack:nodes[1].name",
+     "already the name of nodes[0]"),
+    ("unknown node key", nodes(node(spot=True)), f"{N0}.spot", "allowed: name, zone"),
+    ("unknown provisioning", nodes(node(provisioning="cheap")), f"{N0}.provisioning",
+     "'on-demand', 'spot'"),
+    ("no accelerator", nodes(node(acceleratorType=None)), f"{N0}.acceleratorType",
+     "give acceleratorType"),
+    ("type and topology", nodes(node(generation="v5e", topology="2x4")),
+     f"{N0}.acceleratorType", "not both"),
+    ("unknown type prefix", nodes(node(acceleratorType="v9-8")), f"{N0}.acceleratorType",
+     "not an accelerator type"),
+    ("type size not offered", nodes(node(acceleratorType="v5litepod-12")),
+     f"{N0}.acceleratorType", "is not offered"),
+    ("odd TensorCore count", nodes(node(acceleratorType="v4-9", zone="us-central2-b")),
+     f"{N0}.acceleratorType", "TensorCores, 2 per chip"),
+    ("unknown generation", nodes(node(acceleratorType=None, generation="v7", topology="2x2")),
+     f"{N0}.generation", "not a TPU generation"),
+    ("topology without generation", nodes(node(acceleratorType=None, topology="2x4")),
+     f"{N0}.generation", "required with topology"),
+    ("v5e topology 3x3", nodes(node(acceleratorType=None, generation="v5e", topology="3x3")),
+     f"{N0}.topology", "3x3 is not a v5e topology (1x1, 2x2, 2x4"),
+    ("3D topology on v5e", nodes(node(acceleratorType=None, generation="v5e",
+                                      topology="2x2x1")),
+     f"{N0}.topology", "2D"),
+    ("v4 side of 3", nodes(node(acceleratorType=None, generation="v4", topology="2x2x3",
+                                zone="us-central2-b")),
+     f"{N0}.topology", "not a v4 topology"),
+    ("v4 unordered sides", nodes(node(acceleratorType=None, generation="v4", topology="4x2x2",
+                                      zone="us-central2-b")),
+     f"{N0}.topology", "A<=B<=C"),
+    ("zone without the generation", nodes(node(zone="us-central2-b")), f"{N0}.zone",
+     "does not offer TPU v5e"),
+    ("malformed zone", nodes(node(zone="uscentral1")), f"{N0}.zone", "not a zone name"),
+    ("v6e has no TF image", nodes(node(acceleratorType="v6e-8", zone="us-east1-d")),
+     f"{N0}.runtimeVersion", "no TensorFlow runtime image is documented for v6e"),
+    ("pod slice on single-host image",
+     nodes(node(acceleratorType="v4-32", zone="us-central2-b",
+                runtimeVersion="tpu-vm-tf-2.18.0-pjrt")),
+     f"{N0}.runtimeVersion", "use a -pod image"),
+    ("single host on pod image", nodes(node(runtimeVersion="tpu-vm-tf-2.18.0-pod-pjrt")),
+     f"{N0}.runtimeVersion", "is one host"),
+    ("stream executor image", nodes(node(runtimeVersion="tpu-vm-tf-2.18.0-se")),
+     f"{N0}.runtimeVersion", "-pjrt"),
+    ("unsupported TF", nodes(node(runtimeVersion="tpu-vm-tf-2.16.1-pjrt")),
+     f"{N0}.runtimeVersion", "supported: 2.18, 2.19, 2.20"),
+    ("framework-free image", nodes(node(runtimeVersion="v2-alpha-tpuv5-lite")),
+     f"{N0}.runtimeVersion", "not a TensorFlow TPU VM image"),
+    ("unknown job", nodes(node(job="bert")), f"{N0}.job", "not a key of tpu-stack:jobs"),
+    ("queue without queued", nodes(node(queue={"spot": True})), f"{N0}.queue",
+     "only with provisioning: queued"),
+    ("queue spot and guaranteed", nodes(node(provisioning="queued",
+                                             queue={"spot": True, "guaranteed": True})),
+     f"{N0}.queue.spot", "not both"),
+    ("queue bad duration", nodes(node(provisioning="queued",
+                                      queue={"validUntilDuration": "6 hours"})),
+     f"{N0}.queue.validUntilDuration", "not a duration"),
+    ("bad node label", nodes(node(labels={"owner": "Alice"})), f"{N0}.labels.owner",
+     "not a label value"),
+    ("external ips not bool", nodes(node(externalIps="maybe")), f"{N0}.externalIps",
+     "valid boolean"),
+    ("batch not divisible", jobs(mnist=job(globalBatchSize=1020)), f"{J}.globalBatchSize",
+     "not divisible by the 8 replicas"),
+    ("unknown model", jobs(mnist=job(model="gpt")), f"{J}.model", "not a known model"),
+    ("job missing trainData", jobs(mnist={k: v for k, v in job().items() if k != "trainData"}),
+     f"{J}.trainData", "required"),
+    ("job batch not a number", jobs(mnist=job(globalBatchSize="big")), f"{J}.globalBatchSize",
+     "whole number"),
+    ("job zero steps", jobs(mnist=job(trainSteps=0)), f"{J}.trainSteps", "at least 1"),
+    ("job unknown key", jobs(mnist=job(epochs=3)), f"{J}.epochs", "unknown key"),
+    ("job sets a location", jobs(mnist=job(checkpointDir="gs://x/ckpt")),
+     f"{J}.checkpointDir", "unknown key"),
+    ("checkpoint not whole executions", jobs(mnist=job(checkpointEverySteps=250)),
+     f"{J}.checkpointEverySteps", "not a multiple of stepsPerExecution"),
+    ("job name uppercase", {"tpu_stack_jobs": {"MNIST": job()},
+                            "tpu_stack_nodes": [node(job="MNIST")]},
+     "tpu-stack:jobs.MNIST", "job names are"),
+    ("ci bad repository", {"tpu_stack_ci": {"githubRepository": "acme"}},
+     "tpu-stack:ci.githubRepository", "not owner/name"),
+    ("ci reserved pool id", {"tpu_stack_ci": {"githubRepository": "acme/x", "poolId": "gcp-x"}},
+     "tpu-stack:ci.poolId", "not starting with gcp-"),
+]
+
+
+@pytest.mark.parametrize(("changes", "key", "words"),
+                         [case[1:] for case in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS])
+def test_bad_config_names_the_key(changes: dict, key: str, words: str) -> None:
+    problems = problems_of(config(**changes))
+    matching = [message for path, message in problems if path == key]
+    assert matching, f"no problem for {key}: {problems}"
+    assert any(words in message for message in matching), matching
+
+
+def test_there_are_at_least_forty_bad_configs() -> None:
+    assert len(BAD_CONFIGS) >= 40
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    bad = config(tpu_stack_environment="prod",
+                 tpu_stack_nodes=[node(zone="us-central2-b"), node(name="b", job="nope")])
+    keys = {key for key, _ in problems_of(bad)}
+    assert keys == {"tpu-stack:storage.forceDestroy", "tpu-stack:storage.protect",
+                    f"{N0}.zone", "tpu-stack:nodes[1].job"}
+
+
+def test_message_is_one_block_listing_each_problem() -> None:
+    with pytest.raises(SettingsError) as caught:
+        load(config(tpu_stack_nodes=[node(acceleratorType=None, generation="v5e",
+                                          topology="3x3")]))
+    text = str(caught.value)
+    assert text.splitlines()[0] == "the stack config has 1 problem:"
+    assert "tpu-stack:nodes[0].topology: 3x3 is not a v5e topology (1x1, 2x2, 2x4, 4x4" in text
+
+
+def test_valid_config_resolves_the_slice_and_runtime() -> None:
+    settings = load(config())
+    trainer = settings.nodes[0]
+    assert (trainer.tpu.accelerator_type, trainer.tpu.chips, trainer.tpu.hosts) == (
+        "v5litepod-8", 8, 1)
+    assert trainer.runtime == "tpu-vm-tf-2.18.0-pjrt"
+    assert trainer.workers == "all"
+    assert trainer.spot
+
+
+def test_generation_and_topology_resolve_a_pod_slice() -> None:
+    pod = node(acceleratorType=None, generation="v4", topology="2x2x4", zone="us-central2-b",
+               provisioning="reserved")
+    settings = load(config(tpu_stack_nodes=[pod], tpu_stack_jobs={"mnist": job()}))
+    tpu = settings.nodes[0].tpu
+    assert (tpu.accelerator_type, tpu.chips, tpu.hosts, tpu.replicas) == ("v4-32", 16, 4, 16)
+    assert settings.nodes[0].runtime == "tpu-vm-tf-2.18.0-pod-pjrt"
+    assert settings.nodes[0].workers == "0"
+    assert not settings.nodes[0].spot
+
+
+def test_empty_optional_blocks_mean_absent() -> None:
+    settings = load(config(tpu_stack_ci={}, tpu_stack_project={}))
+    assert settings.ci is None
+    assert settings.project.create is False
+
+
+def test_queue_duration_in_seconds() -> None:
+    queued = node(provisioning="queued", queue={"spot": True, "validUntilDuration": "6h"})
+    settings = load(config(tpu_stack_nodes=[queued]))
+    assert settings.nodes[0].queue.valid_until_seconds == 6 * 3600
+    assert settings.nodes[0].spot
