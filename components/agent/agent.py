@@ -109,7 +109,8 @@ def open_url(request: urllib.request.Request, timeout: float) -> http.client.HTT
         if error.code == 429 or error.code >= 500:
             raise TransientError(f"HTTP {error.code}") from None
         raise
-    except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as error:
+    except (urllib.error.URLError, ConnectionError, TimeoutError,
+            http.client.HTTPException) as error:
         raise TransientError(str(error)) from None
 
 
@@ -360,8 +361,9 @@ def tensorflow_version() -> str:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             continue
-    result = subprocess.run([sys.executable, "-c", "import tensorflow; print(tensorflow.__version__)"],
-                            capture_output=True, text=True, check=False)
+    code = "import tensorflow; print(tensorflow.__version__)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=False)
     if result.returncode != 0:
         raise AgentError(f"the image's Python ({sys.executable}) cannot import tensorflow")
     return result.stdout.strip()
@@ -384,7 +386,8 @@ def extract(archive: Path, destination: Path) -> None:
     with tarfile.open(archive, "r:gz") as tar:
         for member in tar:
             parts = Path(member.name).parts
-            if member.name.startswith("/") or ".." in parts or not (member.isfile() or member.isdir()):
+            plain = member.isfile() or member.isdir()
+            if member.name.startswith("/") or ".." in parts or not plain:
                 raise AgentError(f"{PACKAGE_KEY}: archive entry {member.name!r} is not a plain "
                                  "file inside the package; refusing it")
             target = destination.joinpath(*parts)
@@ -457,7 +460,7 @@ def log(message: str) -> None:
 
 def utc_now() -> str:
     # timezone.utc, not datetime.UTC: TPU images on Ubuntu 22.04 run Python 3.10.
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")  # noqa: UP017
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 class Status:

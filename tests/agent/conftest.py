@@ -123,7 +123,7 @@ class Node:
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; guest attributes: {self.guest}")
+                raise AssertionError(f"timed out waiting for {what}; guest: {self.guest}")
             time.sleep(0.2)
 
     def installed_packages(self) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -47,7 +48,7 @@ def test_desired_names_the_bad_key(changes: dict[str, str | None], message: str)
     ("2.20.0rc1", "tf_keras-2.20.1-py3-none-any.whl"),
 ])
 def test_pick_wheels_matches_tensorflow_major_minor(tf_version: str, chosen: str) -> None:
-    assert agent.pick_wheels(WHEELS + ["other-1.0-py3-none-any.whl"], tf_version) == [
+    assert agent.pick_wheels([*WHEELS, "other-1.0-py3-none-any.whl"], tf_version) == [
         "other-1.0-py3-none-any.whl", chosen]
 
 
@@ -99,7 +100,7 @@ def _tar_with(name: str) -> bytes:
 def test_extract_refuses_entries_outside_the_package(tmp_path: Path) -> None:
     archive = tmp_path / "evil.tar.gz"
     archive.write_bytes(_tar_with("../escape.py"))
-    with pytest.raises(agent.AgentError, match="'../escape.py' is not a plain file"):
+    with pytest.raises(agent.AgentError, match=re.escape("'../escape.py' is not a plain file")):
         agent.extract(archive, tmp_path / "out")
     assert not (tmp_path / "escape.py").exists()
 
