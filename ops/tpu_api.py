@@ -7,8 +7,9 @@ filtered by the labels every tpu-stack resource carries (`stack`,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -123,12 +124,24 @@ class TpuApi:
     def node_name(self, zone: str, node_id: str) -> str:
         return f"{self.parent(zone)}/nodes/{node_id}"
 
-    def call(self, method: str, target: str, **request: Any) -> Any:
-        """`client.<method>(**request)`, retried; `target` names the zone or node in errors."""
+    def call(self, method: str, target: str, wait: float | None = None, **request: Any) -> Any:
+        """`client.<method>(**request)`, retried, every failure explained in one sentence.
+
+        `target` names the zone or node in messages. Lists are drained here and
+        operations awaited here (`wait` seconds), so later pages fail the same way.
+        """
         function: Callable[..., Any] = getattr(self.client, method)
+        with self._explained(method, target):
+            result = function(request=request, retry=self._retry)
+            if method.startswith("list_"):
+                return list(result)
+            return result.result(timeout=wait) if wait is not None else result
+
+    @contextmanager
+    def _explained(self, method: str, target: str) -> Iterator[None]:
         try:
-            return function(request=request, retry=self._retry)
-        except gexc.PermissionDenied as error:
+            yield
+        except (gexc.PermissionDenied, gexc.Forbidden) as error:  # gRPC / REST spelling of 403
             permission = PERMISSIONS.get(method, "a tpu.* permission")
             raise TpuApiError(
                 f"permission denied: {method} on {target} in project {self.project} needs "
@@ -140,7 +153,7 @@ class TpuApi:
                     f"zone {target!r} is unknown to the TPU API for project {self.project}: "
                     f"{error.message}"
                 ) from error
-            raise
+            raise TpuApiError(f"{method}: {target} not found ({error.message})") from error
         except gexc.RetryError as error:
             raise TpuApiError(
                 f"{method} on {target}: the TPU API kept failing ({error.cause})"
@@ -152,8 +165,7 @@ class TpuApi:
 
     # ---- reads ---------------------------------------------------------------
     def list_nodes(self, zone: str) -> list[tpu_v2.Node]:
-        pager = self.call("list_nodes", zone, parent=self.parent(zone))
-        return list(pager)
+        return self.call("list_nodes", zone, parent=self.parent(zone))
 
     def stack_nodes(self, zones: Iterable[str], stack: str) -> list[NodeStatus]:
         """Every node of `stack` in `zones`: one list call per zone."""
@@ -190,26 +202,22 @@ class TpuApi:
         return [replace(n, job=statuses.get((n.node_id, n.zone), {})) for n in nodes]
 
     def accelerator_types(self, zone: str) -> set[str]:
-        pager = self.call("list_accelerator_types", zone, parent=self.parent(zone))
-        return {item.type_ for item in pager}
+        types = self.call("list_accelerator_types", zone, parent=self.parent(zone))
+        return {item.type_ for item in types}
 
     def runtime_versions(self, zone: str) -> set[str]:
-        pager = self.call("list_runtime_versions", zone, parent=self.parent(zone))
-        return {item.version for item in pager}
+        versions = self.call("list_runtime_versions", zone, parent=self.parent(zone))
+        return {item.version for item in versions}
 
     # ---- changes -------------------------------------------------------------
     def delete_node(self, zone: str, node_id: str, timeout: float = 600.0) -> None:
-        self.call("delete_node", node_id, name=self.node_name(zone, node_id)).result(
-            timeout=timeout
-        )
+        self.call("delete_node", node_id, wait=timeout, name=self.node_name(zone, node_id))
 
     def stop_node(self, zone: str, node_id: str, timeout: float = 600.0) -> None:
-        self.call("stop_node", node_id, name=self.node_name(zone, node_id)).result(timeout=timeout)
+        self.call("stop_node", node_id, wait=timeout, name=self.node_name(zone, node_id))
 
     def reset_queued_resource(self, queued_resource: str, timeout: float = 600.0) -> None:
-        self.call("reset_queued_resource", queued_resource, name=queued_resource).result(
-            timeout=timeout
-        )
+        self.call("reset_queued_resource", queued_resource, wait=timeout, name=queued_resource)
 
 
 def belongs_to(labels: Any, stack: str) -> bool:

@@ -183,7 +183,8 @@ class FakeTpuApi:
         """What worker `worker` of a node has published under `namespace/`."""
         with self._lock:
             workers = self._guest.setdefault((zone, node_id), {})
-            workers[worker] = {(namespace, key): str(value) for key, value in values.items()}
+            published = workers.setdefault(worker, {})
+            published.update({(namespace, key): str(value) for key, value in values.items()})
 
     def fail(
         self,

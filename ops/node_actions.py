@@ -1,0 +1,113 @@
+"""`tpuctl recover` and `tpuctl janitor`: decide what to change, then (with --apply) do it.
+
+Deciding is pure (a list of `Action`s from the nodes the API listed), so a dry run
+makes no call that changes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from components import catalog
+from ops.tpu_api import NodeStatus, TpuApi
+
+Verb = Literal["delete-node", "reset-queued", "stop-node", "report"]
+# A spot or preemptible TPU is never restarted: it stays PREEMPTED, holding quota,
+# until deleted (tpu-facts.md, "Spot TPUs"). TERMINATED nodes do not come back either.
+LOST_STATES = {"PREEMPTED", "TERMINATED"}
+FINISHED = "succeeded"
+BUSY_JOB_STATES = {"installing", "running"}
+
+
+@dataclass(frozen=True)
+class Action:
+    verb: Verb
+    node: NodeStatus
+    reason: str
+
+
+def recovery_plan(nodes: list[NodeStatus]) -> list[Action]:
+    """Lost nodes go, so the next `pulumi up --refresh` recreates them; the job resumes
+    from its checkpoint. A queued node's request is reset instead (it re-queues)."""
+    actions = []
+    for node in nodes:
+        if node.state not in LOST_STATES:
+            continue
+        if node.queued_resource:
+            actions.append(Action("reset-queued", node, f"{node.state}: re-queue the request"))
+        else:
+            actions.append(
+                Action("delete-node", node, f"{node.state}: delete so `pulumi up` recreates it")
+            )
+    return actions
+
+
+def janitor_plan(nodes: list[NodeStatus], idle_minutes: float, now: datetime) -> list[Action]:
+    """READY nodes whose job finished, or with no job activity for `idle_minutes`."""
+    actions = []
+    for node in nodes:
+        reason = _why_idle(node, idle_minutes, now) if node.state == "READY" else None
+        if reason is None:
+            continue
+        if _multi_host(node):
+            # Only single-host TPU VMs can be stopped and started; pod slices cannot (tpu-facts.md).
+            actions.append(
+                Action(
+                    "report",
+                    node,
+                    f"{reason}; a pod slice cannot be stopped: "
+                    "remove it from the stack or `pulumi destroy`",
+                )
+            )
+        else:
+            actions.append(Action("stop-node", node, reason))
+    return actions
+
+
+def _why_idle(node: NodeStatus, idle_minutes: float, now: datetime) -> str | None:
+    state = node.job.get("state", "")
+    if state == FINISHED:
+        return "job succeeded"
+    if state in BUSY_JOB_STATES:
+        return None
+    since = _parse_time(node.job.get("updated")) or node.created
+    if since is None:
+        return None
+    idle = now - since
+    if idle < timedelta(minutes=idle_minutes):
+        return None
+    return f"idle {idle.total_seconds() / 60:.0f} min (job {state or 'never reported'})"
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _multi_host(node: NodeStatus) -> bool:
+    try:
+        return catalog.parse_accelerator_type(node.accelerator_type).multi_host
+    except catalog.CatalogError:
+        return True  # unknown shape: never stop what we cannot classify
+
+
+def apply_actions(
+    api: TpuApi, actions: list[Action], on_done: Callable[[Action], None] = lambda _action: None
+) -> None:
+    """Carry out every action but `report`, in order."""
+    for action in actions:
+        node = action.node
+        if action.verb == "delete-node":
+            api.delete_node(node.zone, node.node_id)
+        elif action.verb == "reset-queued":
+            api.reset_queued_resource(node.queued_resource)
+        elif action.verb == "stop-node":
+            api.stop_node(node.zone, node.node_id)
+        on_done(action)

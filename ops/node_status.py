@@ -1,0 +1,117 @@
+"""`tpuctl status` and `tpuctl wait`: the stack's nodes, their health and their jobs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from rich.table import Table
+
+from ops.stack_target import StackTarget
+from ops.tpu_api import NodeStatus, TpuApi
+
+Until = Literal["ready", "running", "done"]
+UNTIL_CHOICES: tuple[Until, ...] = ("ready", "running", "done")
+# The agent's job states (DESIGN.md, "The training package").
+FINISHED = "succeeded"
+ACTIVE_JOB = {"installing", "running"}
+STATE_STYLE = {"READY": "green", "CREATING": "yellow", "PREEMPTED": "red", "TERMINATED": "red"}
+
+
+def collect(api: TpuApi, target: StackTarget) -> list[NodeStatus]:
+    """Every node of the stack (one list per zone) with its agent's job status."""
+    return api.with_job_status(api.stack_nodes(target.zones, target.stack))
+
+
+def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
+    """Node ids the stack config names that the API does not have."""
+    present = {node.node_id for node in nodes}
+    return [node.node_id for node in target.nodes if node.node_id not in present]
+
+
+def status_table(target: StackTarget, nodes: list[NodeStatus]) -> Table:
+    table = Table(title=f"stack {target.stack} ({target.project})")
+    for column in ("node", "zone", "type", "state", "health", "job", "step", "message", "updated"):
+        table.add_column(column)
+    for node in nodes:
+        job = node.job
+        style = STATE_STYLE.get(node.state, "")
+        health = "; ".join((node.health, *node.symptoms)).strip("; ")
+        table.add_row(
+            node.node_id,
+            node.zone,
+            node.accelerator_type,
+            f"[{style}]{node.state}[/]" if style else node.state,
+            health,
+            job.get("state", "-"),
+            job.get("step", ""),
+            job.get("message", ""),
+            job.get("updated", ""),
+        )
+    for node_id in absent(target, nodes):
+        table.add_row(
+            node_id, target.expected(node_id).zone, "", "[red]ABSENT[/]", "", "-", "", "", ""
+        )
+    return table
+
+
+def node_reached(node: NodeStatus, until: Until) -> bool:
+    if until == "done":
+        return node.job.get("state") == FINISHED
+    if node.state != "READY":
+        return False
+    return until == "ready" or node.job.get("state") in {"running", FINISHED}
+
+
+def reached(target: StackTarget, nodes: list[NodeStatus], until: Until) -> bool:
+    """Has every node of the stack got to `until`?"""
+    if absent(target, nodes) or not nodes:
+        return False
+    return all(node_reached(node, until) for node in nodes)
+
+
+def stuck(nodes: list[NodeStatus]) -> list[str]:
+    """Why waiting further is pointless: failed jobs, preempted or terminated nodes."""
+    reasons = [
+        f"{n.node_id}: job failed: {n.job.get('message', '')}".rstrip(": ")
+        for n in nodes
+        if n.job.get("state") == "failed"
+    ]
+    reasons += [
+        f"{n.node_id} is {n.state}" for n in nodes if n.state in {"PREEMPTED", "TERMINATED"}
+    ]
+    return reasons
+
+
+@dataclass(frozen=True)
+class WaitOutcome:
+    reached: bool
+    nodes: list[NodeStatus]
+    reason: str
+
+
+def wait_until(
+    api: TpuApi,
+    target: StackTarget,
+    until: Until,
+    timeout: float,
+    poll: float,
+    on_poll: Callable[[list[NodeStatus], float], None] = lambda _nodes, _elapsed: None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> WaitOutcome:
+    start = clock()
+    while True:
+        nodes = collect(api, target)
+        elapsed = clock() - start
+        on_poll(nodes, elapsed)
+        if reached(target, nodes, until):
+            return WaitOutcome(True, nodes, f"{until} after {elapsed:.0f} s")
+        problems = stuck(nodes)
+        if problems:
+            return WaitOutcome(False, nodes, "; ".join(problems))
+        if elapsed >= timeout:
+            return WaitOutcome(False, nodes, f"not {until} after {timeout:.0f} s")
+        sleep(poll)

@@ -1,0 +1,261 @@
+"""tpuctl verbs for running capacity: preflight, status, wait, recover, janitor, logs.
+
+The logic lives in small modules (ops/tpu_api.py, preflight.py, node_status.py,
+node_actions.py, agent_logs.py); this module only parses options and renders.
+Exit codes: 0 fine, 1 the check or wait failed, 2 the command could not run.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import cast
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ops import agent_logs, node_actions, node_status, preflight
+from ops.stack_target import StackTarget, TargetError, load_target
+from ops.tpu_api import NodeStatus, TpuApi, TpuApiError
+
+console = Console()
+errors = Console(stderr=True)
+
+StackOption = typer.Option(..., "--stack", "-s", help="Stack name (Pulumi.<stack>.yaml).")
+ApplyOption = typer.Option(False, "--apply", help="Make the changes (default: dry run).")
+_DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smh]?)$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def seconds(text: str, option: str) -> float:
+    """'90', '90s', '30m', '2h' -> seconds; one clear error naming the option otherwise."""
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise typer.BadParameter(
+            f"{text!r} is not a duration: seconds, or a number with s, m or h", param_hint=option
+        )
+    return float(match["n"]) * _UNIT_SECONDS[match["unit"]]
+
+
+@contextmanager
+def clear_errors() -> Iterator[None]:
+    """Any error we can explain ends the command with one line and exit code 2."""
+    try:
+        yield
+    except (TargetError, TpuApiError, agent_logs.LogsError) as error:
+        errors.print(f"[red]error:[/red] {error}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _api(target: StackTarget) -> TpuApi:
+    return TpuApi(target.project)
+
+
+# ---- preflight -----------------------------------------------------------------
+
+
+def preflight_cmd(
+    stack: str = StackOption,
+    offline: bool = typer.Option(False, "--offline", help="Check against the catalog only."),
+) -> None:
+    """Can every node be created? Catalog, the zone's offers, and TPU quota."""
+    with clear_errors():
+        target = load_target(stack)
+        report = preflight.preflight(target, None if offline else _api(target))
+    table = Table(title=f"preflight: stack {stack} ({target.project})")
+    for column in ("subject", "check", "result", "detail"):
+        table.add_column(column)
+    colour = {"ok": "green", "fail": "red", "not checked": "yellow"}
+    for check in report.checks:
+        outcome = f"[{colour[check.outcome]}]{check.outcome}[/]"
+        table.add_row(check.subject, check.what, outcome, check.detail)
+    console.print(table)
+    if report.note:
+        console.print(f"[yellow]{report.note}[/]", highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+# ---- status / wait ---------------------------------------------------------------
+
+
+def status_cmd(
+    stack: str = StackOption,
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
+    interval: str = typer.Option("15s", "--interval", help="Refresh period with --watch."),
+) -> None:
+    """One row per node: state, health, symptoms and the agent's job status."""
+    period = seconds(interval, "--interval")
+    with clear_errors():
+        target = load_target(stack)
+        api = _api(target)
+        if not watch:
+            console.print(node_status.status_table(target, node_status.collect(api, target)))
+            return
+        with Live(console=console, auto_refresh=False) as live:
+            try:
+                while True:
+                    nodes = node_status.collect(api, target)
+                    live.update(node_status.status_table(target, nodes), refresh=True)
+                    time.sleep(period)
+            except KeyboardInterrupt:
+                return
+
+
+def wait_cmd(
+    stack: str = StackOption,
+    until: str = typer.Option("ready", "--until", help="ready | running | done"),
+    timeout: str = typer.Option("30m", "--timeout", help="Give up after this long (e.g. 45m)."),
+    poll: str = typer.Option("15s", "--poll", help="Time between checks."),
+) -> None:
+    """Wait until every node is READY, its job running, or its job done."""
+    if until not in node_status.UNTIL_CHOICES:
+        raise typer.BadParameter(
+            f"{until!r}: use one of {', '.join(node_status.UNTIL_CHOICES)}", param_hint="--until"
+        )
+    limit, period = seconds(timeout, "--timeout"), seconds(poll, "--poll")
+    with clear_errors():
+        target = load_target(stack)
+        outcome = _wait_with_progress(_api(target), target, cast(node_status.Until, until), limit, period)
+    console.print(node_status.status_table(target, outcome.nodes))
+    colour = "green" if outcome.reached else "red"
+    console.print(f"[{colour}]{outcome.reason}[/]", highlight=False)
+    if not outcome.reached:
+        raise typer.Exit(1)
+
+
+def _wait_with_progress(
+    api: TpuApi, target: StackTarget, until: node_status.Until, limit: float, period: float
+) -> node_status.WaitOutcome:
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} nodes"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(f"waiting for {until}", total=max(len(target.nodes), 1))
+
+        def show(nodes: list[NodeStatus], _elapsed: float) -> None:
+            done = sum(node_status.node_reached(node, until) for node in nodes)
+            progress.update(task, completed=done, total=max(len(target.nodes), len(nodes), 1))
+
+        return node_status.wait_until(api, target, until, limit, period, on_poll=show)
+
+
+# ---- recover / janitor ---------------------------------------------------------------
+
+
+def recover_cmd(stack: str = StackOption, apply: bool = ApplyOption) -> None:
+    """Delete (or re-queue) PREEMPTED and TERMINATED nodes so `pulumi up --refresh`
+    recreates them and training resumes from its checkpoint."""
+    with clear_errors():
+        target = load_target(stack)
+        api = _api(target)
+        actions = node_actions.recovery_plan(api.stack_nodes(target.zones, target.stack))
+        _act(api, actions, apply, "nothing to recover: no PREEMPTED or TERMINATED nodes")
+    if actions and apply:
+        console.print(
+            "next: `pulumi up --refresh` recreates the nodes; jobs resume from checkpoints"
+        )
+
+
+def janitor_cmd(
+    stack: str = StackOption,
+    idle_minutes: float = typer.Option(
+        60.0, "--idle-minutes", min=0, help="Idle longer than this."
+    ),
+    apply: bool = ApplyOption,
+) -> None:
+    """Stop single-host nodes whose job finished or that sit idle; report pod slices."""
+    with clear_errors():
+        target = load_target(stack)
+        api = _api(target)
+        nodes = node_status.collect(api, target)
+        actions = node_actions.janitor_plan(nodes, idle_minutes, datetime.now(timezone.utc))
+        _act(api, actions, apply, "nothing to clean up: every node is busy")
+
+
+def _act(api: TpuApi, actions: list[node_actions.Action], apply: bool, nothing: str) -> None:
+    if not actions:
+        console.print(nothing)
+        return
+    table = Table(title="changes" if apply else "dry run: would change")
+    for column in ("action", "node", "zone", "reason"):
+        table.add_column(column)
+    for action in actions:
+        table.add_row(action.verb, action.node.node_id, action.node.zone, action.reason)
+    console.print(table)
+    if not apply:
+        console.print("dry run: nothing changed; run again with --apply")
+        return
+    node_actions.apply_actions(
+        api, actions, on_done=lambda a: console.print(f"done: {a.verb} {a.node.node_id}")
+    )
+
+
+# ---- logs ---------------------------------------------------------------------
+
+
+def logs_cmd(
+    stack: str = StackOption,
+    node: str | None = typer.Option(
+        None, "--node", help="Logical name or node id (default: the first)."
+    ),
+    worker: int = typer.Option(0, "--worker", min=0, help="Worker number."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
+    poll: str = typer.Option("5s", "--poll", help="Time between reads with --follow."),
+) -> None:
+    """The agent's job.log for one worker of one node, from GCS."""
+    period = seconds(poll, "--poll")
+    with clear_errors():
+        target = load_target(stack)
+        chosen = _pick_node(_api(target).stack_nodes(target.zones, target.stack), target, node)
+        prefix = agent_logs.status_prefix(chosen)
+        logs = agent_logs.AgentLogs(target.project)
+        if follow:
+            state = agent_logs.follow(logs, prefix, worker, _print_raw, poll=period)
+            console.print(f"[bold]job {state}[/]")
+            return
+        text = logs.job_log(prefix, worker)
+        if text is None:
+            raise agent_logs.LogsError(f"no log yet at {prefix}worker-{worker}/job.log")
+        _print_raw(text.decode(errors="replace"))
+
+
+def _print_raw(text: str) -> None:
+    console.out(text, end="", highlight=False)
+
+
+def _pick_node(nodes: list[NodeStatus], target: StackTarget, wanted: str | None) -> NodeStatus:
+    if not nodes:
+        raise TargetError(
+            f"stack {target.stack} has no nodes in {', '.join(target.zones) or 'any zone'}"
+        )
+    if wanted is None:
+        return nodes[0]
+    expected = {n.logical: n.node_id for n in target.nodes}
+    node_id = expected.get(wanted, wanted)
+    for node in nodes:
+        if node.node_id == node_id:
+            return node
+    raise TargetError(
+        f"--node {wanted}: not a node of stack {target.stack} "
+        f"({', '.join(n.node_id for n in nodes)})"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("preflight")(preflight_cmd)
+    app.command("status")(status_cmd)
+    app.command("wait")(wait_cmd)
+    app.command("recover")(recover_cmd)
+    app.command("janitor")(janitor_cmd)
+    app.command("logs")(logs_cmd)
