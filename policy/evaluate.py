@@ -27,6 +27,9 @@ from pulumi_policy import (
 from policy.tpu_policies import POLICIES
 
 PolicyConfig = Mapping[str, Mapping[str, Any]]
+# The config CI passes to `pulumi preview` (.github/workflows/preview.yml).
+CONFIG_PATH = Path(__file__).resolve().parent / "config.json"
+LEVELS = ("advisory", "mandatory", "remediate", "disabled")
 
 
 @dataclass(frozen=True)
@@ -39,17 +42,25 @@ class Violation:
         return asdict(self)
 
 
-def load_config(path: Path | None) -> dict[str, dict[str, Any]]:
-    """A policy config file (policy/config.example.json), or no overrides."""
+def load_config(path: Path | None = CONFIG_PATH) -> dict[str, dict[str, Any]]:
+    """A policy config file (`{policy: {setting: value} | level}`, as `pulumi preview
+    --policy-pack-config` reads it), normalised to `{policy: {setting: value}}`."""
     if path is None:
         return {}
     try:
-        config = json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ValueError(f"policy config {path}: {error}") from None
-    if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
-        raise ValueError(f"policy config {path}: expected {{policy name: {{setting: value}}}}")
-    return config
+    if not _is_config(raw):
+        raise ValueError(f"policy config {path}: expected {{policy name: {{setting: value}} "
+                         f"or an enforcement level ({', '.join(LEVELS)})}}")
+    return {name: value if isinstance(value, dict) else {"enforcementLevel": value}
+            for name, value in raw.items()}
+
+
+def _is_config(raw: Any) -> bool:
+    return isinstance(raw, dict) and all(
+        isinstance(v, dict) or v in LEVELS for v in raw.values())
 
 
 def _options(resource: Mapping[str, Any]) -> PolicyResourceOptions:
@@ -71,7 +82,8 @@ def _settings(config: PolicyConfig, name: str) -> dict[str, Any]:
 
 
 def _disabled(config: PolicyConfig, name: str) -> bool:
-    return (config.get(name) or {}).get("enforcementLevel") == "disabled"
+    level = (config.get(name) or {}).get("enforcementLevel")
+    return (level or (config.get("all") or {}).get("enforcementLevel")) == "disabled"
 
 
 def _collector(violations: list[Violation], policy: str,

@@ -105,7 +105,7 @@ CONFIG_SCHEMAS: dict[str, Schema] = {
     },
     "protected-data-buckets": {
         "bucketPurposes": {**_STRINGS, "default": ["checkpoints", "data"],
-                           "description": "name parts that mark a bucket as holding data"},
+                           "description": "`purpose` labels (else logical names) of data buckets"},
         "exemptStacks": {**_STRINGS, "default": ["dev"],
                          "description": "stacks whose data buckets may be deleted"},
     },

@@ -1,0 +1,46 @@
+"""The pack's config files: known policies and settings, loaded as the engine reads them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from policy.evaluate import CONFIG_PATH, evaluate, load_config
+from policy.tpu_policies import CONFIG_SCHEMAS, POLICIES
+
+EXAMPLE = CONFIG_PATH.parent / "config.example.json"
+NAMES = {policy.name for policy in POLICIES}
+
+
+@pytest.mark.parametrize("path", [CONFIG_PATH, EXAMPLE], ids=["config", "example"])
+def test_config_files_name_real_policies_and_settings(path: Path):
+    for name, value in load_config(path).items():
+        assert name in NAMES | {"all"}, name
+        settings = set(value) - {"enforcementLevel"}
+        assert settings <= set(CONFIG_SCHEMAS.get(name, {})), (name, settings)
+
+
+def test_repository_config_spells_out_the_defaults():
+    for name, value in load_config(CONFIG_PATH).items():
+        assert value == {k: spec["default"] for k, spec in CONFIG_SCHEMAS[name].items()}
+
+
+def test_policy_names_are_unique_and_every_policy_is_mandatory():
+    assert len(NAMES) == len(POLICIES) == 12
+    assert {p.enforcement_level.value for p in POLICIES} == {"mandatory"}
+
+
+def test_all_disabled_turns_every_policy_off(tmp_path):
+    plan = {"resources": [{"urn": "urn:pulumi:prod::tpu-stack::gcp:serviceaccount/key:Key::k",
+                           "type": "gcp:serviceaccount/key:Key", "name": "k", "inputs": {}}]}
+    assert [v.policy for v in evaluate(plan)] == ["no-service-account-keys"]
+    (tmp_path / "off.json").write_text(json.dumps({"all": "disabled"}))
+    assert evaluate(plan, load_config(tmp_path / "off.json")) == []
+
+
+def test_bad_config_is_one_clear_error(tmp_path):
+    (tmp_path / "bad.json").write_text(json.dumps({"tpu-spot-stacks": "sometimes"}))
+    with pytest.raises(ValueError, match="or an enforcement level \\(advisory, mandatory"):
+        load_config(tmp_path / "bad.json")
