@@ -1,0 +1,70 @@
+"""The package archive: the same bytes for the same sources, on any machine."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from components.archive import (
+    TRAINING_DIR,
+    PackageError,
+    PinnedWheel,
+    build_archive,
+    ensure_wheels,
+    read_lock,
+)
+
+
+def members(data: bytes) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+@pytest.fixture(scope="module")
+def archive():
+    return build_archive()
+
+
+def test_archive_holds_the_job_and_one_tf_keras_wheel_per_tf(archive) -> None:
+    names = members(archive.data)
+    assert {"pyproject.toml", "wheels.lock", "tpu_training/__init__.py",
+            "tpu_training/config.py"} <= names.keys()
+    wheels = sorted(n for n in names if n.startswith("wheels/"))
+    assert [w.split("-")[1] for w in wheels] == [p.requirement.split("==")[1]
+                                                  for p in read_lock()]
+    assert not any("__pycache__" in n or n.startswith("tests/") for n in names)
+    assert all(m.mtime == 0 and m.uid == 0 and m.mode == 0o644 for m in names.values())
+
+
+def test_same_sources_elsewhere_give_the_same_bytes(archive, tmp_path: Path) -> None:
+    copy = tmp_path / "training"
+    shutil.copytree(TRAINING_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in copy.rglob("*"):
+        os.utime(path, (1_000_000, 1_000_000))
+        if path.is_file():
+            path.chmod(0o600)
+    (copy / "tpu_training" / "__pycache__").mkdir(exist_ok=True)
+    (copy / "tpu_training" / "__pycache__" / "x.pyc").write_bytes(b"junk")
+    assert build_archive(copy).sha256 == archive.sha256
+
+
+def test_a_source_change_changes_the_digest(archive, tmp_path: Path) -> None:
+    copy = tmp_path / "training"
+    shutil.copytree(TRAINING_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with (copy / "tpu_training" / "config.py").open("a") as f:
+        f.write("\n# changed\n")
+    changed = build_archive(copy)
+    assert changed.sha256 != archive.sha256
+    assert changed.filename == f"tpu_training-{changed.sha256}.tar.gz"
+
+
+def test_a_wheel_that_does_not_verify_is_never_packed(tmp_path: Path) -> None:
+    pin = PinnedWheel("tpu-stack-no-such-package==0.0.0", "0" * 64)
+    (tmp_path / "tpu_stack_no_such_package-0.0.0-py3-none-any.whl").write_bytes(b"tampered")
+    with pytest.raises(PackageError, match="could not fetch tpu-stack-no-such-package==0.0.0"):
+        ensure_wheels([pin], tmp_path)

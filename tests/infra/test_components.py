@@ -1,0 +1,283 @@
+"""Each component under Pulumi's mock engine: the inputs and options that matter."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pytest
+
+from components import agent
+from components.archive import Archive
+from components.identity import IdentityArgs, RuntimeIdentity
+from components.naming import Naming
+from components.network import Network, NetworkArgs, subnet_ranges
+from components.package import PackageArgs, TrainingPackage
+from components.project import APIS, Project, ProjectArgs
+from components.settings import ProjectSettings, StorageSettings, load_settings
+from components.storage import TrainingBuckets
+from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
+from ops.mock_engine import ProgramRun, Registration, run_program
+from tests.infra.stack_fixtures import as_cli, config, node
+
+NAMING = Naming("acme-ml-test", "test")
+
+
+def declare(build: callable) -> ProgramRun:
+    return run_program({}, "test", program=build)
+
+
+def only(run: ProgramRun, type_token: str) -> Registration:
+    found = run.of_type(type_token)
+    assert len(found) == 1, [r.name for r in found]
+    return found[0]
+
+
+def parent_type(run: ProgramRun, resource: Registration) -> str:
+    return run.by_urn()[resource.parent].type
+
+
+# ---- project ---------------------------------------------------------------
+
+def test_adopted_project_enables_apis_that_stay_on_destroy() -> None:
+    run = declare(lambda: Project("project", ProjectArgs(
+        project_id="acme-ml-test", settings=ProjectSettings(), labels={})))
+    services = run.of_type("gcp:projects/service:Service")
+    assert sorted(s.inputs["service"] for s in services) == sorted(APIS)
+    for service in services:
+        assert service.inputs["disableOnDestroy"] is False
+        assert service.inputs["project"] == "acme-ml-test"
+        assert parent_type(run, service) == "tpu-stack:index:Project"
+    assert not run.of_type("gcp:organizations/project:Project")
+
+
+def test_created_project_is_protected_and_has_no_default_network() -> None:
+    settings = ProjectSettings(create=True, billing_account="01AB23-45CD67-89EF01",
+                               folder_id="1234567890")
+    run = declare(lambda: Project("project", ProjectArgs(
+        project_id="acme-ml-test", settings=settings, labels={"stack": "test"})))
+    project = only(run, "gcp:organizations/project:Project")
+    assert project.protect
+    assert project.inputs["autoCreateNetwork"] is False
+    assert project.inputs["billingAccount"] == "01AB23-45CD67-89EF01"
+    assert project.inputs["folderId"] == "1234567890"
+
+
+# ---- network ---------------------------------------------------------------
+
+def network_run(regions: list[str], iap: bool = True) -> ProgramRun:
+    return declare(lambda: Network("network", NetworkArgs(
+        project_id="acme-ml-test", naming=NAMING, regions=regions,
+        subnet_cidr="10.128.0.0/20", ssh_through_iap=iap, node_tag="test-tpu-node")))
+
+
+def test_network_has_private_google_access_and_no_auto_subnets() -> None:
+    run = network_run(["us-central1"])
+    vpc = only(run, "gcp:compute/network:Network")
+    assert vpc.inputs["autoCreateSubnetworks"] is False
+    subnet = only(run, "gcp:compute/subnetwork:Subnetwork")
+    assert subnet.inputs["privateIpGoogleAccess"] is True
+    assert subnet.inputs["ipCidrRange"] == "10.128.0.0/20"
+    assert subnet.inputs["region"] == "us-central1"
+
+
+def test_firewall_allows_internal_traffic_and_ssh_only_from_iap() -> None:
+    rules = {r.name: r.inputs for r in network_run(["us-central1"]).of_type(
+        "gcp:compute/firewall:Firewall")}
+    assert rules["allow-internal"]["sourceRanges"] == ["10.128.0.0/20"]
+    assert rules["allow-internal"]["targetTags"] == ["test-tpu-node"]
+    assert rules["allow-iap-ssh"]["sourceRanges"] == ["35.235.240.0/20"]
+    assert rules["allow-iap-ssh"]["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
+    assert "allow-iap-ssh" not in {r.name for r in network_run(["us-central1"], iap=False)
+                                   .of_type("gcp:compute/firewall:Firewall")}
+
+
+def test_one_subnet_per_region_without_overlap() -> None:
+    ranges = subnet_ranges("10.128.0.0/20", ["us-central1", "us-central2", "europe-west4"])
+    assert ranges == {"us-central1": "10.128.0.0/22", "us-central2": "10.128.4.0/22",
+                      "europe-west4": "10.128.8.0/22"}
+
+
+# ---- storage ---------------------------------------------------------------
+
+def buckets_run(**storage: object) -> ProgramRun:
+    settings = StorageSettings(location="US", **storage)
+    from components.storage import BucketsArgs
+    return declare(lambda: TrainingBuckets("storage", BucketsArgs(
+        project_id="acme-ml-test", naming=NAMING, settings=settings,
+        labels={"stack": "test", "managed-by": "pulumi"})))
+
+
+def test_buckets_are_private_uniform_and_labelled() -> None:
+    buckets = {b.name: b for b in buckets_run().of_type("gcp:storage/bucket:Bucket")}
+    assert set(buckets) == {"data", "artifacts", "checkpoints", "logs"}
+    for purpose, bucket in buckets.items():
+        assert bucket.inputs["uniformBucketLevelAccess"] is True
+        assert bucket.inputs["publicAccessPrevention"] == "enforced"
+        assert bucket.inputs["forceDestroy"] is False
+        assert bucket.inputs["labels"] == {"stack": "test", "managed-by": "pulumi",
+                                           "purpose": purpose}
+        assert bucket.inputs["name"] == f"acme-ml-test-test-{purpose}"
+
+
+def test_precious_buckets_are_protected_and_versioned_where_overwritten() -> None:
+    buckets = {b.name: b for b in buckets_run().of_type("gcp:storage/bucket:Bucket")}
+    assert {n for n, b in buckets.items() if b.protect} == {"data", "checkpoints"}
+    assert {n for n, b in buckets.items() if b.inputs["versioning"]["enabled"]} == {
+        "artifacts", "checkpoints"}
+    logs_rule = buckets["logs"].inputs["lifecycleRules"][0]
+    assert logs_rule["action"]["type"] == "Delete" and logs_rule["condition"]["age"] == 90
+
+
+def test_dev_may_opt_out_of_protection() -> None:
+    buckets = buckets_run(force_destroy=True, protect=False).of_type("gcp:storage/bucket:Bucket")
+    assert not any(b.protect for b in buckets)
+    assert all(b.inputs["forceDestroy"] is True for b in buckets)
+
+
+# ---- identity --------------------------------------------------------------
+
+def identity_run() -> ProgramRun:
+    names = {p: NAMING.bucket(p) for p in ("data", "artifacts", "checkpoints", "logs")}
+    return declare(lambda: RuntimeIdentity("identity", IdentityArgs(
+        project_id="acme-ml-test", naming=NAMING, buckets=names)))
+
+
+def test_runtime_account_reads_inputs_and_writes_outputs_on_its_buckets() -> None:
+    run = identity_run()
+    account = only(run, "gcp:serviceaccount/account:Account")
+    assert account.inputs["accountId"] == "test-runtime"
+    member = "serviceAccount:test-runtime@acme-ml-test.iam.gserviceaccount.com"
+    grants = {(b.inputs["bucket"].rsplit("-", 1)[1], b.inputs["role"])
+              for b in run.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")}
+    assert all(b.inputs["member"] == member
+               for b in run.of_type("gcp:storage/bucketIAMMember:BucketIAMMember"))
+    writes = {bucket for bucket, role in grants if role == "roles/storage.objectUser"}
+    reads = {bucket for bucket, role in grants if role == "roles/storage.objectViewer"}
+    assert writes == {"checkpoints", "logs"}
+    assert reads == {"data", "artifacts"}
+
+
+def test_runtime_account_has_only_the_project_roles_a_job_needs() -> None:
+    run = identity_run()
+    roles = {m.inputs["role"] for m in run.of_type("gcp:projects/iAMMember:IAMMember")}
+    assert roles == {"roles/logging.logWriter", "roles/monitoring.metricWriter",
+                     "roles/tpu.viewer"}
+    assert not run.of_type("gcp:serviceaccount/key:Key")
+    every_role = roles | {b.inputs["role"] for b in run.of_type(
+        "gcp:storage/bucketIAMMember:BucketIAMMember")}
+    assert not every_role & {"roles/editor", "roles/owner", "roles/storage.admin"}
+
+
+# ---- package ---------------------------------------------------------------
+
+def test_package_object_is_named_by_its_sha256(tmp_path) -> None:
+    archive = Archive(data=b"fake archive", sha256="ab" * 32)
+    holder: dict[str, TrainingPackage] = {}
+
+    def build() -> None:
+        holder["package"] = TrainingPackage("package", PackageArgs(
+            bucket="acme-ml-test-test-artifacts", archive=archive, staging_dir=tmp_path))
+
+    run = declare(build)
+    obj = only(run, "gcp:storage/bucketObject:BucketObject")
+    assert obj.inputs["name"] == f"packages/tpu_training-{'ab' * 32}.tar.gz"
+    assert obj.inputs["bucket"] == "acme-ml-test-test-artifacts"
+    assert obj.inputs["metadata"] == {"sha256": "ab" * 32}
+    assert holder["package"].uri == (f"gs://acme-ml-test-test-artifacts/packages/"
+                                     f"tpu_training-{'ab' * 32}.tar.gz")
+    assert (tmp_path / f"tpu_training-{'ab' * 32}.tar.gz").read_bytes() == b"fake archive"
+
+
+# ---- TPU node --------------------------------------------------------------
+
+def node_run(**node_changes: object) -> tuple[ProgramRun, TpuNodeArgs]:
+    settings = load_settings(as_cli(config(tpu_stack_nodes=[node(**node_changes)])), "test")
+    trainer = settings.nodes[0]
+    args = TpuNodeArgs(
+        project_id="acme-ml-test", node_id="test-trainer", settings=trainer,
+        job=settings.job(trainer.job),
+        locations=NodeLocations(
+            data_root="gs://d", checkpoint_dir="gs://c/ckpt/test-trainer/",
+            export_dir="gs://c/export/test-trainer/", tensorboard_dir="gs://l/tb/test-trainer/",
+            status_prefix="gs://l/status/test-trainer/"),
+        package_uri="gs://a/packages/tpu_training-00.tar.gz", package_sha256="00",
+        service_account_email="test-runtime@acme-ml-test.iam.gserviceaccount.com",
+        network="projects/p/global/networks/n", subnetwork="projects/p/regions/r/subnetworks/s",
+        network_tag="test-tpu-node", labels={"stack": "test", "managed-by": "pulumi"})
+    return declare(lambda: TpuNode("node-trainer", args)), args
+
+
+def test_node_is_replaced_delete_first_under_its_component() -> None:
+    run, _ = node_run()
+    vm = only(run, "gcp:tpu/v2Vm:V2Vm")
+    assert vm.delete_before_replace
+    assert parent_type(run, vm) == "tpu-stack:index:TpuNode"
+    assert vm.inputs["name"] == "test-trainer"
+    assert vm.inputs["zone"] == "us-central1-a"
+    assert vm.inputs["runtimeVersion"] == "tpu-vm-tf-2.18.0-pjrt"
+
+
+def test_node_runs_as_the_runtime_account_without_external_ips() -> None:
+    vm = only(node_run()[0], "gcp:tpu/v2Vm:V2Vm")
+    assert vm.inputs["serviceAccount"] == {
+        "email": "test-runtime@acme-ml-test.iam.gserviceaccount.com",
+        "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}
+    assert vm.inputs["networkConfig"]["enableExternalIps"] is False
+    assert vm.inputs["tags"] == ["test-tpu-node"]
+    assert vm.inputs["labels"]["managed-by"] == "pulumi"
+
+
+def test_node_carries_every_metadata_key_of_the_contract() -> None:
+    run, args = node_run()
+    metadata = only(run, "gcp:tpu/v2Vm:V2Vm").inputs["metadata"]
+    assert set(metadata) == {agent.STARTUP_SCRIPT_KEY, agent.PACKAGE_KEY,
+                             agent.PACKAGE_SHA256_KEY, agent.JOB_KEY, agent.WORKERS_KEY,
+                             agent.STATUS_KEY}
+    assert metadata[agent.STARTUP_SCRIPT_KEY] == agent.startup_script()
+    assert metadata[agent.PACKAGE_KEY] == args.package_uri
+    assert metadata[agent.WORKERS_KEY] == "all"
+    job = json.loads(metadata[agent.JOB_KEY])
+    assert job["trainData"] == "gs://d/datasets/mnist/train-*.tfrecord"
+    assert job["checkpointDir"] == "gs://c/ckpt/test-trainer/"
+    assert job["exportDir"] == "gs://c/export/test-trainer/"
+    assert job["tensorboardDir"] == "gs://l/tb/test-trainer/"
+
+
+@pytest.mark.parametrize(("provisioning", "expected"), [
+    ("spot", {"spot": True}), ("preemptible", {"preemptible": True}),
+    ("reserved", {"reserved": True}), ("on-demand", None)])
+def test_scheduling_follows_provisioning(provisioning: str, expected: dict | None) -> None:
+    vm = only(node_run(provisioning=provisioning)[0], "gcp:tpu/v2Vm:V2Vm")
+    assert vm.inputs.get("schedulingConfig") == expected
+
+
+def test_accelerator_type_or_config_as_the_user_wrote_it() -> None:
+    by_type = only(node_run()[0], "gcp:tpu/v2Vm:V2Vm").inputs
+    assert by_type["acceleratorType"] == "v5litepod-8" and "acceleratorConfig" not in by_type
+    by_shape = only(node_run(acceleratorType=None, generation="v4", topology="2x2x4",
+                             zone="us-central2-b")[0], "gcp:tpu/v2Vm:V2Vm").inputs
+    assert by_shape["acceleratorConfig"] == {"type": "V4", "topology": "2x2x4"}
+    assert "acceleratorType" not in by_shape
+    assert by_shape["runtimeVersion"] == "tpu-vm-tf-2.18.0-pod-pjrt"
+    assert by_shape["metadata"][agent.WORKERS_KEY] == "0"
+
+
+def test_a_code_change_only_changes_metadata() -> None:
+    """Only metadata, labels, tags, description and data disks update a V2Vm in
+    place (tpu-facts); a new package must leave every other input alone."""
+    run_a, args = node_run()
+    import dataclasses
+    changed = dataclasses.replace(args, package_uri="gs://a/packages/tpu_training-11.tar.gz",
+                                  package_sha256="11")
+    run_b = declare(lambda: TpuNode("node-trainer", changed))
+    a = only(run_a, "gcp:tpu/v2Vm:V2Vm").inputs
+    b = only(run_b, "gcp:tpu/v2Vm:V2Vm").inputs
+    differing = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+    assert differing == {"metadata"}
+
+
+def test_component_options_are_visible_to_the_recording_monitor() -> None:
+    run = declare(lambda: pulumi.ComponentResource("tpu-stack:index:Probe", "probe"))
+    assert run.registrations[0].type == "tpu-stack:index:Probe"
+    assert not run.registrations[0].custom

@@ -1,0 +1,106 @@
+"""Whole program, every Pulumi.<stack>.yaml in the repo, as `pulumi up` would run it."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pytest
+import yaml
+
+from components import agent
+from components.archive import REPO_ROOT
+from components.stack_config import file_config, project_defaults, stack_names
+from ops.mock_engine import run_program
+from tests.infra.stack_fixtures import as_cli, config, node
+
+STACKS = stack_names()
+LABELLED = ("gcp:storage/bucket:Bucket", "gcp:tpu/v2Vm:V2Vm")
+
+
+def test_the_repo_has_dev_and_prod() -> None:
+    assert {"dev", "prod"} <= set(STACKS)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_plans_with_every_required_label(stack: str) -> None:
+    run = run_program(file_config(stack), stack)
+    for resource in run.registrations:
+        if resource.type in LABELLED:
+            labels = resource.inputs["labels"]
+            assert {"stack", "team", "component", "managed-by"} <= labels.keys(), resource.name
+            assert labels["stack"] == stack and labels["managed-by"] == "pulumi"
+
+
+@pytest.mark.parametrize("stack", [s for s in STACKS if s in ("dev", "prod")])
+def test_single_team_stack_outputs(stack: str) -> None:
+    run = run_program(file_config(stack), stack)
+    outputs = run.outputs
+    assert set(outputs["buckets"]) == {"data", "artifacts", "checkpoints", "logs"}
+    assert outputs["runtimeServiceAccount"].endswith(".iam.gserviceaccount.com")
+    assert outputs["package"]["uri"].endswith(f"tpu_training-{outputs['package']['sha256']}"
+                                              ".tar.gz")
+    vms = run.of_type("gcp:tpu/v2Vm:V2Vm")
+    assert len(vms) == len(outputs["nodes"])
+    for vm in vms:
+        metadata = vm.inputs["metadata"]
+        assert metadata[agent.PACKAGE_KEY] == outputs["package"]["uri"]
+        job = json.loads(metadata[agent.JOB_KEY])
+        assert job["trainData"].startswith(outputs["buckets"]["data"] + "/")
+        assert job["checkpointDir"].startswith(outputs["buckets"]["checkpoints"] + "/")
+        assert vm.inputs["serviceAccount"]["email"] == outputs["runtimeServiceAccount"]
+
+
+def test_dev_is_one_single_host_spot_node_with_destroyable_buckets() -> None:
+    run = run_program(file_config("dev"), "dev")
+    (trainer,) = run.outputs["nodes"].values()
+    assert (trainer["hosts"], trainer["provisioning"]) == (1, "spot")
+    assert trainer["usdPerHour"] == pytest.approx(0.607 * trainer["chips"])
+    assert run.outputs["estimatedUsdPerHour"] == pytest.approx(trainer["usdPerHour"])
+    assert not any(b.protect for b in run.of_type("gcp:storage/bucket:Bucket"))
+
+
+def test_prod_is_a_protected_pod_slice() -> None:
+    run = run_program(file_config("prod"), "prod")
+    (pod,) = run.outputs["nodes"].values()
+    assert (pod["acceleratorType"], pod["topology"], pod["hosts"]) == ("v4-32", "2x2x4", 4)
+    assert pod["runtimeVersion"] == "tpu-vm-tf-2.18.0-pod-pjrt"
+    protected = {b.name for b in run.of_type("gcp:storage/bucket:Bucket") if b.protect}
+    assert protected == {"data", "checkpoints"}
+    vm = run.of_type("gcp:tpu/v2Vm:V2Vm")[0]
+    assert vm.inputs["metadata"][agent.WORKERS_KEY] == "0"
+    assert vm.inputs["schedulingConfig"] == {"reserved": True}
+
+
+def test_a_bad_stack_fails_with_one_message_and_no_traceback() -> None:
+    bad = config(tpu_stack_nodes=[node(zone="us-central2-b"), node(name="b", job="nope")])
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program(as_cli(bad), "test")
+    text = str(caught.value)
+    assert "tpu-stack:nodes[0].zone: us-central2-b does not offer TPU v5e" in text
+    assert "tpu-stack:nodes[1].job: 'nope' is not a key of tpu-stack:jobs" in text
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_config_comes_from_pulumi_yaml_then_the_stack_file(tmp_path) -> None:
+    (tmp_path / "Pulumi.yaml").write_text(yaml.safe_dump({
+        "name": "tpu-stack", "runtime": "python",
+        "config": {"environment": {"type": "string", "default": "prod"},
+                   "team": "platform", "labels": {"default": {"a": "b"}},
+                   "gcp:project": {"value": "from-project"}}}))
+    (tmp_path / "Pulumi.x.yaml").write_text(yaml.safe_dump({
+        "config": {"tpu-stack:team": "vision", "gcp:project": "from-stack",
+                   "tpu-stack:storage": {"location": "US", "protect": True}}}))
+    assert file_config("x", tmp_path) == {
+        "tpu-stack:environment": "prod", "tpu-stack:team": "vision",
+        "tpu-stack:labels": '{"a": "b"}', "gcp:project": "from-stack",
+        "tpu-stack:storage": '{"location": "US", "protect": true}'}
+
+
+def test_every_top_level_key_is_declared_with_a_description() -> None:
+    from components.settings import TOP_LEVEL_KEYS
+    project = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
+    declared = {f"tpu-stack:{k}": v for k, v in project["config"].items()}
+    assert set(TOP_LEVEL_KEYS) <= set(declared)
+    assert all(isinstance(v, dict) and v.get("description") for v in declared.values())
+    assert project_defaults()["tpu-stack:environment"] == "prod"
