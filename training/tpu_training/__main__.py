@@ -28,14 +28,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key, message in error.problems:
             _error(f"{key}: {message}" if key else message)
         return EXIT_USAGE
-    except _Failure as error:
+    except _OneLineError as error:
         _error(str(error))
         return EXIT_FAILED
     finally:
         stop.uninstall()
 
 
-class _Failure(Exception):
+class _OneLineError(Exception):
     """A failure worth one line, not a traceback."""
 
 
@@ -46,7 +46,7 @@ def _run(args: argparse.Namespace, stop: StopFlag) -> int:
     try:
         result = train.run(config, stop=stop)
     except strategy.StrategyError as error:
-        raise _Failure(str(error)) from error
+        raise _OneLineError(str(error)) from error
     return EXIT_STOPPED if result.outcome is train.Outcome.STOPPED else 0
 
 

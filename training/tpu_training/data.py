@@ -48,6 +48,9 @@ _FEATURES = {
 
 def list_files(pattern: str, *, key: str = "trainData") -> list[str]:
     """The files `pattern` matches, sorted; a clear error naming `key` if none."""
+    if pattern.count("[") != pattern.count("]"):
+        # TensorFlow's glob matches nothing rather than rejecting it.
+        raise JobConfigError.single(key, f"{pattern!r} is not a valid glob: unbalanced [ ]")
     try:
         files = sorted(tf.io.gfile.glob(pattern))
     except tf.errors.OpError as error:

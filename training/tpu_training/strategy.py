@@ -22,6 +22,7 @@ from tpu_training.tf_env import tf
 STRATEGY_ENV = "TPU_STACK_STRATEGY"
 CPU_REPLICAS_ENV = "TPU_STACK_CPU_REPLICAS"
 STRATEGY_KINDS = ("auto", "tpu", "cpu")
+MAX_ERROR_CHARS = 200
 
 
 class StrategyError(RuntimeError):
@@ -35,15 +36,17 @@ def make_strategy(kind: str | None = None,
     if kind not in STRATEGY_KINDS:
         raise JobConfigError.single(
             STRATEGY_ENV, f"{kind!r} is not allowed; use one of {', '.join(STRATEGY_KINDS)}")
-    if kind == "cpu":
-        return cpu_strategy(cpu_replicas)
-    try:
+    if kind == "tpu":
         return tpu_strategy()
-    except StrategyError as error:
-        if kind == "tpu":
-            raise
-        print(f"tpu_training: no TPU ({error}); training on CPU", file=sys.stderr, flush=True)
-        return cpu_strategy(cpu_replicas)
+    replicas = cpu_replicas or _cpu_replicas_from_env()
+    # Looking for a TPU starts TensorFlow, after which the CPU can no longer be split.
+    devices = split_cpu(replicas) if replicas > 1 else None
+    if kind == "auto":
+        try:
+            return tpu_strategy()
+        except StrategyError as error:
+            print(f"tpu_training: {error}; training on CPU", file=sys.stderr, flush=True)
+    return tf.distribute.MirroredStrategy(devices) if devices else tf.distribute.get_strategy()
 
 
 def tpu_strategy() -> tf.distribute.TPUStrategy:
@@ -61,19 +64,10 @@ def tpu_strategy() -> tf.distribute.TPUStrategy:
             tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (tf.errors.OpError, ValueError, RuntimeError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        summary = str(error).strip().split(". ")[0][:MAX_ERROR_CHARS]
         raise StrategyError(f"TPU {name!r} did not initialise: "
-                            f"{type(error).__name__}: {first_line}") from error
+                            f"{type(error).__name__}: {summary}") from error
     return tf.distribute.TPUStrategy(resolver)
-
-
-def cpu_strategy(replicas: int | None = None) -> tf.distribute.Strategy:
-    """MirroredStrategy over `replicas` logical CPUs (`$TPU_STACK_CPU_REPLICAS`, default 1)."""
-    replicas = replicas or _cpu_replicas_from_env()
-    if replicas == 1:
-        return tf.distribute.get_strategy()
-    devices = split_cpu(replicas)
-    return tf.distribute.MirroredStrategy(devices=devices)
 
 
 def split_cpu(replicas: int) -> list[str]:

@@ -53,7 +53,7 @@ def _records(rng: np.random.Generator, prototypes: np.ndarray, count: int):
     labels = rng.integers(0, len(prototypes), size=count)
     noise = rng.integers(0, 256, size=(count, *prototypes.shape[1:]))
     images = (PROTOTYPE_WEIGHT * prototypes[labels] + (1 - PROTOTYPE_WEIGHT) * noise)
-    for image, label in zip(images.astype(np.uint8), labels):
+    for image, label in zip(images.astype(np.uint8), labels, strict=True):
         yield example_bytes(image, int(label))
 
 

@@ -142,6 +142,7 @@ class _Job:
         self.manager = tf.train.CheckpointManager(checkpoint, config.checkpointDir,
                                                   max_to_keep=CHECKPOINTS_KEPT)
         self.writer = tf.summary.create_file_writer(config.tensorboardDir)
+        self.saved_step: int | None = None
 
     @property
     def step(self) -> int:
@@ -152,8 +153,7 @@ class _Job:
         _say(self.out, f"resumed_from={resumed_from}")
         iterator = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
         losses = self._train(iterator, self._train_steps_fn(), stop)
-        self.manager.save(checkpoint_number=self.step)
-        self.writer.flush()
+        self._save()
         if self.step < self.config.trainSteps:
             _say(self.out, f"stopped_at={self.step}")
             return RunResult(Outcome.STOPPED, self.step, resumed_from, losses)
@@ -171,6 +171,7 @@ class _Job:
             raise JobConfigError.single(
                 "checkpointDir", f"{latest} is not a checkpoint of this {self.spec.name} job: "
                                  f"{error}") from error
+        self.saved_step = self.step
         return self.step
 
     def _train(self, iterator, train_steps: Callable, stop: StopFlag) -> tuple[float, ...]:
@@ -185,8 +186,14 @@ class _Job:
             _say(self.out, f"step={self.step} loss={loss:.6f}")
             self._summarise(loss, (self.step - before) / (time.monotonic() - started))
             if self.step // config.checkpointEverySteps > before // config.checkpointEverySteps:
-                self.manager.save(checkpoint_number=self.step)
+                self._save()
         return tuple(losses)
+
+    def _save(self) -> None:
+        if self.saved_step != self.step:
+            self.manager.save(checkpoint_number=self.step)
+            self.saved_step = self.step
+        self.writer.flush()
 
     def _train_steps_fn(self) -> Callable:
         model, optimizer, strategy = self.model, self.optimizer, self.strategy
@@ -198,7 +205,7 @@ class _Job:
                 per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
             gradients = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
             loss_metric.update_state(loss * strategy.num_replicas_in_sync)
 
         @tf.function
@@ -229,6 +236,9 @@ class _Job:
             return {"probabilities": probabilities,
                     "classes": tf.argmax(probabilities, axis=-1, output_type=tf.int32)}
 
+        if tf.io.gfile.exists(self.config.exportDir):
+            # Replace, never merge: TF's ram:// filesystem appends to a file opened with "w".
+            tf.io.gfile.rmtree(self.config.exportDir)
         serving.save(self.config.exportDir, include_optimizer=False, save_format="tf",
                      signatures={"serving_default": serve})
         marker = {"step": self.step, "model": self.spec.name, "trainSteps": self.config.trainSteps,

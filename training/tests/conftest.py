@@ -1,0 +1,80 @@
+"""Fixtures for the job's tests: real TensorFlow on CPU, split into two replicas.
+
+test_config.py needs only the standard library; the other files need TensorFlow
+and are not collected where it is missing (the infra venv runs test_config.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPLICAS = 2
+# Every job in these tests, in-process or a subprocess, runs on 2 logical CPUs.
+os.environ["TPU_STACK_STRATEGY"] = "cpu"
+os.environ["TPU_STACK_CPU_REPLICAS"] = str(REPLICAS)
+
+if importlib.util.find_spec("tensorflow") is None:
+    collect_ignore = [path.name for path in Path(__file__).parent.glob("test_*.py")
+                      if path.name != "test_config.py"]
+
+# A job small enough for a 2-core machine: the seed's MNIST CNN at 1/8 width.
+SMALL_MNIST_JOB = {"model": "mnist_cnn", "globalBatchSize": 16, "trainSteps": 60,
+                   "stepsPerExecution": 5, "checkpointEverySteps": 20,
+                   "widthMultiplier": 0.125, "learningRate": 0.4}
+
+
+@pytest.fixture(scope="session")
+def strategy():
+    """The 2-replica MirroredStrategy; created before any other TensorFlow op runs."""
+    from tpu_training.strategy import make_strategy
+
+    made = make_strategy("cpu", REPLICAS)
+    assert made.num_replicas_in_sync == REPLICAS
+    return made
+
+
+@pytest.fixture(scope="session")
+def mnist_data(strategy, tmp_path_factory) -> str:
+    """A 16-shard synthetic MNIST dataset; its glob."""
+    from tpu_training import models, synth
+    from tpu_training.config import JobConfig
+
+    spec = models.model_spec(JobConfig.from_dict(
+        {**SMALL_MNIST_JOB, "trainData": "x"}, resolved=False))
+    out = tmp_path_factory.mktemp("mnist")
+    return synth.write_dataset(str(out), spec, examples=1024, shards=16).pattern
+
+
+@pytest.fixture(scope="session")
+def make_job(mnist_data):
+    """A factory of resolved small MNIST jobs with every location under a root."""
+
+    def make(root: Path | str, **overrides) -> dict:
+        root = str(root).rstrip("/")
+        return {**SMALL_MNIST_JOB, "trainData": mnist_data, "checkpointDir": f"{root}/ckpt",
+                "exportDir": f"{root}/export", "tensorboardDir": f"{root}/tb", **overrides}
+
+    return make
+
+
+@pytest.fixture
+def job(tmp_path, make_job):
+    """Small MNIST jobs with their locations under `tmp_path`."""
+    return lambda **overrides: make_job(tmp_path, **overrides)
+
+
+@pytest.fixture
+def job_file(tmp_path, job):
+    """A factory of job config files, as the node agent writes them."""
+
+    def write(**overrides) -> Path:
+        path = tmp_path / "job.json"
+        path.write_text(json.dumps(job(**overrides)))
+        return path
+
+    return write

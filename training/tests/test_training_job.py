@@ -1,0 +1,133 @@
+"""The job in-process on two CPU replicas: it learns, logs, checkpoints and exports."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import numpy as np
+import pytest
+
+from tpu_training import data, models, train
+from tpu_training.config import JobConfig
+from tpu_training.tf_env import keras, tf
+
+
+@pytest.fixture(scope="module")
+def finished(strategy, make_job):
+    """One finished 60-step job, every location on TF's in-memory filesystem."""
+    config = JobConfig.from_dict(make_job("ram://finished"))
+    out = io.StringIO()
+    result = train.run(config, strategy=strategy, out=out)
+    return config, result, out.getvalue().splitlines()
+
+
+def test_loss_falls(finished):
+    _, result, _ = finished
+    assert result.outcome is train.Outcome.FINISHED
+    assert len(result.losses) == 12  # 60 steps, 5 per execution
+    assert result.losses[0] > 2.0  # about ln(10): chance on 10 classes
+    assert np.mean(result.losses[-2:]) < 0.6 * result.losses[0]
+
+
+def test_progress_lines_one_per_execution(finished):
+    config, _, lines = finished
+    assert lines[0] == "tpu_training resumed_from=0"
+    assert lines[-1] == f"tpu_training complete=60 export={config.exportDir}"
+    steps = [re.fullmatch(r"tpu_training step=(\d+) loss=(\d+\.\d+)", line) for line in lines[1:-1]]
+    assert all(steps), lines
+    assert [int(match[1]) for match in steps] == list(range(5, 61, 5))
+
+
+def test_checkpoints_every_interval_and_at_the_end(finished):
+    config, _, _ = finished
+    state = tf.train.get_checkpoint_state(config.checkpointDir)
+    assert [path.rsplit("-", 1)[1] for path in state.all_model_checkpoint_paths] == [
+        "20", "40", "60"]
+    # Not tf.train.load_checkpoint: on ram:// every path looks like a directory to it.
+    reader = tf.compat.v1.train.NewCheckpointReader(state.model_checkpoint_path)
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 60
+
+
+def test_tensorboard_gets_loss_and_learning_rate_per_execution(finished):
+    config, _, _ = finished
+    (events,) = tf.io.gfile.glob(f"{config.tensorboardDir}/events.out.tfevents.*")
+    steps: dict[str, list[int]] = {}
+    for record in tf.data.TFRecordDataset(events):
+        event = tf.compat.v1.Event.FromString(record.numpy())
+        for value in event.summary.value:
+            steps.setdefault(value.tag, []).append(event.step)
+    assert steps["loss"] == list(range(5, 61, 5))
+    assert steps["learning_rate"] == steps["loss"]
+    assert {"steps_per_second", "examples_per_second"} <= set(steps)
+
+
+def test_exported_model_loads_and_predicts(finished, mnist_data):
+    config, _, _ = finished
+    serve = tf.saved_model.load(config.exportDir).signatures["serving_default"]
+    spec = models.model_spec(config)
+    records = tf.data.TFRecordDataset(data.list_files(mnist_data)).batch(256)
+    images, labels = data.parse_batch(next(iter(records)), spec)
+    predicted = serve(images=images)
+    assert predicted["probabilities"].shape == (256, 10)
+    np.testing.assert_allclose(tf.reduce_sum(predicted["probabilities"], axis=1), 1, rtol=1e-5)
+    accuracy = np.mean(predicted["classes"].numpy() == labels.numpy())
+    assert accuracy > 0.5  # chance is 0.1
+
+
+def test_a_finished_job_reruns_as_a_no_op(finished):
+    config, _, _ = finished
+    out = io.StringIO()
+    result = train.run(config, strategy=None, out=out)  # no strategy: it must not need one
+    assert (result.outcome, result.step, result.losses) == (
+        train.Outcome.ALREADY_COMPLETE, 60, ())
+    assert out.getvalue() == f"tpu_training complete=60 export={config.exportDir}\n"
+
+
+def test_more_train_steps_continue_a_finished_job(finished, strategy):
+    config, _, _ = finished
+    out = io.StringIO()
+    longer = JobConfig.from_dict({**config.to_dict(), "trainSteps": 70})
+    result = train.run(longer, strategy=strategy, out=out)
+    assert (result.outcome, result.resumed_from, result.step) == (train.Outcome.FINISHED, 60, 70)
+    assert train.read_marker(config.exportDir)["step"] == 70
+
+
+def test_learning_rate_scales_with_the_global_batch_and_warms_up():
+    config = JobConfig.from_dict({"model": "resnet18", "trainData": "x", "globalBatchSize": 512,
+                                  "trainSteps": 110, "stepsPerExecution": 10,
+                                  "checkpointEverySteps": 10, "learningRate": 0.1,
+                                  "warmupSteps": 10}, resolved=False)
+    schedule = train.learning_rate(config, models.model_spec(config))
+    rates = {step: float(schedule(step)) for step in (0, 4, 9, 59, 109)}
+    assert rates == pytest.approx({0: 0.02, 4: 0.1, 9: 0.2, 59: 0.1, 109: 0.0}, abs=1e-6)
+
+
+def test_default_warmup_is_a_tenth_of_training_up_to_1000_steps():
+    base = {"model": "mnist_cnn", "trainData": "x", "globalBatchSize": 256,
+            "stepsPerExecution": 10, "checkpointEverySteps": 10}
+    for steps, warmup in ((200, 20), (50_000, 1000)):
+        config = JobConfig.from_dict({**base, "trainSteps": steps}, resolved=False)
+        assert train.learning_rate(config, models.model_spec(config)).warmup_steps == warmup
+
+
+def test_bfloat16_trunk_with_a_float32_output():
+    spec = models.ModelSpec("resnet18", (32, 32, 3), 10, 0.1, width=0.125)
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = models.build_model(spec)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    convolutions = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)]
+    assert {layer.compute_dtype for layer in convolutions} == {"bfloat16"}
+    assert {layer.variable_dtype for layer in convolutions} == {"float32"}
+    assert model.output.dtype == tf.float32
+
+
+@pytest.mark.parametrize(("name", "trainable"), [("resnet18", 11_689_512),
+                                                 ("resnet50", 25_557_032)])
+def test_resnets_have_the_published_sizes(name, trainable):
+    """torchvision's ImageNet ResNet-18/50 parameter counts (pytorch.org/vision)."""
+    model = models.build_model(models.ModelSpec(name, (224, 224, 3), 1000, 0.1))
+    assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == trainable
+    assert model.output.shape == (None, 1000)
