@@ -13,6 +13,9 @@ from rich.table import Table
 from components.settings import SettingsError
 from components.stack_config import StackFileError
 from ops.plan import Plan, offline_plan
+from ops.plan_diff import diff_plans, load_plan, render_diff
+from ops.plan_report import plain, render
+from policy.evaluate import evaluate, load_config
 
 console = Console()
 
@@ -46,16 +49,34 @@ def cost_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def print_report(result: Plan, fmt: str | None, against: Path | None) -> int:
+    """The PR-comment rendering (ops/plan_report.py, ops/plan_diff.py); exit 1 on violations."""
+    head = plain(result.to_json())
+    violations = evaluate(head, load_config())
+    if against:
+        text = render_diff(diff_plans(load_plan(against), head), fmt or "markdown", violations)
+    else:
+        text = render(head, fmt or "table", violations)
+    print(text, end="")
+    return 1 if violations else 0
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def plan(
         stack: str = typer.Option("dev", "--stack", "-s", help="Stack name (Pulumi.<stack>.yaml)."),
         out: Path | None = typer.Option(None, "--out", help="Also write the plan as JSON here."),
+        fmt: str | None = typer.Option(
+            None, "--format", help="markdown | table | json, with policy results (PR comment)."),
+        against: Path | None = typer.Option(
+            None, "--against", help="Diff against this saved plan (`--format json` of the base)."),
     ) -> None:
         """Offline plan of a stack: resources by component and the cost estimate."""
         try:
             result = offline_plan(stack)
-        except (SettingsError, StackFileError) as error:
+            if fmt or against:
+                raise typer.Exit(print_report(result, fmt, against))
+        except (SettingsError, StackFileError, ValueError) as error:
             console.print(f"[red]error:[/red] {error}", highlight=False)
             raise typer.Exit(2) from None
         console.print(plan_table(result))
@@ -63,5 +84,5 @@ def register(app: typer.Typer) -> None:
         for line in cost_lines(result):
             console.print(line, highlight=False)
         if out:
-            out.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
+            out.write_text(json.dumps(plain(result.to_json()), indent=2, sort_keys=True) + "\n")
             console.print(f"plan written to {out}")

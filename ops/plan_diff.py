@@ -18,7 +18,9 @@ from ops.plan_report import (
     check_format,
     heading,
     money,
+    node_name,
     per_month,
+    plain,
     policy_section,
     table,
 )
@@ -38,6 +40,7 @@ class Change:
     urn: str
     type: str
     name: str
+    node: str  # the TPU node's logical name (ops.plan_report.node_name)
     properties: tuple[str, ...]  # dotted paths of changed inputs, `(protect)` for the option
     replaced_by: tuple[str, ...]  # the properties that force a TPU node's replacement
 
@@ -121,12 +124,13 @@ def _change(base: Mapping[str, Any], head: Mapping[str, Any]) -> Change | None:
     if not paths:
         return None
     input_paths = [p for p in paths if p != "(protect)"]
-    return Change(head["urn"], head["type"], head["name"], tuple(paths),
+    return Change(head["urn"], head["type"], head["name"], node_name(head), tuple(paths),
                   replacing_properties(head["type"], head.get("inputs", {}), input_paths))
 
 
 def diff_plans(base: Mapping[str, Any], head: Mapping[str, Any]) -> PlanDiff:
     """What merging `head` over `base` changes, resource by resource (by URN)."""
+    base, head = plain(base), plain(head)
     before = {r["urn"]: r for r in base.get("resources", []) if r.get("custom", True)}
     after = {r["urn"]: r for r in head.get("resources", []) if r.get("custom", True)}
     changes = (_change(before[urn], after[urn]) for urn in after if urn in before)
@@ -142,10 +146,10 @@ def diff_plans(base: Mapping[str, Any], head: Mapping[str, Any]) -> PlanDiff:
 
 def replacement_warnings(diff: PlanDiff) -> list[str]:
     """One loud line per TPU node the change replaces or removes."""
-    lines = [f"TPU node {c.name} will be REPLACED (deleted, then created) because "
+    lines = [f"TPU node {c.node} will be REPLACED (deleted, then created) because "
              f"{', '.join(c.replaced_by)} changed; {REPLACEMENT_RISK}."
              for c in diff.replacements]
-    lines += [f"TPU node {r['name']} will be DELETED; {REPLACEMENT_RISK}."
+    lines += [f"TPU node {node_name(r)} will be DELETED; {REPLACEMENT_RISK}."
               for r in diff.removed_tpu_nodes]
     return lines
 

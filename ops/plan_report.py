@@ -11,6 +11,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import pulumi
+
 from components.catalog import HOURS_PER_MONTH
 from policy.evaluate import Violation
 from policy.tpu_policies import is_spot, tpu_view
@@ -22,6 +24,19 @@ def check_format(fmt: str) -> str:
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r} is not a format; allowed: {', '.join(FORMATS)}")
     return fmt
+
+
+def plain(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan as pure JSON data, so a fresh plan and one read from a file compare
+    equal: Pulumi assets and archives become `{"FileAsset": path}` and the like."""
+    return json.loads(json.dumps(plan, default=_asset_json))
+
+
+def _asset_json(value: Any) -> dict[str, Any]:
+    for attribute in ("path", "text", "uri", "assets"):
+        if isinstance(value, pulumi.Asset | pulumi.Archive) and hasattr(value, attribute):
+            return {type(value).__name__: getattr(value, attribute)}
+    raise TypeError(f"{type(value).__name__} in a plan is not JSON data")
 
 
 def money(usd: float | None, *, signed: bool = False) -> str:
@@ -60,6 +75,13 @@ def accelerator_of(inputs: Mapping[str, Any]) -> str:
     return str(inputs.get("acceleratorType") or "provider default")
 
 
+def node_name(resource: Mapping[str, Any]) -> str:
+    """A TPU node's logical name (`tpu-stack:nodes[].name`): its TpuNode component's
+    name, as the plan's cost names it; the resource name outside a component."""
+    component = resource.get("component")
+    return component.rsplit(":", 1)[-1] if component else resource["name"]
+
+
 def node_rows(plan: Mapping[str, Any]) -> list[list[str]]:
     """One row per TPU node: name, accelerator, runtime, provisioning, cost."""
     costs = {n["name"]: n for n in plan.get("cost", {}).get("nodes", [])}
@@ -68,9 +90,10 @@ def node_rows(plan: Mapping[str, Any]) -> list[list[str]]:
         inputs = tpu_view(r["type"], r.get("inputs", {}))
         if inputs is None:
             continue
-        cost = costs.get(r["name"], {})
+        name = node_name(r)
+        cost = costs.get(name, {})
         hourly = cost.get("usdPerHour")
-        rows.append([r["name"], accelerator_of(inputs), str(inputs.get("runtimeVersion", "")),
+        rows.append([name, accelerator_of(inputs), str(inputs.get("runtimeVersion", "")),
                      "spot" if is_spot(inputs) else "on-demand", money(hourly),
                      money(per_month(hourly)), money(cost.get("spotSavingUsdPerHour"))])
     return rows
@@ -127,6 +150,7 @@ def to_json(plan: Mapping[str, Any], violations: Sequence[Violation]) -> dict[st
 
 def render(plan: Mapping[str, Any], fmt: str, violations: Sequence[Violation] = ()) -> str:
     """The plan as `fmt` (markdown, table or json), with cost and policy results."""
+    plan = plain(plan)
     if check_format(fmt) == "json":
         return json.dumps(to_json(plan, violations), indent=2, sort_keys=True) + "\n"
     return _text(plan, violations, markdown=fmt == "markdown")
