@@ -122,7 +122,9 @@ def wait_cmd(
     limit, period = seconds(timeout, "--timeout"), seconds(poll, "--poll")
     with clear_errors():
         target = load_target(stack)
-        outcome = _wait_with_progress(_api(target), target, cast(node_status.Until, until), limit, period)
+        outcome = _wait_with_progress(
+            _api(target), target, cast(node_status.Until, until), limit, period
+        )
     console.print(node_status.status_table(target, outcome.nodes))
     colour = "green" if outcome.reached else "red"
     console.print(f"[{colour}]{outcome.reason}[/]", highlight=False)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from google.cloud import tpu_v2
@@ -153,6 +154,22 @@ class FakeTpuApi:
             create_time=created or datetime.now(timezone.utc),
         )
         self._put_node(zone, node_id, node, list(states) or ["READY"])
+
+    def add_queued_node(self, zone: str, node_id: str, *states: str, **node: Any) -> None:
+        """An ACTIVE queued resource (id `<node_id>-qr`) and the node it provisioned."""
+        self.add_node(zone, node_id, *states, **node)
+        queued_id = f"{node_id}-qr"
+        spec = tpu_v2.QueuedResource.Tpu.NodeSpec(
+            parent=f"projects/{self.project}/locations/{zone}", node_id=node_id
+        )
+        queued = tpu_v2.QueuedResource(
+            name=self._name(zone, "queuedResources", queued_id),
+            tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec]),
+            state=tpu_v2.QueuedResourceState(state=QueuedState.ACTIVE),
+        )
+        with self._lock:
+            self._nodes[(zone, node_id)].message.queued_resource = queued.name
+            self._queued[(zone, queued_id)] = _Scripted(queued)
 
     def set_node_states(self, zone: str, node_id: str, *states: str) -> None:
         with self._lock:

@@ -1,0 +1,79 @@
+"""tpuctl recover and janitor: plans are pure, dry runs change nothing, --apply acts."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from ops.node_actions import apply_actions, janitor_plan, recovery_plan
+from ops.node_status import collect
+from ops.tpu_api import TpuApi
+from tests.fakes.tpu_api import FakeTpuApi
+from tests.ops.tpu_world import STACK_LABELS, ZONE, expected_node, target
+
+NOW = datetime(2026, 12, 2, 14, 0, tzinfo=timezone.utc)
+
+
+def plan_of(actions) -> list[tuple[str, str]]:
+    return [(a.verb, a.node.node_id) for a in actions]
+
+
+def test_recover_deletes_lost_nodes_and_requeues_queued_ones(
+    fake_tpu: FakeTpuApi, tpu: TpuApi
+) -> None:
+    fake_tpu.add_node(ZONE, "dev-ok", labels=STACK_LABELS)
+    fake_tpu.add_node(ZONE, "dev-spot", "PREEMPTED", labels=STACK_LABELS, spot=True)
+    fake_tpu.add_node(ZONE, "dev-old", "TERMINATED", labels=STACK_LABELS)
+    fake_tpu.add_queued_node(ZONE, "dev-q", "PREEMPTED", labels=STACK_LABELS, spot=True)
+
+    actions = recovery_plan(tpu.stack_nodes([ZONE], "dev"))
+
+    assert plan_of(actions) == [
+        ("delete-node", "dev-old"),
+        ("reset-queued", "dev-q"),
+        ("delete-node", "dev-spot"),
+    ]
+    assert fake_tpu.mutating_calls() == [], "planning is a dry run"
+
+    apply_actions(tpu, actions)
+
+    assert fake_tpu.node(ZONE, "dev-spot") is None and fake_tpu.node(ZONE, "dev-old") is None
+    assert fake_tpu.node(ZONE, "dev-ok") is not None
+    assert fake_tpu.queued_resource(ZONE, "dev-q-qr").state.state.name == "WAITING_FOR_RESOURCES"
+
+
+def test_janitor_stops_finished_and_idle_single_hosts_and_reports_pods(
+    fake_tpu: FakeTpuApi, tpu: TpuApi
+) -> None:
+    long_ago = NOW - timedelta(hours=3)
+    for node_id in ("dev-done", "dev-busy", "dev-idle", "dev-fresh"):
+        fake_tpu.add_node(ZONE, node_id, labels=STACK_LABELS, created=long_ago)
+    fake_tpu.add_node(
+        ZONE, "dev-pod", accelerator_type="v3-32", labels=STACK_LABELS, created=long_ago
+    )
+    fake_tpu.set_guest_attributes(ZONE, "dev-done", 0, {"state": "succeeded"})
+    fake_tpu.set_guest_attributes(ZONE, "dev-busy", 0, {"state": "running"})
+    fake_tpu.set_guest_attributes(
+        ZONE, "dev-idle", 0, {"state": "failed", "updated": long_ago.isoformat()}
+    )
+    fake_tpu.set_guest_attributes(
+        ZONE, "dev-fresh", 0, {"state": "failed", "updated": NOW.isoformat()}
+    )
+    fake_tpu.set_guest_attributes(ZONE, "dev-pod", 0, {"state": "succeeded"})
+    stack = target(*(expected_node(n) for n in ("dev-done", "dev-busy", "dev-idle", "dev-fresh")))
+
+    actions = janitor_plan(collect(tpu, stack), idle_minutes=60, now=NOW)
+
+    assert plan_of(actions) == [
+        ("stop-node", "dev-done"),
+        ("stop-node", "dev-idle"),
+        ("report", "dev-pod"),
+    ]
+    assert actions[1].reason == "idle 180 min (job failed)"
+    assert "a pod slice cannot be stopped" in actions[2].reason
+    assert fake_tpu.mutating_calls() == []
+
+    apply_actions(tpu, actions)
+
+    states = {n: fake_tpu.node(ZONE, n).state.name for n in ("dev-done", "dev-idle", "dev-pod")}
+    assert states == {"dev-done": "STOPPED", "dev-idle": "STOPPED", "dev-pod": "READY"}
+    assert [c.action for c in fake_tpu.mutating_calls()] == ["stop", "stop"]

@@ -1,0 +1,155 @@
+"""The tpuctl verbs end to end: typer + the dev stack's config + the fake TPU API."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from io import StringIO
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from ops import tpu_cmds
+from ops.cli import app
+from tests.fakes.storage_emulator import StorageEmulator
+from tests.fakes.tpu_api import FakeTpuApi
+from tests.ops.tpu_world import STACK_LABELS, ZONE, expected_node, target
+
+# The stack "dev" as these tests define it (the repo's Pulumi.dev.yaml may change):
+# one v2-8 spot node `trainer` in us-central1-b, node id dev-trainer.
+NODE = "dev-trainer"
+DEV = target(expected_node(NODE, spot=True))
+STATUS_PREFIX = "gs://acme-ml-dev-logs/status/dev-trainer/"
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def tpuctl(fake_tpu: FakeTpuApi, monkeypatch: pytest.MonkeyPatch):
+    real_loader = tpu_cmds.load_target
+    monkeypatch.setattr(tpu_cmds, "load_target", lambda s: DEV if s == "dev" else real_loader(s))
+
+    def run(*args: str) -> Run:
+        out, err = StringIO(), StringIO()
+        monkeypatch.setattr(tpu_cmds, "console", Console(file=out, width=200, color_system=None))
+        monkeypatch.setattr(tpu_cmds, "errors", Console(file=err, width=200, color_system=None))
+        result = CliRunner().invoke(app, list(args))
+        if result.exception and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        return Run(result.exit_code, out.getvalue(), err.getvalue())
+
+    return run
+
+
+def add_trainer(fake: FakeTpuApi, *states: str) -> None:
+    fake.add_node(
+        ZONE,
+        NODE,
+        *states,
+        labels={**STACK_LABELS, "node": "trainer"},
+        spot=True,
+        metadata={"tpu-stack-status": STATUS_PREFIX},
+    )
+
+
+def test_status_lists_the_stack_without_changing_anything(tpuctl, fake_tpu: FakeTpuApi) -> None:
+    add_trainer(fake_tpu)
+    fake_tpu.set_guest_attributes(ZONE, NODE, 0, {"state": "running", "step": "42"})
+
+    run = tpuctl("status", "--stack", "dev")
+
+    assert run.code == 0, run.err
+    row = next(line for line in run.out.splitlines() if NODE in line)
+    assert "READY" in row and "running" in row and "42" in row
+    assert fake_tpu.mutating_calls() == []
+
+
+def test_preflight_live_and_offline(tpuctl, fake_tpu: FakeTpuApi) -> None:
+    live = tpuctl("preflight", "--stack", "dev")
+    assert live.code == 0, live.out
+    assert "zone offers v2-8" in live.out and "not checked" in live.out
+
+    fake_tpu.calls.clear()
+    offline = tpuctl("preflight", "--stack", "dev", "--offline")
+    assert offline.code == 0
+    assert "offline: checked against the catalog only" in offline.out
+    assert fake_tpu.calls == []
+
+
+def test_wait_until_ready(tpuctl, fake_tpu: FakeTpuApi) -> None:
+    add_trainer(fake_tpu, "CREATING", "READY")
+
+    run = tpuctl("wait", "--stack", "dev", "--until", "ready", "--timeout", "10s", "--poll", "0")
+
+    assert run.code == 0, run.out + run.err
+    assert "ready after" in run.out
+
+
+def test_recover_is_a_dry_run_unless_applied(tpuctl, fake_tpu: FakeTpuApi) -> None:
+    add_trainer(fake_tpu, "PREEMPTED")
+
+    dry = tpuctl("recover", "--stack", "dev")
+    assert dry.code == 0
+    assert "delete-node" in dry.out and "dry run: nothing changed" in dry.out
+    assert fake_tpu.mutating_calls() == []
+
+    applied = tpuctl("recover", "--stack", "dev", "--apply")
+    assert applied.code == 0
+    assert f"done: delete-node {NODE}" in applied.out and "pulumi up --refresh" in applied.out
+    assert fake_tpu.node(ZONE, NODE) is None
+
+
+def test_janitor_dry_run_changes_nothing(tpuctl, fake_tpu: FakeTpuApi) -> None:
+    add_trainer(fake_tpu)
+    fake_tpu.set_guest_attributes(ZONE, NODE, 0, {"state": "succeeded"})
+
+    run = tpuctl("janitor", "--stack", "dev", "--idle-minutes", "30")
+
+    assert run.code == 0
+    assert "stop-node" in run.out and "job succeeded" in run.out
+    assert fake_tpu.mutating_calls() == []
+
+
+def test_permission_denied_is_one_line_naming_the_permission(tpuctl, fake_tpu: FakeTpuApi) -> None:
+    fake_tpu.fail(403, action="list", message="The caller does not have permission")
+
+    run = tpuctl("status", "--stack", "dev")
+
+    assert run.code == 2
+    assert run.err.strip().splitlines() == [
+        "error: permission denied: list_nodes on us-central1-b in project acme-ml-dev needs IAM "
+        "permission tpu.nodes.list (e.g. roles/tpu.viewer or roles/tpu.admin)"
+    ]
+
+
+def test_bad_input_is_one_clear_message(tpuctl) -> None:
+    unknown = tpuctl("status", "--stack", "nosuch")
+    assert unknown.code == 2 and "no stack file Pulumi.nosuch.yaml" in unknown.err
+
+    bad_until = tpuctl("wait", "--stack", "dev", "--until", "forever")
+    assert bad_until.code == 2
+
+
+def test_logs_prints_the_workers_job_log(tpuctl, fake_tpu: FakeTpuApi, monkeypatch) -> None:
+    add_trainer(fake_tpu)
+    with StorageEmulator() as gcs:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.host)
+        gcs.create_bucket("acme-ml-dev-logs")
+        gcs.upload(f"{STATUS_PREFIX}worker-0/job.log", b"step 10 loss 2.3\n")
+        gcs.upload(
+            f"{STATUS_PREFIX}worker-0/status.json", json.dumps({"state": "succeeded"}).encode()
+        )
+
+        once = tpuctl("logs", "--stack", "dev", "--node", "trainer")
+        followed = tpuctl("logs", "--stack", "dev", "--follow", "--poll", "0")
+        missing = tpuctl("logs", "--stack", "dev", "--worker", "3")
+
+    assert (once.code, once.out) == (0, "step 10 loss 2.3\n")
+    assert followed.out == "step 10 loss 2.3\njob succeeded\n"
+    assert missing.code == 2 and "no log yet at" in missing.err

@@ -1,0 +1,92 @@
+"""tpuctl status and wait: nodes from one list per zone, job status, state transitions."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from rich.console import Console
+
+from ops.node_status import collect, status_table, wait_until
+from ops.tpu_api import TpuApi
+from tests.fakes.tpu_api import FakeTpuApi
+from tests.ops.tpu_world import STACK_LABELS, ZONE, expected_node, target
+
+RUNNING = {"state": "running", "step": "700", "message": "", "updated": "2026-12-02T13:00:00+00:00"}
+
+
+def render(table) -> str:
+    out = StringIO()
+    Console(file=out, width=200, color_system=None).print(table)
+    return out.getvalue()
+
+
+def test_status_table_has_one_row_per_node_and_marks_absent_ones(
+    fake_tpu: FakeTpuApi, tpu: TpuApi
+) -> None:
+    fake_tpu.add_node(ZONE, "dev-a", labels=STACK_LABELS, symptoms=["OUT_OF_MEMORY"])
+    fake_tpu.set_guest_attributes(ZONE, "dev-a", 0, RUNNING)
+    stack = target(expected_node("dev-a"), expected_node("dev-gone"))
+
+    text = render(status_table(stack, collect(tpu, stack)))
+
+    row = next(line for line in text.splitlines() if "dev-a" in line)
+    assert "READY" in row and "running" in row and "700" in row
+    assert "OUT_OF_MEMORY" in row
+    assert "ABSENT" in next(line for line in text.splitlines() if "dev-gone" in line)
+    assert fake_tpu.mutating_calls() == []
+
+
+def test_wait_follows_creating_to_ready(fake_tpu: FakeTpuApi, tpu: TpuApi) -> None:
+    fake_tpu.add_node(ZONE, "dev-a", "CREATING", "CREATING", "READY", labels=STACK_LABELS)
+    seen: list[str] = []
+
+    outcome = wait_until(
+        tpu,
+        target(expected_node("dev-a")),
+        "ready",
+        timeout=5,
+        poll=0,
+        on_poll=lambda nodes, _t: seen.append(nodes[0].state),
+    )
+
+    assert outcome.reached
+    assert seen == ["CREATING", "CREATING", "READY"]
+    assert fake_tpu.count("list") == 3 and fake_tpu.count("get") == 0
+
+
+def test_wait_for_running_needs_the_agent_to_report(fake_tpu: FakeTpuApi, tpu: TpuApi) -> None:
+    fake_tpu.add_node(ZONE, "dev-a", labels=STACK_LABELS)
+    polls = []
+
+    def on_poll(nodes, _elapsed) -> None:
+        polls.append(nodes[0].job.get("state"))
+        fake_tpu.set_guest_attributes(ZONE, "dev-a", 0, RUNNING)
+
+    outcome = wait_until(tpu, target(expected_node("dev-a")), "running", 5, 0, on_poll=on_poll)
+
+    assert outcome.reached and polls == [None, "running"]
+
+
+def test_wait_stops_early_when_a_node_is_preempted(fake_tpu: FakeTpuApi, tpu: TpuApi) -> None:
+    fake_tpu.add_node(ZONE, "dev-a", "READY", "PREEMPTED", labels=STACK_LABELS, spot=True)
+
+    outcome = wait_until(tpu, target(expected_node("dev-a")), "done", timeout=60, poll=0)
+
+    assert not outcome.reached
+    assert outcome.reason == "dev-a is PREEMPTED"
+
+
+def test_wait_gives_up_after_the_timeout(fake_tpu: FakeTpuApi, tpu: TpuApi) -> None:
+    ticks = iter(range(100))
+
+    outcome = wait_until(
+        tpu,
+        target(expected_node("dev-a")),
+        "ready",
+        timeout=3,
+        poll=1,
+        clock=lambda: float(next(ticks)),
+        sleep=lambda _s: None,
+    )
+
+    assert (outcome.reached, outcome.reason) == (False, "not ready after 3 s")
