@@ -9,7 +9,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components import agent
-from components.settings import NodeSettings
+from components.queued_tpu import QueuedTpu
+from components.settings import NodeSettings, QueueSettings
 from tpu_training.config import JobConfig
 
 TYPE = "tpu-stack:index:TpuNode"
@@ -45,6 +46,7 @@ class TpuNodeArgs:
     subnetwork: pulumi.Input[str]
     network_tag: str
     labels: dict[str, str]
+    queued_resource_id: str | None = None  # provisioning: queued; default: the node id
 
 
 def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
@@ -79,18 +81,58 @@ def scheduling_args(node: NodeSettings) -> gcp.tpu.V2VmSchedulingConfigArgs | No
     return gcp.tpu.V2VmSchedulingConfigArgs(**{node.provisioning: True})
 
 
+def queued_node(args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> QueuedTpu:
+    """`provisioning: queued`: the same node through a queued resource, sent with
+    google-cloud-tpu because `gcp.tpu.V2QueuedResource` carries no metadata, service
+    account or spot flag (tpu-facts, "The API and the resources")."""
+    node = args.settings
+    queue = node.queue or QueueSettings()
+    by_shape = node.accelerator_type is None  # accelerator_type XOR a config (tpu-facts)
+    return QueuedTpu(
+        "queued",
+        project=args.project_id,
+        zone=node.zone,
+        node_id=args.node_id,
+        queued_resource_id=args.queued_resource_id,
+        runtime_version=node.runtime,
+        accelerator_type=node.accelerator_type,
+        accelerator_config_type=node.tpu.generation.api_type if by_shape else None,
+        accelerator_topology=node.tpu.topology if by_shape else None,
+        network=args.network,
+        subnetwork=args.subnetwork,
+        enable_external_ips=node.external_ips,
+        service_account_email=args.service_account_email,
+        scopes=[CLOUD_PLATFORM_SCOPE],
+        metadata=node_metadata(args),
+        labels=args.labels,
+        tags=[args.network_tag],
+        spot=queue.spot,
+        guaranteed=queue.guaranteed,
+        reservation_name=queue.reservation_name,
+        valid_until_seconds=queue.valid_until_seconds,
+        description=f"tpu-stack node {node.name}: job {node.job}",
+        opts=opts,
+    )
+
+
 class TpuNode(pulumi.ComponentResource):
     """A `gcp.tpu.V2Vm` with the runtime account, no external IPs unless asked,
     the stack's labels and every metadata key the node agent reads."""
 
     node_id: str
-    vm: gcp.tpu.V2Vm
+    vm: gcp.tpu.V2Vm | QueuedTpu
 
     def __init__(self, name: str, args: TpuNodeArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
         node = args.settings
         self.node_id = args.node_id
+        if node.provisioning == "queued":
+            # tpu-facts: with an explicit name a replacement must delete first.
+            self.vm = queued_node(args, pulumi.ResourceOptions(parent=self,
+                                                               delete_before_replace=True))
+            self.register_outputs({"nodeId": self.node_id})
+            return
         self.vm = gcp.tpu.V2Vm(
             "vm",
             name=args.node_id,

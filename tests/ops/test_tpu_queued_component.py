@@ -1,0 +1,46 @@
+"""`provisioning: queued` in components/tpu_node.py declares a QueuedTpu (mock engine)."""
+
+from __future__ import annotations
+
+from components import agent
+from tests.infra.test_components import node_run
+
+QUEUED_TYPE = "pulumi-python:dynamic/tpu:QueuedTpu"
+
+
+def test_a_queued_node_is_a_queued_tpu_with_the_agents_metadata() -> None:
+    run, args = node_run(provisioning="queued", queue={"spot": True, "validUntilDuration": "6h"})
+
+    assert run.of_type("gcp:tpu/v2Vm:V2Vm") == []
+    (queued,) = run.of_type(QUEUED_TYPE)
+    inputs = queued.inputs
+    assert queued.delete_before_replace
+    assert run.by_urn()[queued.parent].type == "tpu-stack:index:TpuNode"
+    assert (inputs["node_id"], inputs["zone"]) == ("test-trainer", "us-central1-a")
+    assert (inputs["spot"], inputs["guaranteed"], inputs["valid_until_seconds"]) == (
+        True,
+        False,
+        21600,
+    )
+    assert inputs["accelerator_type"] == "v5litepod-8"
+    assert inputs["service_account_email"] == args.service_account_email
+    assert inputs["enable_external_ips"] is False
+    assert inputs["metadata"][agent.STATUS_KEY] == "gs://l/status/test-trainer/"
+    assert inputs["metadata"][agent.STARTUP_SCRIPT_KEY] == agent.startup_script()
+
+
+def test_a_queued_topology_goes_as_an_accelerator_config() -> None:
+    run, _ = node_run(
+        provisioning="queued",
+        queue={"guaranteed": True},
+        acceleratorType=None,
+        generation="v5e",
+        topology="2x4",
+    )
+
+    (queued,) = run.of_type(QUEUED_TYPE)
+    assert queued.inputs.get("accelerator_type") is None
+    assert (queued.inputs["accelerator_config_type"], queued.inputs["accelerator_topology"]) == (
+        "V5LITE_POD",
+        "2x4",
+    )
