@@ -14,7 +14,7 @@ from components.settings import SettingsError
 from components.stack_config import StackFileError
 from ops.plan import Plan, offline_plan
 from ops.plan_diff import diff_plans, load_plan, render_diff
-from ops.plan_report import plain, render
+from ops.plan_report import duplicate_urns, plain, render
 from policy.evaluate import evaluate, load_config
 
 console = Console()
@@ -50,7 +50,8 @@ def cost_lines(plan: Plan) -> list[str]:
 
 
 def print_report(result: Plan, fmt: str | None, against: Path | None) -> int:
-    """The PR-comment rendering (ops/plan_report.py, ops/plan_diff.py); exit 1 on violations."""
+    """The PR-comment rendering (ops/plan_report.py, ops/plan_diff.py); exit 1 on a policy
+    violation or a duplicate URN."""
     head = plain(result.to_json())
     violations = evaluate(head, load_config())
     if against:
@@ -58,7 +59,7 @@ def print_report(result: Plan, fmt: str | None, against: Path | None) -> int:
     else:
         text = render(head, fmt or "table", violations)
     print(text, end="")
-    return 1 if violations else 0
+    return 1 if violations or duplicate_urns(head) else 0
 
 
 def register(app: typer.Typer) -> None:

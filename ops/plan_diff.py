@@ -16,6 +16,8 @@ from typing import Any
 from components import queued_tpu
 from ops.plan_report import (
     check_format,
+    duplicate_urns,
+    duplicates_section,
     heading,
     money,
     node_name,
@@ -52,6 +54,7 @@ class Change:
 @dataclass(frozen=True)
 class PlanDiff:
     stack: str
+    head: Mapping[str, Any]
     added: list[Mapping[str, Any]] = field(default_factory=list)
     removed: list[Mapping[str, Any]] = field(default_factory=list)
     changed: list[Change] = field(default_factory=list)
@@ -136,6 +139,7 @@ def diff_plans(base: Mapping[str, Any], head: Mapping[str, Any]) -> PlanDiff:
     changes = (_change(before[urn], after[urn]) for urn in after if urn in before)
     return PlanDiff(
         stack=str(head.get("stack")),
+        head=head,
         added=[r for urn, r in after.items() if urn not in before],
         removed=[r for urn, r in before.items() if urn not in after],
         changed=[c for c in changes if c is not None],
@@ -170,7 +174,8 @@ def _rows(diff: PlanDiff) -> list[list[str]]:
 
 
 def _text(diff: PlanDiff, violations: Sequence[Violation], *, markdown: bool) -> str:
-    parts = [heading(f"tpu-stack plan diff: {diff.stack}", markdown=markdown)]
+    parts = [heading(f"tpu-stack plan diff: {diff.stack}", markdown=markdown),
+             *duplicates_section(diff.head, markdown=markdown)]
     warnings = replacement_warnings(diff)
     if warnings and markdown:
         parts.append("> [!WARNING]\n" + "\n".join(f"> **{w}**  " for w in warnings))
@@ -197,6 +202,7 @@ def diff_to_json(diff: PlanDiff, violations: Sequence[Violation] = ()) -> dict[s
                      "replacesTpuNode": c.replaces_tpu, "replacedBy": list(c.replaced_by)}
                     for c in diff.changed],
         "warnings": replacement_warnings(diff),
+        "duplicateUrns": duplicate_urns(diff.head),
         "cost": {"baseUsdPerHour": diff.base_usd_per_hour,
                  "headUsdPerHour": diff.head_usd_per_hour,
                  "deltaUsdPerHour": diff.usd_per_hour_delta,

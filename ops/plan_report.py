@@ -8,6 +8,7 @@ so a plan saved by another branch renders the same way.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from policy.evaluate import Violation
 from policy.tpu_policies import is_spot, tpu_view
 
 FORMATS = ("markdown", "table", "json")
+NODE_COMPONENT_PREFIX = "node-"
 
 
 def check_format(fmt: str) -> str:
@@ -76,10 +78,12 @@ def accelerator_of(inputs: Mapping[str, Any]) -> str:
 
 
 def node_name(resource: Mapping[str, Any]) -> str:
-    """A TPU node's logical name (`tpu-stack:nodes[].name`): its TpuNode component's
-    name, as the plan's cost names it; the resource name outside a component."""
+    """A TPU node's logical name (`tpu-stack:nodes[].name`, as the plan's cost names
+    it): its TpuNode component is `node-<name>` (components/platform.py)."""
     component = resource.get("component")
-    return component.rsplit(":", 1)[-1] if component else resource["name"]
+    if not component:
+        return resource["name"]
+    return component.rsplit(":", 1)[-1].removeprefix(NODE_COMPONENT_PREFIX)
 
 
 def node_rows(plan: Mapping[str, Any]) -> list[list[str]]:
@@ -109,6 +113,25 @@ def cost_summary(plan: Mapping[str, Any]) -> str:
             f"({HOURS_PER_MONTH} h) at list prices")
 
 
+def duplicate_urns(plan: Mapping[str, Any]) -> list[str]:
+    """URNs declared more than once: `pulumi up` stops with "Duplicate resource URN"."""
+    counts = Counter(r["urn"] for r in plan.get("resources", []))
+    return sorted(urn for urn, count in counts.items() if count > 1)
+
+
+def duplicates_section(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
+    """A loud error block, or nothing when every URN is unique."""
+    duplicates = duplicate_urns(plan)
+    if not duplicates:
+        return []
+    lines = ["ERROR: resources share a URN (a child named alike in two components); "
+             "`pulumi up` will fail with \"Duplicate resource URN\":",
+             *(f"- `{urn}`" if markdown else f"- {urn}" for urn in duplicates)]
+    if markdown:
+        return ["> [!CAUTION]\n" + "\n".join(f"> {line}" for line in lines)]
+    return ["\n".join(lines)]
+
+
 def policy_section(violations: Sequence[Violation], *, markdown: bool) -> str:
     if not violations:
         return "Policy pack: every guardrail passes."
@@ -129,6 +152,7 @@ def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown:
     resources = _resource_rows(plan)
     parts = [
         heading(f"tpu-stack plan: {plan.get('stack')} ({plan.get('project')})", markdown=markdown),
+        *duplicates_section(plan, markdown=markdown),
         policy_section(violations, markdown=markdown),
         cost_summary(plan),
         table(NODE_HEADERS, node_rows(plan), markdown=markdown),
@@ -145,7 +169,8 @@ def to_json(plan: Mapping[str, Any], violations: Sequence[Violation]) -> dict[st
     cost = dict(plan.get("cost", {}))
     cost["usdPerMonth"] = per_month(cost.get("usdPerHour"))
     cost["hoursPerMonth"] = HOURS_PER_MONTH
-    return {**plan, "cost": cost, "violations": [v.to_json() for v in violations]}
+    return {**plan, "cost": cost, "violations": [v.to_json() for v in violations],
+            "duplicateUrns": duplicate_urns(plan)}
 
 
 def render(plan: Mapping[str, Any], fmt: str, violations: Sequence[Violation] = ()) -> str:

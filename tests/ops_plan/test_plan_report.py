@@ -48,3 +48,13 @@ def test_evaluate_honours_policy_config(make_plan, node):
                "protected-data-buckets": {"enforcementLevel": "disabled"},
                "required-labels": {"requiredLabels": ["managed-by"]}}
     assert evaluate(plan, relaxed) == []
+
+
+def test_duplicate_urns_are_a_loud_error(make_plan, node):
+    plan = make_plan({"trainer": node()})
+    plan["resources"].append(dict(plan["resources"][-1]))
+    urn = plan["resources"][-1]["urn"]
+    assert "> [!CAUTION]\n> ERROR: resources share a URN" in render(plan, "markdown")
+    assert f"- {urn}" in render(plan, "table")
+    assert json.loads(render(plan, "json"))["duplicateUrns"] == [urn]
+    assert "duplicateUrns" in render(make_plan(), "json")
