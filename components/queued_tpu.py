@@ -70,10 +70,10 @@ class QueuedTpuError(RuntimeError):
 # ---- building the request ----------------------------------------------------
 
 
-def check_inputs(props: dict[str, Any]) -> list[str]:
-    """Every problem with the inputs, each naming the input and what is allowed."""
+def check_inputs(props: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every problem with the inputs as (input, what is allowed)."""
     problems = [
-        f"{key} is required"
+        (key, "is required")
         for key in ("project", "zone", "node_id", "runtime_version")
         if not props.get(key)
     ]
@@ -81,21 +81,25 @@ def check_inputs(props: dict[str, Any]) -> list[str]:
     has_config = bool(props.get("accelerator_topology") or props.get("accelerator_config_type"))
     if has_type == has_config:
         problems.append(
-            "set accelerator_type, or accelerator_topology with accelerator_config_type (not both)"
+            (
+                "accelerator_type",
+                "give it, or accelerator_topology with accelerator_config_type (not both)",
+            )
         )
     if has_config and props.get("accelerator_config_type") not in CONFIG_TYPES:
-        problems.append(f"accelerator_config_type must be one of {', '.join(CONFIG_TYPES)}")
+        problems.append(("accelerator_config_type", f"must be one of {', '.join(CONFIG_TYPES)}"))
     if has_config and not props.get("accelerator_topology"):
-        problems.append(
-            "accelerator_topology is required with accelerator_config_type (e.g. 2x2x1)"
-        )
+        problems.append(("accelerator_topology", "is required with accelerator_config_type"))
     if props.get("spot") and (props.get("guaranteed") or props.get("reservation_name")):
         problems.append(
-            "spot cannot be combined with guaranteed or reservation_name "
-            "(one tier per queued resource)"
+            (
+                "spot",
+                "cannot be combined with guaranteed or reservation_name "
+                "(one tier per queued resource)",
+            )
         )
     if int(props.get("valid_until_seconds") or 0) < 0:
-        problems.append("valid_until_seconds must be positive")
+        problems.append(("valid_until_seconds", "must be positive"))
     return problems
 
 
@@ -217,7 +221,7 @@ class QueuedTpuProvider(dyn.ResourceProvider):
     """create/read/diff/update/delete for one queued resource holding one node."""
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dyn.CheckResult:
-        failures = [dyn.CheckFailure(_problem_key(p), p) for p in check_inputs(news)]
+        failures = [dyn.CheckFailure(key, f"{key} {why}") for key, why in check_inputs(news)]
         return dyn.CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> dyn.CreateResult:
@@ -225,7 +229,7 @@ class QueuedTpuProvider(dyn.ResourceProvider):
 
         problems = check_inputs(props)
         if problems:
-            raise QueuedTpuError("; ".join(problems))
+            raise QueuedTpuError("; ".join(f"{key} {why}" for key, why in problems))
         client = tpu_client()
         name = f"{_parent(props)}/queuedResources/{_queued_id(props)}"
         # 409 ALREADY_EXISTS: an earlier `up` timed out waiting; adopt the request in the queue.
@@ -340,10 +344,6 @@ def _input_keys(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
 def _normal(value: Any) -> Any:
     """None, '' and empty collections are all 'unset'."""
     return value if value not in (None, "", [], {}) else None
-
-
-def _problem_key(problem: str) -> str:
-    return problem.split(" ", 1)[0].strip(",")
 
 
 class QueuedTpu(dyn.Resource, module="tpu", name="QueuedTpu"):

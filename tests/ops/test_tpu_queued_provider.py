@@ -160,14 +160,21 @@ def test_delete_of_a_never_provisioned_request_skips_the_node(fake_tpu: FakeTpuA
 
 
 def test_check_names_each_bad_input() -> None:
-    problems = check_inputs(props(accelerator_type="", spot=True, guaranteed=True))
-    assert any("accelerator_type" in p for p in problems)
-    assert any("spot cannot be combined" in p for p in problems)
-    assert check_inputs(
-        props(accelerator_type=None, accelerator_topology="2x2x1", accelerator_config_type="V9")
-    ) == ["accelerator_config_type must be one of V2, V3, V4, V5LITE_POD, V5P, V6E"]
+    problems = dict(check_inputs(props(accelerator_type="", spot=True, guaranteed=True)))
+    assert problems["accelerator_type"].startswith("give it, or accelerator_topology")
+    assert problems["spot"].startswith("cannot be combined with guaranteed")
+    shaped = props(
+        accelerator_type=None, accelerator_topology="2x2x1", accelerator_config_type="V9"
+    )
+    assert check_inputs(shaped) == [
+        ("accelerator_config_type", "must be one of V2, V3, V4, V5LITE_POD, V5P, V6E")
+    ]
     failures = QueuedTpuProvider().check({}, props(runtime_version="")).failures
-    assert [f.property for f in failures] == ["runtime_version"]
+    assert [(f.property, f.reason) for f in failures] == [
+        ("runtime_version", "runtime_version is required")
+    ]
+    with pytest.raises(QueuedTpuError, match="runtime_version is required"):
+        QueuedTpuProvider().create(props(runtime_version=""))
 
 
 def test_topology_and_reservation_are_sent_as_the_api_expects() -> None:
