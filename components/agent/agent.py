@@ -339,6 +339,7 @@ def job_environment(base: Mapping[str, str], package_dir: Path, workers: str,
     # On the VM the job must use the TPU, never fall back to CPU (tpu-facts.md);
     # an explicit setting (tests, `tpuctl rehearse` on CPU) wins.
     env.setdefault("TPU_STACK_STRATEGY", "tpu")
+    env["PYTHONUNBUFFERED"] = "1"  # step lines reach the status as they are printed
     if workers == "0":
         # Pod slice: one TF client on worker 0, addressing the slice by node name
         # (tpu-facts.md, "TensorFlow on TPU"; ml-auto-solutions).

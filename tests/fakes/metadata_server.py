@@ -165,8 +165,11 @@ def _handler_for(server: MetadataServer) -> type[BaseHTTPRequestHandler]:
             if etag:
                 self.send_header("ETag", etag)
             self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.end_headers()
+                self.wfile.write(data)
+            except ConnectionError:
+                pass  # the client went away mid long-poll (a killed agent)
 
         def log_message(self, *args: object) -> None:
             pass  # quiet: tests read state, not access logs
