@@ -14,28 +14,19 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from components.agent import (
-    JOB_KEY,
-    PACKAGE_KEY,
-    PACKAGE_SHA256_KEY,
-    STATUS_KEY,
-    WORKERS_KEY,
-    startup_script,
-)
 from components.archive import TRAINING_DIR, Archive, build_archive
+from tests.fakes.local_node import LocalNode, node_attributes
 from tests.fakes.metadata_server import MetadataServer
 from tests.fakes.storage_emulator import StorageEmulator
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE_PYTHON = REPO / ".venv" / "image" / "bin" / "python"
 TRAINING_PYTHON = REPO / ".venv" / "tf218" / "bin" / "python"
 BUCKET = "tpu-stack-test"
-BOOT_TIMEOUT_SECONDS = 240
 
 
 def upload_package(gcs: StorageEmulator, archive: Archive) -> str:
@@ -80,42 +71,19 @@ def job_config(dataset: str, work: Path, train_steps: int = 24) -> dict[str, obj
 
 
 @dataclass
-class Node:
-    """One TPU worker on loopback: its metadata server, its root, its boots."""
+class Node(LocalNode):
+    """A LocalNode whose status goes to the session's emulator."""
 
-    metadata: MetadataServer
-    gcs: StorageEmulator
-    root: Path
-    script: Path
-    storage_host: str
-    status_prefix: str
-    env_extra: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def env(self) -> dict[str, str]:
-        return os.environ | {
-            "GCE_METADATA_HOST": self.metadata.host, "STORAGE_EMULATOR_HOST": self.storage_host,
-            "TPU_STACK_ROOT": str(self.root), "TPU_STACK_PYTHON": str(IMAGE_PYTHON),
-            "TPU_STACK_STRATEGY": "cpu", "CUDA_VISIBLE_DEVICES": "",
-        } | self.env_extra
-
-    def start(self) -> subprocess.Popen[str]:
-        return subprocess.Popen(["bash", str(self.script)], env=self.env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-    def boot(self) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", str(self.script)], env=self.env, text=True,
-                              capture_output=True, timeout=BOOT_TIMEOUT_SECONDS, check=False)
-
-    @property
-    def guest(self) -> dict[str, str]:
-        return self.metadata.guest("tpu-stack")
+    gcs: StorageEmulator | None = None
+    status_prefix: str = ""
 
     def status_object(self, worker: int = 0) -> dict[str, object] | None:
+        assert self.gcs is not None
         data = self.gcs.read(f"{self.status_prefix}worker-{worker}/status.json")
         return None if data is None else json.loads(data)
 
     def job_log(self, worker: int = 0) -> str:
+        assert self.gcs is not None
         data = self.gcs.read(f"{self.status_prefix}worker-{worker}/job.log")
         return "" if data is None else data.decode()
 
@@ -126,29 +94,22 @@ class Node:
                 raise AssertionError(f"timed out waiting for {what}; guest: {self.guest}")
             time.sleep(0.2)
 
-    def installed_packages(self) -> list[str]:
-        packages = self.root / "packages"
-        return sorted(p.name for p in packages.iterdir()) if packages.is_dir() else []
-
 
 @pytest.fixture
 def make_node(gcs: StorageEmulator, tmp_path: Path,
               request: pytest.FixtureRequest) -> Iterator[Callable[..., Node]]:
     """make_node(package_uri, sha256, job, workers="all", worker=0, storage_host=None)."""
     servers: list[MetadataServer] = []
-    script = tmp_path / "startup-script.sh"
-    script.write_text(startup_script())
 
     def make(package_uri: str, sha256: str, job: dict[str, object], *, workers: str = "all",
              worker: int = 0, storage_host: str | None = None) -> Node:
         prefix = f"gs://{BUCKET}/status/{request.node.name}-{len(servers)}/"
-        server = MetadataServer({
-            PACKAGE_KEY: package_uri, PACKAGE_SHA256_KEY: sha256, JOB_KEY: json.dumps(job),
-            WORKERS_KEY: workers, STATUS_KEY: prefix, "agent-worker-number": str(worker),
-        }, instance_name="t1v-n-test-w-0")
+        attributes = node_attributes(package_uri, sha256, json.dumps(job), prefix,
+                                     workers=workers, worker=worker)
+        server = MetadataServer(attributes, instance_name="t1v-n-test-w-0")
         servers.append(server)
         root = tmp_path / f"node-{len(servers)}"
-        return Node(server, gcs, root, script, storage_host or gcs.host, prefix)
+        return Node(server, root, storage_host or gcs.host, gcs=gcs, status_prefix=prefix)
 
     yield make
     for server in servers:
