@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
-from tpu_training import data, models
+import numpy as np
+
+from tpu_training import data, models, synth
 from tpu_training.tf_env import tf
 
 SPEC = models.ModelSpec("mnist_cnn", (28, 28, 1), 10, 0.1)
@@ -60,3 +62,14 @@ def test_too_few_files_for_the_input_pipelines(mnist_data):
                                                 "write at least one shard per host")]
     else:
         raise AssertionError("no error")
+
+
+def test_a_shuffle_window_permutes_whole_examples_into_batches():
+    records = tf.constant([synth.example_bytes(np.full(SPEC.image_shape, i, np.uint8), i % 10)
+                           for i in range(32)])
+    images, labels = data.shuffled_window(records, SPEC, 4)
+    assert (images.shape, labels.shape) == ((4, 8, 28, 28, 1), (4, 8))
+    firsts = images.numpy().reshape(32, -1)[:, 0].astype(int)
+    assert sorted(firsts) == list(range(32)) and list(firsts) != list(range(32))
+    assert list(labels.numpy().reshape(32)) == [i % 10 for i in firsts]
+    assert (images.numpy().reshape(32, -1) == firsts[:, None]).all()

@@ -14,8 +14,8 @@ Record schema (one `tf.train.Example` per image, every model):
 `python -m tpu_training synth` writes data in this schema. The pipeline follows
 the Cloud TPU input guidance (tpu-facts.md, "tf.data on TPU"): files are listed
 once, sharded per input pipeline, read `interleave`d in parallel, shuffled,
-repeated, batched at the per-replica size with `drop_remainder=True`, parsed a
-whole batch at a time and prefetched, with a bounded RAM budget and
+repeated, parsed and shuffled a window of whole batches at a time (per-replica
+size, `drop_remainder=True`) and prefetched, with a bounded RAM budget and
 non-deterministic order.
 """
 
@@ -34,8 +34,14 @@ DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 # (tensorflow/tpu models/official/resnet/imagenet_input.py).
 READ_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_PARALLEL_FILES = 16
-SHUFFLE_BUFFER_BYTES = 256 * 1024 * 1024
-MAX_SHUFFLE_RECORDS = 16384
+# Records taken from a file per visit: switching files every record costs more
+# than parsing on small records (bench/input_pipeline.py).
+RECORDS_PER_FILE_VISIT = 16
+# Shuffling: a window of whole batches is parsed at once and permuted, at most this
+# many bytes of pixels and records; a per-record shuffle buffer costs about as much
+# as reading the record (bench/input_pipeline.py).
+SHUFFLE_WINDOW_BYTES = 256 * 1024 * 1024
+MAX_SHUFFLE_WINDOW_RECORDS = 8192
 # tf.data's autotuner may use half of the available RAM by default
 # (tf.data.experimental.AutotuneOptions.ram_budget); the job leaves room for the rest.
 RAM_BUDGET_FRACTION = 0.25
@@ -104,30 +110,55 @@ def shard_records(files: list[str], num_shards: int = 1, index: int = 0) -> tf.d
     paths = paths.shuffle(own, reshuffle_each_iteration=True).repeat()
     return paths.interleave(
         lambda path: tf.data.TFRecordDataset(path, buffer_size=READ_BUFFER_BYTES),
-        cycle_length=min(own, MAX_PARALLEL_FILES), num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=False)
+        cycle_length=min(own, MAX_PARALLEL_FILES), block_length=RECORDS_PER_FILE_VISIT,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
 
 
 def records_to_batches(records: tf.data.Dataset, spec: ModelSpec,
                        batch_size: int) -> tf.data.Dataset:
-    """Shuffle, batch and parse serialized records into (images, labels) batches."""
-    shuffle_records = max(batch_size, min(MAX_SHUFFLE_RECORDS,
-                                          SHUFFLE_BUFFER_BYTES // _pixels(spec)))
-    batches = (records.shuffle(shuffle_records)
-               .batch(batch_size, drop_remainder=True)
-               .map(lambda serialized: parse_batch(serialized, spec),
+    """(images, labels) batches of `batch_size`: windows of batches parsed and shuffled."""
+    window = window_batches(spec, batch_size)
+    batches = (records.batch(window * batch_size, drop_remainder=True)
+               .map(lambda serialized: shuffled_window(serialized, spec, window),
                     num_parallel_calls=tf.data.AUTOTUNE)
+               .unbatch()
+               .map(_to_float, num_parallel_calls=tf.data.AUTOTUNE)
                .prefetch(tf.data.AUTOTUNE))
     return batches.with_options(pipeline_options())
 
 
+def window_batches(spec: ModelSpec, batch_size: int) -> int:
+    """How many batches one shuffle window holds (at least one)."""
+    records = min(MAX_SHUFFLE_WINDOW_RECORDS, SHUFFLE_WINDOW_BYTES // _pixels(spec))
+    return max(1, records // batch_size)
+
+
+def shuffled_window(serialized: tf.Tensor, spec: ModelSpec,
+                    batches: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """A window of records, parsed and permuted, as uint8 [batches, B, H, W, C] and [batches, B]."""
+    images, labels = _decode(serialized, spec)
+    order = tf.random.shuffle(tf.range(tf.shape(labels)[0]))
+    batch_size = serialized.shape[0] // batches
+    return (tf.reshape(tf.gather(images, order), [batches, batch_size, *spec.image_shape]),
+            tf.reshape(tf.gather(labels, order), [batches, batch_size]))
+
+
 def parse_batch(serialized: tf.Tensor, spec: ModelSpec) -> tuple[tf.Tensor, tf.Tensor]:
     """A batch of serialized Examples as float32 pixels [B, H, W, C] and int32 labels [B]."""
+    return _to_float(*_decode(serialized, spec))
+
+
+def _decode(serialized: tf.Tensor, spec: ModelSpec) -> tuple[tf.Tensor, tf.Tensor]:
     parsed = tf.io.parse_example(serialized, _FEATURES)
     # fixed_length keeps the batch's shape static, which TPUs need.
     pixels = tf.io.decode_raw(parsed["image"], tf.uint8, fixed_length=_pixels(spec))
-    images = tf.reshape(pixels, [-1, *spec.image_shape])
-    return tf.cast(images, tf.float32), tf.cast(parsed["label"], tf.int32)
+    return tf.reshape(pixels, [-1, *spec.image_shape]), tf.cast(parsed["label"], tf.int32)
+
+
+def _to_float(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    # uint8 until here (a quarter of the memory in the shuffle window), but not onto
+    # the device: TPUs do not take uint8 (tensorflow/tensorflow issue 37426).
+    return tf.cast(images, tf.float32), labels
 
 
 def pipeline_options() -> tf.data.Options:

@@ -73,7 +73,7 @@ def run(config: JobConfig, *, strategy: tf.distribute.Strategy | None = None,
     own_stop = stop is None
     stop = StopFlag().install() if own_stop else stop
     try:
-        return _Job(config, spec, strategy, out).run(dataset_fn, stop)
+        return Job(config, spec, strategy, out).run(dataset_fn, stop)
     finally:
         if own_stop:
             stop.uninstall()
@@ -126,7 +126,9 @@ def precision_policy(strategy: tf.distribute.Strategy) -> str:
     return "mixed_bfloat16" if isinstance(strategy, tf.distribute.TPUStrategy) else "float32"
 
 
-class _Job:
+class Job:
+    """One job's model, optimizer, checkpoints and summaries, built under `strategy`."""
+
     def __init__(self, config: JobConfig, spec: models.ModelSpec,
                  strategy: tf.distribute.Strategy, out: TextIO):
         self.config, self.spec, self.strategy, self.out = config, spec, strategy, out
@@ -152,7 +154,7 @@ class _Job:
         resumed_from = self._restore()
         _say(self.out, f"resumed_from={resumed_from}")
         iterator = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
-        losses = self._train(iterator, self._train_steps_fn(), stop)
+        losses = self._train(iterator, self.train_steps_fn(), stop)
         self._save()
         if self.step < self.config.trainSteps:
             _say(self.out, f"stopped_at={self.step}")
@@ -195,7 +197,8 @@ class _Job:
             self.saved_step = self.step
         self.writer.flush()
 
-    def _train_steps_fn(self) -> Callable:
+    def train_steps_fn(self) -> Callable:
+        """`train_steps(iterator, num_steps)`: one execution of `num_steps` steps on device."""
         model, optimizer, strategy = self.model, self.optimizer, self.strategy
         loss_metric, global_batch_size = self.loss_metric, self.config.globalBatchSize
 
