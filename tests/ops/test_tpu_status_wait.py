@@ -9,7 +9,7 @@ from rich.console import Console
 from ops.node_status import collect, status_table, wait_until
 from ops.tpu_api import TpuApi
 from tests.fakes.tpu_api import FakeTpuApi
-from tests.ops.tpu_world import STACK_LABELS, ZONE, expected_node, target
+from tests.ops.tpu_world import OTHER_ZONE, STACK_LABELS, ZONE, expected_node, target
 
 RUNNING = {"state": "running", "step": "700", "message": "", "updated": "2026-12-02T13:00:00+00:00"}
 
@@ -90,3 +90,18 @@ def test_wait_gives_up_after_the_timeout(fake_tpu: FakeTpuApi, tpu: TpuApi) -> N
     )
 
     assert (outcome.reached, outcome.reason) == (False, "not ready after 3 s")
+
+
+def test_status_of_200_nodes_lists_each_zone_once_and_never_gets_a_node(
+    fake_tpu: FakeTpuApi, tpu: TpuApi
+) -> None:
+    zones = (ZONE, OTHER_ZONE)
+    for index in range(200):
+        fake_tpu.add_node(zones[index % 2], f"dev-n{index:03d}", labels=STACK_LABELS)
+    stack = target(*(expected_node(f"dev-n{i:03d}", zones[i % 2]) for i in range(200)))
+
+    nodes = collect(tpu, stack)
+
+    assert len(nodes) == 200
+    assert (fake_tpu.count("list"), fake_tpu.count("get")) == (2, 0)
+    assert fake_tpu.count("getGuestAttributes") == 200
