@@ -29,6 +29,8 @@ ENDPOINT_ENV = "TPU_STACK_TPU_ENDPOINT"
 IN_PLACE = ("metadata", "labels", "tags", "description")
 # Inputs that only steer this provider (no cloud field): changing them is a no-op update.
 PROVIDER_ONLY = ("create_timeout_seconds", "delete_timeout_seconds", "poll_seconds")
+# Node maps that others write to as well: `gcloud compute tpus tpu-vm ssh` adds ssh-keys.
+MAPS = ("metadata", "labels")
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 # AcceleratorConfig.Type names in google-cloud-tpu 1.27 (tpu-facts.md).
 CONFIG_TYPES = ("V2", "V3", "V4", "V5LITE_POD", "V5P", "V6E")
@@ -269,8 +271,13 @@ class QueuedTpuProvider(dyn.ResourceProvider):
         client = tpu_client()
         paths = [key for key in IN_PLACE if _normal(olds.get(key)) != _normal(news.get(key))]
         if paths:
+            current = client.get_node(name=_node_name(news), retry=transient_retry())
             node = build_node(news)
-            node.name = _node_name(news)
+            node.name = current.name
+            for key in MAPS:
+                merged = _merged(getattr(current, key), olds.get(key), news.get(key))
+                getattr(node, key).clear()
+                getattr(node, key).update(merged)
             client.update_node(
                 node=node,
                 update_mask=field_mask_pb2.FieldMask(paths=paths),
@@ -314,14 +321,16 @@ def _outputs(client: Any, props: dict[str, Any], queued: Any) -> dict[str, Any]:
         node = client.get_node(name=_node_name(props), retry=transient_retry())
     except gexc.NotFound:
         return outs
-    outs.update(
-        node_name=node.name,
-        node_state=node.state.name,
-        metadata=dict(node.metadata),
-        labels=dict(node.labels),
-        tags=list(node.tags),
-    )
+    outs.update(node_name=node.name, node_state=node.state.name, tags=list(node.tags))
+    for key in MAPS:  # drift in the keys we manage; keys others added are not ours
+        outs[key] = {k: v for k, v in getattr(node, key).items() if k in (props.get(key) or {})}
     return outs
+
+
+def _merged(current: Any, olds: Any, news: Any) -> dict[str, str]:
+    """`news` for the keys we manage; keys someone else added (gcloud's ssh-keys) stay."""
+    ours = set(olds or {}) | set(news or {})
+    return {**{k: v for k, v in current.items() if k not in ours}, **(news or {})}
 
 
 def _node_name(props: dict[str, Any]) -> str:

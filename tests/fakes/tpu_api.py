@@ -218,6 +218,10 @@ class FakeTpuApi:
         scripted = self._nodes.get((zone, node_id))
         return None if scripted is None else tpu_v2.Node(scripted.message)
 
+    def node_message(self, zone: str, node_id: str) -> tpu_v2.Node:
+        """The live node, to change behind the client's back (as gcloud or GCP would)."""
+        return self._nodes[(zone, node_id)].message
+
     def queued_resource(self, zone: str, queued_id: str) -> tpu_v2.QueuedResource | None:
         scripted = self._queued.get((zone, queued_id))
         return None if scripted is None else tpu_v2.QueuedResource(scripted.message)

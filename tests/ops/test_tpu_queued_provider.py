@@ -137,6 +137,22 @@ def test_update_patches_only_the_changed_node_fields(fake_tpu: FakeTpuApi) -> No
     assert fake_tpu.count("patch") == 1
 
 
+def test_keys_others_added_survive_updates_and_are_no_drift(fake_tpu: FakeTpuApi) -> None:
+    provider = QueuedTpuProvider()
+    provider.create(props())
+    fake_tpu.node_message(ZONE, "dev-trainer").metadata["ssh-keys"] = "ana:ssh-ed25519 AAAA"
+    news = props(metadata={"startup-script": "#!/bin/bash\necho v2"})
+
+    read = provider.read(QR_NAME, props())
+    assert read.outs["metadata"] == props()["metadata"], "ssh-keys is not drift"
+    provider.update(QR_NAME, props(), news)
+
+    assert dict(fake_tpu.node(ZONE, "dev-trainer").metadata) == {
+        "startup-script": "#!/bin/bash\necho v2",
+        "ssh-keys": "ana:ssh-ed25519 AAAA",
+    }
+
+
 def test_delete_removes_the_node_then_the_suspended_queued_resource(fake_tpu: FakeTpuApi) -> None:
     provider = QueuedTpuProvider()
     provider.create(props())
