@@ -38,6 +38,12 @@ def test_missing_data_is_one_usage_error(capsys, job_file, tmp_path):
         f"tpu_training: error: trainData: no files match {pattern!r}"])
 
 
+def test_missing_eval_data_is_named_as_such(capsys, job_file, tmp_path):
+    pattern = f"{tmp_path}/nothing/eval-*.tfrecord"
+    assert run_job(capsys, job_file, evalData=pattern) == (2, [
+        f"tpu_training: error: evalData: no files match {pattern!r}"])
+
+
 @pytest.mark.parametrize(("pattern", "problem"), [
     ("/data/[train-*.tfrecord", "is not a valid glob: unbalanced [ ]"),
     ("s4://bucket/train-*.tfrecord", "File system scheme 's4' not implemented"),

@@ -16,7 +16,8 @@ from tpu_training.tf_env import keras, tf
 @pytest.fixture(scope="module")
 def finished(strategy, make_job):
     """One finished 60-step job, every location on TF's in-memory filesystem."""
-    config = JobConfig.from_dict(make_job("ram://finished"))
+    job = make_job("ram://finished")
+    config = JobConfig.from_dict({**job, "evalData": job["trainData"]})
     out = io.StringIO()
     result = train.run(config, strategy=strategy, out=out)
     return config, result, out.getvalue().splitlines()
@@ -33,8 +34,9 @@ def test_loss_falls(finished):
 def test_progress_lines_one_per_execution(finished):
     config, _, lines = finished
     assert lines[0] == "tpu_training resumed_from=0"
+    assert re.fullmatch(r"tpu_training eval_accuracy=\d\.\d{6} eval_loss=\d+\.\d{6}", lines[-2])
     assert lines[-1] == f"tpu_training complete=60 export={config.exportDir}"
-    steps = [re.fullmatch(r"tpu_training step=(\d+) loss=(\d+\.\d+)", line) for line in lines[1:-1]]
+    steps = [re.fullmatch(r"tpu_training step=(\d+) loss=(\d+\.\d+)", line) for line in lines[1:-2]]
     assert all(steps), lines
     assert [int(match[1]) for match in steps] == list(range(5, 61, 5))
 
@@ -60,6 +62,7 @@ def test_tensorboard_gets_loss_and_learning_rate_per_execution(finished):
     assert steps["loss"] == list(range(5, 61, 5))
     assert steps["learning_rate"] == steps["loss"]
     assert {"steps_per_second", "examples_per_second"} <= set(steps)
+    assert steps["eval_accuracy"] == steps["eval_loss"] == [60]
 
 
 def test_exported_model_loads_and_predicts(finished, mnist_data):
@@ -73,6 +76,14 @@ def test_exported_model_loads_and_predicts(finished, mnist_data):
     np.testing.assert_allclose(tf.reduce_sum(predicted["probabilities"], axis=1), 1, rtol=1e-5)
     accuracy = np.mean(predicted["classes"].numpy() == labels.numpy())
     assert accuracy > 0.5  # chance is 0.1
+
+
+def test_evaluation_at_the_end_is_reported_and_kept_in_the_marker(finished):
+    config, _, lines = finished
+    marker = train.read_marker(config.exportDir)
+    assert lines[-2] == (f"tpu_training eval_accuracy={marker['eval_accuracy']:.6f} "
+                         f"eval_loss={marker['eval_loss']:.6f}")
+    assert marker["eval_accuracy"] > 0.5  # chance is 0.1
 
 
 def test_a_finished_job_reruns_as_a_no_op(finished):

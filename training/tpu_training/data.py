@@ -87,8 +87,13 @@ def check_records(files: list[str], spec: ModelSpec, *, key: str = "trainData") 
 
 
 def make_dataset_fn(files: list[str], spec: ModelSpec, global_batch_size: int,
-                    *, key: str = "trainData") -> DatasetFn:
-    """The `distribute_datasets_from_function` input: per-replica batches, forever."""
+                    *, training: bool = True) -> DatasetFn:
+    """The `distribute_datasets_from_function` input: per-replica batches.
+
+    Training: shuffled and repeated forever. Evaluation (`training=False`): one
+    pass in file order, the last partial batch dropped (TPUs need static shapes).
+    """
+    key = "trainData" if training else "evalData"
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         if len(files) < context.num_input_pipelines:
@@ -96,18 +101,26 @@ def make_dataset_fn(files: list[str], spec: ModelSpec, global_batch_size: int,
                 key, f"{len(files)} files for {context.num_input_pipelines} input pipelines; "
                      "write at least one shard per host")
         batch_size = context.get_per_replica_batch_size(global_batch_size)
-        return records_to_batches(
-            shard_records(files, context.num_input_pipelines, context.input_pipeline_id),
-            spec, batch_size)
+        records = shard_records(files, context.num_input_pipelines,
+                                context.input_pipeline_id, training=training)
+        if training:
+            return records_to_batches(records, spec, batch_size)
+        return (records.batch(batch_size, drop_remainder=True)
+                .map(lambda serialized: parse_batch(serialized, spec),
+                     num_parallel_calls=tf.data.AUTOTUNE)
+                .prefetch(tf.data.AUTOTUNE).with_options(pipeline_options()))
 
     return dataset_fn
 
 
-def shard_records(files: list[str], num_shards: int = 1, index: int = 0) -> tf.data.Dataset:
-    """Serialized records of this pipeline's share of `files`, shuffled and repeated."""
+def shard_records(files: list[str], num_shards: int = 1, index: int = 0,
+                  *, training: bool = True) -> tf.data.Dataset:
+    """Serialized records of this pipeline's share of `files`; for training, shuffled
+    by file and repeated."""
     paths = tf.data.Dataset.from_tensor_slices(files).shard(num_shards, index)
     own = -(-(len(files) - index) // num_shards)
-    paths = paths.shuffle(own, reshuffle_each_iteration=True).repeat()
+    if training:
+        paths = paths.shuffle(own, reshuffle_each_iteration=True).repeat()
     return paths.interleave(
         lambda path: tf.data.TFRecordDataset(path, buffer_size=READ_BUFFER_BYTES),
         cycle_length=min(own, MAX_PARALLEL_FILES), block_length=RECORDS_PER_FILE_VISIT,

@@ -13,6 +13,7 @@ SIGTERM. Progress lines on stdout, which the node agent parses:
 
     tpu_training resumed_from=<N>          once, at start (0: fresh)
     tpu_training step=<N> loss=<float>     once per execution
+    tpu_training eval_accuracy=<x> eval_loss=<y>   at the end, with evalData
     tpu_training stopped_at=<N>            SIGTERM: checkpoint saved, exit 75
     tpu_training complete=<N> export=<dir> finished (or found finished): exit 0
 """
@@ -67,13 +68,15 @@ def run(config: JobConfig, *, strategy: tf.distribute.Strategy | None = None,
     check_batch(config.globalBatchSize, strategy.num_replicas_in_sync)
     spec = models.model_spec(config)
     if dataset_fn is None:
-        files = data.list_files(config.trainData)
-        data.check_records(files, spec)
-        dataset_fn = data.make_dataset_fn(files, spec, config.globalBatchSize)
+        dataset_fn = _dataset_fn(config.trainData, spec, config.globalBatchSize, training=True)
+    eval_dataset_fn = None
+    if config.evalData is not None:
+        eval_dataset_fn = _dataset_fn(config.evalData, spec, config.globalBatchSize,
+                                      training=False)
     own_stop = stop is None
     stop = StopFlag().install() if own_stop else stop
     try:
-        return Job(config, spec, strategy, out).run(dataset_fn, stop)
+        return Job(config, spec, strategy, out).run(dataset_fn, stop, eval_dataset_fn)
     finally:
         if own_stop:
             stop.uninstall()
@@ -150,7 +153,8 @@ class Job:
     def step(self) -> int:
         return int(self.optimizer.iterations.numpy())
 
-    def run(self, dataset_fn: data.DatasetFn, stop: StopFlag) -> RunResult:
+    def run(self, dataset_fn: data.DatasetFn, stop: StopFlag,
+            eval_dataset_fn: data.DatasetFn | None = None) -> RunResult:
         resumed_from = self._restore()
         _say(self.out, f"resumed_from={resumed_from}")
         iterator = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
@@ -159,7 +163,8 @@ class Job:
         if self.step < self.config.trainSteps:
             _say(self.out, f"stopped_at={self.step}")
             return RunResult(Outcome.STOPPED, self.step, resumed_from, losses)
-        self._export()
+        metrics = {} if eval_dataset_fn is None else self.evaluate(eval_dataset_fn)
+        self._export(metrics)
         _say(self.out, f"complete={self.step} export={self.config.exportDir}")
         return RunResult(Outcome.FINISHED, self.step, resumed_from, losses)
 
@@ -218,6 +223,36 @@ class Job:
 
         return train_steps
 
+    def evaluate(self, dataset_fn: data.DatasetFn) -> dict[str, float]:
+        """Accuracy and loss over one pass of the eval data, printed and summarised."""
+        with self.strategy.scope():
+            accuracy = keras.metrics.SparseCategoricalAccuracy()
+            loss = keras.metrics.SparseCategoricalCrossentropy()
+
+        def step_fn(images: tf.Tensor, labels: tf.Tensor) -> None:
+            probabilities = self.model(images, training=False)
+            accuracy.update_state(labels, probabilities)
+            loss.update_state(labels, probabilities)
+
+        @tf.function
+        def eval_step(batch) -> None:
+            self.strategy.run(step_fn, args=batch)
+
+        batches = 0
+        for batch in self.strategy.distribute_datasets_from_function(dataset_fn):
+            eval_step(batch)
+            batches += 1
+        if not batches:
+            raise JobConfigError.single("evalData", f"holds fewer records than one global "
+                                                    f"batch ({self.config.globalBatchSize})")
+        metrics = {"eval_accuracy": float(accuracy.result()), "eval_loss": float(loss.result())}
+        _say(self.out, " ".join(f"{name}={value:.6f}" for name, value in metrics.items()))
+        with self.writer.as_default(step=self.step):
+            for name, value in metrics.items():
+                tf.summary.scalar(name, value)
+        self.writer.flush()
+        return metrics
+
     def _summarise(self, loss: float, steps_per_second: float) -> None:
         with self.writer.as_default(step=self.step):
             tf.summary.scalar("loss", loss)
@@ -226,7 +261,7 @@ class Job:
             tf.summary.scalar("examples_per_second",
                               steps_per_second * self.config.globalBatchSize)
 
-    def _export(self) -> None:
+    def _export(self, metrics: dict[str, float]) -> None:
         """A float32 copy of the model, so serving needs no TPU and no bfloat16 kernels."""
         keras.mixed_precision.set_global_policy("float32")
         serving = models.build_model(self.spec)
@@ -245,9 +280,17 @@ class Job:
         serving.save(self.config.exportDir, include_optimizer=False, save_format="tf",
                      signatures={"serving_default": serve})
         marker = {"step": self.step, "model": self.spec.name, "trainSteps": self.config.trainSteps,
-                  "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                  "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **metrics}
         with tf.io.gfile.GFile(_join(self.config.exportDir, COMPLETE_MARKER), "w") as out:
             json.dump(marker, out)
+
+
+def _dataset_fn(pattern: str, spec: models.ModelSpec, global_batch_size: int,
+                *, training: bool) -> data.DatasetFn:
+    key = "trainData" if training else "evalData"
+    files = data.list_files(pattern, key=key)
+    data.check_records(files, spec, key=key)
+    return data.make_dataset_fn(files, spec, global_batch_size, training=training)
 
 
 def _require_locations(config: JobConfig) -> None:
