@@ -12,15 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exceptions
 from google.cloud import tpu_v2
 
+from components.naming import MANAGED_BY, label_value
 from components.queued_tpu import tpu_client, transient_retry
-
-T = TypeVar("T")
 
 STATUS_NAMESPACE = "tpu-stack"  # DESIGN.md: the agent's guest attributes live under tpu-stack/
 STATUS_KEYS = ("state", "step", "package", "message", "updated")
@@ -221,7 +220,8 @@ class TpuApi:
 
 
 def belongs_to(labels: Any, stack: str) -> bool:
-    return labels.get("stack") == stack and labels.get("managed-by") == "pulumi"
+    """Carries the labels components/naming.py gives every resource of `stack`."""
+    return labels.get("stack") == label_value(stack) and labels.get("managed-by") == MANAGED_BY
 
 
 def parse_guest_attributes(response: tpu_v2.GetGuestAttributesResponse) -> dict[str, str]:
