@@ -52,3 +52,11 @@ def node_cost(node: NodeSettings) -> NodeCost:
 
 def stack_cost(nodes: list[NodeSettings]) -> StackCost:
     return StackCost([node_cost(node) for node in nodes])
+
+
+def team_costs(nodes: list[tuple[str, NodeSettings]]) -> dict[str, StackCost]:
+    """The estimate per team, from (team, node) pairs (StackSettings.all_nodes)."""
+    by_team: dict[str, list[NodeCost]] = {}
+    for team, node in nodes:
+        by_team.setdefault(team, []).append(node_cost(node))
+    return {team: StackCost(costs) for team, costs in sorted(by_team.items())}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -31,6 +32,11 @@ PROJECT_ROLES = (
     "roles/monitoring.metricWriter",
     "roles/tpu.viewer",
 )
+# A team's members may run as the team's account (actAs: start work as it,
+# never mint its tokens, which needs serviceAccountTokenCreator) and read the
+# team's logs bucket, where the node agent writes status and logs (DESIGN.md).
+ACT_AS_ROLE = "roles/iam.serviceAccountUser"
+MEMBER_BUCKET_ROLES = {"logs": "roles/storage.objectViewer"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,8 @@ class IdentityArgs:
     naming: Naming
     buckets: dict[str, pulumi.Input[str]]  # purpose → bucket name
     team: str | None = None
+    # A team's members (group:…, user:…); a list, or a platform stack's output.
+    members: pulumi.Input[Sequence[str]] | None = None
 
 
 class RuntimeIdentity(pulumi.ComponentResource):
@@ -54,9 +62,11 @@ class RuntimeIdentity(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        # Pulumi URNs leave out the parent's name: a team's children carry the team.
+        prefix = f"{args.team}-" if args.team else ""
         account_id = args.naming.account_id("runtime", args.team)
         self.account = gcp.serviceaccount.Account(
-            "runtime",
+            f"{prefix}runtime",
             account_id=account_id,
             display_name=f"tpu-stack runtime ({account_id})",
             project=args.project_id,
@@ -67,7 +77,7 @@ class RuntimeIdentity(pulumi.ComponentResource):
         for purpose, bucket in args.buckets.items():
             for role in (BUCKET_ROLES[purpose], BUCKET_METADATA_ROLE):
                 gcp.storage.BucketIAMMember(
-                    f"{purpose}-{role.rsplit('.', 1)[-1]}",
+                    f"{prefix}{purpose}-{role.rsplit('.', 1)[-1]}",
                     bucket=bucket,
                     role=role,
                     member=self.member,
@@ -75,10 +85,32 @@ class RuntimeIdentity(pulumi.ComponentResource):
                 )
         for role in PROJECT_ROLES:
             gcp.projects.IAMMember(
-                role.split("/", 1)[1].replace(".", "-"),
+                prefix + role.split("/", 1)[1].replace(".", "-"),
                 project=args.project_id,
                 role=role,
                 member=self.member,
                 opts=child,
             )
+        if args.members is not None:
+            self._grant_members(args, prefix, child)
         self.register_outputs({"email": self.email})
+
+    def _grant_members(self, args: IdentityArgs, prefix: str,
+                       child: pulumi.ResourceOptions) -> None:
+        """Authoritative bindings: the stack owns this account and these
+        buckets, so the listed members are exactly who holds these roles."""
+        gcp.serviceaccount.IAMBinding(
+            f"{prefix}members-act-as",
+            service_account_id=self.account.name,
+            role=ACT_AS_ROLE,
+            members=args.members,
+            opts=child,
+        )
+        for purpose, role in MEMBER_BUCKET_ROLES.items():
+            gcp.storage.BucketIAMBinding(
+                f"{prefix}members-{purpose}-{role.rsplit('.', 1)[-1]}",
+                bucket=args.buckets[purpose],
+                role=role,
+                members=args.members,
+                opts=child,
+            )

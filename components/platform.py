@@ -1,8 +1,22 @@
-"""TpuPlatform: the whole stack, from project to TPU nodes, from one StackSettings."""
+"""TpuPlatform: the whole stack, from project to TPU nodes, from one StackSettings.
+
+Three shapes, one program (docs/teams.md):
+- a single-team stack (dev, prod): project, network, buckets, one runtime
+  account, the package and the nodes;
+- a platform stack (`tpu-stack:teams`): the same shared parts, plus for every
+  team its members' project roles and budget, and, for a team whose nodes the
+  platform declares, the team's own space (account, buckets) and nodes;
+- a team stack (`tpu-stack:platformStack`): only the team's space, package and
+  nodes, on the platform stack's project and network (a StackReference).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import pulumi
+import pulumi_gcp as gcp
 
 from components import cost
 from components.identity import IdentityArgs, RuntimeIdentity
@@ -11,18 +25,68 @@ from components.package import PackageArgs, TrainingPackage
 from components.project import Project, ProjectArgs
 from components.settings import NodeSettings, StackSettings
 from components.storage import BucketsArgs, TrainingBuckets
+from components.team_stack import PlatformReference
+from components.teams import (
+    OWN_PURPOSES,
+    TEAM_STACK_PURPOSES,
+    TeamAccess,
+    TeamAccessArgs,
+    TeamBudget,
+    TeamSpace,
+    TeamSpaceArgs,
+)
 from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
+from tpu_training.config import JobConfig
 
 TYPE = "tpu-stack:index:TpuPlatform"
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a node's job reads and writes, who it runs as, what it waits for."""
+
+    team: str | None  # None: the stack's own nodes (names without a team)
+    data_uri: str
+    checkpoints_uri: str
+    logs_uri: str
+    service_account_email: pulumi.Input[str]
+    labels: dict[str, str]
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NodeNetwork:
+    project_id: pulumi.Input[str]
+    network: pulumi.Input[str]
+    subnets: Any  # region → subnetwork id: a dict, or a lookup on a platform output
+    tag: str
+    package: TrainingPackage
+
+
 class TpuPlatform(pulumi.ComponentResource):
-    """Declares everything a team needs to train on Cloud TPU."""
+    """Declares everything a team (or a platform's teams) needs to train on Cloud TPU."""
+
+    nodes: list[TpuNode]
+    teams: dict[str, TeamSpace]
+    team_nodes: dict[str, list[TpuNode]]
 
     def __init__(self, name: str, settings: StackSettings,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
         self.settings = settings
+        self.teams, self.team_nodes, self.access = {}, {}, {}
+        if settings.is_team_stack:
+            self._declare_team_stack()
+        else:
+            self._declare_platform()
+        self.cost = cost.stack_cost(settings.nodes)
+        self.team_costs = cost.team_costs(settings.all_nodes)
+        self.register_outputs({})
+
+    # ---- single-team and platform stacks ----------------------------------
+
+    def _declare_platform(self) -> None:
+        settings = self.settings
         naming = settings.naming
         self.project = Project("project", ProjectArgs(
             project_id=settings.gcp_project, settings=settings.project,
@@ -44,14 +108,108 @@ class TpuPlatform(pulumi.ComponentResource):
         self.package = TrainingPackage("package", PackageArgs(
             bucket=self.buckets.names["artifacts"]),
             opts=self._child(depends_on=[self.buckets.buckets["artifacts"]]))
-        node_deps = [*self.project.services, self.identity, self.package]
-        self.nodes = [
-            TpuNode(f"node-{node.name}", self._node_args(node, project_id),
-                    opts=self._child(depends_on=node_deps))
-            for node in settings.nodes
-        ]
-        self.cost = cost.stack_cost(settings.nodes)
-        self.register_outputs({})
+        self.placement_network = NodeNetwork(
+            project_id=project_id, network=self.network.network.id,
+            subnets={region: s.id for region, s in self.network.subnets.items()},
+            tag=self.node_tag, package=self.package)
+        uri = self.buckets.uri
+        own = Placement(
+            team=None, data_uri=uri("data"), checkpoints_uri=uri("checkpoints"),
+            logs_uri=uri("logs"), service_account_email=self.identity.email,
+            labels=self._labels("tpu-node"),
+            depends_on=[*self.project.services, self.identity, self.package])
+        self.nodes = [self._node(node, settings.job(node.job), own) for node in settings.nodes]
+        for team in settings.teams:
+            self._declare_team(team, after_apis)
+
+    def _declare_team(self, team: str, after_apis: pulumi.ResourceOptions) -> None:
+        """The platform's part for every team; a team whose nodes the platform
+        declares also gets its space and nodes here."""
+        settings = self.settings
+        spec = settings.teams[team]
+        project_id = self.project.project_id
+        self.access[team] = TeamAccess(f"access-{team}", TeamAccessArgs(
+            team=team, stack=settings.stack, project_id=project_id,
+            project_number=gcp.organizations.get_project_output(project_id=project_id).number,
+            members=spec.members, budget=self._budget(team)), opts=after_apis)
+        if not spec.nodes:
+            return
+        shared = {p: self.buckets.buckets[p].name for p in ("data", "artifacts")}
+        space = self._team_space(team, shared, spec.members, after_apis)
+        placement = self._team_placement(team, space, self.buckets.uri("data"),
+                                         [*self.project.services, space, self.package])
+        self.team_nodes[team] = [self._node(node, spec.job(node.job), placement)
+                                 for node in spec.nodes]
+
+    def _budget(self, team: str) -> TeamBudget | None:
+        settings = self.settings
+        if not settings.billing_account:
+            return None
+        spec = settings.teams[team]
+        usd_per_month = spec.budget_usd_per_month
+        if usd_per_month is None and spec.quota.usd_per_hour is not None:
+            usd_per_month = spec.quota.usd_per_hour * cost.catalog.HOURS_PER_MONTH
+        thresholds = settings.billing.alert_thresholds if settings.billing else [0.5, 0.9, 1.0]
+        return TeamBudget(settings.billing_account, usd_per_month, thresholds)
+
+    # ---- a team stack -----------------------------------------------------
+
+    def _declare_team_stack(self) -> None:
+        settings = self.settings
+        team = settings.team
+        platform = PlatformReference(settings, opts=self._child())
+        shared = {"data": settings.platform_naming.bucket("data")}
+        space = self._team_space(team, shared, platform.members, self._child(),
+                                 purposes=TEAM_STACK_PURPOSES)
+        self.package = TrainingPackage("package", PackageArgs(
+            bucket=space.buckets.names["artifacts"]),
+            opts=self._child(depends_on=[space.buckets.buckets["artifacts"]]))
+        self.platform = platform
+        # Nodes wait for the quota check: its project id is the checked one.
+        self.placement_network = NodeNetwork(
+            project_id=platform.checked_project_id, network=platform.network_id,
+            subnets=platform.subnet, tag=settings.platform_naming.network_resource("tpu-node"),
+            package=self.package)
+        placement = self._team_placement(team, space, f"gs://{shared['data']}",
+                                         [space, self.package])
+        self.nodes = [self._node(node, settings.job(node.job), placement)
+                      for node in settings.nodes]
+
+    # ---- shared by every shape ---------------------------------------------
+
+    def _team_space(self, team: str, shared: dict[str, pulumi.Input[str]],
+                    members: pulumi.Input[list[str]], opts: pulumi.ResourceOptions,
+                    purposes: tuple[str, ...] = OWN_PURPOSES) -> TeamSpace:
+        settings = self.settings
+        space = TeamSpace(f"team-{team}", TeamSpaceArgs(
+            team=team, project_id=self._project_id(), naming=settings.naming,
+            storage=settings.storage, labels=self._team_labels("storage", team),
+            members=members, shared_buckets=shared, own_purposes=purposes), opts=opts)
+        self.teams[team] = space
+        return space
+
+    def _project_id(self) -> pulumi.Input[str]:
+        if self.settings.is_team_stack:
+            return self.settings.gcp_project
+        return self.project.project_id
+
+    def _team_labels(self, component: str, team: str) -> dict[str, str]:
+        settings = self.settings
+        extra = settings.team_labels(team) if team in settings.teams else settings.labels
+        return settings.naming.labels(component, team, extra)
+
+    def _team_placement(self, team: str, space: TeamSpace, data_uri: str,
+                        depends_on: list[pulumi.Resource]) -> Placement:
+        uri = space.buckets.uri
+        return Placement(
+            team=team, data_uri=data_uri, checkpoints_uri=uri("checkpoints"),
+            logs_uri=uri("logs"), service_account_email=space.identity.email,
+            labels=self._team_labels("tpu-node", team), depends_on=depends_on)
+
+    def _node(self, node: NodeSettings, job: JobConfig, placement: Placement) -> TpuNode:
+        prefix = f"node-{placement.team}-" if placement.team else "node-"
+        return TpuNode(f"{prefix}{node.name}", self._node_args(node, job, placement),
+                       opts=self._child(depends_on=placement.depends_on))
 
     def _child(self, **kwargs: object) -> pulumi.ResourceOptions:
         return pulumi.ResourceOptions(parent=self, **kwargs)  # type: ignore[arg-type]
@@ -59,52 +217,123 @@ class TpuPlatform(pulumi.ComponentResource):
     def _labels(self, component: str) -> dict[str, str]:
         return self.settings.naming.labels(component, self.settings.team, self.settings.labels)
 
-    def _node_args(self, node: NodeSettings, project_id: pulumi.Input[str]) -> TpuNodeArgs:
-        settings = self.settings
-        node_id = settings.naming.tpu_node(node.name)
-        uri = self.buckets.uri
+    def _node_args(self, node: NodeSettings, job: JobConfig,
+                   placement: Placement) -> TpuNodeArgs:
+        net = self.placement_network
+        node_id = self.settings.naming.tpu_node(node.name, placement.team)
         return TpuNodeArgs(
-            project_id=project_id,
+            project_id=net.project_id,
             node_id=node_id,
             settings=node,
-            job=settings.job(node.job),
+            job=job,
             locations=NodeLocations(
-                data_root=uri("data"),
-                checkpoint_dir=f"{uri('checkpoints')}/ckpt/{node_id}/",
-                export_dir=f"{uri('checkpoints')}/export/{node_id}/",
-                tensorboard_dir=f"{uri('logs')}/tb/{node_id}/",
-                status_prefix=f"{uri('logs')}/status/{node_id}/",
+                data_root=placement.data_uri,
+                checkpoint_dir=f"{placement.checkpoints_uri}/ckpt/{node_id}/",
+                export_dir=f"{placement.checkpoints_uri}/export/{node_id}/",
+                tensorboard_dir=f"{placement.logs_uri}/tb/{node_id}/",
+                status_prefix=f"{placement.logs_uri}/status/{node_id}/",
             ),
-            package_uri=self.package.uri,
-            package_sha256=self.package.sha256,
-            service_account_email=self.identity.email,
-            network=self.network.network.id,
-            subnetwork=self.network.subnets[node.zone.rsplit("-", 1)[0]].id,
-            network_tag=self.node_tag,
-            labels={**self._labels("tpu-node"), **node.labels, "node": node.name},
+            package_uri=net.package.uri,
+            package_sha256=net.package.sha256,
+            service_account_email=placement.service_account_email,
+            network=net.network,
+            subnetwork=_subnet(net.subnets, node.zone.rsplit("-", 1)[0]),
+            network_tag=net.tag,
+            labels={**placement.labels, **node.labels, "node": node.name},
         )
 
+    # ---- stack outputs ------------------------------------------------------
+
     def outputs(self) -> dict[str, object]:
-        """The stack outputs (issue: buckets, runtime account, package, nodes, cost)."""
-        by_name = {c.name: c for c in self.cost.nodes}
-        return {
+        """The stack outputs (issue: buckets, runtime account, package, nodes, cost);
+        a platform stack adds what team stacks consume, a team stack its team."""
+        settings = self.settings
+        if settings.is_team_stack:
+            return self._team_stack_outputs()
+        result: dict[str, object] = {
             "buckets": {p: self.buckets.uri(p) for p in self.buckets.names},
             "runtimeServiceAccount": self.identity.email,
             "package": {"uri": self.package.uri, "sha256": self.package.sha256},
-            "nodes": {
-                node.name: {
-                    "nodeId": tpu_node.node_id,
-                    "zone": node.zone,
-                    "acceleratorType": node.tpu.accelerator_type,
-                    "topology": node.tpu.topology,
-                    "chips": node.tpu.chips,
-                    "hosts": node.tpu.hosts,
-                    "runtimeVersion": node.runtime,
-                    "provisioning": node.provisioning,
-                    "usdPerHour": by_name[node.name].usd_per_hour,
-                }
-                for node, tpu_node in zip(self.settings.nodes, self.nodes, strict=True)
-            },
+            "nodes": _node_outputs(settings.nodes, self.nodes, self.cost),
             "estimatedUsdPerHour": self.cost.usd_per_hour,
             "estimatedUsdPerMonth": self.cost.usd_per_month,
         }
+        if settings.teams or settings.quota:
+            result.update(self._platform_outputs())
+        return result
+
+    def _platform_outputs(self) -> dict[str, object]:
+        """What team stacks read through their StackReference (team_stack.py)."""
+        settings = self.settings
+        total = cost.StackCost([n for c in self.team_costs.values() for n in c.nodes])
+        return {
+            "projectId": self.project.project_id,
+            "network": {
+                "id": self.network.network.id,
+                "subnets": {r: s.id for r, s in self.network.subnets.items()},
+                "nodeTag": self.node_tag,
+            },
+            "sharedData": self.buckets.uri("data"),
+            "quota": {family: {region: chips.model_dump(by_alias=True)
+                               for region, chips in by_region.items()}
+                      for family, by_region in settings.quota.items()},
+            "teams": {team: self._team_outputs(team) for team in settings.teams},
+            "costByTeam": {team: c.usd_per_hour for team, c in self.team_costs.items()},
+            "estimatedUsdPerHour": total.usd_per_hour,
+            "estimatedUsdPerMonth": total.usd_per_month,
+        }
+
+    def _team_outputs(self, team: str) -> dict[str, object]:
+        spec = self.settings.teams[team]
+        result: dict[str, object] = {
+            "members": spec.members,
+            "quota": spec.quota.model_dump(by_alias=True, exclude_defaults=True),
+            "labels": self.settings.team_labels(team),
+            "usdPerHour": self.team_costs[team].usd_per_hour if team in self.team_costs else 0,
+        }
+        space = self.teams.get(team)
+        if space is not None:
+            result["serviceAccount"] = space.identity.email
+            result["buckets"] = space.bucket_uris()
+            result["nodes"] = _node_outputs(spec.nodes, self.team_nodes[team],
+                                            self.team_costs[team])
+        return result
+
+    def _team_stack_outputs(self) -> dict[str, object]:
+        settings = self.settings
+        space = self.teams[settings.team]
+        return {
+            "team": settings.team,
+            "platformStack": settings.platform_stack,
+            "buckets": {**space.bucket_uris(), "data": f"gs://{space.shared['data']}"},
+            "runtimeServiceAccount": space.identity.email,
+            "package": {"uri": self.package.uri, "sha256": self.package.sha256},
+            "nodes": _node_outputs(settings.nodes, self.nodes, self.cost),
+            "quota": self.platform.checked_usage,
+            "estimatedUsdPerHour": self.cost.usd_per_hour,
+            "estimatedUsdPerMonth": self.cost.usd_per_month,
+        }
+
+
+def _subnet(subnets: Any, region: str) -> pulumi.Input[str]:
+    return subnets[region] if isinstance(subnets, dict) else subnets(region)
+
+
+def _node_outputs(nodes: list[NodeSettings], tpu_nodes: list[TpuNode],
+                  costs: cost.StackCost) -> dict[str, object]:
+    by_name = {c.name: c for c in costs.nodes}
+    return {
+        node.name: {
+            "nodeId": tpu_node.node_id,
+            "zone": node.zone,
+            "acceleratorType": node.tpu.accelerator_type,
+            "topology": node.tpu.topology,
+            "chips": node.tpu.chips,
+            "hosts": node.tpu.hosts,
+            "runtimeVersion": node.runtime,
+            "provisioning": node.provisioning,
+            "usdPerHour": by_name[node.name].usd_per_hour,
+        }
+        for node, tpu_node in zip(nodes, tpu_nodes, strict=True)
+    }
+

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.alias_generators import to_camel
 
 from components import catalog
@@ -36,6 +36,8 @@ GCP_PROJECT_KEY = "gcp:project"
 
 Provisioning = Literal["on-demand", "spot", "preemptible", "reserved", "queued"]
 Environment = Literal["dev", "prod"]
+Capacity = Literal["onDemand", "spot", "reserved"]
+QuotaType = Literal["onDemand", "preemptible"]
 
 # cloud.google.com/resource-manager/docs/creating-managing-projects: 6-30
 # characters, lowercase letters, digits and hyphens, starting with a letter.
@@ -144,6 +146,24 @@ class NodeSettings(_Model):
         return self.provisioning in ("spot", "preemptible")
 
     @property
+    def capacity(self) -> Capacity:
+        """What a team's quota counts the node against: reserved capacity (a
+        reservation, or a queue naming one), spot (spot, preemptible, a spot
+        queue) or on-demand."""
+        if self.provisioning == "reserved" or (
+                self.provisioning == "queued" and self.queue and self.queue.reservation_name):
+            return "reserved"
+        return "spot" if self.spot else "onDemand"
+
+    @property
+    def quota_type(self) -> QuotaType:
+        """The project quota the node draws on. cloud.google.com/tpu/docs/plan-tpus
+        and /consumption-options: Spot VMs use preemptible quota, reservations
+        use on-demand quota (tpu-facts: "Quota is per TPU family and region,
+        separately for on-demand and preemptible")."""
+        return "preemptible" if self.capacity == "spot" else "onDemand"
+
+    @property
     def workers(self) -> str:
         """`tpu-stack-workers`: every worker runs a client, or worker 0 only
         (pod slices run one TF client; tpu-facts, "TensorFlow on TPU")."""
@@ -156,6 +176,67 @@ class CiSettings(_Model):
     github_repository: str
     pool_id: str = "github"
     provider_id: str = "github"
+
+
+class ProjectChips(_Model):
+    """Chips the project is granted in one TPU family and region
+    (`tpu-stack:quota.<family>.<region>`), by quota type (NodeSettings.quota_type).
+    Counted in chips for every family; for v2/v3 GCP counts TensorCores (2 per chip)."""
+
+    on_demand: int = Field(default=0, ge=0)
+    preemptible: int = Field(default=0, ge=0)
+
+    def of(self, quota_type: QuotaType) -> int:
+        return self.on_demand if quota_type == "onDemand" else self.preemptible
+
+
+class TeamChips(_Model):
+    """Chips a team may hold in one TPU family, by capacity (NodeSettings.capacity)."""
+
+    on_demand: int = Field(default=0, ge=0)
+    spot: int = Field(default=0, ge=0)
+    reserved: int = Field(default=0, ge=0)
+
+    def of(self, capacity: Capacity) -> int:
+        return {"onDemand": self.on_demand, "spot": self.spot, "reserved": self.reserved}[capacity]
+
+
+class _TeamQuotaBase(_Model):
+    usd_per_hour: float | None = Field(default=None, gt=0)
+
+    def chips(self, family: str) -> TeamChips:
+        return getattr(self, family)
+
+
+# `tpu-stack:teams.<team>.quota`: one TeamChips per TPU family the catalog
+# knows (so `quota.v5e.spot` is a key path and an unknown family is refused),
+# and an optional USD-per-hour ceiling at list prices.
+TeamQuota = create_model(  # type: ignore[call-overload]
+    "TeamQuota", __base__=_TeamQuotaBase,
+    **{family: (TeamChips, Field(default_factory=TeamChips, alias=family))
+       for family in catalog.GENERATIONS},
+)
+
+
+class TeamSettings(_Model):
+    """One entry of `tpu-stack:teams`: who is in the team, what it runs, what it may use."""
+
+    members: list[str] = Field(default_factory=list)
+    nodes: list[NodeSettings] = Field(default_factory=list)
+    jobs: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    quota: TeamQuota = Field(default_factory=TeamQuota)  # type: ignore[valid-type]
+    labels: dict[str, str] = Field(default_factory=dict)
+    budget_usd_per_month: float | None = Field(default=None, gt=0)
+
+    def job(self, name: str) -> JobConfig:
+        return JobConfig.from_dict(self.jobs[name], resolved=False)
+
+
+class BillingSettings(_Model):
+    """`tpu-stack:billing`: where per-team budgets live."""
+
+    account: str
+    alert_thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.9, 1.0])
 
 
 class StackSettings(_Model):
@@ -172,21 +253,60 @@ class StackSettings(_Model):
     nodes: list[NodeSettings] = Field(default_factory=list)
     jobs: dict[str, dict[str, Any]] = Field(default_factory=dict)
     ci: CiSettings | None = None
+    # Shared capacity (docs/teams.md): the project's TPU quota, the teams a
+    # platform stack serves, budgets; or, in a team stack, the platform stack.
+    quota: dict[str, dict[str, ProjectChips]] = Field(default_factory=dict)
+    teams: dict[str, TeamSettings] = Field(default_factory=dict)
+    billing: BillingSettings | None = None
+    platform_stack: str | None = None
+
+    @field_validator("platform_stack", mode="before")
+    @classmethod
+    def _no_platform_stack(cls, value: Any) -> Any:
+        return None if value == "" else value  # Pulumi.yaml's default: no platform stack
 
     @cached_property
     def naming(self) -> Naming:
         return Naming(self.gcp_project, self.stack)
+
+    @property
+    def is_team_stack(self) -> bool:
+        """A team's own stack, consuming a platform stack through a StackReference."""
+        return self.platform_stack is not None
+
+    @cached_property
+    def platform_naming(self) -> Naming:
+        """Names of the platform stack's shared resources (its data bucket, node tag)."""
+        stack = self.platform_stack.rsplit("/", 1)[-1] if self.platform_stack else self.stack
+        return Naming(self.gcp_project, stack)
+
+    @property
+    def billing_account(self) -> str | None:
+        return self.billing.account if self.billing else self.project.billing_account
+
+    def team_labels(self, team: str) -> dict[str, str]:
+        """A team's extra labels: the stack's, overridden by the team's own."""
+        return {**self.labels, **self.teams[team].labels}
+
+    @property
+    def all_nodes(self) -> list[tuple[str, NodeSettings]]:
+        """Every node the stack declares, with the team that owns it."""
+        owned = [(self.team, node) for node in self.nodes]
+        return owned + [(team, node) for team, t in self.teams.items() for node in t.nodes]
 
     def job(self, name: str) -> JobConfig:
         return JobConfig.from_dict(self.jobs[name], resolved=False)
 
     @property
     def regions(self) -> list[str]:
-        return sorted({catalog.region_of(node.zone) for node in self.nodes})
+        """Regions that need a subnet: every node's, and every region with
+        granted quota (a team stack's nodes use the platform's subnets)."""
+        regions = {catalog.region_of(node.zone) for _, node in self.all_nodes}
+        return sorted(regions | {r for by_region in self.quota.values() for r in by_region})
 
     @property
     def zones(self) -> list[str]:
-        return sorted({node.zone for node in self.nodes})
+        return sorted({node.zone for _, node in self.all_nodes})
 
 
 # Keys of the stack config the program reads, with the model field each fills.
@@ -265,9 +385,14 @@ def _allowed_keys(parent: tuple[int | str, ...]) -> str:
     for part in parent:
         if isinstance(part, int):
             continue
-        field = next(f for n, f in model.model_fields.items() if to_camel(n) == part)
-        model = _model_of(field.annotation)
-    return ", ".join(to_camel(n) for n in model.model_fields)
+        field = next((f for n, f in model.model_fields.items() if _key_of(n, f) == part), None)
+        if field is not None:  # else a key of a dict (a team or family name)
+            model = _model_of(field.annotation)
+    return ", ".join(_key_of(n, f) for n, f in model.model_fields.items())
+
+
+def _key_of(name: str, field: Any) -> str:
+    return field.alias or to_camel(name)
 
 
 def _model_of(annotation: Any) -> Any:
@@ -290,11 +415,11 @@ def _rule_problems(s: StackSettings) -> Problems:
     yield from _storage_problems(s)
     yield from _labels_problems(f"{NAMESPACE}:labels", s.labels)
     yield from _network_problems(s)
-    jobs = dict(_job_configs(s))
-    yield from _job_problems(s)
-    yield from _nodes_problems(s, jobs)
+    yield from _jobs_problems(f"{NAMESPACE}:jobs", s.jobs)
+    yield from _node_list_problems(f"{NAMESPACE}:nodes", s.nodes, s.jobs, f"{NAMESPACE}:jobs")
     if s.ci:
         yield from _ci_problems(s.ci)
+    yield from team_problems(s)
 
 
 def _project_problems(s: StackSettings) -> Problems:
@@ -356,38 +481,44 @@ def _network_problems(s: StackSettings) -> Problems:
                     f"use /24 or larger")
 
 
-def _job_configs(s: StackSettings) -> Iterator[tuple[str, JobConfig]]:
-    for name, data in s.jobs.items():
+def _job_configs(jobs: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[str, JobConfig]]:
+    for name, data in jobs.items():
         try:
             yield name, JobConfig.from_dict(data, resolved=False)
         except JobConfigError:
             continue
 
 
-def _job_problems(s: StackSettings) -> Problems:
-    for name, data in s.jobs.items():
+def _jobs_problems(key: str, jobs: Mapping[str, Mapping[str, Any]]) -> Problems:
+    """Every job of a `jobs` block (`key`: its path, top-level or a team's)."""
+    for name, data in jobs.items():
         if not LOGICAL_NAME_RE.match(name):
-            yield (f"{NAMESPACE}:jobs.{name}", f"job names are {LOGICAL_NAME_RULE}")
+            yield (f"{key}.{name}", f"job names are {LOGICAL_NAME_RULE}")
         try:
             JobConfig.from_dict(data, resolved=False)
         except JobConfigError as error:
-            for key, message in error.problems:
-                yield (f"{NAMESPACE}:jobs.{name}" + (f".{key}" if key else ""), message)
+            for field, message in error.problems:
+                yield (f"{key}.{name}" + (f".{field}" if field else ""), message)
 
 
-def _nodes_problems(s: StackSettings, jobs: Mapping[str, JobConfig]) -> Problems:
+def _node_list_problems(key: str, nodes: list[NodeSettings],
+                        job_data: Mapping[str, Mapping[str, Any]], jobs_key: str) -> Problems:
+    """Every node of a `nodes` list (`key`) whose jobs are `job_data` (at `jobs_key`)."""
+    jobs = dict(_job_configs(job_data))
     seen: dict[str, int] = {}
-    for index, node in enumerate(s.nodes):
-        key = f"{NAMESPACE}:nodes[{index}]"
+    for index, node in enumerate(nodes):
+        node_key = f"{key}[{index}]"
         if node.name in seen:
-            yield (f"{key}.name", f"{node.name!r} is already the name of nodes[{seen[node.name]}]")
+            yield (f"{node_key}.name",
+                   f"{node.name!r} is already the name of nodes[{seen[node.name]}]")
         seen.setdefault(node.name, index)
-        yield from node_problems(key, node, s.jobs, jobs)
+        yield from node_problems(node_key, node, job_data, jobs, jobs_key)
 
 
 def node_problems(key: str, node: NodeSettings, job_names: Mapping[str, Any],
-                  jobs: Mapping[str, JobConfig]) -> Problems:
-    """Every rule of one node; `key` is its path in the config."""
+                  jobs: Mapping[str, JobConfig], jobs_key: str = f"{NAMESPACE}:jobs") -> Problems:
+    """Every rule of one node; `key` is its path in the config, `jobs_key` the
+    path of the jobs it may name."""
     if not LOGICAL_NAME_RE.match(node.name):
         yield (f"{key}.name", f"{node.name!r}: node names are {LOGICAL_NAME_RULE}")
     yield from _labels_problems(f"{key}.labels", node.labels)
@@ -401,9 +532,9 @@ def node_problems(key: str, node: NodeSettings, job_names: Mapping[str, Any],
     yield from _runtime_problems(key, node, tpu)
     if node.job not in job_names:
         allowed = ", ".join(job_names) or "none defined"
-        yield (f"{key}.job", f"{node.job!r} is not a key of {NAMESPACE}:jobs ({allowed})")
+        yield (f"{key}.job", f"{node.job!r} is not a key of {jobs_key} ({allowed})")
     elif node.job in jobs:
-        yield from _batch_problems(key, node, tpu, jobs[node.job])
+        yield from _batch_problems(key, node, tpu, jobs[node.job], jobs_key)
 
 
 def _slice_problems(key: str, node: NodeSettings) -> Problems:
@@ -456,9 +587,9 @@ def _runtime_problems(key: str, node: NodeSettings, tpu: catalog.Slice) -> Probl
 
 
 def _batch_problems(key: str, node: NodeSettings, tpu: catalog.Slice,
-                    job: JobConfig) -> Problems:
+                    job: JobConfig, jobs_key: str) -> Problems:
     if job.globalBatchSize % tpu.replicas:
-        yield (f"{NAMESPACE}:jobs.{node.job}.globalBatchSize",
+        yield (f"{jobs_key}.{node.job}.globalBatchSize",
                f"{job.globalBatchSize} is not divisible by the {tpu.replicas} replicas of "
                f"{key} ({tpu.accelerator_type}); use a multiple of {tpu.replicas}")
 
@@ -496,3 +627,163 @@ def _ci_problems(ci: CiSettings) -> Problems:
         if not _POOL_ID_RE.match(value) or value.startswith("gcp-"):
             yield (f"{key}.{to_camel(field)}", f"{value!r}: 4-32 lowercase letters, digits or "
                                                f"dashes, not starting with gcp-")
+
+
+# ---- shared capacity: teams, quota, budgets, team stacks (docs/teams.md) ----
+
+TEAMS_KEY = f"{NAMESPACE}:teams"
+QUOTA_KEY = f"{NAMESPACE}:quota"
+COST_CENTRE = "cost-centre"
+DEFAULT_TEAM = StackSettings.model_fields["team"].default
+# Google groups and users as IAM writes them (cloud.google.com/iam/docs/
+# principal-identifiers): `group:ml-vision@acme.com`, `user:ana@acme.com`.
+_MEMBER_RE = re.compile(r"^(group|user):[A-Za-z0-9._%+'-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
+# A StackReference name: organization/project/stack.
+_STACK_REF_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_CAPACITY_WORDS = {"onDemand": "on-demand", "spot": "spot", "reserved": "reserved",
+                   "preemptible": "preemptible (spot and preemptible)"}
+
+
+def team_problems(s: StackSettings) -> Problems:
+    """The shared-capacity rules: a team stack's, or a platform stack's teams and quota."""
+    if s.is_team_stack:
+        yield from _team_stack_problems(s)
+        return
+    yield from _quota_declaration_problems(s.quota)
+    if s.billing:
+        yield from _billing_problems(s.billing)
+    if s.teams and COST_CENTRE not in s.labels:
+        yield (f"{NAMESPACE}:labels.{COST_CENTRE}", f"is required with {TEAMS_KEY}: the "
+                                                    f"platform's own resources carry one too")
+    for name, team in s.teams.items():
+        yield from _team_problems(s, name, team)
+    if s.quota:
+        yield from project_quota_problems(s.quota, s.all_nodes)
+
+
+def _team_problems(s: StackSettings, name: str, team: TeamSettings) -> Problems:
+    key = f"{TEAMS_KEY}.{name}"
+    if not LOGICAL_NAME_RE.match(name):
+        yield (key, f"team names are {LOGICAL_NAME_RULE}")
+    if name == s.team:
+        yield (key, f"{name!r} is this stack's own team ({NAMESPACE}:team); name teams apart")
+    if not team.members:
+        yield (f"{key}.members", "give at least one member (group:… or user:…)")
+    for index, member in enumerate(team.members):
+        if not _MEMBER_RE.match(member):
+            yield (f"{key}.members[{index}]", f"{member!r} is not a Google group or user: "
+                                              f"group:name@domain or user:name@domain")
+    yield from _labels_problems(f"{key}.labels", team.labels)
+    yield from _jobs_problems(f"{key}.jobs", team.jobs)
+    yield from _node_list_problems(f"{key}.nodes", team.nodes, team.jobs, f"{key}.jobs")
+    yield from team_quota_problems(f"{key}.quota", name, team.nodes, team.quota)
+
+
+def _sized(nodes: list[NodeSettings]) -> list[NodeSettings]:
+    """The nodes with a valid slice in a zone that offers it: what quota counts
+    (the others have their own problem)."""
+    sized = []
+    for node in nodes:
+        try:
+            if node.zone in node.tpu.generation.zones:
+                sized.append(node)
+        except catalog.CatalogError:
+            continue
+    return sized
+
+
+def _chips_detail(nodes: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{name} {chips}" for name, chips in nodes)
+
+
+def team_quota_problems(key: str, team: str, nodes: list[NodeSettings],
+                        quota: _TeamQuotaBase) -> Problems:
+    """`team`'s nodes against its quota (`key`: the quota's path): chips per
+    family and capacity, and the list-price cost per hour against the ceiling."""
+    usage: dict[tuple[str, Capacity], list[tuple[str, int]]] = {}
+    usd_per_hour = 0.0
+    for node in _sized(nodes):
+        tpu = node.tpu
+        usage.setdefault((tpu.generation.name, node.capacity), []).append((node.name, tpu.chips))
+        usd_per_hour += catalog.usd_per_hour(tpu, spot=node.spot) or 0.0
+    for (family, capacity), used in sorted(usage.items()):
+        chips = sum(c for _, c in used)
+        allowed = quota.chips(family).of(capacity)
+        if chips > allowed:
+            yield (f"{key}.{family}.{capacity}",
+                   f"team {team} needs {chips} {family} {_CAPACITY_WORDS[capacity]} chips "
+                   f"(nodes: {_chips_detail(used)}); its quota is {allowed}")
+    ceiling = quota.usd_per_hour
+    if ceiling is not None and round(usd_per_hour, 4) > ceiling:
+        yield (f"{key}.usdPerHour", f"team {team}'s nodes cost ${usd_per_hour:.2f}/h at list "
+                                    f"prices; its ceiling is ${ceiling:.2f}/h")
+
+
+def project_quota_problems(quota: Mapping[str, Mapping[str, ProjectChips]],
+                           nodes: list[tuple[str, NodeSettings]]) -> Problems:
+    """Every team's nodes together against the project's quota, per family,
+    region and quota type."""
+    usage: dict[tuple[str, str, QuotaType], dict[str, int]] = {}
+    for team, node in nodes:
+        if not _sized([node]):
+            continue
+        region = catalog.region_of(node.zone)
+        by_team = usage.setdefault((node.tpu.generation.name, region, node.quota_type), {})
+        by_team[team] = by_team.get(team, 0) + node.tpu.chips
+    for (family, region, quota_type), by_team in sorted(usage.items()):
+        chips = sum(by_team.values())
+        declared = quota.get(family, {}).get(region)
+        allowed = declared.of(quota_type) if declared else 0
+        if chips > allowed:
+            granted = (f"the project's quota is {allowed}" if declared else
+                       f"no {family} quota is declared in {region}")
+            yield (f"{QUOTA_KEY}.{family}.{region}.{quota_type}",
+                   f"the teams need {chips} {family} {_CAPACITY_WORDS[quota_type]} chips in "
+                   f"{region} ({_chips_detail(sorted(by_team.items()))}); {granted}")
+
+
+def _quota_declaration_problems(quota: Mapping[str, Mapping[str, ProjectChips]]) -> Problems:
+    for family, by_region in quota.items():
+        try:
+            gen = catalog.generation(family)
+        except catalog.CatalogError as error:
+            yield (f"{QUOTA_KEY}.{family}", str(error))
+            continue
+        offered = sorted({catalog.region_of(zone) for zone in gen.zones})
+        for region in by_region:
+            if region not in offered:
+                yield (f"{QUOTA_KEY}.{family}.{region}", f"{family} is not offered in {region} "
+                                                         f"(regions: {', '.join(offered)})")
+
+
+def _billing_problems(billing: BillingSettings) -> Problems:
+    key = f"{NAMESPACE}:billing"
+    if not _BILLING_RE.match(billing.account):
+        yield (f"{key}.account", f"{billing.account!r} is not a billing account id "
+                                 f"(XXXXXX-XXXXXX-XXXXXX, hex digits)")
+    for index, threshold in enumerate(billing.alert_thresholds):
+        if threshold <= 0:
+            yield (f"{key}.alertThresholds[{index}]", f"{threshold} must be above 0 "
+                                                      f"(1.0 = 100% of the budget)")
+
+
+def _team_stack_problems(s: StackSettings) -> Problems:
+    key = f"{NAMESPACE}:platformStack"
+    ref = s.platform_stack or ""
+    if not _STACK_REF_RE.match(ref):
+        yield (key, f"{ref!r} is not a stack reference: organization/project/stack, "
+                    f"e.g. acme/tpu-stack/platform")
+    elif ref.rsplit("/", 1)[-1] == s.stack:
+        yield (key, f"{ref!r} is this stack itself; name the platform stack")
+    if s.team == DEFAULT_TEAM or not LOGICAL_NAME_RE.match(s.team):
+        yield (f"{NAMESPACE}:team", f"{s.team!r}: a team stack names its team, a key of the "
+                                    f"platform stack's {TEAMS_KEY} ({LOGICAL_NAME_RULE})")
+    for field in ("teams", "quota", "billing"):
+        if getattr(s, field):
+            yield (f"{NAMESPACE}:{field}", f"belongs to the platform stack ({ref}), "
+                                           f"not to a team stack")
+    if s.project.create:
+        yield (f"{NAMESPACE}:project.create", f"the platform stack ({ref}) owns the project")
+    if COST_CENTRE not in s.labels:
+        yield (f"{NAMESPACE}:labels.{COST_CENTRE}", "is required in a team stack: every "
+                                                    "billable resource carries a cost centre")

@@ -28,6 +28,9 @@ class BucketsArgs:
     settings: StorageSettings
     labels: dict[str, str]
     team: str | None = None
+    # A team's own buckets are a subset (docs/teams.md): the shared data stays
+    # the platform's.
+    purposes: tuple[str, ...] = PURPOSES
 
 
 def lifecycle_rules(purpose: str, settings: StorageSettings
@@ -59,12 +62,14 @@ class TrainingBuckets(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
         s = args.settings
-        self.names = {p: args.naming.bucket(p, args.team) for p in PURPOSES}
+        self.names = {p: args.naming.bucket(p, args.team) for p in args.purposes}
         self.buckets = {}
-        for purpose in PURPOSES:
+        for purpose in args.purposes:
             protect = s.protect and purpose in PRECIOUS
             self.buckets[purpose] = gcp.storage.Bucket(
-                purpose,
+                # Pulumi URNs leave out the parent's name: a team's children
+                # carry the team so that several teams' buckets stay distinct.
+                f"{args.team}-{purpose}" if args.team else purpose,
                 name=self.names[purpose],
                 project=args.project_id,
                 location=s.location,
@@ -76,7 +81,7 @@ class TrainingBuckets(pulumi.ComponentResource):
                 labels={**args.labels, "purpose": purpose},
                 opts=pulumi.ResourceOptions(parent=self, protect=protect),
             )
-        self.register_outputs({p: self.uri(p) for p in PURPOSES})
+        self.register_outputs({p: self.uri(p) for p in args.purposes})
 
     def uri(self, purpose: str) -> str:
         return f"gs://{self.names[purpose]}"

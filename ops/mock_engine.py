@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import runpy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -70,14 +71,33 @@ class RecordingMonitor(mocks.MockMonitor):
         return response
 
 
-class GcpMocks(mocks.Mocks):
-    """Computed outputs the way GCP returns them, for what the program reads back."""
+STACK_REFERENCE_TYPE = "pulumi:pulumi:StackReference"
+GET_PROJECT = "gcp:organizations/getProject:getProject"
+# Config keys whose value names a stack the program reads through a
+# StackReference (docs/teams.md: a team stack's platform stack).
+STACK_REFERENCE_KEYS = (f"{PROJECT}:platformStack",)
 
-    def __init__(self, project_number: str = "123456789012") -> None:
+
+class GcpMocks(mocks.Mocks):
+    """Computed outputs the way GCP returns them, for what the program reads back.
+
+    A StackReference (`org/project/stack`) resolves to `stack_outputs[name]`.
+    """
+
+    def __init__(self, project_number: str = "123456789012",
+                 stack_outputs: Mapping[str, dict[str, Any]] | None = None) -> None:
         self.project_number = project_number
+        self.stack_outputs = dict(stack_outputs or {})
 
     def new_resource(self, args: mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         inputs = dict(args.inputs)
+        if args.typ == STACK_REFERENCE_TYPE:
+            name = inputs["name"]
+            if name not in self.stack_outputs:
+                raise KeyError(f"no outputs for stack reference {name!r}: give GcpMocks "
+                               f"stack_outputs (known: {', '.join(self.stack_outputs) or 'none'})")
+            return name, {"name": name, "outputs": self.stack_outputs[name],
+                          "secretOutputNames": []}
         project = inputs.get("project") or inputs.get("projectId") or "mock-project"
         name = inputs.get("name") or args.name
         computed = _COMPUTED.get(args.typ)
@@ -85,8 +105,30 @@ class GcpMocks(mocks.Mocks):
             f"{args.name}-id", {})
         return resource_id, {**inputs, **outputs}
 
-    def call(self, args: mocks.MockCallArgs) -> tuple[dict[str, Any], list | None]:
-        return {}, None
+    def call(self, args: mocks.MockCallArgs) -> dict[str, Any]:
+        # A dict, not (dict, None): MockMonitor.Invoke iterates a tuple's failures.
+        if args.token == GET_PROJECT:
+            project = args.args.get("projectId") or "mock-project"
+            return {"projectId": project, "number": self.project_number}
+        return {}
+
+
+@functools.cache
+def planned_stack_outputs(reference: str) -> dict[str, Any]:
+    """The outputs of `org/project/<stack>` as an offline plan of this repo's
+    Pulumi.<stack>.yaml gives them (once per process)."""
+    from components.stack_config import file_config  # the program's config reader
+
+    stack = reference.rsplit("/", 1)[-1]
+    return run_program(file_config(stack), stack).outputs
+
+
+def referenced_stack_outputs(config: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Outputs of every stack `config` references, planned from this repo's
+    stack files. Planned before the program runs: Pulumi's runtime state is
+    per process, so a plan cannot start inside another one's mock call."""
+    return {config[key]: planned_stack_outputs(config[key])
+            for key in STACK_REFERENCE_KEYS if config.get(key)}
 
 
 def _account(m: GcpMocks, project: str, name: str, inputs: dict) -> tuple[str, dict]:
@@ -159,8 +201,10 @@ def run_program(config: Mapping[str, str], stack: str,
     Exceptions the program raises (e.g. pulumi.RunError for a bad config)
     propagate to the caller.
     """
+    if mock is None:
+        mock = GcpMocks(stack_outputs=referenced_stack_outputs(config))
     return contextvars.Context().run(_run, dict(config), stack,
-                                     program or _main_program, mock or GcpMocks())
+                                     program or _main_program, mock)
 
 
 def _main_program(path: Path = REPO_ROOT / "__main__.py") -> None:

@@ -1,0 +1,101 @@
+"""A team stack's view of its platform stack, through a StackReference.
+
+The platform stack (docs/teams.md) exports its project, network and, per team,
+members, quota and labels. A team stack reads them here and checks, before any
+node is declared, that the platform serves this team in this project, that its
+nodes fit the quota the platform granted it and that every node's region has
+a platform subnet. The nodes take their project id from that check, so a
+failed check stops them at preview.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+
+from components import catalog
+from components.settings import (
+    COST_CENTRE,
+    TEAMS_KEY,
+    SettingsError,
+    StackSettings,
+    TeamQuota,
+    team_quota_problems,
+)
+
+REFERENCE_NAME = "platform"
+
+
+class PlatformStackError(pulumi.RunError):
+    """The platform stack does not serve this team stack; names every problem."""
+
+
+def contract_problems(settings: StackSettings, outputs: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the platform stack's `outputs` refuse this team stack, as (key, message)."""
+    ref, team = settings.platform_stack, settings.team
+    missing = [key for key in ("projectId", "teams", "network") if outputs.get(key) is None]
+    if missing:
+        return [(f"{ref}", f"has no output {', '.join(missing)}: is it a platform stack "
+                           f"(one with {TEAMS_KEY})?")]
+    problems: list[tuple[str, str]] = []
+    if outputs["projectId"] != settings.gcp_project:
+        problems.append(("gcp:project", f"{settings.gcp_project} is not the platform's "
+                                        f"project ({outputs['projectId']})"))
+    entry = outputs["teams"].get(team)
+    if entry is None:
+        known = ", ".join(sorted(outputs["teams"])) or "none"
+        return [*problems, ("tpu-stack:team", f"{team!r} is not a team of {ref} "
+                                              f"({TEAMS_KEY}: {known})")]
+    theirs, ours = entry.get("labels", {}).get(COST_CENTRE), settings.labels.get(COST_CENTRE)
+    if theirs != ours:
+        problems.append((f"tpu-stack:labels.{COST_CENTRE}", f"{ours!r} is not team {team}'s cost "
+                                                            f"centre in {ref} ({theirs!r})"))
+    quota = TeamQuota.model_validate(entry["quota"])
+    problems += team_quota_problems(f"{ref} {TEAMS_KEY}.{team}.quota", team,
+                                    settings.nodes, quota)
+    subnets = outputs["network"]["subnets"]
+    for index, node in enumerate(settings.nodes):
+        region = catalog.region_of(node.zone)
+        if region not in subnets:
+            problems.append((f"tpu-stack:nodes[{index}].zone",
+                             f"{ref} has no subnet in {region} (regions: "
+                             f"{', '.join(sorted(subnets)) or 'none'}); the platform "
+                             f"declares a region's subnet with its quota there"))
+    return problems
+
+
+def usage(settings: StackSettings) -> dict[str, dict[str, int]]:
+    """Chips the team stack's nodes hold, per family and capacity."""
+    used: dict[str, dict[str, int]] = {}
+    for node in settings.nodes:
+        by_capacity = used.setdefault(node.tpu.generation.name, {})
+        by_capacity[node.capacity] = by_capacity.get(node.capacity, 0) + node.tpu.chips
+    return used
+
+
+class PlatformReference:
+    """The platform stack's outputs this team stack consumes, checked."""
+
+    def __init__(self, settings: StackSettings,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        self.settings = settings
+        self.reference = pulumi.StackReference(
+            REFERENCE_NAME, stack_name=settings.platform_stack, opts=opts)
+        outputs = self.reference.outputs
+        checked = self._checked = outputs.apply(self._check)
+        self.checked_project_id: pulumi.Output[str] = checked.apply(lambda o: o["projectId"])
+        self.checked_usage = checked.apply(lambda _: usage(settings))
+        self.network_id: pulumi.Output[str] = checked.apply(lambda o: o["network"]["id"])
+        self.members: pulumi.Output[list[str]] = checked.apply(
+            lambda o: o["teams"][settings.team]["members"])
+
+    def subnet(self, region: str) -> pulumi.Output[str]:
+        return self._checked.apply(lambda o: o["network"]["subnets"][region])
+
+    def _check(self, outputs: dict[str, Any]) -> dict[str, Any]:
+        problems = contract_problems(self.settings, outputs or {})
+        if problems:
+            raise PlatformStackError(
+                f"platform stack {self.settings.platform_stack}: {SettingsError(problems)}")
+        return outputs
