@@ -90,11 +90,15 @@ def check_batch(global_batch_size: int, replicas: int) -> None:
 
 
 def read_marker(export_dir: str) -> dict | None:
+    """The completion marker of a finished job; None if absent or torn by a kill."""
     path = _join(export_dir, COMPLETE_MARKER)
     if not tf.io.gfile.exists(path):
         return None
     with tf.io.gfile.GFile(path) as marker:
-        return json.load(marker)
+        try:
+            return json.load(marker)
+        except ValueError:  # the job exports again from its last checkpoint
+            return None
 
 
 class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
