@@ -89,6 +89,7 @@ def test_wait_until_ready(tpuctl, fake_tpu: FakeTpuApi) -> None:
 
     assert run.code == 0, run.out + run.err
     assert "ready after" in run.out
+    assert fake_tpu.mutating_calls() == []
 
 
 def test_recover_is_a_dry_run_unless_applied(tpuctl, fake_tpu: FakeTpuApi) -> None:
@@ -151,5 +152,35 @@ def test_logs_prints_the_workers_job_log(tpuctl, fake_tpu: FakeTpuApi, monkeypat
         missing = tpuctl("logs", "--stack", "dev", "--worker", "3")
 
     assert (once.code, once.out) == (0, "step 10 loss 2.3\n")
+    assert fake_tpu.mutating_calls() == []
     assert followed.out == "step 10 loss 2.3\njob succeeded\n"
     assert missing.code == 2 and "no log yet at" in missing.err
+
+
+def test_status_watch_refreshes_until_interrupted(
+    tpuctl, fake_tpu: FakeTpuApi, monkeypatch
+) -> None:
+    add_trainer(fake_tpu, "CREATING", "READY")
+    naps: list[float] = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tpu_cmds.time, "sleep", nap)
+    run = tpuctl("status", "--stack", "dev", "--watch", "--interval", "1m")
+
+    assert run.code == 0
+    assert naps == [60.0, 60.0] and fake_tpu.count("list") == 2
+    assert "READY" in run.out
+
+
+def test_wait_for_done_fails_fast_on_a_failed_job(tpuctl, fake_tpu: FakeTpuApi) -> None:
+    add_trainer(fake_tpu)
+    fake_tpu.set_guest_attributes(ZONE, NODE, 0, {"state": "failed", "message": "exit 1"})
+
+    run = tpuctl("wait", "--stack", "dev", "--until", "done", "--timeout", "1h", "--poll", "0")
+
+    assert run.code == 1
+    assert f"{NODE}: job failed: exit 1" in run.out
