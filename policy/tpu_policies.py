@@ -10,6 +10,7 @@ policy config file (policy/README.md, policy/config.example.json).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -76,6 +77,20 @@ def tpu_view(resource_type: str, props: Mapping[str, Any]) -> Mapping[str, Any] 
     return view
 
 
+def stack_in(stack: str, patterns: Iterable[str]) -> bool:
+    """Whether a config's stack list names `stack`; shell patterns such as `team-*` allowed."""
+    return any(fnmatch.fnmatchcase(stack, pattern) for pattern in patterns)
+
+
+def stack_limit(stack: str, limits: Mapping[str, int]) -> int | None:
+    """The limit for `stack`: its own key, else the first pattern matching it (`*` last)."""
+    if stack in limits:
+        return limits[stack]
+    patterns = sorted((p for p in limits if p != "*"), key=len, reverse=True)
+    return next((limits[p] for p in [*patterns, "*"] if p in limits and stack_in(stack, [p])),
+                None)
+
+
 def stack_of(urn: str) -> str:
     """`urn:pulumi:dev::tpu-stack::…` → `dev`."""
     return urn.split("::", 1)[0].rsplit(":", 1)[-1]
@@ -85,6 +100,7 @@ def stack_of(urn: str) -> str:
 
 Schema = dict[str, dict[str, Any]]
 
+# Stack lists take names or shell patterns (`team-*`).
 _STRINGS = {"type": "array", "items": {"type": "string"}}
 
 CONFIG_SCHEMAS: dict[str, Schema] = {
@@ -116,7 +132,7 @@ CONFIG_SCHEMAS: dict[str, Schema] = {
     "tpu-max-chips": {
         "maxChips": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
                      "default": {"dev": 32, "*": 256},
-                     "description": "TPU chips per stack, by stack name; '*' for the rest"},
+                     "description": "TPU chips per stack by name or pattern; '*' for the rest"},
     },
     "tpu-spot-stacks": {
         "spotStacks": {**_STRINGS, "default": ["dev"],
@@ -239,7 +255,7 @@ def _tpu_external_ip(args: ResourceValidationArgs, report: ReportViolation) -> N
         return
     allowed = settings(args, "tpu-no-external-ip")["allowedStacks"]
     stack = stack_of(args.urn)
-    if _get(node, "networkConfig.enableExternalIps") and stack not in allowed:
+    if _get(node, "networkConfig.enableExternalIps") and not stack_in(stack, allowed):
         report(f"TPU node {args.name}: networkConfig.enableExternalIps is true in stack "
                f"{stack!r}; external IPs are allowed only in {allowed or 'no stack'} "
                "(policy config tpu-no-external-ip.allowedStacks)", None)
@@ -265,7 +281,8 @@ def _protected_data_buckets(args: ResourceValidationArgs, report: ReportViolatio
         return
     config = settings(args, "protected-data-buckets")
     stack = stack_of(args.urn)
-    if stack in config["exemptStacks"] or _bucket_purpose(args) not in config["bucketPurposes"]:
+    exempt = stack_in(stack, config["exemptStacks"])
+    if exempt or _bucket_purpose(args) not in config["bucketPurposes"]:
         return
     if not args.opts.protect:
         report(f"bucket {args.name} holds data in stack {stack!r}: create it with "
@@ -304,7 +321,7 @@ def _spot_stacks(args: ResourceValidationArgs, report: ReportViolation) -> None:
         return
     allowed = settings(args, "tpu-spot-stacks")["spotStacks"]
     stack = stack_of(args.urn)
-    if stack not in allowed:
+    if not stack_in(stack, allowed):
         report(f"TPU node {args.name}: spot/preemptible capacity in stack {stack!r}; "
                f"allowed only in {allowed or 'no stack'} "
                "(policy config tpu-spot-stacks.spotStacks)", None)
@@ -335,7 +352,7 @@ def _max_chips(args: StackValidationArgs, report: ReportViolation) -> None:
         return
     stack = stack_of(nodes[0][0])
     limits = settings(args, "tpu-max-chips")["maxChips"]
-    limit = limits.get(stack, limits.get("*"))
+    limit = stack_limit(stack, limits)
     chips = 0
     for _urn, view in nodes:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from typing import Any
@@ -71,3 +72,81 @@ def test_an_unchanged_stack_diffs_empty_through_a_file(plans, tmp_path):
     saved.write_text(json.dumps(plans["prod"]))
     again = plain(offline_plan("prod").to_json())
     assert diff_plans(json.loads(saved.read_text()), again).empty
+
+
+def _first(plan: dict[str, Any], type_: str, name: str | None = None) -> dict[str, Any]:
+    return next(r for r in plan["resources"]
+                if r["type"] == type_ and (name is None or r["name"] == name))
+
+
+def _add_key(plan: dict[str, Any]) -> None:
+    key = copy.deepcopy(_first(plan, "gcp:serviceaccount/account:Account"))
+    key.update(type="gcp:serviceaccount/key:Key", name="ci-key", inputs={"serviceAccountId": "x"},
+               urn=key["urn"].replace("serviceaccount/account:Account", "serviceaccount/key:Key"))
+    plan["resources"].append(key)
+
+
+BUCKET = "gcp:storage/bucket:Bucket"
+PLAN_EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "bucket-uniform-access": (
+        lambda p: _first(p, BUCKET)["inputs"].update(uniformBucketLevelAccess=False),
+        "set uniformBucketLevelAccess=true"),
+    "no-public-members": (
+        lambda p: _first(p, "gcp:storage/bucketIAMMember:BucketIAMMember")["inputs"].update(
+            member="allUsers"),
+        "grants access to allUsers"),
+    "no-service-account-keys": (_add_key, "service-account key ci-key: keys are forbidden"),
+    "tpu-not-default-service-account": (
+        lambda p: _first(p, V2VM)["inputs"].pop("serviceAccount"),
+        "serviceAccount.email is missing"),
+    "no-privileged-project-roles": (
+        lambda p: _first(p, "gcp:projects/iAMMember:IAMMember")["inputs"].update(
+            role="roles/editor"),
+        "grants roles/editor on the whole project"),
+    "protected-data-buckets": (
+        lambda p: _first(p, BUCKET, "checkpoints").update(protect=False),
+        "create it with protect=True"),
+    "apis-kept-on-destroy": (
+        lambda p: _first(p, "gcp:projects/service:Service")["inputs"].update(
+            disableOnDestroy=True),
+        "set disableOnDestroy=false"),
+    "required-labels": (
+        lambda p: _first(p, BUCKET)["inputs"]["labels"].pop("managed-by"),
+        "is missing labels managed-by"),
+}
+CONFIG_EDITS: dict[str, tuple[Callable[[Nodes], None], str]] = {
+    "tpu-spot-stacks": (lambda n: n[0].update(provisioning="spot"),
+                        "spot/preemptible capacity in stack 'prod'"),
+    "tpu-no-external-ip": (lambda n: n[0].update(externalIps=True),
+                           "networkConfig.enableExternalIps is true in stack 'prod'"),
+}
+POLICY_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {
+    "tpu-max-chips": ({"maxChips": {"*": 8}}, "stack 'prod' asks for 16 TPU chips; the limit is 8"),
+    "tpu-accelerator-allowlist": ({"allowedAcceleratorTypes": ["v5litepod-8"]},
+                                  "accelerator type v4-32 is not allowed"),
+}
+
+
+def _assert_only(violations: list, policy: str, message: str) -> None:
+    assert {v.policy for v in violations} == {policy}
+    assert all(message in v.message for v in violations), [v.message for v in violations]
+
+
+@pytest.mark.parametrize("policy", sorted(PLAN_EDITS))
+def test_a_plan_edited_to_break_a_rule_fails_with_its_message(plans, policy):
+    edit, message = PLAN_EDITS[policy]
+    plan = copy.deepcopy(plans["prod"])
+    edit(plan)
+    _assert_only(evaluate(plan, load_config()), policy, message)
+
+
+@pytest.mark.parametrize("policy", sorted(CONFIG_EDITS))
+def test_a_stack_configured_to_break_a_rule_fails_with_its_message(policy):
+    edit, message = CONFIG_EDITS[policy]
+    _assert_only(evaluate(plan_with_nodes("prod", edit), load_config()), policy, message)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICY_CONFIGS))
+def test_a_stricter_policy_config_fails_the_stack(plans, policy):
+    settings, message = POLICY_CONFIGS[policy]
+    _assert_only(evaluate(plans["prod"], {policy: settings}), policy, message)

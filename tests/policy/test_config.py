@@ -22,9 +22,14 @@ def test_config_files_name_real_policies_and_settings(path: Path):
         assert settings <= set(CONFIG_SCHEMAS.get(name, {})), (name, settings)
 
 
-def test_repository_config_spells_out_the_defaults():
-    for name, value in load_config(CONFIG_PATH).items():
-        assert value == {k: spec["default"] for k, spec in CONFIG_SCHEMAS[name].items()}
+@pytest.mark.parametrize("path", [CONFIG_PATH, EXAMPLE], ids=["config", "example"])
+def test_config_values_have_the_schema_types(path: Path):
+    python_types = {"array": list, "object": dict, "string": str}
+    for name, value in load_config(path).items():
+        for key, setting in value.items():
+            if key != "enforcementLevel":
+                schema_type = CONFIG_SCHEMAS[name][key]["type"]
+                assert isinstance(setting, python_types[schema_type]), (name, key)
 
 
 def test_policy_names_are_unique_and_every_policy_is_mandatory():

@@ -135,5 +135,7 @@ def test_spot_stacks(check, good_node):
     assert check("tpu-spot-stacks", V2VM, preemptible)
     assert check("tpu-spot-stacks", V2VM, {"acceleratorType": "v2-8"}) == []
     assert check("tpu-spot-stacks", V2VM, spot, config={"spotStacks": ["prod"]}) == []
+    assert check("tpu-spot-stacks", V2VM, spot, stack="team-nlp",
+                 config={"spotStacks": ["team-*"]}) == [], "shell patterns name stacks"
     assert check("tpu-spot-stacks", QUEUED, QUEUED_NODE)
     assert check("tpu-spot-stacks", QUEUED, {**QUEUED_NODE, "spot": False}) == []

@@ -44,3 +44,7 @@ def test_max_chips(check_stack):
         "no type: the provider's v2-8, 4 chips"
     assert check_stack("tpu-max-chips", [(V2VM, "a", {})], config={"maxChips": {"*": 3}})
     assert check_stack("tpu-max-chips", [(BUCKET, "logs", {})]) == []
+    patterns = {"maxChips": {"team-*": 8, "team-nlp": 16, "*": 4}}
+    assert check_stack("tpu-max-chips", [(V2VM, "a", v5e_8)], stack="team-vision",
+                       config=patterns) == []
+    assert check_stack("tpu-max-chips", [(V2VM, "a", v5e_8)], stack="other", config=patterns)
