@@ -6,18 +6,20 @@ makes no call that changes anything.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
 from components import catalog
-from ops.tpu_api import NodeStatus, TpuApi
+from ops.tpu_api import NodeStatus, QueuedStatus, TpuApi
 
 Verb = Literal["delete-node", "reset-queued", "stop-node", "report"]
 # A spot or preemptible TPU is never restarted: it stays PREEMPTED, holding quota,
 # until deleted (tpu-facts.md, "Spot TPUs"). TERMINATED nodes do not come back either.
 LOST_STATES = {"PREEMPTED", "TERMINATED"}
+# A queued resource whose node is gone waits SUSPENDED (or FAILED) until reset.
+STALLED_QUEUED_STATES = {"SUSPENDED", "FAILED"}
 FINISHED = "succeeded"
 BUSY_JOB_STATES = {"installing", "running"}
 
@@ -25,23 +27,34 @@ BUSY_JOB_STATES = {"installing", "running"}
 @dataclass(frozen=True)
 class Action:
     verb: Verb
-    node: NodeStatus
+    zone: str
+    subject: str  # the node id, or the queued resource's name for reset-queued
     reason: str
 
+    @classmethod
+    def on(cls, verb: Verb, node: NodeStatus, reason: str) -> Action:
+        subject = node.queued_resource if verb == "reset-queued" else node.node_id
+        return cls(verb, node.zone, subject, reason)
 
-def recovery_plan(nodes: list[NodeStatus]) -> list[Action]:
+
+def recovery_plan(nodes: list[NodeStatus], queued: Sequence[QueuedStatus] = ()) -> list[Action]:
     """Lost nodes go, so the next `pulumi up --refresh` recreates them; the job resumes
-    from its checkpoint. A queued node's request is reset instead (it re-queues)."""
+    from its checkpoint. A queued node's request is reset instead: it re-queues and
+    provisions the node again, as does a SUSPENDED or FAILED request whose node is gone."""
     actions = []
     for node in nodes:
         if node.state not in LOST_STATES:
             continue
         if node.queued_resource:
-            actions.append(Action("reset-queued", node, f"{node.state}: re-queue the request"))
+            actions.append(Action.on("reset-queued", node, f"{node.state}: re-queue the request"))
         else:
-            actions.append(
-                Action("delete-node", node, f"{node.state}: delete so `pulumi up` recreates it")
-            )
+            reason = f"{node.state}: delete so `pulumi up` recreates it"
+            actions.append(Action.on("delete-node", node, reason))
+    present = {node.node_id for node in nodes}
+    for request in queued:
+        if request.state in STALLED_QUEUED_STATES and not present & set(request.node_ids):
+            reason = f"queued resource {request.state}, node gone: re-queue the request"
+            actions.append(Action("reset-queued", request.zone, request.name, reason))
     return actions
 
 
@@ -55,7 +68,7 @@ def janitor_plan(nodes: list[NodeStatus], idle_minutes: float, now: datetime) ->
         if _multi_host(node):
             # Only single-host TPU VMs can be stopped and started; pod slices cannot (tpu-facts.md).
             actions.append(
-                Action(
+                Action.on(
                     "report",
                     node,
                     f"{reason}; a pod slice cannot be stopped: "
@@ -63,7 +76,7 @@ def janitor_plan(nodes: list[NodeStatus], idle_minutes: float, now: datetime) ->
                 )
             )
         else:
-            actions.append(Action("stop-node", node, reason))
+            actions.append(Action.on("stop-node", node, reason))
     return actions
 
 
@@ -103,11 +116,10 @@ def apply_actions(
 ) -> None:
     """Carry out every action but `report`, in order."""
     for action in actions:
-        node = action.node
         if action.verb == "delete-node":
-            api.delete_node(node.zone, node.node_id)
+            api.delete_node(action.zone, action.subject)
         elif action.verb == "reset-queued":
-            api.reset_queued_resource(node.queued_resource)
+            api.reset_queued_resource(action.subject)
         elif action.verb == "stop-node":
-            api.stop_node(node.zone, node.node_id)
+            api.stop_node(action.zone, action.subject)
         on_done(action)

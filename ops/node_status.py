@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from rich.table import Table
 
 from ops.stack_target import StackTarget
-from ops.tpu_api import NodeStatus, TpuApi
+from ops.tpu_api import NodeStatus, QueuedStatus, TpuApi
 
 Until = Literal["ready", "running", "done"]
 UNTIL_CHOICES: tuple[Until, ...] = ("ready", "running", "done")
@@ -25,13 +25,23 @@ def collect(api: TpuApi, target: StackTarget) -> list[NodeStatus]:
     return api.with_job_status(api.stack_nodes(target.zones, target.stack))
 
 
+def collect_queued(api: TpuApi, target: StackTarget) -> list[QueuedStatus]:
+    """The stack's queued resources; no call at all for a stack without queued nodes."""
+    if not target.queued_node_ids:
+        return []
+    zones = {node.zone for node in target.nodes if node.queued}
+    return api.stack_queued(zones, target.queued_node_ids)
+
+
 def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
     """Node ids the stack config names that the API does not have."""
     present = {node.node_id for node in nodes}
     return [node.node_id for node in target.nodes if node.node_id not in present]
 
 
-def status_table(target: StackTarget, nodes: list[NodeStatus]) -> Table:
+def status_table(
+    target: StackTarget, nodes: list[NodeStatus], queued: Sequence[QueuedStatus] = ()
+) -> Table:
     table = Table(title=f"stack {target.stack} ({target.project})")
     for column in ("node", "zone", "type", "state", "health", "job", "step", "message", "updated"):
         table.add_column(column)

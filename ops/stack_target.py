@@ -44,6 +44,10 @@ class StackTarget:
     def zones(self) -> list[str]:
         return sorted({node.zone for node in self.nodes})
 
+    @property
+    def queued_node_ids(self) -> list[str]:
+        return [node.node_id for node in self.nodes if node.queued]
+
     def expected(self, node_id: str) -> ExpectedNode | None:
         return next((node for node in self.nodes if node.node_id == node_id), None)
 

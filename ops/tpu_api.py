@@ -35,6 +35,7 @@ PERMISSIONS = {
     "list_accelerator_types": "tpu.acceleratortypes.list",
     "list_runtime_versions": "tpu.runtimeversions.list",
     "get_queued_resource": "tpu.queuedresources.get",
+    "list_queued_resources": "tpu.queuedresources.list",
     "create_queued_resource": "tpu.queuedresources.create",
     "delete_queued_resource": "tpu.queuedresources.delete",
     "reset_queued_resource": "tpu.queuedresources.reset",
@@ -86,6 +87,25 @@ class NodeStatus:
                 f"{s.symptom_type.name}: {s.details}".strip(": ") for s in node.symptoms
             ),
             created=node.create_time,
+        )
+
+
+@dataclass(frozen=True)
+class QueuedStatus:
+    """One queued resource: its state and the node ids it provisions."""
+
+    zone: str
+    name: str  # projects/<p>/locations/<zone>/queuedResources/<id>
+    state: str
+    node_ids: tuple[str, ...]
+
+    @classmethod
+    def from_queued(cls, queued: tpu_v2.QueuedResource) -> QueuedStatus:
+        return cls(
+            zone=_zone_and_id(queued.name)[0],
+            name=queued.name,
+            state=queued.state.state.name,
+            node_ids=tuple(spec.node_id for spec in queued.tpu.node_spec),
         )
 
 
@@ -176,6 +196,16 @@ class TpuApi:
                 if belongs_to(n.labels, stack)
             ]
         return sorted(found, key=lambda n: (n.zone, n.node_id))
+
+    def stack_queued(self, zones: Iterable[str], node_ids: Iterable[str]) -> list[QueuedStatus]:
+        """Queued resources (they carry no labels) that provision any of `node_ids`:
+        one list call per zone."""
+        wanted = set(node_ids)
+        found = []
+        for zone in sorted(set(zones)):
+            listed = self.call("list_queued_resources", zone, parent=self.parent(zone))
+            found += [q for q in map(QueuedStatus.from_queued, listed) if wanted & set(q.node_ids)]
+        return found
 
     def job_status(self, node: NodeStatus) -> dict[str, str]:
         """The agent's status from worker 0's guest attributes (`tpu-stack/<key>`), or {}."""

@@ -96,16 +96,20 @@ def status_cmd(
         target = load_target(stack)
         api = _api(target)
         if not watch:
-            console.print(node_status.status_table(target, node_status.collect(api, target)))
+            console.print(_status_now(api, target))
             return
         with Live(console=console, auto_refresh=False) as live:
             try:
                 while True:
-                    nodes = node_status.collect(api, target)
-                    live.update(node_status.status_table(target, nodes), refresh=True)
+                    live.update(_status_now(api, target), refresh=True)
                     time.sleep(period)
             except KeyboardInterrupt:
                 return
+
+
+def _status_now(api: TpuApi, target: StackTarget) -> Table:
+    nodes = node_status.collect(api, target)
+    return node_status.status_table(target, nodes, node_status.collect_queued(api, target))
 
 
 def wait_cmd(
@@ -161,7 +165,8 @@ def recover_cmd(stack: str = StackOption, apply: bool = ApplyOption) -> None:
     with clear_errors():
         target = load_target(stack)
         api = _api(target)
-        actions = node_actions.recovery_plan(api.stack_nodes(target.zones, target.stack))
+        nodes = api.stack_nodes(target.zones, target.stack)
+        actions = node_actions.recovery_plan(nodes, node_status.collect_queued(api, target))
         _act(api, actions, apply, "nothing to recover: no PREEMPTED or TERMINATED nodes")
     if actions and apply:
         console.print(
@@ -190,16 +195,16 @@ def _act(api: TpuApi, actions: list[node_actions.Action], apply: bool, nothing: 
         console.print(nothing)
         return
     table = Table(title="changes" if apply else "dry run: would change")
-    for column in ("action", "node", "zone", "reason"):
+    for column in ("action", "subject", "zone", "reason"):
         table.add_column(column)
     for action in actions:
-        table.add_row(action.verb, action.node.node_id, action.node.zone, action.reason)
+        table.add_row(action.verb, action.subject, action.zone, action.reason)
     console.print(table)
     if not apply:
         console.print("dry run: nothing changed; run again with --apply")
         return
     node_actions.apply_actions(
-        api, actions, on_done=lambda a: console.print(f"done: {a.verb} {a.node.node_id}")
+        api, actions, on_done=lambda a: console.print(f"done: {a.verb} {a.subject}")
     )
 
 

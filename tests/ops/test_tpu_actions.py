@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from ops.node_actions import apply_actions, janitor_plan, recovery_plan
-from ops.node_status import collect
+from ops.node_status import collect, collect_queued
 from ops.tpu_api import TpuApi
 from tests.fakes.tpu_api import FakeTpuApi
-from tests.ops.tpu_world import STACK_LABELS, ZONE, expected_node, target
+from tests.ops.tpu_world import PROJECT, STACK_LABELS, ZONE, expected_node, target
 
 NOW = datetime(2026, 12, 2, 14, 0, tzinfo=timezone.utc)
 
 
 def plan_of(actions) -> list[tuple[str, str]]:
-    return [(a.verb, a.node.node_id) for a in actions]
+    return [(a.verb, a.subject) for a in actions]
 
 
 def test_recover_deletes_lost_nodes_and_requeues_queued_ones(
@@ -29,7 +30,7 @@ def test_recover_deletes_lost_nodes_and_requeues_queued_ones(
 
     assert plan_of(actions) == [
         ("delete-node", "dev-old"),
-        ("reset-queued", "dev-q"),
+        ("reset-queued", f"projects/{PROJECT}/locations/{ZONE}/queuedResources/dev-q-qr"),
         ("delete-node", "dev-spot"),
     ]
     assert fake_tpu.mutating_calls() == [], "planning is a dry run"
@@ -39,6 +40,28 @@ def test_recover_deletes_lost_nodes_and_requeues_queued_ones(
     assert fake_tpu.node(ZONE, "dev-spot") is None and fake_tpu.node(ZONE, "dev-old") is None
     assert fake_tpu.node(ZONE, "dev-ok") is not None
     assert fake_tpu.queued_resource(ZONE, "dev-q-qr").state.state.name == "WAITING_FOR_RESOURCES"
+
+
+def test_recover_requeues_a_suspended_request_whose_node_is_gone(
+    fake_tpu: FakeTpuApi, tpu: TpuApi
+) -> None:
+    fake_tpu.add_queued_node(ZONE, "dev-q", labels=STACK_LABELS)
+    fake_tpu.add_queued_node(ZONE, "other-q", labels={"stack": "other"})
+    for node_id in ("dev-q", "other-q"):
+        tpu.delete_node(ZONE, node_id)  # the request goes SUSPENDING, then SUSPENDED
+    stack = target(replace(expected_node("dev-q"), queued=True))
+    collect_queued(tpu, stack)  # one read: SUSPENDING -> SUSPENDED
+    fake_tpu.calls.clear()
+
+    actions = recovery_plan(tpu.stack_nodes(stack.zones, "dev"), collect_queued(tpu, stack))
+
+    assert plan_of(actions) == [
+        ("reset-queued", f"projects/{PROJECT}/locations/{ZONE}/queuedResources/dev-q-qr")
+    ]
+    assert fake_tpu.mutating_calls() == []
+    apply_actions(tpu, actions)
+    assert fake_tpu.queued_resource(ZONE, "dev-q-qr").state.state.name == "WAITING_FOR_RESOURCES"
+    assert fake_tpu.queued_resource(ZONE, "other-q-qr").state.state.name == "SUSPENDED"
 
 
 def test_janitor_stops_finished_and_idle_single_hosts_and_reports_pods(
