@@ -60,10 +60,10 @@ def status_table(
             job.get("message", ""),
             job.get("updated", ""),
         )
+    requests = {node_id: q.state for q in queued for node_id in q.node_ids}
     for node_id in absent(target, nodes):
-        table.add_row(
-            node_id, target.expected(node_id).zone, "", "[red]ABSENT[/]", "", "-", "", "", ""
-        )
+        state = f"QUEUED {requests[node_id]}" if node_id in requests else "[red]ABSENT[/]"
+        table.add_row(node_id, target.expected(node_id).zone, "", state, "", "-", "", "", "")
     return table
 
 

@@ -158,6 +158,12 @@ class FakeTpuApi:
     def add_queued_node(self, zone: str, node_id: str, *states: str, **node: Any) -> None:
         """An ACTIVE queued resource (id `<node_id>-qr`) and the node it provisioned."""
         self.add_node(zone, node_id, *states, **node)
+        name = self.add_queued_request(zone, node_id, "ACTIVE")
+        with self._lock:
+            self._nodes[(zone, node_id)].message.queued_resource = name
+
+    def add_queued_request(self, zone: str, node_id: str, *states: str) -> str:
+        """A queued resource `<node_id>-qr` for one node, in `states` read by read."""
         queued_id = f"{node_id}-qr"
         spec = tpu_v2.QueuedResource.Tpu.NodeSpec(
             parent=f"projects/{self.project}/locations/{zone}", node_id=node_id
@@ -165,11 +171,13 @@ class FakeTpuApi:
         queued = tpu_v2.QueuedResource(
             name=self._name(zone, "queuedResources", queued_id),
             tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec]),
-            state=tpu_v2.QueuedResourceState(state=QueuedState.ACTIVE),
+            state=tpu_v2.QueuedResourceState(state=QueuedState[states[0]]),
         )
         with self._lock:
-            self._nodes[(zone, node_id)].message.queued_resource = queued.name
-            self._queued[(zone, queued_id)] = _Scripted(queued)
+            self._queued[(zone, queued_id)] = _Scripted(
+                queued, [QueuedState[s] for s in states[1:]]
+            )
+        return queued.name
 
     def set_node_states(self, zone: str, node_id: str, *states: str) -> None:
         with self._lock:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from io import StringIO
 
 from rich.console import Console
 
-from ops.node_status import collect, status_table, wait_until
+from ops.node_status import collect, collect_queued, status_table, wait_until
 from ops.tpu_api import TpuApi
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import OTHER_ZONE, STACK_LABELS, ZONE, expected_node, target
@@ -34,6 +35,23 @@ def test_status_table_has_one_row_per_node_and_marks_absent_ones(
     assert "OUT_OF_MEMORY" in row
     assert "ABSENT" in next(line for line in text.splitlines() if "dev-gone" in line)
     assert fake_tpu.mutating_calls() == []
+
+
+def test_a_queued_node_without_a_node_yet_shows_its_request(
+    fake_tpu: FakeTpuApi, tpu: TpuApi
+) -> None:
+    fake_tpu.add_queued_request(ZONE, "dev-q", "WAITING_FOR_RESOURCES")
+    stack = target(replace(expected_node("dev-q"), queued=True))
+
+    text = render(status_table(stack, collect(tpu, stack), collect_queued(tpu, stack)))
+
+    assert "QUEUED WAITING_FOR_RESOURCES" in next(
+        row for row in text.splitlines() if "dev-q" in row
+    )
+    assert [(c.action, c.collection) for c in fake_tpu.calls] == [
+        ("list", "nodes"),
+        ("list", "queuedResources"),
+    ]
 
 
 def test_wait_follows_creating_to_ready(fake_tpu: FakeTpuApi, tpu: TpuApi) -> None:
