@@ -442,9 +442,11 @@ class Installer:
         if not wheels:
             return
         # --no-index --no-deps: the node has no route to PyPI, and nothing may
-        # replace the image's TensorFlow.
+        # replace the image's TensorFlow. --no-compile: byte-compiling all of
+        # tf-keras costs more than the job compiling what it imports, once
+        # (bench/boot.py).
         command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                   "--disable-pip-version-check", "--no-cache-dir", "--target",
+                   "--disable-pip-version-check", "--no-cache-dir", "--no-compile", "--target",
                    str(work / "site"), *wheels]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
@@ -485,6 +487,7 @@ class Status:
         self._lock = threading.Lock()
         self._network = threading.Lock()
         self._last_step_publish = 0.0
+        self._uploaded: dict[str, bytes] = {}  # uri -> sha256 of what is there
         self._stop = threading.Event()
         threading.Thread(target=self._upload_periodically, daemon=True).start()
 
@@ -550,10 +553,16 @@ class Status:
             log_bytes = self.log_path.read_bytes() if self.log_path.exists() else b""
         with self._network:
             try:
-                self.storage.upload(base + "status.json", status, "application/json")
-                self.storage.upload(base + "job.log", log_bytes, "text/plain")
+                self._upload_if_changed(base + "status.json", status, "application/json")
+                self._upload_if_changed(base + "job.log", log_bytes, "text/plain")
             except AgentError as error:
                 log(f"status upload: {error}")
+
+    def _upload_if_changed(self, uri: str, data: bytes, content_type: str) -> None:
+        digest = hashlib.sha256(data).digest()
+        if self._uploaded.get(uri) != digest:
+            self.storage.upload(uri, data, content_type)
+            self._uploaded[uri] = digest
 
     def _upload_periodically(self) -> None:
         while not self._stop.wait(STATUS_UPLOAD_SECONDS):
