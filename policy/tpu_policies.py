@@ -11,6 +11,7 @@ policy config file (policy/README.md, policy/config.example.json).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -212,6 +213,19 @@ def is_spot(props: Mapping[str, Any]) -> bool:
 
 # --- resource policies ----------------------------------------------------
 
+NodeCheck = Callable[[ResourceValidationArgs, Mapping[str, Any], ReportViolation], None]
+
+
+def _on_tpu_nodes(check: NodeCheck) -> Callable[[ResourceValidationArgs, ReportViolation], None]:
+    """A resource validation that runs `check` on TPU nodes only, with their V2Vm-shaped view."""
+    @functools.wraps(check)
+    def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
+        node = tpu_view(args.resource_type, args.props)
+        if node is not None:
+            check(args, node, report)
+    return validate
+
+
 def _bucket_access(args: ResourceValidationArgs, report: ReportViolation) -> None:
     if args.resource_type != BUCKET:
         return
@@ -236,10 +250,9 @@ def _no_sa_keys(args: ResourceValidationArgs, report: ReportViolation) -> None:
                "use Workload Identity Federation (components/ci.py)", None)
 
 
-def _tpu_service_account(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    node = tpu_view(args.resource_type, args.props)
-    if node is None:
-        return
+@_on_tpu_nodes
+def _tpu_service_account(args: ResourceValidationArgs, node: Mapping[str, Any],
+                         report: ReportViolation) -> None:
     email = _get(node, "serviceAccount.email")
     if not email:
         report(f"TPU node {args.name}: serviceAccount.email is missing, so it would run as "
@@ -249,10 +262,9 @@ def _tpu_service_account(args: ResourceValidationArgs, report: ReportViolation) 
                "give it the stack's runtime account", None)
 
 
-def _tpu_external_ip(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    node = tpu_view(args.resource_type, args.props)
-    if node is None:
-        return
+@_on_tpu_nodes
+def _tpu_external_ip(args: ResourceValidationArgs, node: Mapping[str, Any],
+                     report: ReportViolation) -> None:
     allowed = settings(args, "tpu-no-external-ip")["allowedStacks"]
     stack = stack_of(args.urn)
     if _get(node, "networkConfig.enableExternalIps") and not stack_in(stack, allowed):
@@ -299,10 +311,9 @@ def _apis_kept(args: ResourceValidationArgs, report: ReportViolation) -> None:
                "destroying this stack must not switch APIs off in a shared project", None)
 
 
-def _accelerator_allowlist(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    node = tpu_view(args.resource_type, args.props)
-    if node is None:
-        return
+@_on_tpu_nodes
+def _accelerator_allowlist(args: ResourceValidationArgs, node: Mapping[str, Any],
+                           report: ReportViolation) -> None:
     allowed = settings(args, "tpu-accelerator-allowlist")["allowedAcceleratorTypes"]
     try:
         accelerator = tpu_slice(node).accelerator_type
@@ -315,9 +326,10 @@ def _accelerator_allowlist(args: ResourceValidationArgs, report: ReportViolation
                "(policy config tpu-accelerator-allowlist.allowedAcceleratorTypes)", None)
 
 
-def _spot_stacks(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    node = tpu_view(args.resource_type, args.props)
-    if node is None or not is_spot(node):
+@_on_tpu_nodes
+def _spot_stacks(args: ResourceValidationArgs, node: Mapping[str, Any],
+                 report: ReportViolation) -> None:
+    if not is_spot(node):
         return
     allowed = settings(args, "tpu-spot-stacks")["spotStacks"]
     stack = stack_of(args.urn)
