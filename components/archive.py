@@ -120,8 +120,27 @@ def build_archive(training_dir: Path = TRAINING_DIR, wheel_cache: Path | None = 
     return pack(entries)
 
 
+def _inputs_digest(entries: list[tuple[str, Path]]) -> str:
+    digest = hashlib.sha256()
+    for name, path in sorted(entries):
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+# Archives packed in this process, by the digest of what went in: a plan of
+# many stacks (or a plan diff) packs the same sources once.
+_PACKED: dict[str, Archive] = {}
+
+
 def pack(entries: list[tuple[str, Path]]) -> Archive:
     """A gzipped tar of (name in archive, file) pairs, identical for identical input."""
+    key = _inputs_digest(entries)
+    if key not in _PACKED:
+        _PACKED[key] = _pack(entries)
+    return _PACKED[key]
+
+
+def _pack(entries: list[tuple[str, Path]]) -> Archive:
     tar_bytes = io.BytesIO()
     with tarfile.open(fileobj=tar_bytes, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, path in sorted(entries):
@@ -132,8 +151,9 @@ def pack(entries: list[tuple[str, Path]]) -> Archive:
             info.uname = info.gname = ""
             tar.addfile(info, io.BytesIO(data))
     compressed = io.BytesIO()
+    # Level 6: the wheels are zip-compressed already, level 9 only costs time.
     with gzip.GzipFile(filename="", mode="wb", fileobj=compressed, mtime=0,
-                       compresslevel=9) as gz:
+                       compresslevel=6) as gz:
         gz.write(tar_bytes.getvalue())
     data = compressed.getvalue()
     return Archive(data=data, sha256=sha256_of(data))

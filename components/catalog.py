@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 from enum import Enum
-from functools import cache
+from functools import cache, cached_property
 
 
 class Naming(Enum):
@@ -157,11 +157,11 @@ class Slice:
     generation: Generation
     topology: str
 
-    @property
+    @cached_property
     def shape(self) -> tuple[int, ...]:
         return tuple(int(d) for d in self.topology.split("x"))
 
-    @property
+    @cached_property
     def chips(self) -> int:
         return math.prod(self.shape)
 

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import warnings
 
 import typer
+
+# google-api-core warns on every import about Python 3.11's end of life (2027).
+warnings.filterwarnings("ignore", message="You are using a Python version",
+                        category=FutureWarning)
 
 app = typer.Typer(
     name="tpuctl",

@@ -1,0 +1,104 @@
+"""Offline plan time of tpu-stack against a raw pulumi-gcp program, 1 to 500 nodes.
+
+The baseline is measured in the same run: the very resources our plan
+declared (same pulumi-gcp classes and inputs), declared flat by a plain
+program with no components, no settings validation and no package build. The ratio is
+what the components and validation cost on top of the engine's own work.
+
+    .venv/infra/bin/python bench/plan_scale.py [--sizes 1,10,100,500] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pulumi
+import pulumi_gcp as gcp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from components.stack_config import cli_value, file_config
+from ops.mock_engine import Registration, run_program
+from ops.plan import offline_plan
+
+
+def config_with_nodes(count: int) -> dict[str, str]:
+    """The dev stack with `count` copies of its node."""
+    base = file_config("dev")
+    (template,) = json.loads(base["tpu-stack:nodes"])
+    nodes = []
+    for index in range(count):
+        node = copy.deepcopy(template)
+        node["name"] = f"n{index}"
+        nodes.append(node)
+    return {**base, "tpu-stack:nodes": cli_value(nodes)}
+
+
+# The pulumi-gcp classes a stack declares, by type token.
+GCP_CLASSES: dict[str, type[pulumi.CustomResource]] = {
+    "gcp:projects/service:Service": gcp.projects.Service,
+    "gcp:compute/network:Network": gcp.compute.Network,
+    "gcp:compute/subnetwork:Subnetwork": gcp.compute.Subnetwork,
+    "gcp:compute/firewall:Firewall": gcp.compute.Firewall,
+    "gcp:storage/bucket:Bucket": gcp.storage.Bucket,
+    "gcp:storage/bucketIAMMember:BucketIAMMember": gcp.storage.BucketIAMMember,
+    "gcp:storage/bucketObject:BucketObject": gcp.storage.BucketObject,
+    "gcp:serviceaccount/account:Account": gcp.serviceaccount.Account,
+    "gcp:projects/iAMMember:IAMMember": gcp.projects.IAMMember,
+    "gcp:tpu/v2Vm:V2Vm": gcp.tpu.V2Vm,
+}
+
+
+def snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def replay(registrations: list[Registration]) -> Callable[[], None]:
+    """A flat pulumi-gcp program: each resource our plan declared, with the same
+    inputs, as its pulumi-gcp class at the top level (names made unique)."""
+    custom = [r for r in registrations if r.custom]
+
+    def program() -> None:
+        for index, resource in enumerate(custom):
+            kwargs = {snake(key): value for key, value in resource.inputs.items()}
+            GCP_CLASSES[resource.type](f"{resource.name}-{index}", **kwargs)
+    return program
+
+
+def best_of(repeat: int, work: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,10,100,500")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    offline_plan("dev")  # warm imports and the wheel cache once, outside the timings
+    print(f"{'nodes':>6} {'tpu-stack s':>12} {'raw s':>8} {'ratio':>6} "
+          f"{'ms/node':>8} {'raw ms/node':>12}")
+    for count in sizes:
+        config = config_with_nodes(count)
+        repeat = args.repeat if count <= 100 else 1
+        flat = replay(offline_plan("bench", config).run.registrations)
+        ours = best_of(repeat, lambda c=config: offline_plan("bench", c))
+        raw = best_of(repeat, lambda c=config, p=flat: run_program(c, "bench", program=p))
+        print(f"{count:>6} {ours:>12.3f} {raw:>8.3f} {ours / raw:>6.2f} "
+              f"{1000 * ours / count:>8.2f} {1000 * raw / count:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()
