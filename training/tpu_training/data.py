@@ -30,9 +30,10 @@ from tpu_training.tf_env import tf
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
-# 8 MiB read buffer per file, as Cloud TPU's ResNet ImageNet input does for GCS
-# (tensorflow/tpu models/official/resnet/imagenet_input.py).
-READ_BUFFER_BYTES = 8 * 1024 * 1024
+# 8 MiB read buffer per GCS file, as Cloud TPU's ResNet ImageNet input does
+# (tensorflow/tpu, imagenet_input.py). Local files keep TF's default: allocating
+# 8 MiB per opened file slows small local shards (bench/input_pipeline.py).
+GCS_READ_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_PARALLEL_FILES = 16
 # Records taken from a file per visit: switching files every record costs more
 # than parsing on small records (bench/input_pipeline.py).
@@ -121,8 +122,9 @@ def shard_records(files: list[str], num_shards: int = 1, index: int = 0,
     own = -(-(len(files) - index) // num_shards)
     if training:
         paths = paths.shuffle(own, reshuffle_each_iteration=True).repeat()
+    buffer_size = GCS_READ_BUFFER_BYTES if files[0].startswith("gs://") else None
     return paths.interleave(
-        lambda path: tf.data.TFRecordDataset(path, buffer_size=READ_BUFFER_BYTES),
+        lambda path: tf.data.TFRecordDataset(path, buffer_size=buffer_size),
         cycle_length=min(own, MAX_PARALLEL_FILES), block_length=RECORDS_PER_FILE_VISIT,
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
 
