@@ -1,0 +1,84 @@
+"""The pack as the engine meets it: `policy/__main__.py` serving gRPC on loopback.
+
+GetAnalyzerInfo lists the policies; Analyze runs them on properties and
+options sent the way `pulumi preview --policy-pack policy` sends them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import empty_pb2, struct_pb2
+from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
+
+from policy.tpu_policies import POLICIES
+
+POLICY_DIR = Path(__file__).resolve().parents[2] / "policy"
+
+
+@pytest.fixture(scope="module")
+def analyzer() -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
+    # The engine starts the pack in its directory; it prints the port it serves.
+    pack = subprocess.Popen([sys.executable, "__main__.py"], cwd=POLICY_DIR,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(pack.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield analyzer_pb2_grpc.AnalyzerStub(channel)
+    finally:
+        pack.terminate()
+        pack.wait(timeout=10)
+
+
+def _struct(values: dict[str, Any]) -> struct_pb2.Struct:
+    message = struct_pb2.Struct()
+    message.update(values)
+    return message
+
+
+def analyze(stub: analyzer_pb2_grpc.AnalyzerStub, type_: str, name: str,
+            props: dict[str, Any], *, stack: str = "prod", protect: bool = False) -> list[str]:
+    request = analyzer_pb2.AnalyzeRequest(
+        type=type_, name=name, urn=f"urn:pulumi:{stack}::tpu-stack::{type_}::{name}",
+        properties=_struct(props), options=analyzer_pb2.AnalyzerResourceOptions(protect=protect))
+    return sorted(d.policyName for d in stub.Analyze(request).diagnostics)
+
+
+def test_the_pack_serves_every_policy_as_mandatory(analyzer):
+    info = analyzer.GetAnalyzerInfo(empty_pb2.Empty())
+    assert info.name == "tpu-stack-guardrails"
+    assert {p.name for p in info.policies} == {p.name for p in POLICIES}
+    assert {p.enforcementLevel for p in info.policies} == {analyzer_pb2.MANDATORY}
+    schemas = {p.name: set(p.configSchema.properties) for p in info.policies}
+    assert schemas["tpu-spot-stacks"] == {"spotStacks"}
+
+
+def test_engine_properties_and_options_reach_the_policies(analyzer):
+    node = {"acceleratorType": "v5litepod-8", "schedulingConfig": {"spot": True},
+            "serviceAccount": {"email": "tpu@acme-ml-prod.iam.gserviceaccount.com"}}
+    assert analyze(analyzer, "gcp:tpu/v2Vm:V2Vm", "vm", node) == ["tpu-spot-stacks"]
+    assert analyze(analyzer, "gcp:tpu/v2Vm:V2Vm", "vm", node, stack="dev") == []
+    bucket = {"uniformBucketLevelAccess": True, "publicAccessPrevention": "enforced",
+              "labels": {"purpose": "checkpoints"}}
+    bucket_type = "gcp:storage/bucket:Bucket"
+    assert analyze(analyzer, bucket_type, "ckpt", bucket) == ["protected-data-buckets"]
+    assert analyze(analyzer, bucket_type, "ckpt", bucket, protect=True) == []
+
+
+def test_the_engine_config_overrides_a_setting(analyzer):
+    config = analyzer_pb2.PolicyConfig(enforcementLevel=analyzer_pb2.MANDATORY,
+                                       properties=_struct({"spotStacks": ["prod"]}))
+    analyzer.Configure(analyzer_pb2.ConfigureAnalyzerRequest(
+        policyConfig={"tpu-spot-stacks": config}))
+    node = {"acceleratorType": "v5litepod-8", "schedulingConfig": {"spot": True},
+            "serviceAccount": {"email": "tpu@acme-ml-prod.iam.gserviceaccount.com"}}
+    try:
+        assert analyze(analyzer, "gcp:tpu/v2Vm:V2Vm", "vm", node) == []
+    finally:
+        analyzer.Configure(analyzer_pb2.ConfigureAnalyzerRequest())
