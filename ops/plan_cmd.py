@@ -14,7 +14,7 @@ from components.settings import SettingsError
 from components.stack_config import StackFileError
 from ops.plan import Plan, offline_plan
 from ops.plan_diff import diff_plans, load_plan, render_diff
-from ops.plan_report import duplicate_urns, plain, render
+from ops.plan_report import check_format, duplicate_urns, plain, render
 from policy.evaluate import evaluate, load_config
 
 console = Console()
@@ -74,6 +74,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Offline plan of a stack: resources by component and the cost estimate."""
         try:
+            if fmt:
+                check_format(fmt)  # before the plan runs
             result = offline_plan(stack)
             if fmt or against:
                 raise typer.Exit(print_report(result, fmt, against))
