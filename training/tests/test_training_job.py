@@ -142,3 +142,16 @@ def test_resnets_have_the_published_sizes(name, trainable):
     model = models.build_model(models.ModelSpec(name, (224, 224, 3), 1000, 0.1))
     assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == trainable
     assert model.output.shape == (None, 1000)
+
+
+def test_the_tpu_precision_path_trains_and_exports_float32(strategy, job, monkeypatch):
+    """mixed_bfloat16 as on a TPU, run on the CPU replicas (oneDNN has bfloat16 kernels)."""
+    monkeypatch.setattr(train, "precision_policy", lambda _strategy: "mixed_bfloat16")
+    config = JobConfig.from_dict(job(trainSteps=10))
+    result = train.run(config, strategy=strategy, out=io.StringIO())
+    assert result.outcome is train.Outcome.FINISHED
+    assert all(np.isfinite(result.losses))
+    assert keras.mixed_precision.global_policy().name == "float32"  # restored for serving
+    serve = tf.saved_model.load(config.exportDir).signatures["serving_default"]
+    predicted = serve(images=tf.zeros([2, 28, 28, 1]))
+    assert predicted["probabilities"].dtype == tf.float32
