@@ -15,6 +15,7 @@ from pulumi.runtime.stack import wait_for_rpcs
 from components.ci import DEPLOYER_ROLES, GITHUB_ISSUER, CiArgs, CiIdentity
 from components.naming import Naming
 from components.settings import CiSettings
+from policy.evaluate import evaluate, load_config
 
 REPO = "acme/tpu-platform"
 POOL_NAME = "projects/123456/locations/global/workloadIdentityPools/prod-github"
@@ -114,3 +115,11 @@ def test_soft_deleted_resources_are_protected_and_all_are_children(registered):
     assert component.type == "tpu-stack:index:CiIdentity"
     assert {r.parent for r in registered.values()} == {
         "urn:pulumi:prod::tpu-stack::pulumi:pulumi:Stack$tpu-stack:index:CiIdentity::ci"}
+
+
+def test_the_ci_identity_passes_the_policy_pack(registered):
+    plan = {"resources": [
+        {"urn": f"urn:pulumi:prod::tpu-stack::{r.type}::{name}", "type": r.type, "name": name,
+         "custom": not r.type.startswith("tpu-stack:"), "inputs": r.inputs, "protect": r.protect}
+        for name, r in registered.items()]}
+    assert evaluate(plan, load_config()) == []
