@@ -6,7 +6,8 @@
   `batch`, nothing parallel, no prefetch.
 
 Targets: job >= 0.8x the floor and >= 2x the naive pipeline on 16 shards. Also
-prints the process's peak RSS (the job bounds tf.data's RAM budget).
+prints process CPU time per example (steadier than examples/s on a shared
+machine) and the process's peak RSS (the job bounds tf.data's RAM budget).
 
     .venv/tf218/bin/python bench/input_pipeline.py [--model mnist_cnn] [--examples 65536]
 """
@@ -48,25 +49,29 @@ def job(files: list[str], spec: models.ModelSpec) -> tf.data.Dataset:
     return data.make_dataset_fn(files, spec, BATCH)(context)
 
 
-def examples_per_second(dataset: tf.data.Dataset, seconds: float) -> float:
-    """Throughput over at least `seconds`, after as long again to fill buffers and tune."""
+def measure(dataset: tf.data.Dataset, seconds: float) -> tuple[float, float]:
+    """Examples/s and process CPU microseconds per example over at least `seconds`,
+    after as long again to fill buffers and let autotune settle."""
     iterator = iter(dataset)
     for _warm_up_then_timed in range(2):
-        batches, started = 0, time.perf_counter()
+        batches, started, cpu_started = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - started < seconds:
             next(iterator)
             batches += 1
-    return batches * BATCH / (time.perf_counter() - started)
+    examples = batches * BATCH
+    return (examples / (time.perf_counter() - started),
+            (time.process_time() - cpu_started) / examples * 1e6)
 
 
-def best_rates(pipelines: dict[str, tf.data.Dataset], rounds: int,
-               seconds: float) -> dict[str, float]:
+def best_of(pipelines: dict[str, tf.data.Dataset], rounds: int,
+            seconds: float) -> dict[str, tuple[float, float]]:
     """Each pipeline's best of `rounds`, taken in turn: a shared machine only slows runs down."""
-    rates = {name: 0.0 for name in pipelines}
+    best = {name: (0.0, float("inf")) for name in pipelines}
     for _ in range(rounds):
         for name, dataset in pipelines.items():
-            rates[name] = max(rates[name], examples_per_second(dataset, seconds))
-    return rates
+            rate, cpu = measure(dataset, seconds)
+            best[name] = (max(best[name][0], rate), min(best[name][1], cpu))
+    return best
 
 
 def main() -> None:
@@ -83,13 +88,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         files = synth.write_dataset(root, spec, examples=args.examples, shards=SHARDS).files
         pipelines = {"floor": floor(files), "naive": naive(files, spec), "job": job(files, spec)}
-        rates = best_rates(pipelines, args.rounds, args.seconds)
+        results = best_of(pipelines, args.rounds, args.seconds)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{spec.name} {'x'.join(map(str, spec.image_shape))}, {args.examples} examples in "
           f"{SHARDS} shards, batch {BATCH}, best of {args.rounds} x {args.seconds:g} s each")
-    for name, rate in rates.items():
-        print(f"{name:>5}: {rate:10.0f} examples/s")
-    print(f"job / floor: {rates['job'] / rates['floor']:.2f}x (target >= {TARGET_OF_FLOOR})")
+    for name, (rate, cpu) in results.items():
+        print(f"{name:>5}: {rate:10.0f} examples/s {cpu:8.2f} CPU us/example")
+    rates = {name: rate for name, (rate, _) in results.items()}
+    print(f"job / floor: {rates['job'] / rates['floor']:.2f}x (target >= {TARGET_OF_FLOOR}); "
+          f"CPU per example, floor / job: {results['floor'][1] / results['job'][1]:.2f}x")
     print(f"job / naive: {rates['job'] / rates['naive']:.2f}x (target >= {TARGET_OF_NAIVE})")
     print(f"peak RSS: {peak_mib:.0f} MiB")
 
