@@ -146,6 +146,13 @@ def test_synth_is_reproducible(tmp_path):
         assert Path(a).read_bytes() == Path(b).read_bytes()
 
 
+def test_synth_names_its_flags(capsys, tmp_path):
+    code, _, errors = run_cli(capsys, "synth", "--model", "mnist_cnn", "--out", str(tmp_path),
+                              "--image-size", "64")
+    assert (code, errors) == (2, ["tpu_training: error: --image-size: applies to resnet models, "
+                                  "not mnist_cnn (28x28)"])
+
+
 def test_synth_needs_a_record_per_shard(capsys, tmp_path):
     code, _, errors = run_cli(capsys, "synth", "--model", "mnist_cnn", "--out", str(tmp_path),
                               "--examples", "3", "--shards", "4")

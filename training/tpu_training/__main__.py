@@ -50,11 +50,18 @@ def _run(args: argparse.Namespace, stop: StopFlag) -> int:
     return EXIT_STOPPED if result.outcome is train.Outcome.STOPPED else 0
 
 
+_SYNTH_FLAGS = {"imageSize": "--image-size", "numClasses": "--num-classes"}
+
+
 def _synth(args: argparse.Namespace, _stop: StopFlag) -> int:
-    config = JobConfig.from_dict(
-        {"model": args.model, "trainData": args.out, "globalBatchSize": 1, "trainSteps": 1,
-         "stepsPerExecution": 1, "checkpointEverySteps": 1, "imageSize": args.image_size,
-         "numClasses": args.num_classes}, resolved=False)
+    try:  # the job schema's rules for the model's shape, reported as the flags
+        config = JobConfig.from_dict(
+            {"model": args.model, "trainData": args.out, "globalBatchSize": 1, "trainSteps": 1,
+             "stepsPerExecution": 1, "checkpointEverySteps": 1, "imageSize": args.image_size,
+             "numClasses": args.num_classes}, resolved=False)
+    except JobConfigError as error:
+        raise JobConfigError([(_SYNTH_FLAGS.get(key, key), message)
+                              for key, message in error.problems]) from error
     if args.examples < args.shards:
         raise JobConfigError.single(
             "--examples", f"{args.examples} is fewer than --shards ({args.shards}); "
