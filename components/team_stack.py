@@ -18,7 +18,6 @@ from components import catalog
 from components.settings import (
     COST_CENTRE,
     TEAMS_KEY,
-    SettingsError,
     StackSettings,
     TeamQuota,
     team_quota_problems,
@@ -52,8 +51,7 @@ def contract_problems(settings: StackSettings, outputs: dict[str, Any]) -> list[
         problems.append((f"tpu-stack:labels.{COST_CENTRE}", f"{ours!r} is not team {team}'s cost "
                                                             f"centre in {ref} ({theirs!r})"))
     quota = TeamQuota.model_validate(entry["quota"])
-    problems += team_quota_problems(f"{ref} {TEAMS_KEY}.{team}.quota", team,
-                                    settings.nodes, quota)
+    problems += team_quota_problems(f"{TEAMS_KEY}.{team}.quota", team, settings.nodes, quota)
     subnets = outputs["network"]["subnets"]
     for index, node in enumerate(settings.nodes):
         region = catalog.region_of(node.zone)
@@ -96,6 +94,13 @@ class PlatformReference:
     def _check(self, outputs: dict[str, Any]) -> dict[str, Any]:
         problems = contract_problems(self.settings, outputs or {})
         if problems:
-            raise PlatformStackError(
-                f"platform stack {self.settings.platform_stack}: {SettingsError(problems)}")
+            raise PlatformStackError(refusal(self.settings.platform_stack or "", problems))
         return outputs
+
+
+def refusal(ref: str, problems: list[tuple[str, str]]) -> str:
+    """One message: every problem, `tpu-stack:teams…` keys being the platform stack's."""
+    lines = "\n".join(f"  {key}: {message}" for key, message in problems)
+    count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+    return (f"the platform stack {ref} does not serve this team stack ({count}; "
+            f"{TEAMS_KEY} keys are {ref}'s config):\n{lines}")

@@ -20,6 +20,7 @@ from typing import Any
 
 import pulumi
 from pulumi.runtime import mocks, rpc
+from pulumi.runtime import settings as runtime_settings
 from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import wait_for_rpcs
 
@@ -218,6 +219,10 @@ def _run(config: dict[str, str], stack: str, program: Callable[[], None],
     try:
         monitor = RecordingMonitor(mock)
         mocks.set_mocks(mock, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+        # MockSettings leaves the process-wide set of pending outputs as it was:
+        # a run that raised leaves tasks of its closed loop there, and the next
+        # wait_for_rpcs would wait on them forever.
+        runtime_settings.SETTINGS.outputs = set()
         set_all_config(config)
         program()
         loop.run_until_complete(wait_for_rpcs())

@@ -1,0 +1,451 @@
+"""Shared TPU capacity (docs/teams.md): team settings and quota, isolation on the
+declared IAM, budgets and labels, platform and team stacks under the mock engine."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pulumi
+import pytest
+
+from components.settings import NodeSettings, SettingsError, load_settings
+from components.stack_config import file_config
+from components.team_stack import PlatformStackError
+from ops.mock_engine import GcpMocks, ProgramRun, planned_stack_outputs, run_program
+from tests.infra.stack_fixtures import as_cli, config, job, node
+
+PLATFORM_REF = "acme/tpu-stack/platform"
+BUCKET = "gcp:storage/bucket:Bucket"
+V2VM = "gcp:tpu/v2Vm:V2Vm"
+BUDGET = "gcp:billing/budget:Budget"
+BUCKET_GRANTS = ("gcp:storage/bucketIAMMember:BucketIAMMember",
+                 "gcp:storage/bucketIAMBinding:BucketIAMBinding")
+ACCOUNT_GRANTS = ("gcp:serviceaccount/iAMMember:IAMMember",
+                  "gcp:serviceaccount/iAMBinding:IAMBinding")
+PROJECT_GRANT = "gcp:projects/iAMMember:IAMMember"
+READ_ROLES = {"roles/storage.objectViewer", "roles/storage.legacyBucketReader"}
+QUOTA = {"v5e": {"us-central1": {"onDemand": 16, "preemptible": 32}},
+         "v4": {"us-central2": {"onDemand": 32}}}
+
+
+def team(name: str, *nodes: dict, **changes: Any) -> dict:
+    data = {"members": [f"group:ml-{name}@acme.example"],
+            "labels": {"cost-centre": f"cc-{name}"},
+            "quota": {"v5e": {"spot": 16, "onDemand": 8}, "v4": {"reserved": 16},
+                      "usdPerHour": 100},
+            "jobs": {"mnist": job()}, "nodes": list(nodes)}
+    data.update(changes)
+    return data
+
+
+def platform(**teams: dict) -> dict:
+    """A platform stack (dev, so buckets stay unprotected) serving `teams`."""
+    return config(tpu_stack_labels={"cost-centre": "cc-platform"}, tpu_stack_quota=QUOTA,
+                  tpu_stack_nodes=[], tpu_stack_teams=teams)
+
+
+def spot(name: str = "trainer", **changes: Any) -> dict:
+    return node(name=name, **changes)
+
+
+def pod(name: str = "pod") -> dict:
+    return node(name=name, zone="us-central2-b", acceleratorType=None, generation="v4",
+                topology="2x2x4", provisioning="reserved", job="mnist")
+
+
+def problems_of(data: dict, stack: str = "test") -> list[tuple[str, str]]:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(as_cli(data), stack)
+    return caught.value.problems
+
+
+# ---- settings: capacity, quota and bad team config --------------------------
+
+@pytest.mark.parametrize(("provisioning", "queue", "capacity", "quota_type"), [
+    ("on-demand", None, "onDemand", "onDemand"),
+    ("spot", None, "spot", "preemptible"),
+    ("preemptible", None, "spot", "preemptible"),
+    ("reserved", None, "reserved", "onDemand"),
+    ("queued", {"spot": True}, "spot", "preemptible"),
+    ("queued", {"reservationName": "r1"}, "reserved", "onDemand"),
+    ("queued", {"guaranteed": True}, "onDemand", "onDemand"),
+])
+def test_each_provisioning_model_counts_against_its_quota(provisioning, queue, capacity,
+                                                          quota_type) -> None:
+    settings = NodeSettings.model_validate(node(provisioning=provisioning, queue=queue))
+    assert (settings.capacity, settings.quota_type) == (capacity, quota_type)
+
+
+def test_a_platform_with_teams_loads() -> None:
+    settings = load_settings(as_cli(platform(vision=team("vision", spot()),
+                                             nlp=team("nlp", pod()))), "test")
+    assert [(t, n.name) for t, n in settings.all_nodes] == [("vision", "trainer"),
+                                                            ("nlp", "pod")]
+    assert settings.regions == ["us-central1", "us-central2"]
+    assert settings.team_labels("nlp") == {"cost-centre": "cc-nlp"}
+
+
+def test_teams_together_must_fit_the_project_quota() -> None:
+    # Each team fits its own quota (16 spot v5e); together 48 > the project's 32.
+    teams = {name: team(name, spot("a"), spot("b", provisioning="preemptible"))
+             for name in ("vision", "nlp", "speech")}
+    assert problems_of(platform(**teams)) == [(
+        "tpu-stack:quota.v5e.us-central1.preemptible",
+        "the teams need 48 v5e preemptible (spot and preemptible) chips in us-central1 "
+        "(nlp 16, speech 16, vision 16); the project's quota is 32")]
+
+
+def test_a_region_without_declared_quota_is_refused() -> None:
+    data = platform(vision=team("vision", spot(zone="europe-west4-b")))
+    assert problems_of(data) == [(
+        "tpu-stack:quota.v5e.europe-west4.preemptible",
+        "the teams need 8 v5e preemptible (spot and preemptible) chips in europe-west4 "
+        "(vision 8); no v5e quota is declared in europe-west4")]
+
+
+def test_a_team_must_fit_its_own_quota_and_ceiling() -> None:
+    vision = team("vision", spot("a"), spot("b"), spot("c"),
+                  quota={"v5e": {"spot": 16}, "usdPerHour": 10})
+    assert problems_of(platform(vision=vision)) == [
+        ("tpu-stack:teams.vision.quota.v5e.spot",
+         "team vision needs 24 v5e spot chips (nodes: a 8, b 8, c 8); its quota is 16"),
+        ("tpu-stack:teams.vision.quota.usdPerHour",
+         "team vision's nodes cost $14.57/h at list prices; its ceiling is $10.00/h"),
+    ]
+
+
+def test_reserved_chips_need_reserved_quota() -> None:
+    nlp = team("nlp", pod(), quota={"v4": {"onDemand": 64}})
+    assert problems_of(platform(nlp=nlp)) == [
+        ("tpu-stack:teams.nlp.quota.v4.reserved",
+         "team nlp needs 16 v4 reserved chips (nodes: pod 16); its quota is 0")]
+
+
+T = "tpu-stack:teams.vision"
+
+# (case, config, key path the message names, words it contains)
+BAD_TEAM_CONFIGS: list[tuple[str, dict, str, str]] = [
+    ("negative quota", platform(vision=team("vision", quota={"v5e": {"spot": -8}})),
+     f"{T}.quota.v5e.spot", "greater than or equal to 0"),
+    ("unknown family", platform(vision=team("vision", quota={"v7x": {"spot": 8}})),
+     f"{T}.quota.v7x", "allowed: usdPerHour, v2, v3, v4, v5e, v5p, v6e"),
+    ("unknown capacity", platform(vision=team("vision", quota={"v5e": {"flex": 8}})),
+     f"{T}.quota.v5e.flex", "allowed: onDemand, spot, reserved"),
+    ("unknown team key", platform(vision=team("vision", owner="ana")),
+     f"{T}.owner", "allowed: members, nodes, jobs, quota, labels"),
+    ("bad member", platform(vision=team("vision", members=["ana@acme.example"])),
+     f"{T}.members[0]", "group:name@domain or user:name@domain"),
+    ("service account member",
+     platform(vision=team("vision", members=["serviceAccount:x@p.iam.gserviceaccount.com"])),
+     f"{T}.members[0]", "not a Google group or user"),
+    ("no members", platform(vision=team("vision", members=[])), f"{T}.members",
+     "at least one member"),
+    ("bad team name", platform(Vision=team("vision")), "tpu-stack:teams.Vision",
+     "lowercase letters"),
+    ("team named as the stack's team", platform(research=team("research")),
+     "tpu-stack:teams.research", "this stack's own team"),
+    ("bad label", platform(vision=team("vision", labels={"cost-centre": "CC 1"})),
+     f"{T}.labels.cost-centre", "not a label value"),
+    ("no cost centre anywhere", {**platform(vision=team("vision", labels={})),
+                                 "tpu-stack:labels": {}},
+     "tpu-stack:labels.cost-centre", "required with tpu-stack:teams"),
+    ("team node in a wrong zone", platform(vision=team("vision", spot(zone="us-central2-b"))),
+     f"{T}.nodes[0].zone", "does not offer TPU v5e"),
+    ("team node naming a missing job", platform(vision=team("vision", spot(job="bert"))),
+     f"{T}.nodes[0].job", "is not a key of tpu-stack:teams.vision.jobs (mnist)"),
+    ("team job batch", platform(vision=team("vision", spot(), jobs={"mnist": job(
+        globalBatchSize=1001)})), f"{T}.jobs.mnist.globalBatchSize", "not divisible by the 8"),
+    ("quota family unknown", {**platform(), "tpu-stack:quota": {"v9": {}}},
+     "tpu-stack:quota.v9", "not a TPU generation"),
+    ("quota region without the family", {**platform(), "tpu-stack:quota": {
+        "v4": {"us-central1": {"onDemand": 8}}}},
+     "tpu-stack:quota.v4.us-central1", "v4 is not offered in us-central1 (regions: us-central2)"),
+    ("bad billing account", {**platform(), "tpu-stack:billing": {"account": "123"}},
+     "tpu-stack:billing.account", "XXXXXX-XXXXXX-XXXXXX"),
+    ("zero threshold", {**platform(), "tpu-stack:billing": {
+        "account": "01AB23-45CD67-89EF01", "alertThresholds": [0, 1.0]}},
+     "tpu-stack:billing.alertThresholds[0]", "must be above 0"),
+]
+
+
+@pytest.mark.parametrize(("data", "key", "words"),
+                         [case[1:] for case in BAD_TEAM_CONFIGS],
+                         ids=[case[0] for case in BAD_TEAM_CONFIGS])
+def test_bad_team_config_names_its_key(data: dict, key: str, words: str) -> None:
+    problems = problems_of(data)
+    assert key in dict(problems), problems
+    assert words in dict(problems)[key]
+
+
+def team_stack(**changes: Any) -> dict:
+    data = config(tpu_stack_platformStack=PLATFORM_REF, tpu_stack_team="vision",
+                  tpu_stack_labels={"cost-centre": "cc-vision-2210"})
+    data.update(changes)
+    return data
+
+
+@pytest.mark.parametrize(("changes", "key", "words"), [
+    ({"tpu-stack:platformStack": "platform"}, "tpu-stack:platformStack",
+     "organization/project/stack"),
+    ({"tpu-stack:team": "platform"}, "tpu-stack:team", "a team stack names its team"),
+    ({"tpu-stack:teams": {"x": team("x")}}, "tpu-stack:teams", "belongs to the platform stack"),
+    ({"tpu-stack:quota": QUOTA}, "tpu-stack:quota", "belongs to the platform stack"),
+    ({"tpu-stack:labels": {}}, "tpu-stack:labels.cost-centre", "required in a team stack"),
+])
+def test_bad_team_stack_config_names_its_key(changes: dict, key: str, words: str) -> None:
+    problems = dict(problems_of(team_stack(**changes)))
+    assert words in problems[key]
+
+
+def test_a_quota_overflow_stops_the_program_before_any_resource() -> None:
+    data = platform(vision=team("vision", spot("a"), spot("b"), spot("c")))
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program(as_cli(data), "test")
+    assert "tpu-stack:teams.vision.quota.v5e.spot: team vision needs 24" in str(caught.value)
+
+
+# ---- isolation on the declared IAM ------------------------------------------
+
+def members_of(inputs: dict[str, Any]) -> list[str]:
+    return [inputs["member"]] if "member" in inputs else list(inputs["members"])
+
+
+def grants(run: ProgramRun) -> Iterator[tuple[str, str, str]]:
+    """(principal, role, target) for every IAM grant: `bucket:<name>`,
+    `account:<account name>` or `project`."""
+    for r in run.registrations:
+        if r.type in BUCKET_GRANTS:
+            target = f"bucket:{r.inputs['bucket']}"
+        elif r.type in ACCOUNT_GRANTS:
+            target = f"account:{r.inputs['serviceAccountId']}"
+        elif r.type == PROJECT_GRANT:
+            target = "project"
+        else:
+            continue
+        for member in members_of(r.inputs):
+            yield member, r.inputs["role"], target
+
+
+def bucket_owners(run: ProgramRun) -> dict[str, tuple[str, str]]:
+    """`bucket:<name>` → (team label, purpose label)."""
+    labels = {b.inputs["name"]: b.inputs["labels"] for b in run.of_type(BUCKET)}
+    return {f"bucket:{name}": (lab["team"], lab["purpose"]) for name, lab in labels.items()}
+
+
+def account_names(run: ProgramRun) -> dict[str, str]:
+    """`serviceAccount:<email>` → `account:<account name>`."""
+    return {f"serviceAccount:{a.outputs['email']}": f"account:{a.outputs['name']}"
+            for a in run.of_type("gcp:serviceaccount/account:Account")}
+
+
+@pytest.fixture(scope="module")
+def three_teams() -> ProgramRun:
+    """Mode A: the platform stack declares three teams' nodes."""
+    teams = {name: team(name, spot(), pod()) for name in ("vision", "nlp", "speech")}
+    data = platform(**teams)
+    data["tpu-stack:quota"] = {"v5e": {"us-central1": {"preemptible": 64}},
+                               "v4": {"us-central2": {"onDemand": 64}}}
+    return run_program(as_cli(data), "shared")
+
+
+@pytest.fixture(scope="module")
+def repo_stacks() -> dict[str, ProgramRun]:
+    """Mode B: this repo's platform stack and the vision team's own stack."""
+    return {stack: run_program(file_config(stack), stack)
+            for stack in ("platform", "team-vision")}
+
+
+def team_principals(run: ProgramRun) -> dict[str, set[str]]:
+    """Each team's identities: its runtime account and its members."""
+    outputs = run.outputs
+    if "team" in outputs:  # a team stack
+        entry = planned_stack_outputs(outputs["platformStack"])["teams"][outputs["team"]]
+        return {outputs["team"]: {f"serviceAccount:{outputs['runtimeServiceAccount']}",
+                                  *entry["members"]}}
+    return {name: {f"serviceAccount:{t['serviceAccount']}", *t["members"]}
+            for name, t in outputs["teams"].items() if "serviceAccount" in t}
+
+
+def assert_fenced(runs: list[ProgramRun], shared_data: str) -> None:
+    """No team's identity or members hold anything on another team's buckets or
+    account; on the platform's buckets they only read the shared data and code."""
+    principals: dict[str, set[str]] = {}
+    owners: dict[str, tuple[str, str]] = {}
+    accounts: dict[str, str] = {}
+    for run in runs:
+        principals.update(team_principals(run))
+        owners.update(bucket_owners(run))
+        accounts.update(account_names(run))
+    team_account = {t: accounts[next(p for p in ps if p.startswith("serviceAccount:"))]
+                    for t, ps in principals.items()}
+    all_grants = [g for run in runs for g in grants(run)]
+    assert len(principals) >= 2
+    for a, b in itertools.permutations(principals, 2):
+        for principal, role, target in all_grants:
+            if principal not in principals[a]:
+                continue
+            assert owners.get(target, ("", ""))[0] != b, (a, principal, role, target)
+            assert target != team_account[b], (a, principal, role, target)
+    for name, identities in principals.items():
+        held = [(p, r, t) for p, r, t in all_grants if p in identities and t.startswith("bucket:")]
+        for principal, role, target in held:
+            team_label, purpose = owners[target]
+            if team_label != name:
+                assert target == f"bucket:{shared_data}" or purpose == "artifacts", target
+                assert role in READ_ROLES, (principal, role, target)
+        own = {(owners[t][1], r) for p, r, t in held if p.startswith("serviceAccount:")}
+        assert {("checkpoints", "roles/storage.objectUser"),
+                ("logs", "roles/storage.objectUser"),
+                ("data", "roles/storage.objectViewer")} <= own, name
+        members = identities - {p for p in identities if p.startswith("serviceAccount:")}
+        acts_as = {(p, t) for p, r, t in all_grants if r == "roles/iam.serviceAccountUser"
+                   and p in members}
+        assert acts_as == {(m, team_account[name]) for m in members}
+
+
+def test_three_platform_managed_teams_are_fenced_in(three_teams: ProgramRun) -> None:
+    data_bucket = three_teams.outputs["sharedData"].removeprefix("gs://")
+    assert_fenced([three_teams], data_bucket)
+
+
+def test_a_team_stack_and_a_platform_team_are_fenced_in(repo_stacks) -> None:
+    runs = list(repo_stacks.values())
+    assert_fenced(runs, repo_stacks["platform"].outputs["sharedData"].removeprefix("gs://"))
+    assert set().union(*(team_principals(r) for r in runs)) == {"nlp", "vision"}
+
+
+def test_members_and_team_accounts_get_only_the_listed_project_roles(three_teams) -> None:
+    project_roles: dict[str, set[str]] = {}
+    for principal, role, target in grants(three_teams):
+        if target == "project":
+            project_roles.setdefault(principal, set()).add(role)
+    for name, t in three_teams.outputs["teams"].items():
+        assert project_roles[t["members"][0]] == {"roles/tpu.viewer"}, name
+        assert project_roles[f"serviceAccount:{t['serviceAccount']}"] == {
+            "roles/logging.logWriter", "roles/monitoring.metricWriter", "roles/tpu.viewer"}
+
+
+def test_team_nodes_run_as_their_team_and_write_to_its_buckets(three_teams) -> None:
+    teams = three_teams.outputs["teams"]
+    vms = three_teams.of_type(V2VM)
+    assert len(vms) == 6
+    for vm in vms:
+        name = vm.inputs["labels"]["team"]
+        assert vm.inputs["serviceAccount"]["email"] == teams[name]["serviceAccount"]
+        job_config = vm.inputs["metadata"]["tpu-stack-job"]
+        assert teams[name]["buckets"]["checkpoints"] + "/ckpt/" in job_config
+        assert three_teams.outputs["sharedData"] + "/datasets/" in job_config
+        assert vm.inputs["name"].startswith(f"shared-{name}-")
+
+
+# ---- cost attribution ---------------------------------------------------------
+
+def test_every_billable_resource_carries_team_and_cost_centre(repo_stacks) -> None:
+    for stack, run in repo_stacks.items():
+        for resource in run.of_type(BUCKET) + run.of_type(V2VM):
+            labels = resource.inputs["labels"]
+            expected = {"platform": "cc-ml-platform", "nlp": "cc-nlp-3120",
+                        "vision": "cc-vision-2210"}[labels["team"]]
+            assert labels["cost-centre"] == expected, (stack, resource.name)
+
+
+def test_a_budget_per_team_filtered_by_its_label(repo_stacks) -> None:
+    budgets = {b.inputs["budgetFilter"]["labels"]["team"]: b.inputs
+               for b in repo_stacks["platform"].of_type(BUDGET)}
+    assert set(budgets) == {"vision", "nlp"}
+    for budget in budgets.values():
+        assert budget["billingAccount"] == "01AB23-45CD67-89EF01"
+        assert budget["budgetFilter"]["projects"] == ["projects/123456789012"]
+        assert [r["thresholdPercent"] for r in budget["thresholdRules"]] == [0.5, 0.9, 1.0]
+    assert budgets["nlp"]["amount"]["specifiedAmount"]["units"] == "60000"
+    assert budgets["vision"]["amount"]["specifiedAmount"]["units"] == str(60 * 730)
+    assert not repo_stacks["team-vision"].of_type(BUDGET)
+
+
+def test_no_billing_account_no_budget(three_teams) -> None:
+    assert not three_teams.of_type(BUDGET)
+
+
+def test_cost_per_team_in_the_outputs(repo_stacks, three_teams) -> None:
+    platform_outputs = repo_stacks["platform"].outputs
+    assert platform_outputs["costByTeam"] == {"nlp": pytest.approx(51.52 + 8 * 0.607)}
+    assert platform_outputs["teams"]["nlp"]["usdPerHour"] == pytest.approx(51.52 + 4.856)
+    assert repo_stacks["team-vision"].outputs["estimatedUsdPerHour"] == pytest.approx(
+        8 * 0.607 + 4 * 1.20)
+    by_team = three_teams.outputs["costByTeam"]
+    assert set(by_team) == {"vision", "nlp", "speech"}
+    assert three_teams.outputs["estimatedUsdPerHour"] == pytest.approx(sum(by_team.values()))
+
+
+# ---- platform and team stacks ---------------------------------------------------
+
+def test_the_platform_exports_what_team_stacks_consume(repo_stacks) -> None:
+    outputs = repo_stacks["platform"].outputs
+    assert outputs["projectId"] == "acme-ml-shared"
+    assert set(outputs["network"]["subnets"]) == {"us-central1", "us-central2"}
+    assert outputs["teams"]["vision"]["quota"] == {"usdPerHour": 60.0,
+                                                   "v5e": {"spot": 64, "onDemand": 16}}
+    assert "serviceAccount" not in outputs["teams"]["vision"]  # vision deploys its own
+
+
+def test_a_team_stack_declares_only_its_own_parts(repo_stacks) -> None:
+    run = repo_stacks["team-vision"]
+    platform_outputs = repo_stacks["platform"].outputs
+    types = {r.type for r in run.registrations}
+    assert not types & {"gcp:projects/service:Service", "gcp:compute/network:Network",
+                        "gcp:compute/subnetwork:Subnetwork", "gcp:compute/firewall:Firewall"}
+    assert {b.inputs["labels"]["purpose"] for b in run.of_type(BUCKET)} == {
+        "artifacts", "checkpoints", "logs"}
+    for vm in run.of_type(V2VM):
+        assert vm.inputs["networkConfig"]["network"] == platform_outputs["network"]["id"]
+        assert vm.inputs["networkConfig"]["subnetwork"] == (
+            platform_outputs["network"]["subnets"]["us-central1"])
+        assert vm.inputs["tags"] == [platform_outputs["network"]["nodeTag"]]
+        assert vm.inputs["serviceAccount"]["email"] == run.outputs["runtimeServiceAccount"]
+    assert run.outputs["quota"] == {"v5e": {"spot": 8, "onDemand": 4}}
+
+
+def run_team_vision(change) -> ProgramRun:
+    outputs = copy.deepcopy(planned_stack_outputs(PLATFORM_REF))
+    change(outputs)
+    return run_program(file_config("team-vision"), "team-vision",
+                       mock=GcpMocks(stack_outputs={PLATFORM_REF: outputs}))
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda o: o["teams"]["vision"].update(quota={"v5e": {"spot": 4, "onDemand": 4}}),
+     "tpu-stack:teams.vision.quota.v5e.spot: team vision needs 8 v5e spot chips "
+     "(nodes: trainer 8); its quota is 4"),
+    (lambda o: o["teams"]["vision"]["quota"].update(usdPerHour=5),
+     "tpu-stack:teams.vision.quota.usdPerHour: team vision's nodes cost $9.66/h"),
+    (lambda o: o["teams"].pop("vision"),
+     "tpu-stack:team: 'vision' is not a team of acme/tpu-stack/platform (tpu-stack:teams: nlp)"),
+    (lambda o: o["teams"]["vision"]["labels"].update({"cost-centre": "cc-other"}),
+     "tpu-stack:labels.cost-centre: 'cc-vision-2210' is not team vision's cost centre"),
+    (lambda o: o["network"]["subnets"].pop("us-central1"),
+     "tpu-stack:nodes[0].zone: acme/tpu-stack/platform has no subnet in us-central1"),
+    (lambda o: o.update(projectId="acme-ml-other"),
+     "gcp:project: acme-ml-shared is not the platform's project (acme-ml-other)"),
+    (lambda o: o.pop("teams"), "has no output teams: is it a platform stack"),
+])
+def test_a_team_stack_the_platform_does_not_allow_fails_at_preview(change, words) -> None:
+    with pytest.raises(PlatformStackError) as caught:
+        run_team_vision(change)
+    message = str(caught.value)
+    assert message.startswith("the platform stack acme/tpu-stack/platform does not serve")
+    assert words in message
+
+
+def test_the_fence_check_catches_a_cross_team_grant(three_teams: ProgramRun) -> None:
+    teams = three_teams.outputs["teams"]
+    leak = copy.deepcopy(next(r for r in three_teams.registrations
+                              if r.type == BUCKET_GRANTS[0]))
+    leak.inputs.update(bucket=teams["nlp"]["buckets"]["checkpoints"].removeprefix("gs://"),
+                       member=f"serviceAccount:{teams['vision']['serviceAccount']}",
+                       role="roles/storage.objectViewer")
+    leaky = ProgramRun([*three_teams.registrations, leak], three_teams.outputs)
+    with pytest.raises(AssertionError):
+        assert_fenced([leaky], three_teams.outputs["sharedData"].removeprefix("gs://"))
