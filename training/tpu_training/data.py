@@ -13,10 +13,10 @@ Record schema (one `tf.train.Example` per image, every model):
 
 `python -m tpu_training synth` writes data in this schema. The pipeline follows
 the Cloud TPU input guidance (tpu-facts.md, "tf.data on TPU"): files are listed
-once, sharded per input pipeline, read `interleave`d in parallel, shuffled,
-repeated, parsed and shuffled a window of whole batches at a time (per-replica
-size, `drop_remainder=True`) and prefetched, with a bounded RAM budget and
-non-deterministic order.
+once, sharded per input pipeline, shuffled per epoch and repeated, read
+`interleave`d in parallel; a window of whole per-replica batches
+(`drop_remainder=True`) is parsed at once and permuted; batches are prefetched.
+The order is non-deterministic and tf.data's RAM budget bounded.
 """
 
 from __future__ import annotations
