@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,13 @@ def test_sigkill_loses_at_most_one_checkpoint_interval(endless_job):
     assert last - 20 <= resumed <= last
     assert rerun.steps == [resumed + 5]
     assert rerun.stop(signal.SIGTERM) == 75
+
+
+def test_sigterm_while_tensorflow_loads_still_exits_75(endless_job):
+    """The agent may stop a job that has not started training: it still saves and says so."""
+    start, checkpoints = endless_job
+    early = start()
+    time.sleep(1.5)  # past the handler (installed first thing), inside TensorFlow's import
+    assert early.stop(signal.SIGTERM) == 75
+    assert early.lines == ["tpu_training resumed_from=0", "tpu_training stopped_at=0"]
+    assert tf.train.latest_checkpoint(str(checkpoints)).endswith("ckpt-0")
