@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,11 +21,13 @@ from components.agent import JOB_KEY, PACKAGE_KEY, PACKAGE_SHA256_KEY
 from components.archive import Archive, build_archive
 from tests.agent.conftest import BUCKET, Node, job_config, stop, training_copy, upload_package
 from tests.fakes.fault_proxy import FaultProxy
+from tests.fakes.local_node import IMAGE_PYTHON
 from tests.fakes.storage_emulator import StorageEmulator
 
 EXIT_PREEMPTED = 75
 DOWNLOADS = "alt=media"
 LONG_STEPS = 400  # long enough to act while the job trains
+AGENT = Path(__file__).resolve().parents[2] / "components" / "agent" / "agent.py"
 
 
 def resumed_from(log: str) -> list[int]:
@@ -213,3 +216,27 @@ def test_pod_worker_other_than_0_launches_no_client(
     assert "starting job" not in node.job_log(worker=1)
     assert node.status_object(worker=1)["state"] == "idle"
     assert not (node.root / "run" / "job.pid").exists()
+
+
+def test_as_a_service_a_finished_node_takes_the_next_job_from_metadata(
+        make_node: Callable[..., Node], archive: Archive, package_uri: str, dataset: str,
+        tmp_path: Path) -> None:
+    node = make_node(package_uri, archive.sha256, job_config(dataset, tmp_path / "a", 8))
+    service = subprocess.Popen([str(IMAGE_PYTHON), str(AGENT), "run", "--stay"], env=node.env,
+                               text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        node.wait_for(lambda: "waiting for a metadata change" in node.job_log_path().read_text()
+                      if node.job_log_path().exists() else False, "the first job to finish")
+        assert node.guest["state"] == "succeeded"
+        second = job_config(dataset, tmp_path / "b", 8)
+        node.metadata.set_attributes({JOB_KEY: json.dumps(second)})
+        node.wait_for(lambda: node.job_log_path().read_text().count("waiting for a metadata")
+                      == 2, "the second job to finish")
+        service.send_signal(signal.SIGTERM)
+        output, _ = service.communicate(timeout=60)
+    finally:
+        stop(service)
+
+    assert service.returncode == 0, output
+    assert node.job_log().count("starting job") == 2
+    assert (tmp_path / "b" / "export").is_dir()

@@ -196,3 +196,15 @@ def test_shell_code_passes_shellcheck(tmp_path: Path) -> None:
         result = subprocess.run([str(SHELLCHECK), str(path)], capture_output=True, text=True,
                                 check=False)
         assert result.returncode == 0, result.stdout
+
+
+def test_systemd_unit_restarts_on_failure_and_outlasts_the_agent_grace() -> None:
+    bootstrap = (REPO / "components/agent/bootstrap.sh").read_text()
+    unit = dict(line.split("=", 1) for line in bootstrap.splitlines()
+                if re.fullmatch(r"[A-Za-z]+=\S.*", line))
+    assert unit["Restart"] == "on-failure"
+    assert unit["KillSignal"] == "SIGTERM"
+    assert unit["KillMode"] == "mixed"  # SIGTERM to the agent, which stops the job
+    assert int(unit["TimeoutStopSec"]) > agent.STOP_GRACE_SECONDS
+    assert unit["SuccessExitStatus"] == str(agent.EXIT_PREEMPTED)
+    assert unit["ExecStart"].endswith("/agent.py run --stay")
