@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tpu_training import data, models, train
-from tpu_training.config import JobConfig
+from tpu_training.config import JobConfig, JobConfigError
 from tpu_training.tf_env import keras, tf
 
 
@@ -155,3 +155,15 @@ def test_the_tpu_precision_path_trains_and_exports_float32(strategy, job, monkey
     serve = tf.saved_model.load(config.exportDir).signatures["serving_default"]
     predicted = serve(images=tf.zeros([2, 28, 28, 1]))
     assert predicted["probabilities"].dtype == tf.float32
+
+
+def test_a_checkpoint_of_another_model_is_one_clear_error(finished, strategy):
+    config, _, _ = finished
+    wider = JobConfig.from_dict({**config.to_dict(), "widthMultiplier": 0.25,
+                                 "exportDir": "ram://wider/export"})
+    with pytest.raises(JobConfigError) as caught:
+        train.run(wider, strategy=strategy, out=io.StringIO())
+    ((key, message),) = caught.value.problems
+    assert key == "checkpointDir"
+    assert re.match(f"{config.checkpointDir}/ckpt-\\d+ is not a checkpoint of this mnist_cnn job: ",
+                    message)
