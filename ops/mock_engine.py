@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import gc
+import logging
 import runpy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -204,8 +206,27 @@ def run_program(config: Mapping[str, str], stack: str,
     """
     if mock is None:
         mock = GcpMocks(stack_outputs=referenced_stack_outputs(config))
-    return contextvars.Context().run(_run, dict(config), stack,
-                                     program or _main_program, mock)
+    try:
+        return contextvars.Context().run(_run, dict(config), stack,
+                                         program or _main_program, mock)
+    except BaseException:
+        # A failed program leaves futures whose exception nobody retrieved;
+        # collected later, their __del__ logs in the middle of whatever runs
+        # then (in CPython 3.11, even inside ast.parse, which then raises
+        # "AST constructor recursion depth mismatch", cpython gh-106905).
+        # Collect them now, quietly: the exception raised here says it all.
+        _collect_abandoned_futures()
+        raise
+
+
+def _collect_abandoned_futures() -> None:
+    asyncio_logger = logging.getLogger("asyncio")
+    level = asyncio_logger.level
+    asyncio_logger.setLevel(logging.CRITICAL)
+    try:
+        gc.collect()
+    finally:
+        asyncio_logger.setLevel(level)
 
 
 def _main_program(path: Path = REPO_ROOT / "__main__.py") -> None:
@@ -219,16 +240,17 @@ def _run(config: dict[str, str], stack: str, program: Callable[[], None],
     try:
         monitor = RecordingMonitor(mock)
         mocks.set_mocks(mock, project=PROJECT, stack=stack, preview=False, monitor=monitor)
-        # MockSettings leaves the process-wide set of pending outputs as it was:
-        # a run that raised leaves tasks of its closed loop there, and the next
-        # wait_for_rpcs would wait on them forever.
-        runtime_settings.SETTINGS.outputs = set()
         set_all_config(config)
         program()
         loop.run_until_complete(wait_for_rpcs())
         outputs = loop.run_until_complete(_stack_outputs())
         return ProgramRun(monitor.registrations, outputs)
     finally:
+        loop.run_until_complete(loop.shutdown_default_executor())
+        # MockSettings leaves the process-wide set of pending outputs as it is:
+        # a run that raised leaves tasks of this loop there, and the next
+        # program's wait_for_rpcs would wait on them after the loop is closed.
+        runtime_settings.SETTINGS.outputs.clear()
         asyncio.set_event_loop(None)
         loop.close()
 
