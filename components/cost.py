@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components import catalog
-from components.settings import NodeSettings
+from components.settings import NodeSettings, StackSettings
 
 
 @dataclass(frozen=True)
@@ -14,6 +14,7 @@ class NodeCost:
     chips: int
     usd_per_hour: float | None  # at the node's own rate (spot or on-demand)
     on_demand_usd_per_hour: float | None
+    team: str | None = None  # set where a stack serves teams (docs/teams.md)
 
     @property
     def spot_saving_usd_per_hour(self) -> float | None:
@@ -39,15 +40,38 @@ class StackCost:
     def unpriced(self) -> list[str]:
         return [n.name for n in self.nodes if n.usd_per_hour is None]
 
+    def by_team(self) -> dict[str, StackCost]:
+        """The estimate per team, for the nodes that name one."""
+        teams: dict[str, list[NodeCost]] = {}
+        for n in self.nodes:
+            if n.team is not None:
+                teams.setdefault(n.team, []).append(n)
+        return {team: StackCost(nodes) for team, nodes in sorted(teams.items())}
 
-def node_cost(node: NodeSettings) -> NodeCost:
+
+def node_cost(node: NodeSettings, team: str | None = None, name: str | None = None) -> NodeCost:
     tpu = node.tpu
     return NodeCost(
-        name=node.name,
+        name=name or node.name,
         chips=tpu.chips,
         usd_per_hour=catalog.usd_per_hour(tpu, spot=node.spot),
         on_demand_usd_per_hour=catalog.usd_per_hour(tpu, spot=False),
+        team=team,
     )
+
+
+def settings_cost(settings: StackSettings) -> StackCost:
+    """Every node of the stack. Where the stack serves teams, each node names
+    its team, and a team's node is `<team>-<node>`, as its TpuNode component
+    (`node-<team>-<node>`, components/platform.py) is."""
+    if not (settings.teams or settings.is_team_stack):
+        return stack_cost(settings.nodes)
+    def name(team: str, node: NodeSettings) -> str:
+        own = team == settings.team and not settings.is_team_stack
+        return node.name if own else f"{team}-{node.name}"
+
+    return StackCost([node_cost(node, team, name(team, node))
+                      for team, node in settings.all_nodes])
 
 
 def stack_cost(nodes: list[NodeSettings]) -> StackCost:

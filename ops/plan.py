@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from components.cost import StackCost, stack_cost
+from components.cost import StackCost, settings_cost
 from components.settings import StackSettings, load_settings
 from components.stack_config import file_config
 from ops.mock_engine import ProgramRun, Registration, run_program
@@ -72,6 +72,9 @@ def cost_json(cost: StackCost) -> dict[str, Any]:
         "usdPerHour": cost.usd_per_hour,
         "usdPerMonth": cost.usd_per_month,
         "unpriced": cost.unpriced,
+        # Only where the stack serves teams (docs/teams.md).
+        **({"byTeam": {team: {"usdPerHour": c.usd_per_hour, "usdPerMonth": c.usd_per_month}
+                       for team, c in cost.by_team().items()}} if cost.by_team() else {}),
     }
 
 
@@ -84,4 +87,4 @@ def offline_plan(stack: str, config: dict[str, str] | None = None) -> Plan:
     config = config if config is not None else file_config(stack)
     settings = load_settings(config, stack)
     run = run_program(config, stack)
-    return Plan(stack=stack, settings=settings, run=run, cost=stack_cost(settings.nodes))
+    return Plan(stack=stack, settings=settings, run=run, cost=settings_cost(settings))

@@ -42,6 +42,8 @@ def cost_lines(plan: Plan) -> list[str]:
     lines = [f"  {n.name}: {n.chips} chips, "
              + (f"${n.usd_per_hour:.2f}/h" if n.usd_per_hour is not None else "no list price")
              for n in cost.nodes]
+    lines += [f"  team {team}: ${c.usd_per_hour:.2f}/h, ${c.usd_per_month:,.2f} per month"
+              for team, c in cost.by_team().items()]
     lines.append(f"  stack: ${cost.usd_per_hour:.2f}/h, "
                  f"${cost.usd_per_month:,.2f} per 730-hour month")
     if cost.unpriced:

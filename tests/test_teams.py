@@ -449,3 +449,18 @@ def test_the_fence_check_catches_a_cross_team_grant(three_teams: ProgramRun) -> 
     leaky = ProgramRun([*three_teams.registrations, leak], three_teams.outputs)
     with pytest.raises(AssertionError):
         assert_fenced([leaky], three_teams.outputs["sharedData"].removeprefix("gs://"))
+
+
+def test_the_offline_plan_prices_every_team() -> None:
+    from ops.plan import offline_plan
+    from ops.plan_cmd import cost_lines
+    from ops.plan_report import node_rows
+
+    plan = offline_plan("platform")
+    cost = plan.to_json()["cost"]
+    assert cost["byTeam"] == {"nlp": {"usdPerHour": pytest.approx(56.376),
+                                      "usdPerMonth": pytest.approx(56.376 * 730)}}
+    assert "  team nlp: $56.38/h, $41,154.48 per month" in cost_lines(plan)
+    rows = {row[0]: row[4] for row in node_rows(plan.to_json())}
+    assert rows == {"nlp-pod": "$51.52", "nlp-sweep": "$4.86"}
+    assert "byTeam" not in offline_plan("dev").to_json()["cost"]
