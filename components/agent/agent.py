@@ -762,7 +762,8 @@ class Agent:
                             step=done.read_text().strip() or "0",
                             message="finished earlier; not rerun")
             return EXIT_OK
-        self.status.set(state="installing", package=desired.package_sha256, message="")
+        if not self.installer.package_dir(desired.package_sha256).is_dir():
+            self.status.set(state="installing", package=desired.package_sha256, message="")
         package_dir = self.installer.ensure(desired)
         self._start(desired, package_dir)
         return self._follow(desired)
@@ -775,7 +776,7 @@ class Agent:
                               node_name(self.metadata) if desired.workers == "0" else "")
         self.status.note(f"starting job: package {desired.package_sha256}, config {config}")
         self.job.start(config, env, cwd=package_dir)
-        self.status.set(state="running", message="")
+        self.status.set(state="running", package=desired.package_sha256, message="")
 
     def _follow(self, desired: Desired) -> int | Desired:
         while self.job.poll() is None:
