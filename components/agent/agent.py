@@ -659,7 +659,8 @@ def stop_stale_job(root: Path) -> None:
 
 
 class Watcher:
-    """Long-polls the attributes; `wake` is set when what should run changes."""
+    """Long-polls every attribute (one request covers the package and job keys);
+    `wake` is set when they change. A poll that times out returns the same ETag."""
 
     def __init__(self, metadata: Metadata, etag: str, wake: threading.Event):
         self.metadata = metadata
@@ -677,11 +678,14 @@ class Watcher:
     def _watch(self) -> None:
         while True:
             try:
-                attributes, self.etag = self.metadata.attributes(last_etag=self.etag)
+                attributes, etag = self.metadata.attributes(last_etag=self.etag)
             except AgentError as error:
                 log(f"watching metadata: {error}")
                 time.sleep(RETRY_CAP_SECONDS)
                 continue
+            if etag == self.etag:
+                continue
+            self.etag = etag
             with self._lock:
                 self.attributes = attributes
             self.wake.set()

@@ -6,11 +6,13 @@ import io
 import re
 import subprocess
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
 
 from components.agent import MAX_METADATA_VALUE_BYTES, agent, startup_script
+from tests.fakes.metadata_server import MetadataServer
 
 REPO = Path(__file__).resolve().parents[2]
 SHELLCHECK = REPO / ".venv" / "infra" / "bin" / "shellcheck"
@@ -208,3 +210,19 @@ def test_systemd_unit_restarts_on_failure_and_outlasts_the_agent_grace() -> None
     assert int(unit["TimeoutStopSec"]) > agent.STOP_GRACE_SECONDS
     assert unit["SuccessExitStatus"] == str(agent.EXIT_PREEMPTED)
     assert unit["ExecStart"].endswith("/agent.py run --stay")
+
+
+def test_watcher_wakes_on_a_change_and_not_on_a_long_poll_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent, "WATCH_TIMEOUT_SECONDS", 1)
+    with MetadataServer(GOOD) as server:
+        metadata = agent.Metadata(server.host)
+        _, etag = metadata.attributes()
+        wake = threading.Event()
+        watcher = agent.Watcher(metadata, etag, wake)
+        assert not wake.wait(2.5)  # two timed-out polls, same ETag
+        server.set_attributes({agent.JOB_KEY: '{"model": "resnet18"}'})
+        assert wake.wait(5)
+        changed = watcher.take()
+        assert changed is not None
+        assert changed[agent.JOB_KEY] == '{"model": "resnet18"}'
