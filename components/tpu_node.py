@@ -81,7 +81,7 @@ def scheduling_args(node: NodeSettings) -> gcp.tpu.V2VmSchedulingConfigArgs | No
     return gcp.tpu.V2VmSchedulingConfigArgs(**{node.provisioning: True})
 
 
-def queued_node(args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> QueuedTpu:
+def queued_node(name: str, args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> QueuedTpu:
     """`provisioning: queued`: the same node through a queued resource, sent with
     google-cloud-tpu because `gcp.tpu.V2QueuedResource` carries no metadata, service
     account or spot flag (tpu-facts, "The API and the resources")."""
@@ -89,7 +89,7 @@ def queued_node(args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> QueuedTpu:
     queue = node.queue or QueueSettings()
     by_shape = node.accelerator_type is None  # accelerator_type XOR a config (tpu-facts)
     return QueuedTpu(
-        "queued",
+        name,
         project=args.project_id,
         zone=node.zone,
         node_id=args.node_id,
@@ -110,9 +110,38 @@ def queued_node(args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> QueuedTpu:
         guaranteed=queue.guaranteed,
         reservation_name=queue.reservation_name,
         valid_until_seconds=queue.valid_until_seconds,
-        description=f"tpu-stack node {node.name}: job {node.job}",
+        description=description(node),
         opts=opts,
     )
+
+
+def v2_vm(name: str, args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> gcp.tpu.V2Vm:
+    node = args.settings
+    return gcp.tpu.V2Vm(
+        name,
+        name=args.node_id,
+        project=args.project_id,
+        zone=node.zone,
+        runtime_version=node.runtime,
+        **accelerator_args(node),
+        scheduling_config=scheduling_args(node),
+        network_config=gcp.tpu.V2VmNetworkConfigArgs(
+            network=args.network,
+            subnetwork=args.subnetwork,
+            enable_external_ips=node.external_ips,
+        ),
+        service_account=gcp.tpu.V2VmServiceAccountArgs(
+            email=args.service_account_email, scopes=[CLOUD_PLATFORM_SCOPE]),
+        labels=args.labels,
+        tags=[args.network_tag],
+        metadata=node_metadata(args),
+        description=description(node),
+        opts=opts,
+    )
+
+
+def description(node: NodeSettings) -> str:
+    return f"tpu-stack node {node.name}: job {node.job}"
 
 
 class TpuNode(pulumi.ComponentResource):
@@ -125,34 +154,13 @@ class TpuNode(pulumi.ComponentResource):
     def __init__(self, name: str, args: TpuNodeArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
-        node = args.settings
         self.node_id = args.node_id
-        if node.provisioning == "queued":
-            # tpu-facts: with an explicit name a replacement must delete first.
-            self.vm = queued_node(args, pulumi.ResourceOptions(parent=self,
-                                                               delete_before_replace=True))
-            self.register_outputs({"nodeId": self.node_id})
-            return
-        self.vm = gcp.tpu.V2Vm(
-            "vm",
-            name=args.node_id,
-            project=args.project_id,
-            zone=node.zone,
-            runtime_version=node.runtime,
-            **accelerator_args(node),
-            scheduling_config=scheduling_args(node),
-            network_config=gcp.tpu.V2VmNetworkConfigArgs(
-                network=args.network,
-                subnetwork=args.subnetwork,
-                enable_external_ips=node.external_ips,
-            ),
-            service_account=gcp.tpu.V2VmServiceAccountArgs(
-                email=args.service_account_email, scopes=[CLOUD_PLATFORM_SCOPE]),
-            labels=args.labels,
-            tags=[args.network_tag],
-            metadata=node_metadata(args),
-            description=f"tpu-stack node {node.name}: job {node.job}",
-            # tpu-facts: with an explicit name a replacement must delete first.
-            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
-        )
+        # Child names carry the component's: a URN holds the parent's type but
+        # not its name, so two nodes' "vm" children would collide.
+        # tpu-facts: with an explicit name a replacement must delete first.
+        child = pulumi.ResourceOptions(parent=self, delete_before_replace=True)
+        if args.settings.provisioning == "queued":
+            self.vm = queued_node(f"{name}-queued", args, child)
+        else:
+            self.vm = v2_vm(f"{name}-vm", args, child)
         self.register_outputs({"nodeId": self.node_id})

@@ -104,3 +104,16 @@ def test_every_top_level_key_is_declared_with_a_description() -> None:
     assert set(TOP_LEVEL_KEYS) <= set(declared)
     assert all(isinstance(v, dict) and v.get("description") for v in declared.values())
     assert project_defaults()["tpu-stack:environment"] == "prod"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_urn_is_unique(stack: str) -> None:
+    urns = [r.urn for r in run_program(file_config(stack), stack).registrations]
+    assert len(urns) == len(set(urns))
+
+
+def test_two_nodes_have_distinct_urns_and_node_ids() -> None:
+    run = run_program(as_cli(config(tpu_stack_nodes=[node(), node(name="second")])), "test")
+    vms = run.of_type("gcp:tpu/v2Vm:V2Vm")
+    assert len({vm.urn for vm in vms}) == 2
+    assert {vm.inputs["name"] for vm in vms} == {"test-trainer", "test-second"}
