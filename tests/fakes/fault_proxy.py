@@ -9,13 +9,14 @@ from __future__ import annotations
 import http.client
 import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Self
+from http.server import BaseHTTPRequestHandler
+
+from tests.fakes.loopback import LoopbackServer
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
 
 
-class FaultProxy:
+class FaultProxy(LoopbackServer):
     def __init__(self, upstream: str, *, failures: int, match: str = "", status: int = 503):
         self.upstream = urllib.parse.urlsplit(upstream)
         self.match = match
@@ -24,14 +25,11 @@ class FaultProxy:
         self.faults_sent = 0
         self.matched = 0  # matching requests, failed or forwarded
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        super().__init__(_handler_for(self))
 
     @property
     def host(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{self.address}"
 
     def should_fail(self, path: str) -> bool:
         with self._lock:
@@ -55,15 +53,6 @@ class FaultProxy:
         finally:
             connection.close()
 
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:

@@ -15,9 +15,10 @@ import hashlib
 import json
 import threading
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Self
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fakes.loopback import LoopbackServer
 
 PREFIX = "/computeMetadata/v1/"
 ATTRIBUTES = "instance/attributes/"
@@ -27,7 +28,7 @@ FAKE_TOKEN = "fake-metadata-token"
 _LONGEST_WAIT = 3600.0
 
 
-class MetadataServer:
+class MetadataServer(LoopbackServer):
     """Serve `attributes` (and `instance/name`) on 127.0.0.1 until `close()`."""
 
     def __init__(self, attributes: Mapping[str, str], *, instance_name: str = "test-node"):
@@ -36,16 +37,12 @@ class MetadataServer:
         self.instance_name = instance_name
         self.guest_attributes: dict[str, str] = {}
         self.token_requests = 0
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
+        super().__init__(_handler_for(self))
 
     @property
     def host(self) -> str:
         """The `GCE_METADATA_HOST` value that points a client here."""
-        host, port = self._httpd.server_address[:2]
-        return f"{host}:{port}"
+        return self.address
 
     def set_attributes(self, changes: Mapping[str, str | None]) -> None:
         """Change attributes (None removes one); wakes every long-poll."""
@@ -71,14 +68,7 @@ class MetadataServer:
     def close(self) -> None:
         with self._lock:
             self._lock.notify_all()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
     # -- request handling (called from the server's threads) --------------------
 
