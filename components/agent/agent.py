@@ -15,13 +15,11 @@ google-cloud-storage conventions), TPU_STACK_ROOT (default /opt/tpu-stack).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import fcntl
 import hashlib
 import http.client
-import importlib.metadata
 import io
 import json
 import os
@@ -31,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 import urllib.error
@@ -299,10 +296,10 @@ class Desired:
         return hashlib.sha256(f"{self.package_sha256}\n{self.job_json}".encode()).hexdigest()[:24]
 
 
-def worker_number(metadata: Metadata) -> int:
-    value = metadata.attribute(WORKER_NUMBER_KEY)
+def worker_number(attributes: Mapping[str, str]) -> int:
+    value = attributes.get(WORKER_NUMBER_KEY)
     if value is None:
-        value = parse_tpu_env(metadata.attribute(TPU_ENV_KEY) or "").get("WORKER_ID", "0")
+        value = parse_tpu_env(attributes.get(TPU_ENV_KEY, "")).get("WORKER_ID", "0")
     try:
         return int(value)
     except ValueError:
@@ -319,8 +316,8 @@ def parse_tpu_env(text: str) -> dict[str, str]:
     return pairs
 
 
-def node_name(metadata: Metadata) -> str:
-    name = parse_tpu_env(metadata.attribute(TPU_ENV_KEY) or "").get("NODE_ID")
+def node_name(attributes: Mapping[str, str], metadata: Metadata) -> str:
+    name = parse_tpu_env(attributes.get(TPU_ENV_KEY, "")).get("NODE_ID")
     return name or metadata.get("instance/name")[0] or ""
 
 
@@ -357,6 +354,8 @@ def tensorflow_version() -> str:
     Reading metadata costs milliseconds where `import tensorflow` costs seconds;
     an import in a child process is the fallback for unusual installs.
     """
+    import importlib.metadata  # here, not at the top: only an install needs it
+
     for dist in importlib.metadata.packages_distributions().get("tensorflow", []):
         try:
             return importlib.metadata.version(dist)
@@ -384,6 +383,8 @@ def pick_wheels(names: list[str], tf_version: str) -> list[str]:
 
 def extract(archive: Path, destination: Path) -> None:
     """Regular files and folders only, every name inside `destination`."""
+    import tarfile  # here, not at the top: only an install needs it
+
     with tarfile.open(archive, "r:gz") as tar:
         for member in tar:
             parts = Path(member.name).parts
@@ -701,7 +702,9 @@ class Agent:
         self.metadata = Metadata(os.environ.get("GCE_METADATA_HOST") or DEFAULT_METADATA_HOST)
         self.storage = Storage(self.metadata, storage_endpoint())
         self.installer = Installer(root, self.storage)
-        self.worker = worker_number(self.metadata)
+        # One request for every attribute: a reboot's time to launch is mostly requests.
+        self.attributes, self.etag = self.metadata.attributes()
+        self.worker = worker_number(self.attributes)
         self.status = Status(self.metadata, self.storage, root, self.worker)
         self.job = Job(root, self.status)
         self.wake = threading.Event()
@@ -715,8 +718,8 @@ class Agent:
     def run(self) -> int:
         """Run what metadata asks for. As a service, a success is followed by
         watching for new metadata; a failure exits so systemd restarts the agent."""
-        attributes, etag = self.metadata.attributes()
-        self.watcher = Watcher(self.metadata, etag, self.wake)
+        attributes = self.attributes
+        self.watcher = Watcher(self.metadata, self.etag, self.wake)
         try:
             while True:
                 code = self._run_once(attributes)
@@ -777,7 +780,8 @@ class Agent:
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(desired.job_json)
         env = job_environment(os.environ, package_dir, desired.workers,
-                              node_name(self.metadata) if desired.workers == "0" else "")
+                              node_name(self.attributes, self.metadata)
+                              if desired.workers == "0" else "")
         self.status.note(f"starting job: package {desired.package_sha256}, config {config}")
         self.job.start(config, env, cwd=package_dir)
         self.status.set(state="running", package=desired.package_sha256, message="")
@@ -839,12 +843,11 @@ def hold_lock(root: Path) -> IO[str] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tpu-stack-agent")
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="install the package and supervise the job")
-    run.add_argument("--stay", action="store_true",
-                     help="keep running after the job ends, following metadata changes")
-    args = parser.parse_args(argv)
+    # No argparse: importing it is a noticeable part of a reboot's time to launch.
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] != ["run"] or any(arg != "--stay" for arg in args[1:]):
+        print(__doc__, file=sys.stderr)
+        return 2
     root = Path(os.environ.get("TPU_STACK_ROOT") or DEFAULT_ROOT)
     root.mkdir(parents=True, exist_ok=True)
     lock = hold_lock(root)
@@ -853,7 +856,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     stop_stale_job(root)
     try:
-        agent = Agent(root, stay=args.stay)
+        agent = Agent(root, stay="--stay" in args)
     except AgentError as error:
         log(str(error))
         return EXIT_FAILED

@@ -57,6 +57,7 @@ def test_first_boot_trains_to_success_and_a_reboot_changes_nothing(
     assert "tpu_training step=24" in log
     assert log.count("starting job") == 1
     assert node.installed_packages() == [archive.sha256]
+    assert node.metadata.token_requests >= 1  # GCS was asked with the node's token
     exported = sorted(p.name for p in (work / "export").iterdir())
     assert exported
 
