@@ -16,6 +16,7 @@ import gc
 import logging
 import runpy
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,17 +210,19 @@ def run_program(config: Mapping[str, str], stack: str,
     try:
         return contextvars.Context().run(_run, dict(config), stack,
                                          program or _main_program, mock)
-    except BaseException:
-        # A failed program leaves futures whose exception nobody retrieved;
-        # collected later, their __del__ logs in the middle of whatever runs
-        # then (in CPython 3.11, even inside ast.parse, which then raises
-        # "AST constructor recursion depth mismatch", cpython gh-106905).
-        # Collect them now, quietly: the exception raised here says it all.
-        _collect_abandoned_futures()
-        raise
+    finally:
+        _collect_run_garbage()
 
 
-def _collect_abandoned_futures() -> None:
+def _collect_run_garbage() -> None:
+    """Free the run's cyclic garbage now, at a safe point, and quietly.
+
+    Collected later, its finalizers and weakref callbacks (asyncio's task
+    registry; futures of a failed run whose exception nobody retrieved, which
+    log) run Python code in the middle of whatever runs then: inside CPython
+    3.11's ast.parse (pytest's assertion rewriting) that raises "AST
+    constructor recursion depth mismatch" (cpython gh-106905).
+    """
     asyncio_logger = logging.getLogger("asyncio")
     level = asyncio_logger.level
     asyncio_logger.setLevel(logging.CRITICAL)
@@ -233,10 +236,34 @@ def _main_program(path: Path = REPO_ROOT / "__main__.py") -> None:
     runpy.run_path(str(path), run_name="__main__")
 
 
+class _RpcThreads(ThreadPoolExecutor):
+    """The run's worker threads (Pulumi runs mock RPCs there), each with an
+    event loop of its own that the run closes. Left open, such loops are
+    closed by the garbage collector at any later moment, running Python code
+    in the middle of whatever runs then: inside CPython 3.11's ast.parse that
+    raises "AST constructor recursion depth mismatch" (cpython gh-106905)."""
+
+    def __init__(self) -> None:
+        self.loops: list[asyncio.AbstractEventLoop] = []
+        super().__init__(thread_name_prefix="mock-rpc", initializer=self._new_loop)
+
+    def _new_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self.loops.append(loop)
+
+    def close(self) -> None:
+        self.shutdown(wait=True)
+        for loop in self.loops:
+            loop.close()
+
+
 def _run(config: dict[str, str], stack: str, program: Callable[[], None],
          mock: mocks.Mocks) -> ProgramRun:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    threads = _RpcThreads()
+    loop.set_default_executor(threads)
     try:
         monitor = RecordingMonitor(mock)
         mocks.set_mocks(mock, project=PROJECT, stack=stack, preview=False, monitor=monitor)
@@ -246,13 +273,25 @@ def _run(config: dict[str, str], stack: str, program: Callable[[], None],
         outputs = loop.run_until_complete(_stack_outputs())
         return ProgramRun(monitor.registrations, outputs)
     finally:
-        loop.run_until_complete(loop.shutdown_default_executor())
+        _finish_tasks(loop)
+        threads.close()
         # MockSettings leaves the process-wide set of pending outputs as it is:
         # a run that raised leaves tasks of this loop there, and the next
         # program's wait_for_rpcs would wait on them after the loop is closed.
         runtime_settings.SETTINGS.outputs.clear()
         asyncio.set_event_loop(None)
         loop.close()
+
+
+def _finish_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what a run left pending (a failed run leaves registrations),
+    as asyncio.run does: a pending task destroyed later logs from wherever
+    the garbage collector happens to run (see _RpcThreads)."""
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
 
 async def _stack_outputs() -> dict[str, Any]:
