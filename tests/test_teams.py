@@ -464,3 +464,9 @@ def test_the_offline_plan_prices_every_team() -> None:
     rows = {row[0]: row[4] for row in node_rows(plan.to_json())}
     assert rows == {"nlp-pod": "$51.52", "nlp-sweep": "$4.86"}
     assert "byTeam" not in offline_plan("dev").to_json()["cost"]
+
+
+def test_every_resource_has_its_own_urn(three_teams, repo_stacks) -> None:
+    for run in (three_teams, *repo_stacks.values()):
+        urns = [r.urn for r in run.registrations]
+        assert len(urns) == len(set(urns))
