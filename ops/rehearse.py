@@ -223,7 +223,7 @@ def boot(gcs: StorageEmulator, metadata: dict[str, str], job: dict[str, Any],
             code = process.wait()
         status_dir = keep_status(gcs, metadata[STATUS_KEY], workdir)
         for line in landed(node, job, changed, status_dir, metadata[STATUS_KEY], workdir):
-            console.print(line, overflow="fold", highlight=False)
+            console.print(line, overflow="fold", highlight=False, markup=False)
     colour = "green" if code == 0 else "red"
     console.print(f"[{colour}]bootstrap exited with {code} "
                   f"(state {node.guest.get('state', '?')})")
