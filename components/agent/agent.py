@@ -106,9 +106,23 @@ def open_url(request: urllib.request.Request, timeout: float) -> http.client.HTT
         if error.code == 429 or error.code >= 500:
             raise TransientError(f"HTTP {error.code}") from None
         raise
-    except (urllib.error.URLError, ConnectionError, TimeoutError,
-            http.client.HTTPException) as error:
+    except (OSError, http.client.HTTPException) as error:
         raise TransientError(str(error)) from None
+
+
+def read_body(response: IO[bytes], out: IO[bytes] | None = None) -> tuple[bytes, str]:
+    """The body (or its copy into `out`) and its sha256; a broken transfer is transient."""
+    digest, chunks = hashlib.sha256(), []
+    try:
+        while chunk := response.read(CHUNK):
+            digest.update(chunk)
+            if out is None:
+                chunks.append(chunk)
+            else:
+                out.write(chunk)
+    except (ConnectionError, TimeoutError, http.client.HTTPException) as error:
+        raise TransientError(f"transfer interrupted: {error}") from None
+    return b"".join(chunks), digest.hexdigest()
 
 
 # -- metadata -------------------------------------------------------------------
@@ -133,16 +147,13 @@ class Metadata:
         def fetch() -> tuple[str | None, str]:
             try:
                 with open_url(request, timeout) as response:
-                    return response.read().decode(), response.headers.get("ETag", "")
+                    return read_body(response)[0].decode(), response.headers.get("ETag", "")
             except urllib.error.HTTPError as error:
                 if error.code == 404:
                     return None, ""
                 raise AgentError(f"metadata {path}: HTTP {error.code}") from None
 
         return retrying(fetch, f"metadata {path}")
-
-    def attribute(self, key: str) -> str | None:
-        return self.get(f"instance/attributes/{key}")[0]
 
     def attributes(self, last_etag: str | None = None) -> tuple[dict[str, str], str]:
         """Every instance attribute; with `last_etag`, wait until they change."""
@@ -217,7 +228,7 @@ class Storage:
             try:
                 with open_url(self._request(url), timeout=60) as response, \
                         destination.open("wb") as out:
-                    return copy_hashing(response, out)
+                    return read_body(response, out)[1]
             except urllib.error.HTTPError as error:
                 raise AgentError(_download_refusal(uri, setting, error.code)) from None
 
@@ -236,7 +247,7 @@ class Storage:
 
         def send() -> None:
             with open_url(request, timeout=30) as response:
-                response.read()
+                read_body(response)
 
         retrying(send, f"upload {uri}", attempts=3)
 
@@ -248,14 +259,6 @@ def _download_refusal(uri: str, setting: str, code: int) -> str:
         return (f"{setting}: the node's service account may not read {uri} "
                 f"(HTTP {code}); it needs storage.objects.get on the bucket")
     return f"{setting}: downloading {uri} failed with HTTP {code}"
-
-
-def copy_hashing(source: IO[bytes], out: IO[bytes]) -> str:
-    digest = hashlib.sha256()
-    while chunk := source.read(CHUNK):
-        digest.update(chunk)
-        out.write(chunk)
-    return digest.hexdigest()
 
 
 # -- what the node should run ------------------------------------------------------

@@ -226,3 +226,18 @@ def test_watcher_wakes_on_a_change_and_not_on_a_long_poll_timeout(
         changed = watcher.take()
         assert changed is not None
         assert changed[agent.JOB_KEY] == '{"model": "resnet18"}'
+
+
+class _BrokenStream(io.BytesIO):
+    def read(self, size: int | None = -1) -> bytes:
+        if self.tell() > 0:
+            raise ConnectionResetError("peer went away")
+        return super().read(4)
+
+
+def test_a_transfer_broken_midway_is_retried_not_fatal() -> None:
+    with pytest.raises(agent.TransientError, match="transfer interrupted: peer went away"):
+        agent.read_body(_BrokenStream(b"0123456789"))
+    body, sha = agent.read_body(io.BytesIO(b"0123456789"))
+    assert body == b"0123456789"
+    assert sha == "84d89877f0d4041efb6bf91a16f0248f2fd573e6af05c19f96bedb9f882f7882"
