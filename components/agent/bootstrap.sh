@@ -18,10 +18,18 @@ cat > "$agent_tmp" <<'TPU_STACK_AGENT_SOURCE'
 TPU_STACK_AGENT_SOURCE
 mv -f "$agent_tmp" "$root/agent.py"
 
-# sd_booted(3): systemd is PID 1 exactly when this directory exists.
-if [[ -d /run/systemd/system && ${TPU_STACK_FOREGROUND:-0} != 1 ]]; then
-  python_path=$(command -v "$python")
-  cat > "/etc/systemd/system/$unit" <<UNIT
+# TPU_STACK_INIT: auto (default), systemd or foreground. sd_booted(3): systemd
+# is PID 1 exactly when /run/systemd/system exists.
+init=${TPU_STACK_INIT:-auto}
+if [[ $init == auto ]]; then
+  if [[ -d /run/systemd/system ]]; then init=systemd; else init=foreground; fi
+fi
+
+case $init in
+  systemd)
+    unit_dir=${TPU_STACK_UNIT_DIR:-/etc/systemd/system}
+    python_path=$(command -v "$python")
+    cat > "$unit_dir/$unit" <<UNIT
 [Unit]
 Description=tpu-stack node agent (training package supervisor)
 After=network-online.target
@@ -45,10 +53,15 @@ TimeoutStopSec=150
 [Install]
 WantedBy=multi-user.target
 UNIT
-  systemctl daemon-reload
-  # `start` on an active unit does nothing: a rerun never starts a second job.
-  systemctl enable --now "$unit"
-  exit 0
-fi
-
-exec "$python" "$root/agent.py" run
+    systemctl daemon-reload
+    # `start` on an active unit does nothing: a rerun never starts a second job.
+    systemctl enable --now "$unit"
+    ;;
+  foreground)
+    exec "$python" "$root/agent.py" run
+    ;;
+  *)
+    echo "TPU_STACK_INIT: '$init' is not allowed; use auto, systemd or foreground" >&2
+    exit 2
+    ;;
+esac

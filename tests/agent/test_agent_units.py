@@ -200,16 +200,44 @@ def test_shell_code_passes_shellcheck(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stdout
 
 
-def test_systemd_unit_restarts_on_failure_and_outlasts_the_agent_grace() -> None:
-    bootstrap = (REPO / "components/agent/bootstrap.sh").read_text()
-    unit = dict(line.split("=", 1) for line in bootstrap.splitlines()
-                if re.fullmatch(r"[A-Za-z]+=\S.*", line))
+def test_under_systemd_the_bootstrap_installs_one_service_and_returns(tmp_path: Path) -> None:
+    fake_bin, units, root = tmp_path / "bin", tmp_path / "units", tmp_path / "root"
+    for folder in (fake_bin, units):
+        folder.mkdir()
+    calls = tmp_path / "systemctl.calls"
+    (fake_bin / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (fake_bin / "systemctl").chmod(0o755)
+    script = tmp_path / "startup-script.sh"
+    script.write_text(startup_script())
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "TPU_STACK_INIT": "systemd",
+           "TPU_STACK_UNIT_DIR": str(units), "TPU_STACK_ROOT": str(root),
+           "TPU_STACK_PYTHON": str(REPO / ".venv/image/bin/python")}
+    for _ in range(2):  # a rerun of the startup script changes nothing
+        subprocess.run(["bash", str(script)], env=env, check=True, timeout=30)
+
+    unit = dict(line.split("=", 1) for line in
+                (units / "tpu-stack-agent.service").read_text().splitlines() if "=" in line)
+    assert unit["ExecStart"] == f"{REPO / '.venv/image/bin/python'} {root}/agent.py run --stay"
+    assert unit["Environment"] == f"TPU_STACK_ROOT={root}"
     assert unit["Restart"] == "on-failure"
     assert unit["KillSignal"] == "SIGTERM"
     assert unit["KillMode"] == "mixed"  # SIGTERM to the agent, which stops the job
     assert int(unit["TimeoutStopSec"]) > agent.STOP_GRACE_SECONDS
     assert unit["SuccessExitStatus"] == str(agent.EXIT_PREEMPTED)
-    assert unit["ExecStart"].endswith("/agent.py run --stay")
+    assert calls.read_text().splitlines() == [
+        "daemon-reload", "enable --now tpu-stack-agent.service"] * 2
+    assert (root / "agent.py").read_text() == (REPO / "components/agent/agent.py").read_text()
+
+
+def test_an_unknown_init_is_named(tmp_path: Path) -> None:
+    script = tmp_path / "startup-script.sh"
+    script.write_text(startup_script())
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False,
+                            env={"PATH": "/usr/bin:/bin", "TPU_STACK_INIT": "upstart",
+                                 "TPU_STACK_ROOT": str(tmp_path / "root")})
+    assert result.returncode == 2
+    assert result.stderr == ("TPU_STACK_INIT: 'upstart' is not allowed; "
+                             "use auto, systemd or foreground\n")
 
 
 def test_watcher_wakes_on_a_change_and_not_on_a_long_poll_timeout(

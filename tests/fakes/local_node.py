@@ -57,7 +57,7 @@ class LocalNode:
             "GCE_METADATA_HOST": self.metadata.host, "STORAGE_EMULATOR_HOST": self.storage_host,
             "TPU_STACK_ROOT": str(self.root), "TPU_STACK_PYTHON": str(IMAGE_PYTHON),
             # CPU here, and never a systemd unit on the machine running this.
-            "TPU_STACK_STRATEGY": "cpu", "TPU_STACK_FOREGROUND": "1", "CUDA_VISIBLE_DEVICES": "",
+            "TPU_STACK_STRATEGY": "cpu", "TPU_STACK_INIT": "foreground", "CUDA_VISIBLE_DEVICES": "",
         } | self.env_extra
 
     def start(self, **popen: object) -> subprocess.Popen[str]:
