@@ -672,7 +672,12 @@ class Watcher:
         self.wake = wake
         self.attributes: dict[str, str] | None = None
         self._lock = threading.Lock()
+        self._stopped = threading.Event()
         threading.Thread(target=self._watch, daemon=True).start()
+
+    def stop(self) -> None:
+        """No new long-poll after the current one."""
+        self._stopped.set()
 
     def take(self) -> dict[str, str] | None:
         with self._lock:
@@ -680,14 +685,14 @@ class Watcher:
             return attributes
 
     def _watch(self) -> None:
-        while True:
+        while not self._stopped.is_set():
             try:
                 attributes, etag = self.metadata.attributes(last_etag=self.etag)
             except AgentError as error:
                 log(f"watching metadata: {error}")
                 time.sleep(RETRY_CAP_SECONDS)
                 continue
-            if etag == self.etag:
+            if etag == self.etag or self._stopped.is_set():
                 continue
             self.etag = etag
             with self._lock:
@@ -734,6 +739,7 @@ class Agent:
                     return code
                 attributes = next_attributes
         finally:
+            self.watcher.stop()
             self.status.close()
 
     def _wait_for_change(self) -> dict[str, str] | None:

@@ -251,6 +251,7 @@ def test_watcher_wakes_on_a_change_and_not_on_a_long_poll_timeout(
         assert not wake.wait(2.5)  # two timed-out polls, same ETag
         server.set_attributes({agent.JOB_KEY: '{"model": "resnet18"}'})
         assert wake.wait(5)
+        watcher.stop()
         changed = watcher.take()
         assert changed is not None
         assert changed[agent.JOB_KEY] == '{"model": "resnet18"}'
