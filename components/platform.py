@@ -18,12 +18,12 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from components import cost
+from components import catalog, cost
 from components.identity import IdentityArgs, RuntimeIdentity
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
 from components.project import Project, ProjectArgs
-from components.settings import NodeSettings, StackSettings
+from components.settings import BillingSettings, NodeSettings, StackSettings
 from components.storage import BucketsArgs, TrainingBuckets
 from components.team_stack import PlatformReference
 from components.teams import (
@@ -119,19 +119,22 @@ class TpuPlatform(pulumi.ComponentResource):
             labels=self._labels("tpu-node"),
             depends_on=[*self.project.services, self.identity, self.package])
         self.nodes = [self._node(node, settings.job(node.job), own) for node in settings.nodes]
+        if settings.teams:
+            # Budgets filter by project number (projects/<number>).
+            number = gcp.organizations.get_project_output(project_id=project_id).number
         for team in settings.teams:
-            self._declare_team(team, after_apis)
+            self._declare_team(team, number, after_apis)
 
-    def _declare_team(self, team: str, after_apis: pulumi.ResourceOptions) -> None:
+    def _declare_team(self, team: str, project_number: pulumi.Input[str],
+                      after_apis: pulumi.ResourceOptions) -> None:
         """The platform's part for every team; a team whose nodes the platform
         declares also gets its space and nodes here."""
         settings = self.settings
         spec = settings.teams[team]
-        project_id = self.project.project_id
         self.access[team] = TeamAccess(f"access-{team}", TeamAccessArgs(
-            team=team, stack=settings.stack, project_id=project_id,
-            project_number=gcp.organizations.get_project_output(project_id=project_id).number,
-            members=spec.members, budget=self._budget(team)), opts=after_apis)
+            team=team, stack=settings.stack, project_id=self.project.project_id,
+            project_number=project_number, members=spec.members,
+            budget=self._budget(team)), opts=after_apis)
         if not spec.nodes:
             return
         shared = {p: self.buckets.buckets[p].name for p in ("data", "artifacts")}
@@ -142,15 +145,17 @@ class TpuPlatform(pulumi.ComponentResource):
                                  for node in spec.nodes]
 
     def _budget(self, team: str) -> TeamBudget | None:
+        """The team's monthly budget: its own figure, else its hourly ceiling
+        for a month, else (neither given) last month's spend."""
         settings = self.settings
         if not settings.billing_account:
             return None
+        billing = settings.billing or BillingSettings(account=settings.billing_account)
         spec = settings.teams[team]
         usd_per_month = spec.budget_usd_per_month
         if usd_per_month is None and spec.quota.usd_per_hour is not None:
-            usd_per_month = spec.quota.usd_per_hour * cost.catalog.HOURS_PER_MONTH
-        thresholds = settings.billing.alert_thresholds if settings.billing else [0.5, 0.9, 1.0]
-        return TeamBudget(settings.billing_account, usd_per_month, thresholds)
+            usd_per_month = spec.quota.usd_per_hour * catalog.HOURS_PER_MONTH
+        return TeamBudget(billing.account, usd_per_month, billing.alert_thresholds)
 
     # ---- a team stack -----------------------------------------------------
 

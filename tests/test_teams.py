@@ -470,3 +470,14 @@ def test_every_resource_has_its_own_urn(three_teams, repo_stacks) -> None:
     for run in (three_teams, *repo_stacks.values()):
         urns = [r.urn for r in run.registrations]
         assert len(urns) == len(set(urns))
+
+
+def test_a_created_project_s_billing_account_budgets_every_team() -> None:
+    data = platform(vision=team("vision", quota={}), nlp=team("nlp"))
+    data["tpu-stack:project"] = {"create": True, "billingAccount": "01AB23-45CD67-89EF01"}
+    run = run_program(as_cli(data), "shared")
+    budgets = {b.inputs["budgetFilter"]["labels"]["team"]: b.inputs for b in run.of_type(BUDGET)}
+    assert budgets["vision"]["amount"] == {"lastPeriodAmount": True}  # no ceiling, no figure
+    assert budgets["nlp"]["amount"]["specifiedAmount"] == {"currencyCode": "USD",
+                                                           "units": str(100 * 730)}
+    assert [r["thresholdPercent"] for r in budgets["nlp"]["thresholdRules"]] == [0.5, 0.9, 1.0]
