@@ -46,19 +46,23 @@ class Generation:
     # /v5p: "megacore"); v5e and v6e have one core per chip.
     replicas_per_chip: int
     hbm_gib_per_chip: int
-    dims: int  # 2D or 3D topology
-    # TPU VMs (workers) of a multi-host slice hold this many chips each; v5e
-    # and v6e single-host VMs hold up to 8 (tpu-facts, "Generations").
-    chips_per_host: int
-    max_single_host_chips: int
-    topologies: tuple[str, ...]  # 2D: every offered shape; 3D: see _valid_3d
     max_chips: int
     zones: tuple[str, ...]
+    base_runtime: str  # the framework-free image (install TF yourself)
+    # 2D generations list every offered shape; 3D ones follow a rule (_problem_3d).
+    topologies: tuple[str, ...] = ()
+    # TPU VMs (workers) of a multi-host slice hold this many chips each; v5e
+    # and v6e single-host VMs hold up to 8 (tpu-facts, "Generations").
+    chips_per_host: int = 4
+    max_single_host_chips: int = 4
     # The TensorFlow runtime image family, or None where Google documents no
     # TensorFlow image for the generation (tpu-facts, "Runtime versions").
-    tf_runtime: str | None
-    base_runtime: str  # the framework-free image (install TF yourself)
-    price: Price
+    tf_runtime: str | None = None
+    price: Price = Price(None, None, "no list price in tpu-facts")
+
+    @property
+    def dims(self) -> int:
+        return 2 if self.topologies else 3
 
 
 # Newest documented TensorFlow TPU VM image (cloud.google.com/tpu/docs/runtimes,
@@ -75,29 +79,25 @@ GENERATIONS: dict[str, Generation] = {
         Generation(
             # cloud.google.com/tpu/docs/v2: v2-8 … v2-512, 2D torus.
             name="v2", type_prefix="v2", api_type="V2", naming=Naming.TENSORCORES,
-            cores_per_chip=2, replicas_per_chip=2, hbm_gib_per_chip=16, dims=2,
-            chips_per_host=4, max_single_host_chips=4,
+            cores_per_chip=2, replicas_per_chip=2, hbm_gib_per_chip=16,
             topologies=("2x2", "4x4", "8x8", "8x16", "16x16"), max_chips=256,
             zones=("us-central1-b", "us-central1-c", "europe-west4-a"),
             tf_runtime=TF_RUNTIME, base_runtime="tpu-ubuntu2204-base",
-            price=Price(None, None, "no list price in tpu-facts"),
         ),
         Generation(
             # cloud.google.com/tpu/docs/v3: v3-8 … v3-2048, 2D torus.
             name="v3", type_prefix="v3", api_type="V3", naming=Naming.TENSORCORES,
-            cores_per_chip=2, replicas_per_chip=2, hbm_gib_per_chip=32, dims=2,
-            chips_per_host=4, max_single_host_chips=4,
+            cores_per_chip=2, replicas_per_chip=2, hbm_gib_per_chip=32,
             topologies=("2x2", "4x4", "4x8", "8x8", "8x16", "16x16", "16x32", "32x32"),
             max_chips=1024,
             zones=("us-central1-a", "us-central1-b", "europe-west4-a"),
             tf_runtime=TF_RUNTIME, base_runtime="tpu-ubuntu2204-base",
-            price=Price(None, None, "no list price in tpu-facts"),
         ),
         Generation(
             # cloud.google.com/tpu/docs/v4: 3D, 4096-chip pod; v4-8 is 2x2x1.
             name="v4", type_prefix="v4", api_type="V4", naming=Naming.TENSORCORES,
-            cores_per_chip=2, replicas_per_chip=1, hbm_gib_per_chip=32, dims=3,
-            chips_per_host=4, max_single_host_chips=4, topologies=(), max_chips=4096,
+            cores_per_chip=2, replicas_per_chip=1, hbm_gib_per_chip=32,
+            max_chips=4096,
             zones=("us-central2-b",),
             tf_runtime=TF_RUNTIME, base_runtime="tpu-ubuntu2204-base",
             price=Price(3.22, None, "tpu-facts: unconfirmed secondary source"),
@@ -107,7 +107,7 @@ GENERATIONS: dict[str, Generation] = {
             # slices use 4-chip VMs (4x4 = 16 chips on 4 hosts).
             name="v5e", type_prefix="v5litepod", api_type="V5LITE_POD",
             naming=Naming.CHIPS, cores_per_chip=1, replicas_per_chip=1,
-            hbm_gib_per_chip=16, dims=2, chips_per_host=4, max_single_host_chips=8,
+            hbm_gib_per_chip=16, max_single_host_chips=8,
             topologies=_V5E_V6E_TOPOLOGIES, max_chips=256,
             zones=("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a",
                    "europe-west4-b"),
@@ -117,8 +117,8 @@ GENERATIONS: dict[str, Generation] = {
         Generation(
             # cloud.google.com/tpu/docs/v5p: 3D, 2x2x1 … 16x16x24 (6144 chips).
             name="v5p", type_prefix="v5p", api_type="V5P", naming=Naming.TENSORCORES,
-            cores_per_chip=2, replicas_per_chip=1, hbm_gib_per_chip=95, dims=3,
-            chips_per_host=4, max_single_host_chips=4, topologies=(), max_chips=6144,
+            cores_per_chip=2, replicas_per_chip=1, hbm_gib_per_chip=95,
+            max_chips=6144,
             zones=("us-central1-a", "us-east5-a", "europe-west4-b"),
             tf_runtime=TF_RUNTIME, base_runtime="v2-alpha-tpuv5",
             price=Price(4.20, 1.20, "tpu-facts: SkyPilot issue 4579, 2025-01 "
@@ -129,8 +129,8 @@ GENERATIONS: dict[str, Generation] = {
             # documented TensorFlow image for v6e (only an unconfirmed
             # tpu-vm-tf-2.18.0-pjrt-v5e-and-v6), so a TF job there is refused.
             name="v6e", type_prefix="v6e", api_type="V6E", naming=Naming.CHIPS,
-            cores_per_chip=1, replicas_per_chip=1, hbm_gib_per_chip=32, dims=2,
-            chips_per_host=4, max_single_host_chips=8,
+            cores_per_chip=1, replicas_per_chip=1, hbm_gib_per_chip=32,
+            max_single_host_chips=8,
             topologies=_V5E_V6E_TOPOLOGIES, max_chips=256,
             zones=("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b",
                    "europe-west4-a", "asia-northeast1-b"),

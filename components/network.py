@@ -74,34 +74,28 @@ class Network(pulumi.ComponentResource):
             )
             for region, cidr in ranges.items()
         }
-        gcp.compute.Firewall(
-            "allow-internal",
-            name=naming.network_resource("tpu-internal"),
-            project=args.project_id,
-            network=self.network.id,
-            direction="INGRESS",
-            source_ranges=sorted(ranges.values()) or [args.subnet_cidr],
-            target_tags=[args.node_tag],
-            allows=[
-                gcp.compute.FirewallAllowArgs(protocol="tcp"),
-                gcp.compute.FirewallAllowArgs(protocol="udp"),
-                gcp.compute.FirewallAllowArgs(protocol="icmp"),
-            ],
-            opts=child,
-        )
+        allow = gcp.compute.FirewallAllowArgs
+        self._ingress("allow-internal", args, sorted(ranges.values()),
+                      [allow(protocol="tcp"), allow(protocol="udp"), allow(protocol="icmp")])
         if args.ssh_through_iap:
-            gcp.compute.Firewall(
-                "allow-iap-ssh",
-                name=naming.network_resource("tpu-iap-ssh"),
-                project=args.project_id,
-                network=self.network.id,
-                direction="INGRESS",
-                source_ranges=[IAP_SOURCE_RANGE],
-                target_tags=[args.node_tag],
-                allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=["22"])],
-                opts=child,
-            )
+            self._ingress("allow-iap-ssh", args, [IAP_SOURCE_RANGE],
+                          [allow(protocol="tcp", ports=["22"])])
         self.register_outputs({
             "network": self.network.id,
             "subnets": {region: s.id for region, s in self.subnets.items()},
         })
+
+    def _ingress(self, rule: str, args: NetworkArgs, sources: list[str],
+                 allows: list[gcp.compute.FirewallAllowArgs]) -> gcp.compute.Firewall:
+        """An ingress rule to the stack's nodes (by their network tag)."""
+        return gcp.compute.Firewall(
+            rule,
+            name=args.naming.network_resource(rule.replace("allow-", "tpu-")),
+            project=args.project_id,
+            network=self.network.id,
+            direction="INGRESS",
+            source_ranges=sources,
+            target_tags=[args.node_tag],
+            allows=allows,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
