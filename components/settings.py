@@ -784,6 +784,9 @@ def _team_stack_problems(s: StackSettings) -> Problems:
                                            f"not to a team stack")
     if s.project.create:
         yield (f"{NAMESPACE}:project.create", f"the platform stack ({ref}) owns the project")
+    if s.network != NetworkSettings():
+        yield (f"{NAMESPACE}:network", f"the platform stack ({ref}) owns the network; its "
+                                       f"subnets serve the team's nodes")
     if COST_CENTRE not in s.labels:
         yield (f"{NAMESPACE}:labels.{COST_CENTRE}", "is required in a team stack: every "
                                                     "billable resource carries a cost centre")

@@ -194,6 +194,10 @@ def team_stack(**changes: Any) -> dict:
     ({"tpu-stack:teams": {"x": team("x")}}, "tpu-stack:teams", "belongs to the platform stack"),
     ({"tpu-stack:quota": QUOTA}, "tpu-stack:quota", "belongs to the platform stack"),
     ({"tpu-stack:labels": {}}, "tpu-stack:labels.cost-centre", "required in a team stack"),
+    ({"tpu-stack:network": {"subnetCidr": "10.8.0.0/20"}}, "tpu-stack:network",
+     "the platform stack (acme/tpu-stack/platform) owns the network"),
+    ({"tpu-stack:platformStack": "acme/tpu-stack/test"}, "tpu-stack:platformStack",
+     "is this stack itself"),
 ])
 def test_bad_team_stack_config_names_its_key(changes: dict, key: str, words: str) -> None:
     problems = dict(problems_of(team_stack(**changes)))
