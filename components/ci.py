@@ -34,6 +34,12 @@ ATTRIBUTE_MAPPING = {
 
 # Project roles of the deployer: exactly what `pulumi up` of this stack
 # creates, reads and deletes (components/*.py), each with its reason.
+# Workload Identity Federation exchanges the GitHub token at the Security Token
+# Service (cloud.google.com/iam/docs/workload-identity-federation-with-deployment-
+# pipelines: enable the IAM, Resource Manager, Service Account Credentials and
+# Security Token Service APIs; the other three every stack enables already).
+CI_APIS = ("sts.googleapis.com",)
+
 DEPLOYER_ROLES = {
     "roles/serviceusage.serviceUsageAdmin": "project.py turns the stack's APIs on",
     "roles/compute.networkAdmin": "network.py creates the network and subnetwork",

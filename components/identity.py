@@ -74,23 +74,26 @@ class RuntimeIdentity(pulumi.ComponentResource):
         )
         self.email = self.account.email
         self.member = self.email.apply(lambda email: f"serviceAccount:{email}")
+        # What a node's job needs before it boots: it waits for these, not for
+        # the whole component.
+        self.grants: list[pulumi.CustomResource] = []
         for purpose, bucket in args.buckets.items():
             for role in (BUCKET_ROLES[purpose], BUCKET_METADATA_ROLE):
-                gcp.storage.BucketIAMMember(
+                self.grants.append(gcp.storage.BucketIAMMember(
                     f"{prefix}{purpose}-{role.rsplit('.', 1)[-1]}",
                     bucket=bucket,
                     role=role,
                     member=self.member,
                     opts=child,
-                )
+                ))
         for role in PROJECT_ROLES:
-            gcp.projects.IAMMember(
+            self.grants.append(gcp.projects.IAMMember(
                 prefix + role.split("/", 1)[1].replace(".", "-"),
                 project=args.project_id,
                 role=role,
                 member=self.member,
                 opts=child,
-            )
+            ))
         if args.members is not None:
             self._grant_members(args, prefix, child)
         self.register_outputs({"email": self.email})

@@ -19,10 +19,11 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components import catalog, cost
+from components.ci import CI_APIS, CiArgs, CiIdentity
 from components.identity import IdentityArgs, RuntimeIdentity
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
-from components.project import Project, ProjectArgs
+from components.project import APIS, Project, ProjectArgs
 from components.settings import BillingSettings, NodeSettings, StackSettings
 from components.storage import BucketsArgs, TrainingBuckets
 from components.team_stack import PlatformReference
@@ -88,9 +89,10 @@ class TpuPlatform(pulumi.ComponentResource):
     def _declare_platform(self) -> None:
         settings = self.settings
         naming = settings.naming
+        apis = APIS + (CI_APIS if settings.ci else ())
         self.project = Project("project", ProjectArgs(
             project_id=settings.gcp_project, settings=settings.project,
-            labels=self._labels("project")), opts=self._child())
+            labels=self._labels("project"), apis=apis), opts=self._child())
         after_apis = self._child(depends_on=self.project.services)
         project_id = self.project.project_id
         self.node_tag = naming.network_resource("tpu-node")
@@ -117,8 +119,10 @@ class TpuPlatform(pulumi.ComponentResource):
             team=None, data_uri=uri("data"), checkpoints_uri=uri("checkpoints"),
             logs_uri=uri("logs"), service_account_email=self.identity.email,
             labels=self._labels("tpu-node"),
-            depends_on=[*self.project.services, self.identity, self.package])
+            depends_on=[*self.project.services, *self.identity.grants, self.package.object])
         self.nodes = [self._node(node, settings.job(node.job), own) for node in settings.nodes]
+        if settings.ci:
+            self.ci = CiIdentity("ci", CiArgs(settings.ci, project_id, naming), opts=after_apis)
         if settings.teams:
             # Budgets filter by project number (projects/<number>).
             number = gcp.organizations.get_project_output(project_id=project_id).number
@@ -139,8 +143,9 @@ class TpuPlatform(pulumi.ComponentResource):
             return
         shared = {p: self.buckets.buckets[p].name for p in ("data", "artifacts")}
         space = self._team_space(team, shared, spec.members, after_apis)
-        placement = self._team_placement(team, space, self.buckets.uri("data"),
-                                         [*self.project.services, space, self.package])
+        placement = self._team_placement(
+            team, space, self.buckets.uri("data"),
+            [*self.project.services, *space.identity.grants, self.package.object])
         self.team_nodes[team] = [self._node(node, spec.job(node.job), placement)
                                  for node in spec.nodes]
 
@@ -176,7 +181,7 @@ class TpuPlatform(pulumi.ComponentResource):
             subnets=platform.subnet, tag=settings.platform_naming.network_resource("tpu-node"),
             package=self.package)
         placement = self._team_placement(team, space, f"gs://{shared['data']}",
-                                         [space, self.package])
+                                         [*space.identity.grants, self.package.object])
         self.nodes = [self._node(node, settings.job(node.job), placement)
                       for node in settings.nodes]
 
@@ -229,6 +234,7 @@ class TpuPlatform(pulumi.ComponentResource):
         return TpuNodeArgs(
             project_id=net.project_id,
             node_id=node_id,
+            queued_resource_id=self.settings.naming.queued_resource(node.name, placement.team),
             settings=node,
             job=job,
             locations=NodeLocations(
@@ -263,6 +269,9 @@ class TpuPlatform(pulumi.ComponentResource):
             "estimatedUsdPerHour": self.cost.usd_per_hour,
             "estimatedUsdPerMonth": self.cost.usd_per_month,
         }
+        if settings.ci:
+            result["ciWorkloadIdentityProvider"] = self.ci.provider_name
+            result["ciServiceAccount"] = self.ci.deployer_email
         if settings.teams or settings.quota:
             result.update(self._platform_outputs())
         return result

@@ -13,13 +13,15 @@ TYPE = "tpu-stack:index:Project"
 
 # Every API a stack uses: TPUs, their VMs and network, buckets, service
 # accounts and their tokens (iamcredentials backs impersonation and WIF),
-# logs and metrics the job writes.
+# project IAM grants (Resource Manager's setIamPolicy), logs and metrics the
+# job writes.
 APIS = (
     "tpu.googleapis.com",
     "compute.googleapis.com",
     "storage.googleapis.com",
     "iam.googleapis.com",
     "iamcredentials.googleapis.com",
+    "cloudresourcemanager.googleapis.com",
     "logging.googleapis.com",
     "monitoring.googleapis.com",
 )

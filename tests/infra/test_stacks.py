@@ -117,3 +117,21 @@ def test_two_nodes_have_distinct_urns_and_node_ids() -> None:
     vms = run.of_type("gcp:tpu/v2Vm:V2Vm")
     assert len({vm.urn for vm in vms}) == 2
     assert {vm.inputs["name"] for vm in vms} == {"test-trainer", "test-second"}
+
+
+def test_prod_declares_its_ci_identity_and_the_apis_it_needs() -> None:
+    run = run_program(file_config("prod"), "prod")
+    services = {s.inputs["service"] for s in run.of_type("gcp:projects/service:Service")}
+    assert {"sts.googleapis.com", "iamcredentials.googleapis.com",
+            "cloudresourcemanager.googleapis.com"} <= services
+    assert run.outputs["ciServiceAccount"].endswith(".iam.gserviceaccount.com")
+    assert "/workloadIdentityPools/" in run.outputs["ciWorkloadIdentityProvider"]
+    pool = run.of_type("gcp:iam/workloadIdentityPool:WorkloadIdentityPool")[0]
+    assert pool.protect
+
+
+def test_dev_without_ci_enables_no_token_exchange() -> None:
+    run = run_program(file_config("dev"), "dev")
+    services = {s.inputs["service"] for s in run.of_type("gcp:projects/service:Service")}
+    assert "sts.googleapis.com" not in services
+    assert "ciServiceAccount" not in run.outputs
