@@ -1,8 +1,9 @@
 """Offline plan time of tpu-stack against a raw pulumi-gcp program, 1 to 500 nodes.
 
 The baseline is measured in the same run: the very resources our plan
-declared (same pulumi-gcp classes and inputs), declared flat by a plain
-program with no components, no settings validation and no package build. The ratio is
+declared (same pulumi-gcp classes, inputs and dependency edges), declared flat
+by a plain program with no components, no settings validation and no package
+build. The ratio is
 what the components and validation cost on top of the engine's own work.
 
     .venv/infra/bin/python bench/plan_scale.py [--sizes 1,10,100,500] [--repeat 3]
@@ -66,9 +67,15 @@ def replay(registrations: list[Registration]) -> Callable[[], None]:
     custom = [r for r in registrations if r.custom]
 
     def program() -> None:
+        declared: dict[str, pulumi.CustomResource] = {}
         for index, resource in enumerate(custom):
             kwargs = {snake(key): value for key, value in resource.inputs.items()}
-            GCP_CLASSES[resource.type](f"{resource.name}-{index}", **kwargs)
+            # The same ordering a correct flat program needs (APIs before
+            # nodes, grants before a job boots): the plan's dependency edges.
+            after = [declared[urn] for urn in resource.dependencies if urn in declared]
+            declared[resource.urn] = GCP_CLASSES[resource.type](
+                f"{resource.name}-{index}", **kwargs,
+                opts=pulumi.ResourceOptions(depends_on=after))
     return program
 
 

@@ -119,7 +119,7 @@ class TpuPlatform(pulumi.ComponentResource):
             team=None, data_uri=uri("data"), checkpoints_uri=uri("checkpoints"),
             logs_uri=uri("logs"), service_account_email=self.identity.email,
             labels=self._labels("tpu-node"),
-            depends_on=[*self.project.services, *self.identity.grants, self.package.object])
+            depends_on=self._node_dependencies(self.identity))
         self.nodes = [self._node(node, settings.job(node.job), own) for node in settings.nodes]
         if settings.ci:
             self.ci = CiIdentity("ci", CiArgs(settings.ci, project_id, naming), opts=after_apis)
@@ -145,9 +145,14 @@ class TpuPlatform(pulumi.ComponentResource):
         space = self._team_space(team, shared, spec.members, after_apis)
         placement = self._team_placement(
             team, space, self.buckets.uri("data"),
-            [*self.project.services, *space.identity.grants, self.package.object])
+            self._node_dependencies(space.identity))
         self.team_nodes[team] = [self._node(node, spec.job(node.job), placement)
                                  for node in spec.nodes]
+
+    def _node_dependencies(self, identity: RuntimeIdentity) -> list[pulumi.Resource]:
+        """What a node waits for: the TPU API, the grants its job needs at boot
+        and its package (the other APIs come first through what those use)."""
+        return [self.project.tpu_api, *identity.grants, self.package.object]
 
     def _budget(self, team: str) -> TeamBudget | None:
         """The team's monthly budget: its own figure, else its hourly ceiling
@@ -219,7 +224,7 @@ class TpuPlatform(pulumi.ComponentResource):
     def _node(self, node: NodeSettings, job: JobConfig, placement: Placement) -> TpuNode:
         prefix = f"node-{placement.team}-" if placement.team else "node-"
         return TpuNode(f"{prefix}{node.name}", self._node_args(node, job, placement),
-                       opts=self._child(depends_on=placement.depends_on))
+                       opts=self._child())
 
     def _child(self, **kwargs: object) -> pulumi.ResourceOptions:
         return pulumi.ResourceOptions(parent=self, **kwargs)  # type: ignore[arg-type]
@@ -251,6 +256,7 @@ class TpuPlatform(pulumi.ComponentResource):
             subnetwork=_subnet(net.subnets, node.zone.rsplit("-", 1)[0]),
             network_tag=net.tag,
             labels={**placement.labels, **node.labels, "node": node.name},
+            depends_on=placement.depends_on,
         )
 
     # ---- stack outputs ------------------------------------------------------

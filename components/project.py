@@ -15,8 +15,9 @@ TYPE = "tpu-stack:index:Project"
 # accounts and their tokens (iamcredentials backs impersonation and WIF),
 # project IAM grants (Resource Manager's setIamPolicy), logs and metrics the
 # job writes.
+TPU_API = "tpu.googleapis.com"
 APIS = (
-    "tpu.googleapis.com",
+    TPU_API,
     "compute.googleapis.com",
     "storage.googleapis.com",
     "iam.googleapis.com",
@@ -43,6 +44,7 @@ class Project(pulumi.ComponentResource):
 
     project_id: pulumi.Output[str]
     services: list[gcp.projects.Service]
+    tpu_api: gcp.projects.Service  # what TPU nodes wait for
 
     def __init__(self, name: str, args: ProjectArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
@@ -79,4 +81,6 @@ class Project(pulumi.ComponentResource):
             )
             for api in args.apis
         ]
+        self.tpu_api = next(s for s, api in zip(self.services, args.apis, strict=True)
+                            if api == TPU_API)
         self.register_outputs({"projectId": self.project_id})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
@@ -46,6 +46,9 @@ class TpuNodeArgs:
     subnetwork: pulumi.Input[str]
     network_tag: str
     labels: dict[str, str]
+    # What the node itself waits for (a component's depends_on does not hold
+    # back its children): the TPU API, the job's grants, the package object.
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
     queued_resource_id: str | None = None  # provisioning: queued; default: the node id
 
 
@@ -158,7 +161,8 @@ class TpuNode(pulumi.ComponentResource):
         # Child names carry the component's: a URN holds the parent's type but
         # not its name, so two nodes' "vm" children would collide.
         # tpu-facts: with an explicit name a replacement must delete first.
-        child = pulumi.ResourceOptions(parent=self, delete_before_replace=True)
+        child = pulumi.ResourceOptions(parent=self, delete_before_replace=True,
+                                       depends_on=args.depends_on)
         if args.settings.provisioning == "queued":
             self.vm = queued_node(f"{name}-queued", args, child)
         else:

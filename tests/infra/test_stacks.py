@@ -135,3 +135,16 @@ def test_dev_without_ci_enables_no_token_exchange() -> None:
     services = {s.inputs["service"] for s in run.of_type("gcp:projects/service:Service")}
     assert "sts.googleapis.com" not in services
     assert "ciServiceAccount" not in run.outputs
+
+
+def test_a_node_itself_waits_for_the_tpu_api_its_grants_and_its_package() -> None:
+    run = run_program(file_config("dev"), "dev")
+    by_urn = run.by_urn()
+    vm = run.of_type("gcp:tpu/v2Vm:V2Vm")[0]
+    waits_for = {by_urn[urn].type for urn in vm.dependencies}
+    assert {"gcp:projects/service:Service", "gcp:storage/bucketIAMMember:BucketIAMMember",
+            "gcp:projects/iAMMember:IAMMember",
+            "gcp:storage/bucketObject:BucketObject"} <= waits_for
+    grants = [r for r in run.registrations if r.type.endswith("IAMMember:BucketIAMMember")
+              or r.type.endswith("iAMMember:IAMMember")]
+    assert {g.urn for g in grants} <= set(vm.dependencies)
