@@ -19,6 +19,7 @@ TYPE = "tpu-stack:index:TpuNode"
 # the VM scope must not narrow it (cloud.google.com/compute/docs/access/
 # service-accounts#accesscopesiam: use cloud-platform and control with IAM).
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,10 @@ def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
         agent.JOB_KEY: json.dumps(job.to_dict(), sort_keys=True),
         agent.WORKERS_KEY: args.settings.workers,
         agent.STATUS_KEY: loc.status_prefix,
+        # The agent publishes status as guest attributes; Compute Engine serves
+        # them only with this key set (cloud.google.com/compute/docs/metadata/
+        # manage-guest-attributes). Whether TPU VMs need it is undocumented.
+        GUEST_ATTRIBUTES_KEY: "TRUE",
     }
 
 
