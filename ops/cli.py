@@ -30,13 +30,7 @@ _VERB_MODULES = ("ops.plan_cmd", "ops.rehearse_cmd", "ops.tpu_cmds")
 
 def _register_verbs() -> None:
     for name in _VERB_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as error:
-            if error.name != name:
-                raise
-            continue  # a verb module that is not part of this checkout
-        module.register(app)
+        importlib.import_module(name).register(app)
 
 
 _register_verbs()
