@@ -108,9 +108,17 @@ NODE_HEADERS = ("node", "accelerator", "runtime", "provisioning", "USD/hour", "U
 
 
 def cost_summary(plan: Mapping[str, Any]) -> str:
-    hourly = plan.get("cost", {}).get("usdPerHour")
-    return (f"Estimated cost: {money(hourly)}/hour, {money(per_month(hourly))}/month "
-            f"({HOURS_PER_MONTH} h) at list prices")
+    cost = plan.get("cost", {})
+    hourly = cost.get("usdPerHour")
+    lines = [f"Estimated cost: {money(hourly)}/hour, {money(per_month(hourly))}/month "
+             f"({HOURS_PER_MONTH} h) at list prices"]
+    lines += [f"- team {team}: {money(c.get('usdPerHour'))}/hour, "
+              f"{money(per_month(c.get('usdPerHour')))}/month"
+              for team, c in sorted(cost.get("byTeam", {}).items())]
+    if cost.get("unpriced"):
+        lines.append(f"- not priced (no list price in components/catalog.py): "
+                     f"{', '.join(cost['unpriced'])}")
+    return "\n".join(lines)
 
 
 def duplicate_urns(plan: Mapping[str, Any]) -> list[str]:

@@ -457,14 +457,13 @@ def test_the_fence_check_catches_a_cross_team_grant(three_teams: ProgramRun) -> 
 
 def test_the_offline_plan_prices_every_team() -> None:
     from ops.plan import offline_plan
-    from ops.plan_cmd import cost_lines
-    from ops.plan_report import node_rows
+    from ops.plan_report import cost_summary, node_rows
 
     plan = offline_plan("platform")
     cost = plan.to_json()["cost"]
     assert cost["byTeam"] == {"nlp": {"usdPerHour": pytest.approx(56.376),
                                       "usdPerMonth": pytest.approx(56.376 * 730)}}
-    assert "  team nlp: $56.38/h, $41,154.48 per month" in cost_lines(plan)
+    assert "- team nlp: $56.38/hour, $41,154.48/month" in cost_summary(plan.to_json()).splitlines()
     rows = {row[0]: row[4] for row in node_rows(plan.to_json())}
     assert rows == {"nlp-pod": "$51.52", "nlp-sweep": "$4.86"}
     assert "byTeam" not in offline_plan("dev").to_json()["cost"]
