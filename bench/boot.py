@@ -33,9 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.archive import Archive, build_archive
-from tests.fakes.local_node import IMAGE_PYTHON, LocalNode, node_attributes
-from tests.fakes.metadata_server import MetadataServer
-from tests.fakes.storage_emulator import StorageEmulator
+from ops.local.local_node import IMAGE_PYTHON, LocalNode, node_attributes
+from ops.local.metadata_server import MetadataServer
+from ops.local.storage_emulator import StorageEmulator
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINING_PYTHON = REPO / ".venv" / "tf218" / "bin" / "python"

@@ -34,10 +34,10 @@ from components.agent import (
 from components.archive import REPO_ROOT, build_archive
 from components.settings import SettingsError
 from components.stack_config import StackFileError
+from ops.local.local_node import LocalNode
+from ops.local.metadata_server import MetadataServer
+from ops.local.storage_emulator import StorageEmulator, split
 from ops.plan import Plan, offline_plan
-from tests.fakes.local_node import LocalNode
-from tests.fakes.metadata_server import MetadataServer
-from tests.fakes.storage_emulator import StorageEmulator, split
 
 TRAINING_PYTHON = REPO_ROOT / ".venv" / "tf218" / "bin" / "python"
 LOCATION_KEYS = ("trainData", "evalData", "checkpointDir", "exportDir", "tensorboardDir")

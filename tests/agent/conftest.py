@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from components.archive import TRAINING_DIR, Archive, build_archive
-from tests.fakes.local_node import LocalNode, node_attributes
-from tests.fakes.metadata_server import MetadataServer
-from tests.fakes.storage_emulator import StorageEmulator
+from ops.local.local_node import LocalNode, node_attributes
+from ops.local.metadata_server import MetadataServer
+from ops.local.storage_emulator import StorageEmulator
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINING_PYTHON = REPO / ".venv" / "tf218" / "bin" / "python"

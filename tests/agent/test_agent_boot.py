@@ -19,10 +19,10 @@ from pathlib import Path
 
 from components.agent import JOB_KEY, PACKAGE_KEY, PACKAGE_SHA256_KEY
 from components.archive import Archive, build_archive
+from ops.local.local_node import IMAGE_PYTHON
+from ops.local.storage_emulator import StorageEmulator
 from tests.agent.conftest import BUCKET, Node, job_config, stop, training_copy, upload_package
 from tests.fakes.fault_proxy import FaultProxy
-from tests.fakes.local_node import IMAGE_PYTHON
-from tests.fakes.storage_emulator import StorageEmulator
 
 EXIT_PREEMPTED = 75
 DOWNLOADS = "alt=media"

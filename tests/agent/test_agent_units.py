@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from components.agent import MAX_METADATA_VALUE_BYTES, agent, startup_script
-from tests.fakes.metadata_server import MetadataServer
+from ops.local.metadata_server import MetadataServer
 
 REPO = Path(__file__).resolve().parents[2]
 SHELLCHECK = REPO / ".venv" / "infra" / "bin" / "shellcheck"

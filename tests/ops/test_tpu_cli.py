@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ops import tpu_cmds
 from ops.cli import app
-from tests.fakes.storage_emulator import StorageEmulator
+from ops.local.storage_emulator import StorageEmulator
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import STACK_LABELS, ZONE, expected_node, target
 

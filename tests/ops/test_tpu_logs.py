@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from ops.agent_logs import AgentLogs, LogsError, follow, status_prefix
+from ops.local.storage_emulator import StorageEmulator
 from ops.tpu_api import NodeStatus
-from tests.fakes.storage_emulator import StorageEmulator
 from tests.ops.tpu_world import PROJECT
 
 PREFIX = "gs://acme-ml-dev-logs/status/dev-trainer/"

@@ -22,7 +22,7 @@ from components.agent import (
     WORKERS_KEY,
     startup_script,
 )
-from tests.fakes.metadata_server import MetadataServer
+from ops.local.metadata_server import MetadataServer
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_PYTHON = REPO / ".venv" / "image" / "bin" / "python"  # TensorFlow only, like a TPU image

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
-from tests.fakes.loopback import LoopbackServer
+from ops.local.loopback import LoopbackServer
 
 PREFIX = "/computeMetadata/v1/"
 ATTRIBUTES = "instance/attributes/"
