@@ -294,6 +294,15 @@ class StackSettings(_Model):
         owned = [(self.team, node) for node in self.nodes]
         return owned + [(team, node) for team, t in self.teams.items() for node in t.nodes]
 
+    @property
+    def named_nodes(self) -> list[tuple[str | None, NodeSettings]]:
+        """(team in the node's GCP names, node), as platform.py places them: a
+        stack's own nodes carry no team, except in a team stack; a platform's
+        team nodes carry their team."""
+        own_team = self.team if self.is_team_stack else None
+        own = [(own_team, node) for node in self.nodes]
+        return own + [(team, node) for team, t in self.teams.items() for node in t.nodes]
+
     def job(self, name: str) -> JobConfig:
         return JobConfig.from_dict(self.jobs[name], resolved=False)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components import catalog
-from components.settings import NodeSettings, SettingsError, StackSettings
+from components.settings import SettingsError, StackSettings
 from components.stack_config import StackFileError
 
 
@@ -63,20 +63,9 @@ def target_for(settings: StackSettings) -> StackTarget:
             spot=node.spot,
             queued=node.provisioning == "queued",
         )
-        for team, node in declared_nodes(settings)
+        for team, node in settings.named_nodes
     )
     return StackTarget(project=settings.gcp_project, stack=settings.stack, nodes=nodes)
-
-
-def declared_nodes(settings: StackSettings) -> list[tuple[str | None, NodeSettings]]:
-    """(team in the node id, node), as components/platform.py names nodes: a stack's
-    own nodes without a team, except in a team stack; a platform's team nodes with it.
-
-    getattr: stacks without shared capacity (docs/teams.md) carry no teams."""
-    own_team = settings.team if getattr(settings, "is_team_stack", False) else None
-    teams = getattr(settings, "teams", {})
-    own = [(own_team, node) for node in settings.nodes]
-    return own + [(name, node) for name, team in teams.items() for node in team.nodes]
 
 
 def load_target(stack: str) -> StackTarget:

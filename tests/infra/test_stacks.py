@@ -148,3 +148,14 @@ def test_a_node_itself_waits_for_the_tpu_api_its_grants_and_its_package() -> Non
     grants = [r for r in run.registrations if r.type.endswith("IAMMember:BucketIAMMember")
               or r.type.endswith("iAMMember:IAMMember")]
     assert {g.urn for g in grants} <= set(vm.dependencies)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_tpuctl_expects_exactly_the_nodes_the_plan_declares(stack: str) -> None:
+    from components.stack_config import settings_for
+    from ops.stack_target import target_for
+
+    run = run_program(file_config(stack), stack)
+    declared = {vm.inputs["name"] for vm in run.of_type("gcp:tpu/v2Vm:V2Vm")}
+    declared |= {q.inputs["node_id"] for q in run.registrations if "QueuedTpu" in q.type}
+    assert {n.node_id for n in target_for(settings_for(stack)).nodes} == declared
