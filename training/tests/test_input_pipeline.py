@@ -21,14 +21,15 @@ def test_batches_are_per_replica_with_static_shapes(mnist_data):
                                          num_replicas_in_sync=4)
     dataset = data.make_dataset_fn(data.list_files(mnist_data), SPEC, 32)(context)
     images, labels = dataset.element_spec
-    assert (images.shape, images.dtype) == ((8, 28, 28, 1), tf.float32)
+    assert (images.shape, images.dtype) == ((8, 28 * 28 // 4), tf.int32)  # packed pixels
     assert (labels.shape, labels.dtype) == ((8,), tf.int32)
 
 
 def test_each_replica_gets_its_share_of_the_global_batch(strategy, mnist_data):
     dataset_fn = data.make_dataset_fn(data.list_files(mnist_data), SPEC, 16)
     images, labels = next(iter(strategy.distribute_datasets_from_function(dataset_fn)))
-    per_replica = strategy.experimental_local_results(images)
+    per_replica = [data.model_pixels(batch, SPEC)
+                   for batch in strategy.experimental_local_results(images)]
     assert [tuple(batch.shape) for batch in per_replica] == [(8, 28, 28, 1)] * 2
     pixels = tf.concat(per_replica, axis=0)
     assert float(tf.reduce_min(pixels)) >= 0 and float(tf.reduce_max(pixels)) <= 255
@@ -39,9 +40,26 @@ def test_files_are_sharded_per_input_pipeline(mnist_data):
     files = data.list_files(mnist_data)
     assert len(files) == 16
     mine, others = records_of(files[1::2]), records_of(files[0::2])
-    read = {record.numpy() for record in data.shard_records(files, 2, 1).take(600)}
+    read = {record.numpy() for record in data.read_chunks(files, SPEC, 2, 1).unbatch().take(600)}
     assert read <= mine  # 600 > 512 records in my 8 files: the shard repeats
     assert len(read) == len(mine) and not read & others
+
+
+def test_chunks_come_from_one_file_each_and_miss_no_record(mnist_data, monkeypatch):
+    monkeypatch.setattr(data, "MAX_CHUNK_RECORDS", 5)  # 64 records a file: a partial last chunk
+    files = data.list_files(mnist_data)
+    chunks = [chunk.numpy() for chunk in data.read_chunks(files, SPEC, training=False)]
+    by_file = [records_of([path]) for path in files]
+    assert all(any(set(chunk) <= mine for mine in by_file) for chunk in chunks)
+    assert sorted(map(len, chunks)) == [4] * 16 + [5] * (16 * 12)
+    read = [record for chunk in chunks for record in chunk]
+    assert len(read) == len(set(read)) == 1024 and set(read) == records_of(files)
+
+
+def test_a_chunk_holds_about_a_mebibyte_of_pixels():
+    assert data.chunk_records(SPEC) == 256
+    assert data.chunk_records(models.ModelSpec("resnet50", (224, 224, 3), 1000, 0.1)) == 6
+    assert data.chunk_records(models.ModelSpec("resnet50", (1024, 1024, 3), 1000, 0.1)) == 1
 
 
 def test_options_trade_order_for_speed_within_a_ram_budget():
@@ -64,12 +82,49 @@ def test_too_few_files_for_the_input_pipelines(mnist_data):
         raise AssertionError("no error")
 
 
-def test_a_shuffle_window_permutes_whole_examples_into_batches():
-    records = tf.constant([synth.example_bytes(np.full(SPEC.image_shape, i, np.uint8), i % 10)
-                           for i in range(32)])
-    images, labels = data.shuffled_window(records, SPEC, 4)
-    assert (images.shape, labels.shape) == ((4, 8, 28, 28, 1), (4, 8))
-    firsts = images.numpy().reshape(32, -1)[:, 0].astype(int)
+def numbered_records(count: int) -> tf.Tensor:
+    """Records whose pixels all hold their number, labelled number % 10."""
+    return tf.constant([synth.example_bytes(np.full(SPEC.image_shape, i, np.uint8), i % 10)
+                        for i in range(count)])
+
+
+def test_a_window_is_parsed_once_and_split_at_random_into_batches():
+    images, labels, order = data.parse_window(numbered_records(32), SPEC, 4)
+    assert (images.shape, labels.shape, order.shape) == ((32, 28, 28, 1), (32,), (4, 8))
+    assert (images.numpy().reshape(32, -1) == np.arange(32)[:, None]).all()
+    picks = order.numpy().reshape(32)
+    assert sorted(picks) == list(range(32)) and list(picks) != list(range(32))
+
+
+def test_training_batches_hold_whole_examples_each_once_per_window(monkeypatch):
+    monkeypatch.setattr(data, "MAX_SHUFFLE_WINDOW_RECORDS", 32)
+    chunks = tf.data.Dataset.from_tensors(numbered_records(32))
+    batches = [(data.model_pixels(images, SPEC), labels)
+               for images, labels in data.chunks_to_batches(chunks, SPEC, 8)]
+    assert len(batches) == 4
+    assert all((images.shape, images.dtype) == ((8, 28, 28, 1), tf.float32)
+               for images, _ in batches)
+    numbers = np.concatenate([images.numpy().reshape(8, -1) for images, _ in batches])
+    firsts = numbers[:, 0].astype(int)
     assert sorted(firsts) == list(range(32)) and list(firsts) != list(range(32))
-    assert list(labels.numpy().reshape(32)) == [i % 10 for i in firsts]
-    assert (images.numpy().reshape(32, -1) == firsts[:, None]).all()
+    assert (numbers == firsts[:, None]).all()
+    labels = np.concatenate([labels.numpy() for _, labels in batches])
+    assert list(labels) == [number % 10 for number in firsts]
+
+
+def test_pixels_packed_on_the_host_unpack_exactly_in_xla():
+    odd = models.ModelSpec("resnet18", (5, 5, 3), 10, 0.1)  # 75 pixels: a padded last word
+    unpack = tf.function(data.model_pixels, jit_compile=True)  # XLA, as on a TPU
+    for spec in (SPEC, odd):
+        images = np.random.default_rng(0).integers(0, 256, (3, *spec.image_shape), np.uint8)
+        images[0] = 255  # every sign bit of the words set
+        words = data.pack_pixels(tf.constant(images))
+        assert (words.dtype, words.shape) == (tf.int32, (3, -(-images[0].size // 4)))
+        assert (unpack(words, spec).numpy() == images.astype(np.float32)).all()
+
+
+def test_pixels_a_caller_passes_unpacked_reach_the_model_as_floats():
+    images = np.arange(2 * 28 * 28).reshape(2, 28, 28, 1) % 256
+    for dtype in (tf.uint8, tf.int32, tf.float32):
+        pixels = data.model_pixels(tf.constant(images, dtype), SPEC)
+        assert pixels.dtype == tf.float32 and (pixels.numpy() == images).all()

@@ -210,10 +210,11 @@ class Job:
         """`train_steps(iterator, num_steps)`: one execution of `num_steps` steps on device."""
         model, optimizer, strategy = self.model, self.optimizer, self.strategy
         loss_metric, global_batch_size = self.loss_metric, self.config.globalBatchSize
+        spec = self.spec
 
         def step_fn(images: tf.Tensor, labels: tf.Tensor) -> None:
             with tf.GradientTape() as tape:
-                probabilities = model(images, training=True)
+                probabilities = model(data.model_pixels(images, spec), training=True)
                 per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
             gradients = tape.gradient(loss, model.trainable_variables)
@@ -234,7 +235,7 @@ class Job:
             loss = keras.metrics.SparseCategoricalCrossentropy()
 
         def step_fn(images: tf.Tensor, labels: tf.Tensor) -> None:
-            probabilities = self.model(images, training=False)
+            probabilities = self.model(data.model_pixels(images, self.spec), training=False)
             accuracy.update_state(labels, probabilities)
             loss.update_state(labels, probabilities)
 
