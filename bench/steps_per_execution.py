@@ -3,7 +3,7 @@
 Each execution is one call of the job's `train_steps` tf.function followed by the
 host work the job does between executions (reading the loss), fed from memory
 so the input pipeline is not what is measured. TF's guide puts the gain of
-`steps_per_execution` at about +50% on TPU (tpu-facts.md); on CPU the
+`steps_per_execution` at about +50% on TPU (docs/tpu-facts.md); on CPU the
 per-execution overhead is smaller, so expect less. The two settings are timed
 in turns and each keeps its best round: a shared machine only slows runs down.
 

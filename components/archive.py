@@ -3,7 +3,7 @@
 Pure logic, no Pulumi: `package.py` uploads what this builds, the agent tests
 and `tpuctl rehearse` build the very same bytes.
 
-Layout of the archive (the agent's contract, DESIGN.md):
+Layout of the archive (the agent's contract, docs/design.md):
 
     pyproject.toml, wheels.lock      from training/
     tpu_training/**.py               the job

@@ -1,8 +1,8 @@
 """Cloud TPU facts: the one place that knows them.
 
 Settings validation, the cost estimate, the policy pack and `tpuctl` all read
-this module. Every fact carries its source; "tpu-facts" means
-../shared/tpu-facts.md (gathered December 2026), which names the primary
+this module. Every fact carries its source; "docs/tpu-facts.md" is the
+project's facts page (gathered December 2026), which names the primary
 source for each row.
 """
 
@@ -17,7 +17,7 @@ from functools import cache, cached_property
 
 
 class Naming(Enum):
-    """What the number in an accelerator type counts (tpu-facts, "Generations";
+    """What the number in an accelerator type counts (docs/tpu-facts.md, "Generations";
     cloud.google.com/tpu/docs/types-topologies: TensorCore-based names for v2-v4,
     v5p; chip-based for v5e and v6e)."""
 
@@ -38,7 +38,7 @@ class Price:
 class Generation:
     name: str  # what users write: v2, v3, v4, v5e, v5p, v6e
     type_prefix: str  # accelerator-type prefix: v5e is "v5litepod"
-    api_type: str  # AcceleratorConfig.type enum (tpu-facts, "The API")
+    api_type: str  # AcceleratorConfig.type enum (docs/tpu-facts.md, "The API")
     naming: Naming
     cores_per_chip: int
     # TF replicas per chip: v2/v3 expose each TensorCore as a device; v4 and v5p
@@ -52,13 +52,13 @@ class Generation:
     # 2D generations list every offered shape; 3D ones follow a rule (_problem_3d).
     topologies: tuple[str, ...] = ()
     # TPU VMs (workers) of a multi-host slice hold this many chips each; v5e
-    # and v6e single-host VMs hold up to 8 (tpu-facts, "Generations").
+    # and v6e single-host VMs hold up to 8 (docs/tpu-facts.md, "Generations").
     chips_per_host: int = 4
     max_single_host_chips: int = 4
     # The TensorFlow runtime image family, or None where Google documents no
-    # TensorFlow image for the generation (tpu-facts, "Runtime versions").
+    # TensorFlow image for the generation (docs/tpu-facts.md, "Runtime versions").
     tf_runtime: str | None = None
-    price: Price = Price(None, None, "no list price in tpu-facts")
+    price: Price = Price(None, None, "no list price in docs/tpu-facts.md")
 
     @property
     def dims(self) -> int:
@@ -66,7 +66,7 @@ class Generation:
 
 
 # Newest documented TensorFlow TPU VM image (cloud.google.com/tpu/docs/runtimes,
-# via tpu-facts): tpu-vm-tf-2.18.0-pjrt, and -pod-pjrt for multi-host slices.
+# via docs/tpu-facts.md): tpu-vm-tf-2.18.0-pjrt, and -pod-pjrt for multi-host slices.
 TF_RUNTIME = "tpu-vm-tf-2.18.0"
 # The TensorFlow versions the training package supports (training/wheels.lock).
 SUPPORTED_TF = ((2, 18), (2, 19), (2, 20))
@@ -100,7 +100,7 @@ GENERATIONS: dict[str, Generation] = {
             max_chips=4096,
             zones=("us-central2-b",),
             tf_runtime=TF_RUNTIME, base_runtime="tpu-ubuntu2204-base",
-            price=Price(3.22, None, "tpu-facts: unconfirmed secondary source"),
+            price=Price(3.22, None, "docs/tpu-facts.md: unconfirmed secondary source"),
         ),
         Generation(
             # cloud.google.com/tpu/docs/v5e: 1, 4 or 8 chips per VM; multi-host
@@ -112,7 +112,7 @@ GENERATIONS: dict[str, Generation] = {
             zones=("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a",
                    "europe-west4-b"),
             tf_runtime=TF_RUNTIME, base_runtime="v2-alpha-tpuv5-lite",
-            price=Price(1.20, 0.607, "tpu-facts: third-party catalog extract, 2026-08"),
+            price=Price(1.20, 0.607, "docs/tpu-facts.md: third-party catalog extract, 2026-08"),
         ),
         Generation(
             # cloud.google.com/tpu/docs/v5p: 3D, 2x2x1 … 16x16x24 (6144 chips).
@@ -121,11 +121,11 @@ GENERATIONS: dict[str, Generation] = {
             max_chips=6144,
             zones=("us-central1-a", "us-east5-a", "europe-west4-b"),
             tf_runtime=TF_RUNTIME, base_runtime="v2-alpha-tpuv5",
-            price=Price(4.20, 1.20, "tpu-facts: SkyPilot issue 4579, 2025-01 "
+            price=Price(4.20, 1.20, "docs/tpu-facts.md: SkyPilot issue 4579, 2025-01 "
                                     "(a 2026 table says 2.40 on-demand: conflict)"),
         ),
         Generation(
-            # cloud.google.com/tpu/docs/v6e: shapes as v5e. tpu-facts lists no
+            # cloud.google.com/tpu/docs/v6e: shapes as v5e. docs/tpu-facts.md lists no
             # documented TensorFlow image for v6e (only an unconfirmed
             # tpu-vm-tf-2.18.0-pjrt-v5e-and-v6), so a TF job there is refused.
             name="v6e", type_prefix="v6e", api_type="V6E", naming=Naming.CHIPS,
@@ -135,7 +135,7 @@ GENERATIONS: dict[str, Generation] = {
             zones=("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b",
                    "europe-west4-a", "asia-northeast1-b"),
             tf_runtime=None, base_runtime="v2-alpha-tpuv6e",
-            price=Price(2.70, 1.78, "tpu-facts: SkyPilot PR 4540, 2025-01 (us-east1); "
+            price=Price(2.70, 1.78, "docs/tpu-facts.md: SkyPilot PR 4540, 2025-01 (us-east1); "
                                     "spot from europe-west4, 2026-08"),
         ),
     )

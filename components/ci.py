@@ -102,7 +102,7 @@ class CiIdentity(pulumi.ComponentResource):
         super().__init__(TYPE, name, None, opts)
         ci = args.settings
         # Pools and providers are soft-deleted: recreating the same id after a
-        # destroy fails with 409 for 30 days (pulumi-gcp issue 1149, tpu-facts),
+        # destroy fails with 409 for 30 days (pulumi-gcp issue 1149, docs/tpu-facts.md),
         # and so are custom roles (7 days). No command deletes them.
         kept = pulumi.ResourceOptions(parent=self, protect=True)
         self.pool = gcp.iam.WorkloadIdentityPool(

@@ -34,7 +34,7 @@ PROJECT_ROLES = (
 )
 # A team's members may run as the team's account (actAs: start work as it,
 # never mint its tokens, which needs serviceAccountTokenCreator) and read the
-# team's logs bucket, where the node agent writes status and logs (DESIGN.md).
+# team's logs bucket, where the node agent writes status and logs (docs/design.md).
 ACT_AS_ROLE = "roles/iam.serviceAccountUser"
 MEMBER_BUCKET_ROLES = {"logs": "roles/storage.objectViewer"}
 

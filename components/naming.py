@@ -97,7 +97,7 @@ class Naming:
 
     def labels(self, component: str, team: str | None = None,
                extra: dict[str, str] | None = None) -> dict[str, str]:
-        """The labels every resource carries (DESIGN.md, "Conventions")."""
+        """The labels every resource carries (docs/design.md, "Conventions")."""
         labels = {
             "stack": label_value(self.stack),
             "team": label_value(team or "platform"),

@@ -73,7 +73,7 @@ class Project(pulumi.ComponentResource):
                 f"api-{api.split('.')[0]}",
                 project=project_id,
                 service=api,
-                # tpu-facts: the SDK defaults disable_on_destroy to true, which
+                # docs/tpu-facts.md: the SDK defaults disable_on_destroy to true, which
                 # switches APIs off in a shared project when a stack is destroyed.
                 disable_on_destroy=False,
                 disable_dependent_services=False,

@@ -2,7 +2,7 @@
 
 `gcp.tpu.V2QueuedResource` carries no metadata, service account or spot flag, so
 a queued TPU built with it cannot run the agent. The API itself takes a full
-`Node` inside a queued resource (tpu-facts.md, "The API and the resources"), so
+`Node` inside a queued resource (docs/tpu-facts.md, "The API and the resources"), so
 this provider sends one with `tpu_v2.TpuClient.create_queued_resource`.
 
 The provider is serialised by dill into the Pulumi state: it holds no client and
@@ -25,14 +25,14 @@ import pulumi.dynamic as dyn
 ENDPOINT_ENV = "TPU_STACK_TPU_ENDPOINT"
 
 # Node fields the API updates in place; any other change replaces the node
-# (magic-modules mmv1/products/tpuv2/Vm.yaml, tpu-facts.md). data_disks is not an input here.
+# (magic-modules mmv1/products/tpuv2/Vm.yaml, docs/tpu-facts.md). data_disks is not an input here.
 IN_PLACE = ("metadata", "labels", "tags", "description")
 # Inputs that only steer this provider (no cloud field): changing them is a no-op update.
 PROVIDER_ONLY = ("create_timeout_seconds", "delete_timeout_seconds", "poll_seconds")
 # Node maps that others write to as well: `gcloud compute tpus tpu-vm ssh` adds ssh-keys.
 MAPS = ("metadata", "labels")
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
-# AcceleratorConfig.Type names in google-cloud-tpu 1.27 (tpu-facts.md).
+# AcceleratorConfig.Type names in google-cloud-tpu 1.27 (docs/tpu-facts.md).
 CONFIG_TYPES = ("V2", "V3", "V4", "V5LITE_POD", "V5P", "V6E")
 
 

@@ -159,14 +159,14 @@ class NodeSettings(_Model):
     def quota_type(self) -> QuotaType:
         """The project quota the node draws on. cloud.google.com/tpu/docs/plan-tpus
         and /consumption-options: Spot VMs use preemptible quota, reservations
-        use on-demand quota (tpu-facts: "Quota is per TPU family and region,
+        use on-demand quota (docs/tpu-facts.md: "Quota is per TPU family and region,
         separately for on-demand and preemptible")."""
         return "preemptible" if self.capacity == "spot" else "onDemand"
 
     @property
     def workers(self) -> str:
         """`tpu-stack-workers`: every worker runs a client, or worker 0 only
-        (pod slices run one TF client; tpu-facts, "TensorFlow on TPU")."""
+        (pod slices run one TF client; docs/tpu-facts.md, "TensorFlow on TPU")."""
         return "0" if self.tpu.multi_host else "all"
 
 
@@ -457,7 +457,7 @@ def _storage_problems(s: StackSettings) -> Problems:
     if not _LOCATION_RE.match(s.storage.location):
         yield (f"{key}.location", f"{s.storage.location!r} is not a GCS location "
                                   f"(a region such as us-central1, or US, EU, ASIA)")
-    # DESIGN.md: prod data is never lost by a command; only dev may opt out.
+    # docs/design.md: prod data is never lost by a command; only dev may opt out.
     if s.environment != "dev":
         if s.storage.force_destroy:
             yield (f"{key}.forceDestroy", f"true is allowed only with "

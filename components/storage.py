@@ -13,7 +13,7 @@ from components.settings import StorageSettings
 TYPE = "tpu-stack:index:TrainingBuckets"
 
 PURPOSES = ("data", "artifacts", "checkpoints", "logs")
-# DESIGN.md: prod data is never lost by a command. Data and checkpoints are
+# docs/design.md: prod data is never lost by a command. Data and checkpoints are
 # what a team cannot rebuild from the repository.
 PRECIOUS = ("data", "checkpoints")
 VERSIONED = ("artifacts", "checkpoints")

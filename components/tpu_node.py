@@ -54,8 +54,8 @@ class TpuNodeArgs:
 
 
 def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
-    """Every metadata key of the agent's contract (DESIGN.md). All of them
-    update in place (tpu-facts), so a code or job change never replaces a node."""
+    """Every metadata key of the agent's contract (docs/design.md). All of them
+    update in place (docs/tpu-facts.md), so a code or job change never replaces a node."""
     loc = args.locations
     job = args.job.resolve(data_root=loc.data_root, checkpoint_dir=loc.checkpoint_dir,
                            export_dir=loc.export_dir, tensorboard_dir=loc.tensorboard_dir)
@@ -74,7 +74,7 @@ def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
 
 
 def accelerator_args(node: NodeSettings) -> dict[str, object]:
-    """`accelerator_type` XOR `accelerator_config`, as the user chose (tpu-facts)."""
+    """`accelerator_type` XOR `accelerator_config`, as the user chose (docs/tpu-facts.md)."""
     if node.accelerator_type:
         return {"accelerator_type": node.accelerator_type}
     tpu = node.tpu
@@ -92,10 +92,10 @@ def scheduling_args(node: NodeSettings) -> gcp.tpu.V2VmSchedulingConfigArgs | No
 def queued_node(name: str, args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> QueuedTpu:
     """`provisioning: queued`: the same node through a queued resource, sent with
     google-cloud-tpu because `gcp.tpu.V2QueuedResource` carries no metadata, service
-    account or spot flag (tpu-facts, "The API and the resources")."""
+    account or spot flag (docs/tpu-facts.md, "The API and the resources")."""
     node = args.settings
     queue = node.queue or QueueSettings()
-    by_shape = node.accelerator_type is None  # accelerator_type XOR a config (tpu-facts)
+    by_shape = node.accelerator_type is None  # accelerator_type XOR a config (docs/tpu-facts.md)
     return QueuedTpu(
         name,
         project=args.project_id,
@@ -165,7 +165,7 @@ class TpuNode(pulumi.ComponentResource):
         self.node_id = args.node_id
         # Child names carry the component's: a URN holds the parent's type but
         # not its name, so two nodes' "vm" children would collide.
-        # tpu-facts: with an explicit name a replacement must delete first.
+        # docs/tpu-facts.md: with an explicit name a replacement must delete first.
         child = pulumi.ResourceOptions(parent=self, delete_before_replace=True,
                                        depends_on=args.depends_on)
         if args.settings.provisioning == "queued":

@@ -1,7 +1,7 @@
 """`tpuctl logs`: what the node agent wrote to GCS.
 
 The node's `tpu-stack-status` metadata value is `gs://<logs bucket>/status/<node>/`;
-the agent uploads `worker-<n>/job.log` and `worker-<n>/status.json` there (DESIGN.md,
+the agent uploads `worker-<n>/job.log` and `worker-<n>/status.json` there (docs/design.md,
 "What a TPU node carries in metadata"). google-cloud-storage honours
 STORAGE_EMULATOR_HOST, so tests aim this at a local emulator.
 """

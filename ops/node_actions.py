@@ -16,7 +16,7 @@ from ops.tpu_api import NodeStatus, QueuedStatus, TpuApi
 
 Verb = Literal["delete-node", "reset-queued", "stop-node", "report"]
 # A spot or preemptible TPU is never restarted: it stays PREEMPTED, holding quota,
-# until deleted (tpu-facts.md, "Spot TPUs"). TERMINATED nodes do not come back either.
+# until deleted (docs/tpu-facts.md, "Spot TPUs"). TERMINATED nodes do not come back either.
 LOST_STATES = {"PREEMPTED", "TERMINATED"}
 # A queued resource whose node is gone waits SUSPENDED (or FAILED) until reset.
 STALLED_QUEUED_STATES = {"SUSPENDED", "FAILED"}
@@ -66,7 +66,8 @@ def janitor_plan(nodes: list[NodeStatus], idle_minutes: float, now: datetime) ->
         if reason is None:
             continue
         if _multi_host(node):
-            # Only single-host TPU VMs can be stopped and started; pod slices cannot (tpu-facts.md).
+            # Only single-host TPU VMs can be stopped and started; pod slices
+            # cannot (docs/tpu-facts.md).
             actions.append(
                 Action.on(
                     "report",

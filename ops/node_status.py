@@ -14,7 +14,7 @@ from ops.tpu_api import NodeStatus, QueuedStatus, TpuApi
 
 Until = Literal["ready", "running", "done"]
 UNTIL_CHOICES: tuple[Until, ...] = ("ready", "running", "done")
-# The agent's job states (DESIGN.md, "The training package").
+# The agent's job states (docs/design.md, "The training package").
 FINISHED = "succeeded"
 ACTIVE_JOB = {"installing", "running"}
 STATE_STYLE = {"READY": "green", "CREATING": "yellow", "PREEMPTED": "red", "TERMINATED": "red"}

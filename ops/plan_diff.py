@@ -30,7 +30,7 @@ from policy.evaluate import Violation
 from policy.tpu_policies import V2VM, is_tpu_node
 
 # Only these V2Vm fields update in place; any other change replaces the node
-# (magic-modules mmv1/products/tpuv2/Vm.yaml, via tpu-facts "The API and the
+# (magic-modules mmv1/products/tpuv2/Vm.yaml, via docs/tpu-facts.md "The API and the
 # resources"). Names as the engine sends them.
 V2VM_IN_PLACE = frozenset({"description", "labels", "metadata", "tags", "dataDisks"})
 

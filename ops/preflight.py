@@ -90,7 +90,8 @@ def _offered(node: ExpectedNode, what: str, ok: bool, choices: list[str]) -> Che
 def quota_checks(target: StackTarget, lookup: QuotaLookup | None) -> list[Check]:
     """Chips the stack needs per (generation, region, spot), against the quota if known.
 
-    Quota is per TPU family and region, separately for on-demand and preemptible (tpu-facts.md).
+    Quota is per TPU family and region, separately for on-demand and preemptible
+    (docs/tpu-facts.md).
     """
     needed: dict[tuple[catalog.Generation, str, bool], int] = defaultdict(int)
     for node in target.nodes:

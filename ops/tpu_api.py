@@ -2,7 +2,7 @@
 
 A stack's nodes are found with ONE `list_nodes` call per zone the stack uses,
 filtered by the labels every tpu-stack resource carries (`stack`,
-`managed-by=pulumi`, DESIGN.md "Labels everywhere"), never one `get` per node.
+`managed-by=pulumi`, docs/design.md "Labels everywhere"), never one `get` per node.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from google.cloud import tpu_v2
 from components.naming import MANAGED_BY, label_value
 from components.queued_tpu import tpu_client, transient_retry
 
-STATUS_NAMESPACE = "tpu-stack"  # DESIGN.md: the agent's guest attributes live under tpu-stack/
+STATUS_NAMESPACE = "tpu-stack"  # docs/design.md: the agent's guest attributes live under tpu-stack/
 STATUS_KEYS = ("state", "step", "package", "message", "updated")
 
 # The IAM permission each call needs (docs.cloud.google.com/iam/docs/roles-permissions/tpu).

@@ -43,7 +43,7 @@ LABELLED_TYPES = frozenset({BUCKET, V2VM, "gcp:organizations/project:Project"})
 PUBLIC_MEMBERS = ("allUsers", "allAuthenticatedUsers")
 COMPUTE_DEFAULT_SA_SUFFIX = "-compute@developer.gserviceaccount.com"
 # A V2Vm with neither acceleratorType nor acceleratorConfig gets v2-8 from the
-# provider (tpu-facts, "The API and the resources").
+# provider (docs/tpu-facts.md, "The API and the resources").
 PROVIDER_DEFAULT_ACCELERATOR = "v2-8"
 
 
@@ -306,7 +306,8 @@ def _protected_data_buckets(args: ResourceValidationArgs, report: ReportViolatio
 
 def _apis_kept(args: ResourceValidationArgs, report: ReportViolation) -> None:
     if args.resource_type == API_SERVICE and args.props.get("disableOnDestroy") is not False:
-        # The SDK defaults disableOnDestroy to true (tpu-facts, "The API and the resources").
+        # The SDK defaults disableOnDestroy to true
+        # (docs/tpu-facts.md, "The API and the resources").
         report(f"API {args.props.get('service', args.name)}: set disableOnDestroy=false; "
                "destroying this stack must not switch APIs off in a shared project", None)
 

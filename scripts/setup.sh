@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build every Python environment tpu-stack needs, idempotently (DESIGN.md,
+# Build every Python environment tpu-stack needs, idempotently (docs/design.md,
 # "Two Python environments"):
 #   .venv/infra   pulumi, pulumi-gcp, policy, ops CLI, infra tests
 #   .venv/tf218   training package + TensorFlow 2.18 (the TPU image's TF) + tf-keras

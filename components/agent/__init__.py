@@ -3,7 +3,7 @@
 `startup_script()` is the exact metadata value: the bash bootstrap
 (`bootstrap.sh`) with the standard-library agent (`agent.py`) embedded, so the
 node needs nothing but its image's Python and TensorFlow. The metadata keys are
-the contract with components/tpu_node.py (DESIGN.md, "What a TPU node carries
+the contract with components/tpu_node.py (docs/design.md, "What a TPU node carries
 in metadata").
 """
 

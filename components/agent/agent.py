@@ -2,7 +2,7 @@
 
 Runs on every TPU VM worker at every boot (the bootstrap writes this file and starts
 it), with nothing but the image's Python and TensorFlow: standard library only.
-Its only input is the node's metadata (DESIGN.md, "What a TPU node carries in
+Its only input is the node's metadata (docs/design.md, "What a TPU node carries in
 metadata"); every output goes to guest attributes and to GCS, so nothing is lost
 when a spot node disappears.
 
@@ -336,13 +336,13 @@ def job_environment(base: Mapping[str, str], package_dir: Path, workers: str,
     env = dict(base)
     paths = [str(package_dir / "site"), str(package_dir / "src")]
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [base.get("PYTHONPATH")] if p])
-    # On the VM the job must use the TPU, never fall back to CPU (tpu-facts.md);
+    # On the VM the job must use the TPU, never fall back to CPU (docs/tpu-facts.md);
     # an explicit setting (tests, `tpuctl rehearse` on CPU) wins.
     env.setdefault("TPU_STACK_STRATEGY", "tpu")
     env["PYTHONUNBUFFERED"] = "1"  # step lines reach the status as they are printed
     if workers == "0":
         # Pod slice: one TF client on worker 0, addressing the slice by node name
-        # (tpu-facts.md, "TensorFlow on TPU"; ml-auto-solutions).
+        # (docs/tpu-facts.md, "TensorFlow on TPU"; ml-auto-solutions).
         env["TPU_NAME"] = tpu_name
         env["TPU_LOAD_LIBRARY"] = "0"
     return env

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tpu-stack bootstrap: the node's `startup-script`. It runs at every boot on every
-# worker (tpu-facts.md, "On the VM"), writes the agent beside the packages and
+# worker (docs/tpu-facts.md, "On the VM"), writes the agent beside the packages and
 # hands over to it: as a systemd service where systemd runs (restart on failure,
 # SIGTERM with a grace period on stop, one instance), else in the foreground,
 # exiting with the job's outcome. components/agent/startup_script() puts the

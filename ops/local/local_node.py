@@ -2,7 +2,7 @@
 
 Shared by the agent tests, bench/boot.py and `tpuctl rehearse`: a metadata server
 serving a node's attributes, a root folder standing in for the VM's disk, and
-the environment that points the bootstrap at loopback (DESIGN.md: the bootstrap
+the environment that points the bootstrap at loopback (docs/design.md: the bootstrap
 honours GCE_METADATA_HOST, STORAGE_EMULATOR_HOST, TPU_STACK_ROOT, TPU_STACK_PYTHON).
 """
 

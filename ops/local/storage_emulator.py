@@ -3,7 +3,7 @@
 Reusable: `StorageEmulator()` starts one (in memory, on a free port) and
 `.host` is the `STORAGE_EMULATOR_HOST` value for clients under test. The helpers
 speak the JSON API with the standard library, minding the emulator's quirks
-(tpu-facts.md, "Test tools"): media uploads go as application/octet-stream.
+(docs/tpu-facts.md, "Test tools"): media uploads go as application/octet-stream.
 """
 
 from __future__ import annotations

@@ -266,7 +266,7 @@ def test_accelerator_type_or_config_as_the_user_wrote_it() -> None:
 
 def test_a_code_change_only_changes_metadata() -> None:
     """Only metadata, labels, tags, description and data disks update a V2Vm in
-    place (tpu-facts); a new package must leave every other input alone."""
+    place (docs/tpu-facts.md); a new package must leave every other input alone."""
     run_a, args = node_run()
     import dataclasses
     changed = dataclasses.replace(args, package_uri="gs://a/packages/tpu_training-11.tar.gz",

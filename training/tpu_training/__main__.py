@@ -1,4 +1,4 @@
-"""The command line: `python -m tpu_training run|synth` (DESIGN.md, "The training package").
+"""The command line: `python -m tpu_training run|synth` (docs/design.md, "The training package").
 
 Exit codes: 0 finished (or already finished); 75 stopped on SIGTERM after saving
 a checkpoint; 2 a bad setting or usage, one message on stderr naming it; 1 any

@@ -2,7 +2,7 @@
 
 Standard library only. The TPU VM runs this module with nothing but the image's
 Python and TensorFlow, and the infra side imports the same module to check
-`tpu-stack:jobs` at preview time, so the schema lives once (DESIGN.md, "The
+`tpu-stack:jobs` at preview time, so the schema lives once (docs/design.md, "The
 training package").
 
 A stack job names its data relative to the data bucket (or as a `gs://` URI)

@@ -12,7 +12,7 @@ Record schema (one `tf.train.Example` per image, every model):
   224, so 150528 bytes), labels below `numClasses` (default 1000).
 
 `python -m tpu_training synth` writes data in this schema. The pipeline follows
-the Cloud TPU input guidance (tpu-facts.md, "tf.data on TPU"): files are listed
+the Cloud TPU input guidance (docs/tpu-facts.md, "tf.data on TPU"): files are listed
 once, sharded per input pipeline, shuffled per epoch and repeated, read
 `interleave`d in parallel in chunks of records; a window of whole per-replica
 batches (`drop_remainder=True`) is parsed at once and split at random into

@@ -3,7 +3,7 @@
 Standard library only, so `__main__` can install it before TensorFlow loads (a
 SIGTERM during the import would otherwise kill the job without a checkpoint).
 Cloud TPU documents no preemption notice for spot TPUs and TF's
-`PreemptionCheckpointHandler` does nothing on TPU VMs (tpu-facts.md, "On the VM"
+`PreemptionCheckpointHandler` does nothing on TPU VMs (docs/tpu-facts.md, "On the VM"
 and "TensorFlow on TPU"), so the job handles SIGTERM itself.
 """
 

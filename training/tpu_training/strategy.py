@@ -1,9 +1,9 @@
 """The distribution strategy: TPUStrategy on a TPU VM, MirroredStrategy on CPU off it.
 
-`TPU_STACK_STRATEGY` picks it (DESIGN.md, "The training package"):
+`TPU_STACK_STRATEGY` picks it (docs/design.md, "The training package"):
 
 - `tpu`: a TPU must initialise, or the job fails. The node agent sets this, so a
-  broken libtpu never trains silently on the host CPU (tpu-facts.md, "On the VM").
+  broken libtpu never trains silently on the host CPU (docs/tpu-facts.md, "On the VM").
 - `auto` (default): try the TPU, fall back to the CPU strategy when none is found.
 - `cpu`: never look for a TPU.
 
@@ -53,7 +53,7 @@ def tpu_strategy() -> tf.distribute.TPUStrategy:
     """TPUStrategy for this host's TPU, or the pod slice named by `$TPU_NAME`.
 
     Single host: `TPUClusterResolver(tpu="local")` on every worker. Pod slice: one
-    client on worker 0 resolves the slice by name (tpu-facts.md, "TensorFlow on
+    client on worker 0 resolves the slice by name (docs/tpu-facts.md, "TensorFlow on
     TPU"; tensorflow.org/guide/tpu). Off a TPU VM the resolver succeeds and
     `initialize_tpu_system` raises NotFoundError (same source).
     """

@@ -3,7 +3,7 @@
 Every module that needs TensorFlow imports it from here, so `TF_USE_LEGACY_KERAS`
 is set before TensorFlow loads. Google's own TF-on-TPU CI and Model Garden train
 with Keras 2 (`tf_keras`): Keras 3 `fit` with `steps_per_execution > 1` fails
-under multi-replica strategies (keras-team/keras issue 19246; tpu-facts.md).
+under multi-replica strategies (keras-team/keras issue 19246; docs/tpu-facts.md).
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ def learning_rate(config: JobConfig, spec: models.ModelSpec) -> WarmupCosine:
 
 
 def precision_policy(strategy: tf.distribute.Strategy) -> str:
-    """bfloat16 compute on TPU (tpu-facts.md, "tf.data on TPU"); float32 elsewhere."""
+    """bfloat16 compute on TPU (docs/tpu-facts.md, "tf.data on TPU"); float32 elsewhere."""
     return "mixed_bfloat16" if isinstance(strategy, tf.distribute.TPUStrategy) else "float32"
 
 
