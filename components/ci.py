@@ -1,10 +1,12 @@
-"""Keyless CI: GitHub Actions of one repository deploy this stack through
-Workload Identity Federation, never through a service-account key.
+"""Keyless CI: GitHub Actions of one repository preview and deploy this stack
+through Workload Identity Federation, never through a service-account key.
 
 A workload identity pool with a GitHub OIDC provider that accepts only the
-configured repository's tokens, a deployer service account with the roles a
-`pulumi up` of this stack needs, and the one binding that lets that
-repository impersonate it. None of these resources take labels.
+configured repository's tokens (by its immutable numeric ids), and two service
+accounts: a read-only preview account any workflow of the repository may use
+(pull requests), and a deployer with the roles a `pulumi up` of this stack
+needs, which only a job of the deploy branch running in the stack's protected
+GitHub environment can impersonate. None of these resources take labels.
 """
 
 from __future__ import annotations
@@ -19,37 +21,76 @@ from components.settings import CiSettings
 
 TYPE = "tpu-stack:index:CiIdentity"
 
-# GitHub's OIDC issuer for Actions (docs.github.com, "About security hardening
-# with OpenID Connect"; google-github-actions/auth README).
+# GitHub's OIDC issuer for Actions (docs.github.com, "OpenID Connect reference";
+# google-github-actions/auth README).
 GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
-# Claims of GitHub's token mapped to pool attributes; `attribute.repository`
-# is what the impersonation binding and the condition below match on.
-ATTRIBUTE_MAPPING = {
-    "google.subject": "assertion.sub",
-    "attribute.actor": "assertion.actor",
-    "attribute.repository": "assertion.repository",
-    "attribute.repository_owner": "assertion.repository_owner",
-    "attribute.ref": "assertion.ref",
-}
 
-# Project roles of the deployer: exactly what `pulumi up` of this stack
-# creates, reads and deletes (components/*.py), each with its reason.
+# The attribute the deployer's binding matches: the job's GitHub environment, but
+# only in a token of the deploy branch; every other token maps to NOT_DEPLOYABLE.
+# GitHub puts `environment` in the token only when the job references one, and
+# `ref` is refs/pull/<n>/merge for a pull request (docs.github.com, "OpenID Connect
+# reference", OIDC token claims). A job of another branch cannot name the
+# environment and pass: `ref` is part of the same expression. `has()` tests
+# the claim's presence (CEL macro; Google's Confidential Space conditions use
+# it on `assertion`); the mapping is CEL (cloud.google.com/iam/docs/reference/
+# rest/v1/projects.locations.workloadIdentityPools.providers, attributeMapping).
+DEPLOY_ATTRIBUTE = "deploys_to"
+NOT_DEPLOYABLE = "none"
+
+
+def attribute_mapping(deploy_branch: str) -> dict[str, str]:
+    """Claims of GitHub's token as pool attributes; names only for the logs."""
+    deploy = (f"has(assertion.environment) && assertion.ref == 'refs/heads/{deploy_branch}'"
+              f" ? assertion.environment : '{NOT_DEPLOYABLE}'")
+    return {
+        "google.subject": "assertion.sub",
+        "attribute.repository_id": "assertion.repository_id",
+        "attribute.repository_owner_id": "assertion.repository_owner_id",
+        "attribute.repository": "assertion.repository",
+        "attribute.ref": "assertion.ref",
+        "attribute.event_name": "assertion.event_name",
+        f"attribute.{DEPLOY_ATTRIBUTE}": deploy,
+    }
+
+
+def attribute_condition(ci: CiSettings) -> str:
+    """Only this repository's tokens enter the pool: GitHub uses one issuer for every
+    repository, and names can be renamed and re-registered, ids cannot
+    (google-github-actions/auth docs/SECURITY_CONSIDERATIONS.md)."""
+    return (f"assertion.repository_id == '{ci.github_repository_id}' && "
+            f"assertion.repository_owner_id == '{ci.github_repository_owner_id}'")
+
+
 # Workload Identity Federation exchanges the GitHub token at the Security Token
 # Service (cloud.google.com/iam/docs/workload-identity-federation-with-deployment-
 # pipelines: enable the IAM, Resource Manager, Service Account Credentials and
 # Security Token Service APIs; the other three every stack enables already).
 CI_APIS = ("sts.googleapis.com",)
 
+# Project roles of the deployer: exactly what `pulumi up` of this stack
+# creates, reads and deletes (components/*.py), each with its reason.
 DEPLOYER_ROLES = {
     "roles/serviceusage.serviceUsageAdmin": "project.py turns the stack's APIs on",
     "roles/compute.networkAdmin": "network.py creates the network and subnetwork",
     "roles/compute.securityAdmin": "network.py creates the firewall rules",
-    "roles/tpu.admin": "tpu_node.py / queued_tpu.py create, update, delete TPU nodes",
+    "roles/tpu.admin": "tpu_node.py / queued_tpu.py create, update, delete TPU nodes; "
+                       "tpuctl preflight lists the zone's offers",
     "roles/iam.serviceAccountAdmin": "identity.py and ci.py manage accounts and their IAM",
     "roles/iam.serviceAccountUser": "a TPU node runs as the runtime account (actAs)",
     "roles/resourcemanager.projectIamAdmin": "identity.py grants the runtime account project roles",
     "roles/iam.workloadIdentityPoolAdmin": "ci.py manages this pool and provider",
     "roles/iam.roleAdmin": "ci.py manages the storage deployer custom role",
+}
+
+# Project roles of the preview account. `pulumi preview` reads the state from
+# the backend, not from GCP, and changes nothing: the diy backend takes no lock
+# and writes no checkpoint or history on a preview (pulumi/pulumi
+# pkg/backend/diy/backend.go, Preview and apply: no snapshot manager when
+# DryRun). What the program itself reads from GCP while it runs is all that
+# needs a grant.
+PREVIEW_ROLES = {
+    "roles/browser": "platform.py reads the project (get_project: resourcemanager.projects.get) "
+                     "for team budgets' project number",
 }
 
 # storage.py and package.py need bucket creation; the only predefined role
@@ -69,7 +110,8 @@ STORAGE_PERMISSIONS = (
     "storage.objects.get",
     "storage.objects.list",
 )
-STORAGE_ROLE_ID = "tpuStackStorageDeployer"
+# Custom role ids are per project: each stack gets its own (Naming.custom_role_id).
+STORAGE_ROLE = "tpuStackStorageDeployer"
 
 
 @dataclass(frozen=True)
@@ -78,24 +120,35 @@ class CiArgs:
     project_id: pulumi.Input[str]
     naming: Naming
 
+    @property
+    def deploy_environment(self) -> str:
+        return self.settings.deploy_environment or self.naming.stack
 
-def repository_principal(pool_name: str, repository: str) -> str:
-    """Every token of `repository` from the pool (`projects/N/locations/global/…/ID`)."""
-    return f"principalSet://iam.googleapis.com/{pool_name}/attribute.repository/{repository}"
+
+# Principal identifiers of a pool (cloud.google.com/iam/docs/reference/rest/v1/
+# projects.locations.workloadIdentityPools.providers, attributeMapping:
+# principalSet://iam.googleapis.com/<pool>/attribute.<name>/<value>).
+def attribute_principal(pool_name: str, attribute: str, value: str) -> str:
+    """Every identity of the pool (`projects/N/locations/global/…/ID`) with that value."""
+    return f"principalSet://iam.googleapis.com/{pool_name}/attribute.{attribute}/{value}"
 
 
 class CiIdentity(pulumi.ComponentResource):
-    """The pool, the GitHub provider and the deployer a repository's workflows use.
+    """The pool, the GitHub provider, the preview account and the deployer.
 
-    Outputs for the repository's variables: `provider_name`
-    (GCP_WORKLOAD_IDENTITY_PROVIDER) and `deployer_email` (GCP_SERVICE_ACCOUNT).
+    Outputs for the repository's variables (docs/pr-previews.md): `provider_name`
+    (<STACK>_GCP_WORKLOAD_IDENTITY_PROVIDER), `preview_email`
+    (<STACK>_GCP_PREVIEW_SERVICE_ACCOUNT) and `deployer_email`
+    (<STACK>_GCP_DEPLOYER_SERVICE_ACCOUNT).
     """
 
     pool: gcp.iam.WorkloadIdentityPool
     provider: gcp.iam.WorkloadIdentityPoolProvider
     deployer: gcp.serviceaccount.Account
+    preview: gcp.serviceaccount.Account
     provider_name: pulumi.Output[str]
     deployer_email: pulumi.Output[str]
+    preview_email: pulumi.Output[str]
 
     def __init__(self, name: str, args: CiArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
@@ -118,56 +171,70 @@ class CiIdentity(pulumi.ComponentResource):
             workload_identity_pool_id=self.pool.workload_identity_pool_id,
             workload_identity_pool_provider_id=ci.provider_id,
             display_name="GitHub Actions",
-            attribute_mapping=ATTRIBUTE_MAPPING,
-            # GitHub uses one issuer for every repository: without a condition
-            # any repository's token would be accepted by the pool.
-            attribute_condition=f'assertion.repository == "{ci.github_repository}"',
+            attribute_mapping=attribute_mapping(ci.deploy_branch),
+            attribute_condition=attribute_condition(ci),
             oidc=gcp.iam.WorkloadIdentityPoolProviderOidcArgs(issuer_uri=GITHUB_ISSUER),
             project=args.project_id,
             opts=kept,
         )
-        self.deployer = self._deployer(args)
-        self._grant_roles(args, kept)
-        gcp.serviceaccount.IAMMember(
-            "github-impersonates-deployer",
-            service_account_id=self.deployer.name,
-            role="roles/iam.workloadIdentityUser",
-            member=self.pool.name.apply(
-                lambda pool: repository_principal(pool, ci.github_repository)),
-            opts=pulumi.ResourceOptions(parent=self),
-        )
+        self.deployer = self._account(args, "deployer", "pulumi up")
+        self.preview = self._account(args, "preview", "pulumi preview (read-only)")
+        self._grant_deployer_roles(args, kept)
+        self._grant(self.preview, "preview", _logical_roles(PREVIEW_ROLES), args)
+        # Any workflow of the repository may preview; only the deploy branch's jobs
+        # in the stack's environment deploy (attribute_mapping).
+        self._impersonation("preview", self.preview, "repository_id", ci.github_repository_id)
+        self._impersonation("deployer", self.deployer, DEPLOY_ATTRIBUTE, args.deploy_environment)
         self.provider_name = self.provider.name
         self.deployer_email = self.deployer.email
+        self.preview_email = self.preview.email
         self.register_outputs({"providerName": self.provider_name,
-                               "deployerEmail": self.deployer_email})
+                               "deployerEmail": self.deployer_email,
+                               "previewEmail": self.preview_email})
 
-    def _deployer(self, args: CiArgs) -> gcp.serviceaccount.Account:
-        account_id = args.naming.account_id("deployer")
+    def _account(self, args: CiArgs, logical: str, purpose: str) -> gcp.serviceaccount.Account:
+        account_id = args.naming.account_id(logical)
         return gcp.serviceaccount.Account(
-            "deployer",
+            logical,
             account_id=account_id,
-            display_name=f"tpu-stack deployer ({account_id})",
-            description=f"pulumi up from GitHub Actions of {args.settings.github_repository}",
+            display_name=f"tpu-stack {logical} ({account_id})",
+            description=f"{purpose} from GitHub Actions of {args.settings.github_repository}",
             project=args.project_id,
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-    def _grant_roles(self, args: CiArgs, kept: pulumi.ResourceOptions) -> None:
-        member = self.deployer.email.apply(lambda email: f"serviceAccount:{email}")
-        child = pulumi.ResourceOptions(parent=self)
+    def _impersonation(self, logical: str, account: gcp.serviceaccount.Account,
+                       attribute: str, value: str) -> None:
+        gcp.serviceaccount.IAMMember(
+            f"github-impersonates-{logical}",
+            service_account_id=account.name,
+            role="roles/iam.workloadIdentityUser",
+            member=self.pool.name.apply(lambda pool: attribute_principal(pool, attribute, value)),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _grant(self, account: gcp.serviceaccount.Account, logical: str,
+               roles: list[tuple[str, pulumi.Input[str]]], args: CiArgs) -> None:
+        member = account.email.apply(lambda email: f"serviceAccount:{email}")
+        for name, role in roles:
+            gcp.projects.IAMMember(
+                f"{logical}-{name}", project=args.project_id, role=role, member=member,
+                opts=pulumi.ResourceOptions(parent=self))
+
+    def _grant_deployer_roles(self, args: CiArgs, kept: pulumi.ResourceOptions) -> None:
         storage_role = gcp.projects.IAMCustomRole(
             "storage-deployer",
-            role_id=STORAGE_ROLE_ID,
+            role_id=args.naming.custom_role_id(STORAGE_ROLE),
             title="tpu-stack storage deployer",
             description="Create and manage tpu-stack buckets and their objects",
             permissions=list(STORAGE_PERMISSIONS),
             project=args.project_id,
             opts=kept,
         )
-        roles: list[tuple[str, pulumi.Input[str]]] = [
-            (role.split("/", 1)[1].replace(".", "-"), role) for role in DEPLOYER_ROLES]
-        roles.append(("storage-deployer", storage_role.name))
-        for logical, role in roles:
-            gcp.projects.IAMMember(
-                f"deployer-{logical}", project=args.project_id, role=role, member=member,
-                opts=child)
+        roles = [*_logical_roles(DEPLOYER_ROLES), ("storage-deployer", storage_role.name)]
+        self._grant(self.deployer, "deployer", roles, args)
+
+
+def _logical_roles(roles: dict[str, str]) -> list[tuple[str, pulumi.Input[str]]]:
+    """`roles/tpu.admin` -> ("tpu-admin", "roles/tpu.admin"): the grant's logical name."""
+    return [(role.split("/", 1)[1].replace(".", "-"), role) for role in roles]

@@ -31,6 +31,11 @@ _RFC1035_MAX = 63
 # cloud.google.com/iam/docs/workload-identity-federation: pool and provider ids
 # are 4-32 characters of lowercase letters, digits and dashes.
 _POOL_ID_MIN, _POOL_ID_MAX = 4, 32
+# cloud.google.com/iam/docs/reference/rest/v1/projects.roles/create: a custom role
+# id is 3-64 letters, digits, '_' and '.'; ids are per project, so two stacks in
+# one project need their own (a deleted one stays reserved: 7 days soft-deleted).
+_ROLE_ID_MIN, _ROLE_ID_MAX = 3, 64
+_ROLE_ID_BAD = re.compile(r"[^A-Za-z0-9_.]")
 _HASH_LEN = 6
 
 MANAGED_BY = "pulumi"
@@ -94,6 +99,13 @@ class Naming:
     def pool_id(self, logical: str) -> str:
         """Workload identity pool or provider id: 4-32 characters."""
         return fit(_padded(_rfc1035(self._base(logical, None)), _POOL_ID_MIN), _POOL_ID_MAX)
+
+    def custom_role_id(self, logical: str) -> str:
+        """Project custom role id: `<stack>_<logical>`, `-` written `_` (3-64 characters)."""
+        name = _ROLE_ID_BAD.sub("_", f"{self.stack}_{logical}")
+        if len(name) <= _ROLE_ID_MAX:
+            return name.ljust(_ROLE_ID_MIN, "_")
+        return f"{name[: _ROLE_ID_MAX - _HASH_LEN - 1]}_{_short_hash(name)}"
 
     def labels(self, component: str, team: str | None = None,
                extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -277,7 +277,8 @@ class TpuPlatform(pulumi.ComponentResource):
         }
         if settings.ci:
             result["ciWorkloadIdentityProvider"] = self.ci.provider_name
-            result["ciServiceAccount"] = self.ci.deployer_email
+            result["ciDeployerServiceAccount"] = self.ci.deployer_email
+            result["ciPreviewServiceAccount"] = self.ci.preview_email
         if settings.teams or settings.quota:
             result.update(self._platform_outputs())
         return result

@@ -174,8 +174,21 @@ class CiSettings(_Model):
     """`tpu-stack:ci`: keyless CI through Workload Identity Federation."""
 
     github_repository: str
+    # GitHub's numeric ids never change and are never reused, unlike names
+    # (google-github-actions/auth docs/SECURITY_CONSIDERATIONS.md); YAML may write them
+    # as numbers, the OIDC token carries them as strings.
+    github_repository_id: str
+    github_repository_owner_id: str
+    # The deployer is bound to this branch and this GitHub environment (default: the stack name).
+    deploy_branch: str = "main"
+    deploy_environment: str | None = None
     pool_id: str = "github"
     provider_id: str = "github"
+
+    @field_validator("github_repository_id", "github_repository_owner_id", mode="before")
+    @classmethod
+    def _id_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 class ProjectChips(_Model):
@@ -622,6 +635,9 @@ def _queue_problems(key: str, node: NodeSettings) -> Problems:
 
 
 _GITHUB_REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+# A branch name as it follows refs/heads/ (no quotes: it is written into a CEL literal).
+_GITHUB_REF_NAME_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
+_ENVIRONMENT_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 # Workload identity pool and provider ids: 4-32 lowercase letters, digits, dashes
 # (cloud.google.com/iam/docs/manage-workload-identity-pools-providers).
 _POOL_ID_RE = re.compile(r"^[a-z0-9-]{4,32}$")
@@ -631,6 +647,16 @@ def _ci_problems(ci: CiSettings) -> Problems:
     key = f"{NAMESPACE}:ci"
     if not _GITHUB_REPO_RE.match(ci.github_repository):
         yield (f"{key}.githubRepository", f"{ci.github_repository!r} is not owner/name")
+    for field in ("github_repository_id", "github_repository_owner_id"):
+        if not getattr(ci, field).isdigit():
+            yield (f"{key}.{to_camel(field)}", f"{getattr(ci, field)!r} is not a number: GitHub's "
+                                               f"numeric id (api.github.com/repos/<owner>/<name>: "
+                                               f"`id`, `owner.id`)")
+    if not _GITHUB_REF_NAME_RE.match(ci.deploy_branch):
+        yield (f"{key}.deployBranch", f"{ci.deploy_branch!r} is not a branch name")
+    if ci.deploy_environment is not None and not _ENVIRONMENT_RE.match(ci.deploy_environment):
+        yield (f"{key}.deployEnvironment", f"{ci.deploy_environment!r}: letters, digits, "
+                                           f"'.', '_' or '-'")
     for field in ("pool_id", "provider_id"):
         value = getattr(ci, field)
         if not _POOL_ID_RE.match(value) or value.startswith("gcp-"):

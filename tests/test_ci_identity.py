@@ -1,4 +1,5 @@
-"""CiIdentity under Pulumi's mock engine: inputs, and the options Mocks cannot see."""
+"""CiIdentity under Pulumi's mock engine: inputs, the options Mocks cannot see, and
+GitHub tokens run through the declared provider and bindings (tests/cel_subset.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,17 @@ import pytest
 from pulumi.runtime import mocks
 from pulumi.runtime.stack import wait_for_rpcs
 
-from components.ci import DEPLOYER_ROLES, GITHUB_ISSUER, CiArgs, CiIdentity
+from components.ci import DEPLOYER_ROLES, GITHUB_ISSUER, PREVIEW_ROLES, CiArgs, CiIdentity
 from components.naming import Naming
 from components.settings import CiSettings
 from policy.evaluate import evaluate, load_config
+from tests.cel_subset import CelError
+from tests.cel_subset import evaluate as cel
 
 REPO = "acme/tpu-platform"
+REPO_ID, OWNER_ID = "260064828", "1342004"
+DEPLOYER = "prod-deployer@acme-ml-prod.iam.gserviceaccount.com"
+PREVIEW = "prod-preview@acme-ml-prod.iam.gserviceaccount.com"
 POOL_NAME = "projects/123456/locations/global/workloadIdentityPools/prod-github"
 
 
@@ -69,8 +75,9 @@ def registered() -> Iterator[dict[str, Registered]]:
     monitor = RecordingMonitor(GcpMocks())
     mocks.set_mocks(GcpMocks(), project="tpu-stack", stack="prod", monitor=monitor)
     try:
-        args = CiArgs(CiSettings(github_repository=REPO), "acme-ml-prod",
-                      Naming("acme-ml-prod", "prod"))
+        settings = CiSettings(github_repository=REPO, github_repository_id=REPO_ID,
+                              github_repository_owner_id=OWNER_ID)
+        args = CiArgs(settings, "acme-ml-prod", Naming("acme-ml-prod", "prod"))
         CiIdentity("ci", args)
         loop.run_until_complete(wait_for_rpcs())
         yield monitor.registered
@@ -79,31 +86,121 @@ def registered() -> Iterator[dict[str, Registered]]:
         asyncio.set_event_loop(None)
 
 
-def test_pool_and_provider_trust_only_the_repository(registered):
-    pool = registered["pool"]
-    assert pool.inputs["workloadIdentityPoolId"] == "prod-github"
+# ---- GitHub tokens against the declared trust -------------------------------
+
+
+def token(**changes: str | None) -> dict[str, str]:
+    """Claims of a GitHub Actions OIDC token (docs.github.com, "OpenID Connect
+    reference"): by default a push to main of the repository, no environment."""
+    claims = {
+        "iss": GITHUB_ISSUER, "aud": "https://github.com/acme", "actor": "mallory",
+        "repository": REPO, "repository_id": REPO_ID,
+        "repository_owner": "acme", "repository_owner_id": OWNER_ID,
+        "ref": "refs/heads/main", "event_name": "push", "sub": f"repo:{REPO}:ref:refs/heads/main",
+    }
+    claims.update(changes)
+    return {key: value for key, value in claims.items() if value is not None}
+
+
+PULL_REQUEST = dict(ref="refs/pull/7/merge", event_name="pull_request", base_ref="main",
+                    head_ref="feature", sub=f"repo:{REPO}:pull_request")
+IN_PROD = dict(environment="prod", sub=f"repo:{REPO}:environment:prod")
+
+
+def exchange(provider: Registered, claims: dict[str, str]) -> dict[str, str] | None:
+    """The attributes STS maps from the token, or None when the provider refuses it
+    (a false condition; a condition or mapping that errors refuses too)."""
+    variables = {"assertion": claims}
+    try:
+        if cel(provider.inputs["attributeCondition"], variables) is not True:
+            return None
+        return {key: cel(expression, variables)
+                for key, expression in provider.inputs["attributeMapping"].items()}
+    except CelError:
+        return None
+
+
+def impersonable(registered: dict[str, Registered], claims: dict[str, str]) -> set[str]:
+    """Service accounts whose workloadIdentityUser binding names this token's principal."""
+    attributes = exchange(registered["github"], claims)
+    if attributes is None:
+        return set()
+    principals = {f"principalSet://iam.googleapis.com/{POOL_NAME}/{key}/{value}"
+                  for key, value in attributes.items() if key.startswith("attribute.")}
+    principals.add(f"principal://iam.googleapis.com/{POOL_NAME}/subject/"
+                   f"{attributes['google.subject']}")
+    return {binding.inputs["serviceAccountId"].rsplit("/", 1)[-1]
+            for binding in _impersonation_bindings(registered)
+            if binding.inputs["member"] in principals}
+
+
+def _impersonation_bindings(registered: dict[str, Registered]) -> list[Registered]:
+    return [r for r in registered.values()
+            if r.type == "gcp:serviceaccount/iAMMember:IAMMember"
+            and r.inputs["role"] == "roles/iam.workloadIdentityUser"]
+
+
+def test_every_binding_names_a_mapped_attribute_of_this_pool(registered):
+    mapped = set(registered["github"].inputs["attributeMapping"])
+    bindings = _impersonation_bindings(registered)
+    assert len(bindings) == 2
+    for binding in bindings:
+        prefix = f"principalSet://iam.googleapis.com/{POOL_NAME}/"
+        assert binding.inputs["member"].startswith(prefix)
+        attribute = binding.inputs["member"][len(prefix):].split("/", 1)[0]
+        assert attribute in mapped  # else the binding could never match anything
+
+
+def test_the_pool_trusts_the_repository_by_its_immutable_ids(registered):
     provider = registered["github"]
     assert provider.inputs["oidc"]["issuerUri"] == GITHUB_ISSUER
-    assert provider.inputs["attributeMapping"]["attribute.repository"] == "assertion.repository"
-    assert provider.inputs["attributeCondition"] == f'assertion.repository == "{REPO}"'
     assert provider.inputs["workloadIdentityPoolProviderId"] == "github"
+    condition = provider.inputs["attributeCondition"]
+    assert "assertion.repository ==" not in condition and "repository_owner ==" not in condition
+    assert exchange(provider, token()) is not None
+    # The name re-registered by someone else after a rename or delete: other ids.
+    assert exchange(provider, token(repository_id="999")) is None
+    assert exchange(provider, token(repository_owner_id="999")) is None
+    assert exchange(provider, token(repository_id=None)) is None
 
 
-def test_only_that_repository_may_impersonate_the_deployer(registered):
-    binding = registered["github-impersonates-deployer"]
-    assert binding.inputs["role"] == "roles/iam.workloadIdentityUser"
-    assert binding.inputs["member"] == (
-        f"principalSet://iam.googleapis.com/{POOL_NAME}/attribute.repository/{REPO}")
-    deployer = "prod-deployer@acme-ml-prod.iam.gserviceaccount.com"
-    assert binding.inputs["serviceAccountId"].endswith(deployer)
+@pytest.mark.parametrize(("case", "claims"), [
+    ("pull request", PULL_REQUEST),
+    ("pull request job naming the prod environment", {**PULL_REQUEST, **IN_PROD}),
+    ("pull request from a branch called main", {**PULL_REQUEST, "head_ref": "main"}),
+    ("push to another branch in prod", {**IN_PROD, "ref": "refs/heads/feature"}),
+    ("dispatch on another branch in prod", {**IN_PROD, "ref": "refs/heads/feature",
+                                            "event_name": "workflow_dispatch"}),
+    ("tag in prod", {**IN_PROD, "ref": "refs/tags/v1"}),
+    ("main without an environment", {}),
+    ("main in the dev environment", {"environment": "dev",
+                                     "sub": f"repo:{REPO}:environment:dev"}),
+])
+def test_only_the_preview_account_for_anything_but_main_in_prod(registered, case, claims):
+    assert impersonable(registered, token(**claims)) == {PREVIEW}, case
+
+
+def test_the_deployer_is_main_in_the_stacks_environment(registered):
+    for event in ("push", "schedule", "workflow_dispatch"):
+        assert impersonable(registered, token(event_name=event, **IN_PROD)) == {
+            DEPLOYER, PREVIEW}
+    assert impersonable(registered, token(repository_id="1", **IN_PROD)) == set()
+
+
+def test_the_preview_account_only_reads(registered):
+    grants = [r for r in registered.values() if r.type == "gcp:projects/iAMMember:IAMMember"
+              and r.inputs["member"] == f"serviceAccount:{PREVIEW}"]
+    roles = {r.inputs["role"] for r in grants}
+    assert roles == set(PREVIEW_ROLES) == {"roles/browser"}
+    assert not roles & set(DEPLOYER_ROLES)
 
 
 def test_deployer_gets_exactly_its_roles(registered):
-    grants = [r for r in registered.values() if r.type == "gcp:projects/iAMMember:IAMMember"]
+    grants = [r for r in registered.values() if r.type == "gcp:projects/iAMMember:IAMMember"
+              and r.inputs["member"] == f"serviceAccount:{DEPLOYER}"]
     roles = sorted(r.inputs["role"] for r in grants)
-    assert roles == sorted([*DEPLOYER_ROLES, "projects/acme-ml-prod/roles/tpuStackStorageDeployer"])
-    assert {r.inputs["member"] for r in grants} == {
-        "serviceAccount:prod-deployer@acme-ml-prod.iam.gserviceaccount.com"}
+    storage_role = "projects/acme-ml-prod/roles/prod_tpuStackStorageDeployer"
+    assert roles == sorted([*DEPLOYER_ROLES, storage_role])
     assert not {"roles/editor", "roles/owner", "roles/storage.admin"} & set(roles)
     assert "storage.buckets.create" in registered["storage-deployer"].inputs["permissions"]
 

@@ -16,6 +16,8 @@ stacks = st.from_regex(r"[a-z][a-z0-9-]{0,40}", fullmatch=True)
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 ACCOUNT_RE = re.compile(r"^[a-z]([-a-z0-9]{4,28})[a-z0-9]$")
 RFC1035_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# cloud.google.com/iam/docs/reference/rest/v1/projects.roles/create, roleId.
+ROLE_ID_RE = re.compile(r"^[A-Za-z0-9_.]{3,64}$")
 
 
 @given(projects, stacks, logical, st.one_of(st.none(), logical))
@@ -27,6 +29,15 @@ def test_names_follow_gcp_rules(project: str, stack: str, name: str, team: str |
     assert RFC1035_RE.match(naming.tpu_node(name, team))
     assert RFC1035_RE.match(naming.network_resource(name))
     assert 4 <= len(naming.pool_id(name)) <= 32
+    assert ROLE_ID_RE.match(naming.custom_role_id("tpuStackStorageDeployer"))
+
+
+@given(projects, stacks, stacks)
+def test_custom_role_ids_differ_per_stack(project: str, one: str, other: str) -> None:
+    """Role ids are per project: a second stack in the same project must not get 409."""
+    if one != other:
+        assert (Naming(project, one).custom_role_id("tpuStackStorageDeployer")
+                != Naming(project, other).custom_role_id("tpuStackStorageDeployer"))
 
 
 @given(projects, stacks, logical)
@@ -48,6 +59,8 @@ def test_readable_names() -> None:
     assert naming.tpu_node("trainer") == "dev-trainer"
     assert naming.bucket("checkpoints") == "acme-ml-dev-dev-checkpoints"
     assert naming.account_id("runtime") == "dev-runtime"
+    assert naming.custom_role_id("tpuStackStorageDeployer") == "dev_tpuStackStorageDeployer"
+    assert Naming("p", "team-vision").custom_role_id("x") == "team_vision_x"
     assert naming.labels("storage", "research", {"cost-centre": "CC_12"}) == {
         "stack": "dev", "team": "research", "component": "storage",
         "managed-by": "pulumi", "cost-centre": "cc_12"}

@@ -30,6 +30,9 @@ N0 = "tpu-stack:nodes[0]"
 J = "tpu-stack:jobs.mnist"
 
 # (case id, config changes, key path the message must name, words it must contain)
+CI = {"githubRepository": "acme/x", "githubRepositoryId": 260064828,
+      "githubRepositoryOwnerId": "1342004"}
+
 BAD_CONFIGS: list[tuple[str, dict, str, str]] = [
     ("unknown top-level key", {"tpu_stack_nodez": []}, "tpu-stack:nodez", "unknown key"),
     ("missing gcp project", {"gcp_project": None}, "gcp:project", "required"),
@@ -149,10 +152,17 @@ BAD_CONFIGS: list[tuple[str, dict, str, str]] = [
     ("job name uppercase", {"tpu_stack_jobs": {"MNIST": job()},
                             "tpu_stack_nodes": [node(job="MNIST")]},
      "tpu-stack:jobs.MNIST", "job names are"),
-    ("ci bad repository", {"tpu_stack_ci": {"githubRepository": "acme"}},
+    ("ci bad repository", {"tpu_stack_ci": {**CI, "githubRepository": "acme"}},
      "tpu-stack:ci.githubRepository", "not owner/name"),
-    ("ci reserved pool id", {"tpu_stack_ci": {"githubRepository": "acme/x", "poolId": "gcp-x"}},
+    ("ci reserved pool id", {"tpu_stack_ci": {**CI, "poolId": "gcp-x"}},
      "tpu-stack:ci.poolId", "not starting with gcp-"),
+    ("ci without the repository's id", {"tpu_stack_ci": {"githubRepository": "acme/x",
+                                                          "githubRepositoryOwnerId": 7}},
+     "tpu-stack:ci.githubRepositoryId", "required"),
+    ("ci id not a number", {"tpu_stack_ci": {**CI, "githubRepositoryOwnerId": "acme"}},
+     "tpu-stack:ci.githubRepositoryOwnerId", "not a number"),
+    ("ci branch with a quote", {"tpu_stack_ci": {**CI, "deployBranch": "main' || true"}},
+     "tpu-stack:ci.deployBranch", "not a branch name"),
 ]
 
 

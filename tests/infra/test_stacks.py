@@ -124,7 +124,8 @@ def test_prod_declares_its_ci_identity_and_the_apis_it_needs() -> None:
     services = {s.inputs["service"] for s in run.of_type("gcp:projects/service:Service")}
     assert {"sts.googleapis.com", "iamcredentials.googleapis.com",
             "cloudresourcemanager.googleapis.com"} <= services
-    assert run.outputs["ciServiceAccount"].endswith(".iam.gserviceaccount.com")
+    assert run.outputs["ciDeployerServiceAccount"].endswith(".iam.gserviceaccount.com")
+    assert run.outputs["ciPreviewServiceAccount"].endswith(".iam.gserviceaccount.com")
     assert "/workloadIdentityPools/" in run.outputs["ciWorkloadIdentityProvider"]
     pool = run.of_type("gcp:iam/workloadIdentityPool:WorkloadIdentityPool")[0]
     assert pool.protect
@@ -134,7 +135,7 @@ def test_dev_without_ci_enables_no_token_exchange() -> None:
     run = run_program(file_config("dev"), "dev")
     services = {s.inputs["service"] for s in run.of_type("gcp:projects/service:Service")}
     assert "sts.googleapis.com" not in services
-    assert "ciServiceAccount" not in run.outputs
+    assert "ciDeployerServiceAccount" not in run.outputs
 
 
 def test_a_node_itself_waits_for_the_tpu_api_its_grants_and_its_package() -> None:
