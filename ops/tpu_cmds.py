@@ -63,8 +63,12 @@ def _api(target: StackTarget) -> TpuApi:
 def preflight_cmd(
     stack: str = StackOption,
     offline: bool = typer.Option(False, "--offline", help="Check against the catalog only."),
+    live: bool = typer.Option(False, "--live", help="Fail unless the zone's offers were checked "
+                                                    "(no fallback to the catalog; CI uses it)."),
 ) -> None:
     """Can every node be created? Catalog, the zone's offers, and TPU quota."""
+    if offline and live:
+        raise typer.BadParameter("--live and --offline exclude each other", param_hint="--live")
     with clear_errors():
         target = load_target(stack)
         report = preflight.preflight(target, None if offline else _api(target))
@@ -79,6 +83,10 @@ def preflight_cmd(
     if report.note:
         console.print(f"[yellow]{report.note}[/]", highlight=False)
     if not report.ok:
+        raise typer.Exit(1)
+    if live and not report.live:
+        errors.print("[red]error:[/red] --live: the zone's offers were not checked",
+                     highlight=False)
         raise typer.Exit(1)
 
 

@@ -82,6 +82,19 @@ def test_preflight_live_and_offline(tpuctl, fake_tpu: FakeTpuApi) -> None:
     assert fake_tpu.calls == []
 
 
+def test_preflight_live_refuses_to_fall_back_to_the_catalog(
+    tpuctl, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """The deploy workflow runs `preflight --live`: no credentials must stop it, not pass."""
+    assert tpuctl("preflight", "--stack", "dev", "--live").code == 0
+    monkeypatch.delenv("TPU_STACK_TPU_ENDPOINT", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "absent.json"))
+    assert tpuctl("preflight", "--stack", "dev").code == 0  # without --live: catalog only
+    run = tpuctl("preflight", "--stack", "dev", "--live")
+    assert run.code == 1
+    assert "--live: the zone's offers were not checked" in run.err
+
+
 def test_wait_until_ready(tpuctl, fake_tpu: FakeTpuApi) -> None:
     add_trainer(fake_tpu, "CREATING", "READY")
 

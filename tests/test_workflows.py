@@ -1,0 +1,187 @@
+"""The workflows against the docs, the pinned actions and GitHub's own rules:
+the variables they read are the ones docs/pr-previews.md asks for, no heal can
+cancel a deploy, a
+deploy checks the zones live before `pulumi up`, and pull requests never get
+the deployer."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = ROOT / ".github" / "workflows"
+DOC = (ROOT / "docs" / "pr-previews.md").read_text()
+PULUMI_ACTION = "pulumi/actions@"
+
+# Inputs of pulumi/actions at the pinned commit 8e5e406f (v7.0.0), action.yml.
+PULUMI_ACTION_INPUTS = {
+    "command", "stack-name", "pulumi-version", "pulumi-version-file", "work-dir",
+    "comment-on-pr", "comment-on-pr-number", "comment-on-summary", "github-token", "cloud-url",
+    "secrets-provider", "parallel", "message", "config-map", "expect-no-changes", "diff",
+    "replace", "exclude", "exclude-dependents", "target", "target-dependents", "policyPacks",
+    "policyPackConfigs", "refresh", "upsert", "remove", "edit-pr-comment", "color",
+    "exclude-protected", "plan", "suppress-outputs", "suppress-progress",
+    "always-include-summary", "continue-on-error", "log-verbosity", "log-flow", "debug",
+}
+
+
+def load(name: str) -> dict[str, Any]:
+    # PyYAML reads the key `on` as True (YAML 1.1); the tests never need it.
+    return yaml.safe_load((WORKFLOWS / name).read_text())
+
+
+def all_workflows() -> dict[str, dict[str, Any]]:
+    return {path.name: load(path.name) for path in sorted(WORKFLOWS.glob("*.yml"))}
+
+
+def steps(workflow: dict[str, Any]) -> list[dict[str, Any]]:
+    return [step for job in workflow["jobs"].values() for step in job.get("steps", [])]
+
+
+def pulumi_steps() -> list[tuple[str, dict[str, Any]]]:
+    return [(name, step) for name, workflow in all_workflows().items()
+            for step in steps(workflow) if step.get("uses", "").startswith(PULUMI_ACTION)]
+
+
+def documented_names() -> set[str]:
+    """Every `UPPER_CASE` name docs/pr-previews.md shows in code spans."""
+    return set(re.findall(r"`([A-Z][A-Z0-9_]+)`", DOC))
+
+
+# ---- variables -----------------------------------------------------------------
+
+
+def used_variables() -> set[str]:
+    """`vars.NAME` and `secrets.NAME` read anywhere, and the per-stack names
+    preview.yml builds (`f"{prefix}_GCP_…"`) for the stacks deploy.yml deploys."""
+    names: set[str] = set()
+    for path in WORKFLOWS.glob("*.yml"):
+        text = path.read_text()
+        names |= set(re.findall(r"\b(?:vars|secrets)\.([A-Za-z_][A-Za-z0-9_]*)", text))
+        for suffix in re.findall(r'f"\{prefix\}(_[A-Z0-9_]+)"', text):
+            names |= {f"DEV{suffix}", f"PROD{suffix}"}
+    return names
+
+
+def test_every_variable_a_workflow_reads_is_documented() -> None:
+    used = used_variables()
+    assert {"DEV_GCP_WORKLOAD_IDENTITY_PROVIDER", "PROD_GCP_DEPLOYER_SERVICE_ACCOUNT",
+            "PROD_GCP_PREVIEW_SERVICE_ACCOUNT"} <= used
+    assert used - documented_names() == set()
+
+
+def test_every_identity_variable_is_per_stack() -> None:
+    """A bare GCP_SERVICE_ACCOUNT is not what the docs ask for (issue 15)."""
+    for name in used_variables():
+        if "_GCP_" in f"_{name}":
+            assert re.fullmatch(r"(DEV|PROD)_GCP_[A-Z_]+", name), name
+
+
+def test_pull_requests_get_only_the_preview_account() -> None:
+    for name, workflow in all_workflows().items():
+        text = (WORKFLOWS / name).read_text()
+        on = workflow.get(True, workflow.get("on"))
+        triggers = set(on) if isinstance(on, dict) else {on} if isinstance(on, str) else set(on)
+        if triggers & {"pull_request", "pull_request_target"}:
+            assert "DEPLOYER" not in text, name
+    preview = (WORKFLOWS / "preview.yml").read_text()
+    assert "_GCP_PREVIEW_SERVICE_ACCOUNT" in preview
+    for name in ("deploy.yml", "self-heal.yml"):
+        text = (WORKFLOWS / name).read_text()
+        assert "PREVIEW" not in text and "_GCP_DEPLOYER_SERVICE_ACCOUNT" in text, name
+
+
+def test_every_pulumi_step_uses_inputs_the_pinned_action_has() -> None:
+    found = pulumi_steps()
+    assert len(found) >= 3
+    for workflow, step in found:
+        inputs = set(step.get("with", {}))
+        assert inputs <= PULUMI_ACTION_INPUTS, (workflow, inputs - PULUMI_ACTION_INPUTS)
+
+
+# ---- concurrency: a heal never cancels a deploy -------------------------------------
+
+
+def group_prefix(job: dict[str, Any]) -> str:
+    """The literal start of the job's concurrency group, lower-cased (GitHub
+    compares group names case-insensitively)."""
+    concurrency = job.get("concurrency")
+    assert concurrency, "a job that runs pulumi up needs a concurrency group"
+    group = concurrency["group"] if isinstance(concurrency, dict) else concurrency
+    return group.split("${{", 1)[0].lower()
+
+
+def updating_jobs(workflow: dict[str, Any]) -> list[dict[str, Any]]:
+    return [job for job in workflow["jobs"].values()
+            if any(step.get("uses", "").startswith(PULUMI_ACTION)
+                   and step.get("with", {}).get("command") == "up"
+                   for step in job.get("steps", []))]
+
+
+def test_heals_and_deploys_never_share_a_concurrency_group() -> None:
+    """GitHub keeps one pending job per group and cancels the older pending one
+    when another queues (docs.github.com, "Control the concurrency of workflows
+    and jobs"): sharing a group with the 30-minute heal would let it cancel a
+    pending deploy. Groups whose literal prefixes differ can never be equal."""
+    deploys = updating_jobs(load("pulumi-up.yml"))
+    heals = updating_jobs(load("self-heal.yml"))
+    assert deploys and heals
+    for deploy in deploys:
+        for heal in heals:
+            one, other = group_prefix(deploy), group_prefix(heal)
+            assert one and other
+            assert not one.startswith(other) and not other.startswith(one), (one, other)
+    for job in deploys:
+        assert job["concurrency"]["cancel-in-progress"] is False  # never cancel a running up
+
+
+def test_a_heal_gives_way_to_deploys_and_a_deploy_waits_for_a_running_heal() -> None:
+    heal = load("self-heal.yml")["jobs"]
+    gate = "\n".join(step.get("run", "") for step in heal["gate"]["steps"])
+    assert "--workflow deploy.yml" in gate and 'select(.status != "completed")' in gate
+    assert heal["heal"]["needs"] == "gate"
+    assert heal["heal"]["if"] == "needs.gate.outputs.deploying == 'false'"
+    up = load("pulumi-up.yml")["jobs"]["up"]
+    names = [step.get("name", step.get("uses", "")) for step in up["steps"]]
+    wait = names.index("Wait until no heal is running")
+    assert "--workflow self-heal.yml" in up["steps"][wait]["run"]
+    assert wait < next(i for i, n in enumerate(names) if n.startswith(PULUMI_ACTION))
+    assert up["permissions"]["actions"] == "read"
+    for job in load("deploy.yml")["jobs"].values():  # a caller grants what the callee asks
+        assert job["permissions"]["actions"] == "read"
+
+
+# ---- preflight before up --------------------------------------------------------------
+
+
+def test_the_deploy_runs_a_live_preflight_before_pulumi_up() -> None:
+    up = load("pulumi-up.yml")["jobs"]["up"]["steps"]
+    runs = [i for i, step in enumerate(up)
+            if re.search(r"\./tpuctl preflight --stack \"\$STACK\" --live\b", step.get("run", ""))]
+    assert len(runs) == 1
+    preflight = up[runs[0]]
+    assert preflight["env"]["STACK"] == "${{ inputs.stack }}"
+    assert not preflight.get("continue-on-error")  # a failed preflight stops the job
+    auth = next(i for i, s in enumerate(up) if "google-github-actions/auth" in s.get("uses", ""))
+    pulumi = next(i for i, s in enumerate(up) if s.get("uses", "").startswith(PULUMI_ACTION))
+    assert auth < runs[0] < pulumi
+
+
+# ---- stacks exist in the backend ----------------------------------------------------
+
+
+def test_no_step_creates_a_stack_and_the_docs_say_how() -> None:
+    for workflow, step in pulumi_steps():
+        assert str(step.get("with", {}).get("upsert", "false")).lower() == "false", workflow
+    assert "pulumi stack init" in DOC
+    assert "stack not found" in DOC.lower() or "no `upsert`" in DOC
+
+
+@pytest.mark.parametrize("name", ["deploy.yml", "self-heal.yml", "preview.yml"])
+def test_each_documented_workflow_is_in_the_table(name: str) -> None:
+    assert f"`{name}`" in DOC
