@@ -146,6 +146,16 @@ def test_a_heal_gives_way_to_deploys_and_a_deploy_waits_for_a_running_heal() -> 
     assert "--workflow deploy.yml" in gate and 'select(.status != "completed")' in gate
     assert heal["heal"]["needs"] == "gate"
     assert heal["heal"]["if"] == "needs.gate.outputs.deploying == 'false'"
+    # Checked again just before anything changes: the job may have waited in its group.
+    heal_steps = heal["heal"]["steps"]
+    recheck = next(i for i, step in enumerate(heal_steps) if step.get("id") == "recheck")
+    assert "--workflow deploy.yml" in heal_steps[recheck]["run"]
+    changing = [i for i, step in enumerate(heal_steps)
+                if "tpuctl recover" in step.get("run", "")
+                or step.get("uses", "").startswith(PULUMI_ACTION)]
+    assert len(changing) == 2 and recheck < min(changing)
+    for i in changing:
+        assert heal_steps[i]["if"] == "steps.recheck.outputs.active == 'false'"
     up = load("pulumi-up.yml")["jobs"]["up"]
     names = [step.get("name", step.get("uses", "")) for step in up["steps"]]
     wait = names.index("Wait until no heal is running")
