@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 
 import pulumi
 import pytest
@@ -10,7 +12,14 @@ import yaml
 
 from components import agent
 from components.archive import REPO_ROOT
-from components.stack_config import file_config, project_defaults, stack_names
+from components.stack_config import (
+    StackFileError,
+    file_config,
+    load_yaml,
+    project_declarations,
+    project_defaults,
+    stack_names,
+)
 from ops.mock_engine import run_program
 from tests.infra.stack_fixtures import as_cli, config, node
 
@@ -86,15 +95,118 @@ def test_config_comes_from_pulumi_yaml_then_the_stack_file(tmp_path) -> None:
     (tmp_path / "Pulumi.yaml").write_text(yaml.safe_dump({
         "name": "tpu-stack", "runtime": "python",
         "config": {"environment": {"type": "string", "default": "prod"},
-                   "team": "platform", "labels": {"default": {"a": "b"}},
-                   "gcp:project": {"value": "from-project"}}}))
+                   "team": "platform", "labels": {"default": {"b": "2", "a": "1"}},
+                   "nodes": [], "gcp:project": {"value": "from-project"}}}))
     (tmp_path / "Pulumi.x.yaml").write_text(yaml.safe_dump({
         "config": {"tpu-stack:team": "vision", "gcp:project": "from-stack",
                    "tpu-stack:storage": {"location": "US", "protect": True}}}))
+    # Objects reach the program as Go's encoding/json writes them: compact, keys sorted.
     assert file_config("x", tmp_path) == {
         "tpu-stack:environment": "prod", "tpu-stack:team": "vision",
-        "tpu-stack:labels": '{"a": "b"}', "gcp:project": "from-stack",
-        "tpu-stack:storage": '{"location": "US", "protect": true}'}
+        "tpu-stack:labels": '{"a":"1","b":"2"}', "tpu-stack:nodes": "[]",
+        "gcp:project": "from-stack", "tpu-stack:storage": '{"location":"US","protect":true}'}
+
+
+def _project(tmp_path, config: dict, stack: dict) -> None:
+    (tmp_path / "Pulumi.yaml").write_text(yaml.safe_dump(
+        {"name": "tpu-stack", "runtime": "python", "config": config}))
+    (tmp_path / "Pulumi.s.yaml").write_text(yaml.safe_dump({"config": stack}))
+
+
+@pytest.mark.parametrize(("declared", "message"), [
+    ({"storage": {"description": "d"}}, "Stack 's' is missing configuration value 'storage'"),
+    ({"storage": {}, "nodes": {}},
+     "Stack 's' is missing configuration values 'nodes' and 'storage'"),
+    ({"c": {}, "a": {}, "b": {"default": None}},
+     "Stack 's' is missing configuration values 'a', 'b' and 'c'"),
+])
+def test_a_key_without_default_or_value_left_unset_fails_as_the_cli_fails(
+        tmp_path, declared: dict, message: str) -> None:
+    _project(tmp_path, declared, {"gcp:project": "p"})
+    with pytest.raises(StackFileError) as caught:
+        file_config("s", tmp_path)
+    assert str(caught.value) == message
+
+
+def test_typed_keys_and_declarations_follow_the_clis_rules(tmp_path) -> None:
+    _project(tmp_path, {"environment": {"type": "string"}},
+             {"tpu-stack:environment": {"a": 1}})
+    with pytest.raises(StackFileError) as caught:
+        file_config("s", tmp_path)
+    assert str(caught.value) == ("Stack 's' with configuration key 'environment' must be of "
+                                 "type 'string'")
+    _project(tmp_path, {"labels": {"a": "b"}}, {})  # an object is not shorthand
+    with pytest.raises(StackFileError, match="additionalProperties 'a' not allowed"):
+        file_config("s", tmp_path)
+    _project(tmp_path, {"x": {"default": 1, "value": 2}}, {})
+    with pytest.raises(StackFileError, match="cannot have both a 'default' and 'value'"):
+        file_config("s", tmp_path)
+    _project(tmp_path, {"n": {"type": "integer", "default": "many"}}, {})
+    with pytest.raises(StackFileError, match="not of the expected type 'integer'"):
+        file_config("s", tmp_path)
+
+
+def test_a_stack_key_needs_a_namespace(tmp_path) -> None:
+    _project(tmp_path, {}, {"storage": {"location": "US"}})
+    with pytest.raises(StackFileError, match="could not parse storage as a configuration key"):
+        file_config("s", tmp_path)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_stack_passes_the_clis_config_merge(stack: str) -> None:
+    """Every key Pulumi.yaml declares reaches the program (none is silently skipped)."""
+    declared = {f"tpu-stack:{k}" if ":" not in k else k for k in project_declarations()}
+    assert declared <= set(file_config(stack))
+
+
+def test_tpuctl_plan_of_a_stack_missing_a_required_key_fails_with_the_clis_message(
+        tmp_path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    import ops.plan
+    from ops.cli import app
+
+    (tmp_path / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
+    dev = load_yaml((REPO_ROOT / "Pulumi.dev.yaml").read_text())
+    del dev["config"]["tpu-stack:storage"]
+    (tmp_path / "Pulumi.nostore.yaml").write_text(yaml.safe_dump(dev))
+    monkeypatch.setattr(ops.plan, "file_config", lambda stack: file_config(stack, tmp_path))
+    result = CliRunner().invoke(app, ["plan", "--stack", "nostore"])
+    assert result.exit_code == 2
+    assert "Stack 'nostore' is missing configuration value 'storage'" in result.output
+
+
+# yaml.v3 (the CLI's YAML library) against PyYAML's YAML 1.1 on the same text.
+YAML_CASES = [
+    ("yes", "yes", True), ("no", "no", False), ("on", "on", True), ("off", "off", False),
+    ("y", "y", "y"), ("n", "n", "n"), ("Yes", "Yes", True), ("True", True, True),
+    ("FALSE", False, False), ("1:30", "1:30", 90), ("0o17", 15, "0o17"), ("017", 15, 15),
+    ("0x1F", 31, 31), ("1_000", 1000, 1000), ("1e3", 1000.0, "1e3"), ("~", None, None),
+    ("2024-01-02", "2024-01-02 00:00:00 +0000 UTC", datetime.date(2024, 1, 2)),
+    ("2001-12-14T21:59:43.10Z", "2001-12-14 21:59:43.1 +0000 UTC",
+     datetime.datetime(2001, 12, 14, 21, 59, 43, 100000, tzinfo=datetime.timezone.utc)),
+]
+
+
+@pytest.mark.parametrize(("text", "cli", "pyyaml"), YAML_CASES)
+def test_stack_files_are_read_as_yaml_1_2_like_the_cli(text: str, cli, pyyaml) -> None:
+    assert load_yaml(f"k: {text}")["k"] == cli
+    assert yaml.safe_load(f"k: {text}")["k"] == pyyaml  # what the old reader saw
+
+
+def test_a_yes_in_a_stack_file_reaches_the_program_as_text(tmp_path) -> None:
+    _project(tmp_path, {}, {"tpu-stack:team": "on", "tpu-stack:labels": {"flag": "no"}})
+    config = file_config("s", tmp_path)
+    assert config["tpu-stack:team"] == "on"
+    assert config["tpu-stack:labels"] == '{"flag":"no"}'
+
+
+def test_pulumi_version_file_names_pulumi_yamls_minimum() -> None:
+    project = load_yaml((REPO_ROOT / "Pulumi.yaml").read_text())
+    minimum = (REPO_ROOT / ".pulumi-version").read_text()
+    assert minimum.endswith("\n") and minimum.count("\n") == 1
+    assert project["requiredPulumiVersion"] == f">={minimum.strip()}"
+    assert re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", minimum.strip())
 
 
 def test_every_top_level_key_is_declared_with_a_description() -> None:
