@@ -10,12 +10,16 @@ from typing import Any
 
 import pulumi
 import pytest
+import yaml
 from pulumi.runtime import mocks
 from pulumi.runtime.stack import wait_for_rpcs
 
+from components.archive import REPO_ROOT
 from components.ci import DEPLOYER_ROLES, GITHUB_ISSUER, PREVIEW_ROLES, CiArgs, CiIdentity
 from components.naming import Naming
 from components.settings import CiSettings
+from components.stack_config import file_config
+from ops.mock_engine import run_program
 from policy.evaluate import evaluate, load_config
 from tests.cel_subset import CelError
 from tests.cel_subset import evaluate as cel
@@ -107,31 +111,37 @@ PULL_REQUEST = dict(ref="refs/pull/7/merge", event_name="pull_request", base_ref
 IN_PROD = dict(environment="prod", sub=f"repo:{REPO}:environment:prod")
 
 
-def exchange(provider: Registered, claims: dict[str, str]) -> dict[str, str] | None:
-    """The attributes STS maps from the token, or None when the provider refuses it
-    (a false condition; a condition or mapping that errors refuses too)."""
+def exchange(provider: dict[str, Any], claims: dict[str, str]) -> dict[str, str] | None:
+    """The attributes STS maps from the token (provider inputs), or None when the
+    provider refuses it (a false condition; a condition or mapping that errors refuses too)."""
     variables = {"assertion": claims}
     try:
-        if cel(provider.inputs["attributeCondition"], variables) is not True:
+        if cel(provider["attributeCondition"], variables) is not True:
             return None
         return {key: cel(expression, variables)
-                for key, expression in provider.inputs["attributeMapping"].items()}
+                for key, expression in provider["attributeMapping"].items()}
     except CelError:
         return None
 
 
-def impersonable(registered: dict[str, Registered], claims: dict[str, str]) -> set[str]:
+def trusted_accounts(provider: dict[str, Any], bindings: list[dict[str, Any]], pool_name: str,
+                     claims: dict[str, str]) -> set[str]:
     """Service accounts whose workloadIdentityUser binding names this token's principal."""
-    attributes = exchange(registered["github"], claims)
+    attributes = exchange(provider, claims)
     if attributes is None:
         return set()
-    principals = {f"principalSet://iam.googleapis.com/{POOL_NAME}/{key}/{value}"
+    principals = {f"principalSet://iam.googleapis.com/{pool_name}/{key}/{value}"
                   for key, value in attributes.items() if key.startswith("attribute.")}
-    principals.add(f"principal://iam.googleapis.com/{POOL_NAME}/subject/"
+    principals.add(f"principal://iam.googleapis.com/{pool_name}/subject/"
                    f"{attributes['google.subject']}")
-    return {binding.inputs["serviceAccountId"].rsplit("/", 1)[-1]
-            for binding in _impersonation_bindings(registered)
-            if binding.inputs["member"] in principals}
+    return {binding["serviceAccountId"].rsplit("/", 1)[-1] for binding in bindings
+            if binding["role"] == "roles/iam.workloadIdentityUser"
+            and binding["member"] in principals}
+
+
+def impersonable(registered: dict[str, Registered], claims: dict[str, str]) -> set[str]:
+    bindings = [binding.inputs for binding in _impersonation_bindings(registered)]
+    return trusted_accounts(registered["github"].inputs, bindings, POOL_NAME, claims)
 
 
 def _impersonation_bindings(registered: dict[str, Registered]) -> list[Registered]:
@@ -152,10 +162,10 @@ def test_every_binding_names_a_mapped_attribute_of_this_pool(registered):
 
 
 def test_the_pool_trusts_the_repository_by_its_immutable_ids(registered):
-    provider = registered["github"]
-    assert provider.inputs["oidc"]["issuerUri"] == GITHUB_ISSUER
-    assert provider.inputs["workloadIdentityPoolProviderId"] == "github"
-    condition = provider.inputs["attributeCondition"]
+    provider = registered["github"].inputs
+    assert provider["oidc"]["issuerUri"] == GITHUB_ISSUER
+    assert provider["workloadIdentityPoolProviderId"] == "github"
+    condition = provider["attributeCondition"]
     assert "assertion.repository ==" not in condition and "repository_owner ==" not in condition
     assert exchange(provider, token()) is not None
     # The name re-registered by someone else after a rename or delete: other ids.
@@ -185,6 +195,26 @@ def test_the_deployer_is_main_in_the_stacks_environment(registered):
         assert impersonable(registered, token(event_name=event, **IN_PROD)) == {
             DEPLOYER, PREVIEW}
     assert impersonable(registered, token(repository_id="1", **IN_PROD)) == set()
+
+
+def test_the_prod_stack_plan_keeps_pull_requests_from_its_deployer():
+    """The same check on the whole program of Pulumi.prod.yaml under the offline engine."""
+    run = run_program(file_config("prod"), "prod")
+    provider = run.of_type(
+        "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider")[0].inputs
+    pool_name = run.of_type("gcp:iam/workloadIdentityPool:WorkloadIdentityPool")[0].outputs["name"]
+    bindings = [r.inputs for r in run.of_type("gcp:serviceaccount/iAMMember:IAMMember")]
+    ci = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())["config"]["tpu-stack:ci"]
+    ids = {"repository": ci["githubRepository"], "repository_id": ci["githubRepositoryId"],
+           "repository_owner_id": ci["githubRepositoryOwnerId"]}
+    deployer, preview = (run.outputs["ciDeployerServiceAccount"],
+                         run.outputs["ciPreviewServiceAccount"])
+    assert trusted_accounts(provider, bindings, pool_name, token(**ids, **PULL_REQUEST)) == {
+        preview}
+    assert trusted_accounts(provider, bindings, pool_name,
+                            token(**ids, **{**PULL_REQUEST, **IN_PROD})) == {preview}
+    assert trusted_accounts(provider, bindings, pool_name, token(**ids, **IN_PROD)) == {
+        deployer, preview}
 
 
 def test_the_preview_account_only_reads(registered):
