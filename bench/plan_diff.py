@@ -22,9 +22,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from components.stack_config import file_config
-from ops.plan import offline_plan
-from ops.plan_diff import diff_plans, load_plan, render_diff
-from ops.plan_report import duplicate_urns, plain, render
+from ops.plan.diff import diff_plans, load_plan, render_diff
+from ops.plan.offline import offline_plan
+from ops.plan.report import duplicate_urns, plain, render
 from policy.evaluate import evaluate, load_config
 
 

@@ -26,8 +26,8 @@ import pulumi_gcp as gcp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from components.stack_config import cli_value, file_config
-from ops.mock_engine import Registration, run_program
-from ops.plan import offline_plan
+from ops.plan.mock_engine import Registration, run_program
+from ops.plan.offline import offline_plan
 
 
 def config_with_nodes(count: int) -> dict[str, str]:

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console  # noqa: E402
 
 from components.queued_tpu import ENDPOINT_ENV  # noqa: E402
-from ops.node_status import collect, status_table  # noqa: E402
-from ops.stack_target import ExpectedNode, StackTarget  # noqa: E402
-from ops.tpu_api import NodeStatus, TpuApi, parse_guest_attributes  # noqa: E402
+from ops.tpu.api import NodeStatus, TpuApi, parse_guest_attributes  # noqa: E402
+from ops.tpu.status import collect, status_table  # noqa: E402
+from ops.tpu.target import ExpectedNode, StackTarget  # noqa: E402
 from tests.fakes.tpu_api import FakeTpuApi, running  # noqa: E402
 
 PROJECT = "acme-ml-dev"

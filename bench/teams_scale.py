@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from components.stack_config import cli_value
-from ops.plan import offline_plan
+from ops.plan.offline import offline_plan
 
 BASELINE = (2, 20)
 SCALED = (20, 200)

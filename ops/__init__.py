@@ -1,1 +1,1 @@
-"""tpuctl: the ops CLI (plan, preflight, status, wait, recover, janitor, logs, rehearse)."""
+"""tpuctl, the ops CLI: cli.py (the verbs), plan/ (offline plan), tpu/ (TPU API verbs), local/."""

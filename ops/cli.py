@@ -25,7 +25,7 @@ def _root() -> None:
 
 
 # Each module defines `register(app: typer.Typer) -> None`.
-_VERB_MODULES = ("ops.plan_cmd", "ops.rehearse_cmd", "ops.tpu_cmds")
+_VERB_MODULES = ("ops.plan.command", "ops.local.rehearse", "ops.tpu.commands")
 
 
 def _register_verbs() -> None:

@@ -1,4 +1,4 @@
-"""Run the pack's policies on an offline plan (`ops.plan.offline_plan(...).to_json()`).
+"""Run the pack's policies on an offline plan (`ops.plan.offline.offline_plan(...).to_json()`).
 
 The engine is not involved: each plan resource becomes the args a policy sees
 during `pulumi preview`, every policy runs against it, and the violations come

@@ -14,7 +14,7 @@ import pytest
 from components.settings import NodeSettings, SettingsError, load_settings
 from components.stack_config import file_config
 from components.team_stack import PlatformStackError
-from ops.mock_engine import GcpMocks, ProgramRun, planned_stack_outputs, run_program
+from ops.plan.mock_engine import GcpMocks, ProgramRun, planned_stack_outputs, run_program
 from tests.infra.stack_fixtures import as_cli, config, job, node
 
 PLATFORM_REF = "acme/tpu-stack/platform"
@@ -456,8 +456,8 @@ def test_the_fence_check_catches_a_cross_team_grant(three_teams: ProgramRun) -> 
 
 
 def test_the_offline_plan_prices_every_team() -> None:
-    from ops.plan import offline_plan
-    from ops.plan_report import cost_summary, node_rows
+    from ops.plan.offline import offline_plan
+    from ops.plan.report import cost_summary, node_rows
 
     plan = offline_plan("platform")
     cost = plan.to_json()["cost"]

@@ -1,3 +1,3 @@
-"""A TPU node on this machine: a loopback metadata server, a GCS emulator and
-a worker that runs the real bootstrap. `tpuctl rehearse`, bench/boot.py and
-the agent's end-to-end tests share them."""
+"""A TPU node on this machine (loopback metadata server, GCS emulator, a worker running the real
+bootstrap) and `tpuctl rehearse`, which boots a stack's node on it; bench/boot.py and the agent's
+end-to-end tests share them."""

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from components.agent import JOB_KEY, PACKAGE_SHA256_KEY, STARTUP_SCRIPT_KEY, startup_script
-from ops.plan import offline_plan
-from ops.rehearse import RehearsalError, pick_node, planned_nodes, rehearsal_job
+from ops.local.rehearse import RehearsalError, pick_node, planned_nodes, rehearsal_job
+from ops.plan.offline import offline_plan
 
 JOB = {"model": "mnist_cnn", "trainData": "gs://data/datasets/mnist/train-*.tfrecord",
        "evalData": None, "globalBatchSize": 1024, "trainSteps": 5000, "stepsPerExecution": 100,

@@ -17,7 +17,7 @@ from components.project import APIS, Project, ProjectArgs
 from components.settings import ProjectSettings, StorageSettings, load_settings
 from components.storage import TrainingBuckets
 from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
-from ops.mock_engine import ProgramRun, Registration, run_program
+from ops.plan.mock_engine import ProgramRun, Registration, run_program
 from tests.infra.stack_fixtures import as_cli, config, node
 
 NAMING = Naming("acme-ml-test", "test")

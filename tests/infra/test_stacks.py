@@ -20,7 +20,7 @@ from components.stack_config import (
     project_defaults,
     stack_names,
 )
-from ops.mock_engine import run_program
+from ops.plan.mock_engine import run_program
 from tests.infra.stack_fixtures import as_cli, config, node
 
 STACKS = stack_names()
@@ -163,14 +163,14 @@ def test_tpuctl_plan_of_a_stack_missing_a_required_key_fails_with_the_clis_messa
         tmp_path, monkeypatch) -> None:
     from typer.testing import CliRunner
 
-    import ops.plan
+    import ops.plan.offline
     from ops.cli import app
 
     (tmp_path / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
     dev = load_yaml((REPO_ROOT / "Pulumi.dev.yaml").read_text())
     del dev["config"]["tpu-stack:storage"]
     (tmp_path / "Pulumi.nostore.yaml").write_text(yaml.safe_dump(dev))
-    monkeypatch.setattr(ops.plan, "file_config", lambda stack: file_config(stack, tmp_path))
+    monkeypatch.setattr(ops.plan.offline, "file_config", lambda stack: file_config(stack, tmp_path))
     result = CliRunner().invoke(app, ["plan", "--stack", "nostore"])
     assert result.exit_code == 2
     assert "Stack 'nostore' is missing configuration value 'storage'" in result.output
@@ -266,7 +266,7 @@ def test_a_node_itself_waits_for_the_tpu_api_its_grants_and_its_package() -> Non
 @pytest.mark.parametrize("stack", STACKS)
 def test_tpuctl_expects_exactly_the_nodes_the_plan_declares(stack: str) -> None:
     from components.stack_config import settings_for
-    from ops.stack_target import target_for
+    from ops.tpu.target import target_for
 
     run = run_program(file_config(stack), stack)
     declared = {vm.inputs["name"] for vm in run.of_type("gcp:tpu/v2Vm:V2Vm")}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
-from ops.node_actions import apply_actions, janitor_plan, recovery_plan
-from ops.node_status import collect, collect_queued
-from ops.tpu_api import TpuApi
+from ops.tpu.actions import apply_actions, janitor_plan, recovery_plan
+from ops.tpu.api import TpuApi
+from ops.tpu.status import collect, collect_queued
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import PROJECT, STACK_LABELS, ZONE, expected_node, target
 

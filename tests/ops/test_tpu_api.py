@@ -1,10 +1,10 @@
-"""ops/tpu_api.py: the real TpuClient against the fake TPU API."""
+"""ops/tpu/api.py: the real TpuClient against the fake TPU API."""
 
 from __future__ import annotations
 
 import pytest
 
-from ops.tpu_api import NoCredentialsError, TpuApi, TpuApiError
+from ops.tpu.api import NoCredentialsError, TpuApi, TpuApiError
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import OTHER_ZONE, PROJECT, STACK_LABELS, ZONE
 

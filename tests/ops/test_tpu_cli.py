@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ops import tpu_cmds
 from ops.cli import app
 from ops.local.storage_emulator import StorageEmulator
+from ops.tpu import commands as tpu_cmds
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import STACK_LABELS, ZONE, expected_node, target
 

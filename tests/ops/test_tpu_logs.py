@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from ops.agent_logs import AgentLogs, LogsError, follow, status_prefix
 from ops.local.storage_emulator import StorageEmulator
-from ops.tpu_api import NodeStatus
+from ops.tpu.api import NodeStatus
+from ops.tpu.logs import AgentLogs, LogsError, follow, status_prefix
 from tests.ops.tpu_world import PROJECT
 
 PREFIX = "gs://acme-ml-dev-logs/status/dev-trainer/"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from components import catalog
-from ops.preflight import preflight
-from ops.tpu_api import TpuApi
+from ops.tpu.api import TpuApi
+from ops.tpu.preflight import preflight
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import OTHER_ZONE, PROJECT, ZONE, expected_node, target
 

@@ -1,11 +1,11 @@
-"""ops/stack_target.py: every stack file in the repo resolves to node ids and slices."""
+"""ops/tpu/target.py: every stack file in the repo resolves to node ids and slices."""
 
 from __future__ import annotations
 
 import pytest
 
 from components.stack_config import stack_names
-from ops.stack_target import TargetError, load_target
+from ops.tpu.target import TargetError, load_target
 
 
 @pytest.mark.parametrize("stack", stack_names())

@@ -7,8 +7,8 @@ from io import StringIO
 
 from rich.console import Console
 
-from ops.node_status import collect, collect_queued, status_table, wait_until
-from ops.tpu_api import TpuApi
+from ops.tpu.api import TpuApi
+from ops.tpu.status import collect, collect_queued, status_table, wait_until
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import OTHER_ZONE, STACK_LABELS, ZONE, expected_node, target
 

@@ -1,7 +1,7 @@
 """The project, zones, labels and stack targets the tpuctl tests share."""
 
 from components import catalog
-from ops.stack_target import ExpectedNode, StackTarget
+from ops.tpu.target import ExpectedNode, StackTarget
 
 PROJECT = "acme-ml-dev"
 ZONE = "us-central1-b"

@@ -1,4 +1,4 @@
-"""`ops.plan_diff`: added / changed / removed, cost delta, TPU replacement warnings."""
+"""`ops.plan.diff`: added / changed / removed, cost delta, TPU replacement warnings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ops.plan_diff import diff_plans, load_plan, render_diff
+from ops.plan.diff import diff_plans, load_plan, render_diff
 from policy.evaluate import Violation
 
 

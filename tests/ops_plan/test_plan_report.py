@@ -1,4 +1,4 @@
-"""`ops.plan_report`: markdown / table / json with cost per hour and month, policy results."""
+"""`ops.plan.report`: markdown / table / json with cost per hour and month, policy results."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ops.plan_report import render
+from ops.plan.report import render
 from policy.evaluate import evaluate
 
 

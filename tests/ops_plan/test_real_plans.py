@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from components.stack_config import file_config, stack_names
-from ops.plan import offline_plan
-from ops.plan_diff import diff_plans, render_diff
-from ops.plan_report import plain
+from ops.plan.diff import diff_plans, render_diff
+from ops.plan.offline import offline_plan
+from ops.plan.report import plain
 from policy.evaluate import evaluate, load_config
 
 V2VM = "gcp:tpu/v2Vm:V2Vm"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from components.agent import STATUS_KEY
-from ops.tpu_api import NodeStatus
+from ops.tpu.api import NodeStatus
 
 JOB_ENDED = {"succeeded", "failed"}
 

@@ -1,7 +1,7 @@
 """tpuctl verbs for running capacity: preflight, status, wait, recover, janitor, logs.
 
-The logic lives in small modules (ops/tpu_api.py, preflight.py, node_status.py,
-node_actions.py, agent_logs.py); this module only parses options and renders.
+The logic lives in small modules beside it (api.py, preflight.py, status.py,
+actions.py, logs.py); this module only parses options and renders.
 Exit codes: 0 fine, 1 the check or wait failed, 2 the command could not run.
 """
 
@@ -20,9 +20,12 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ops import agent_logs, node_actions, node_status, preflight
-from ops.stack_target import StackTarget, TargetError, load_target
-from ops.tpu_api import NodeStatus, TpuApi, TpuApiError
+from ops.tpu import actions as node_actions
+from ops.tpu import logs as agent_logs
+from ops.tpu import preflight
+from ops.tpu import status as node_status
+from ops.tpu.api import NodeStatus, TpuApi, TpuApiError
+from ops.tpu.target import StackTarget, TargetError, load_target
 
 console = Console()
 errors = Console(stderr=True)

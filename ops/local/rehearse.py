@@ -37,7 +37,7 @@ from components.stack_config import StackFileError
 from ops.local.local_node import LocalNode
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator, split
-from ops.plan import Plan, offline_plan
+from ops.plan.offline import Plan, offline_plan
 
 TRAINING_PYTHON = REPO_ROOT / ".venv" / "tf218" / "bin" / "python"
 LOCATION_KEYS = ("trainData", "evalData", "checkpointDir", "exportDir", "tensorboardDir")

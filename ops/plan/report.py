@@ -1,4 +1,4 @@
-"""Render an offline plan (`ops.plan.Plan.to_json()`) for people: the PR comment.
+"""Render an offline plan (`ops.plan.offline.Plan.to_json()`) for people: the PR comment.
 
 Formats: `markdown` (GitHub comment), `table` (terminal), `json` (the plan plus
 monthly cost and the policy results). Everything works on the plan's JSON dict,

@@ -9,8 +9,8 @@ from typing import Literal
 
 from rich.table import Table
 
-from ops.stack_target import StackTarget
-from ops.tpu_api import NodeStatus, QueuedStatus, TpuApi
+from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi
+from ops.tpu.target import StackTarget
 
 Until = Literal["ready", "running", "done"]
 UNTIL_CHOICES: tuple[Until, ...] = ("ready", "running", "done")

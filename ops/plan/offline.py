@@ -13,7 +13,7 @@ from typing import Any
 from components.cost import StackCost, settings_cost
 from components.settings import StackSettings, load_settings
 from components.stack_config import file_config
-from ops.mock_engine import ProgramRun, Registration, run_program
+from ops.plan.mock_engine import ProgramRun, Registration, run_program
 
 PLAN_FORMAT_VERSION = 1
 

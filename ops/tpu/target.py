@@ -1,6 +1,6 @@
 """What tpuctl needs to know about a stack: its project, its nodes, where they live.
 
-Built from the lead's `StackSettings` (ops/stack_config.py) so the node ids and
+Built from the lead's `StackSettings` (components/stack_config.py) so the node ids and
 slices are exactly those `pulumi up` makes; tests build one directly.
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from components import catalog
 from components.settings import SettingsError, StackSettings
-from components.stack_config import StackFileError
+from components.stack_config import StackFileError, settings_for
 
 
 class TargetError(ValueError):
@@ -70,9 +70,7 @@ def target_for(settings: StackSettings) -> StackTarget:
 
 def load_target(stack: str) -> StackTarget:
     """The stack's target from Pulumi.yaml + Pulumi.<stack>.yaml, or one clear TargetError."""
-    from ops.stack_config import load_settings
-
     try:
-        return target_for(load_settings(stack))
+        return target_for(settings_for(stack))
     except (SettingsError, StackFileError) as error:
         raise TargetError(str(error)) from None

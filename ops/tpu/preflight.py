@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from components import catalog
-from ops.stack_target import ExpectedNode, StackTarget
-from ops.tpu_api import NoCredentialsError, TpuApi
+from ops.tpu.api import NoCredentialsError, TpuApi
+from ops.tpu.target import ExpectedNode, StackTarget
 
 Outcome = Literal["ok", "fail", "not checked"]
 # (project, region, generation, spot) -> chips the quota allows, or None if unknown.

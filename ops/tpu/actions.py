@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from components import catalog
-from ops.tpu_api import NodeStatus, QueuedStatus, TpuApi
+from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi
 
 Verb = Literal["delete-node", "reset-queued", "stop-node", "report"]
 # A spot or preemptible TPU is never restarted: it stays PREEMPTED, holding quota,

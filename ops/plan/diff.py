@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from components import queued_tpu
-from ops.plan_report import (
+from ops.plan.report import (
     check_format,
     duplicate_urns,
     duplicates_section,
@@ -42,7 +42,7 @@ class Change:
     urn: str
     type: str
     name: str
-    node: str  # the TPU node's logical name (ops.plan_report.node_name)
+    node: str  # the TPU node's logical name (ops.plan.report.node_name)
     properties: tuple[str, ...]  # dotted paths of changed inputs, `(protect)` for the option
     replaced_by: tuple[str, ...]  # the properties that force a TPU node's replacement
 

@@ -10,16 +10,16 @@ from rich.console import Console
 
 from components.settings import SettingsError
 from components.stack_config import StackFileError
-from ops.plan import Plan, offline_plan
-from ops.plan_diff import diff_plans, load_plan, render_diff
-from ops.plan_report import check_format, duplicate_urns, plain, render
+from ops.plan.diff import diff_plans, load_plan, render_diff
+from ops.plan.offline import Plan, offline_plan
+from ops.plan.report import check_format, duplicate_urns, plain, render
 from policy.evaluate import evaluate, load_config
 
 console = Console()
 
 
 def print_report(result: Plan, fmt: str | None, against: Path | None) -> int:
-    """The PR-comment rendering (ops/plan_report.py, ops/plan_diff.py); exit 1 on a policy
+    """The PR-comment rendering (ops/plan/report.py, ops/plan/diff.py); exit 1 on a policy
     violation or a duplicate URN."""
     head = plain(result.to_json())
     violations = evaluate(head, load_config())
