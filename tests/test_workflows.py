@@ -1,6 +1,6 @@
 """The workflows against the docs, the pinned actions and GitHub's own rules:
-the variables they read are the ones docs/pr-previews.md asks for, no heal can
-cancel a deploy, a
+the variables they read are the ones docs/pr-previews.md asks for, every Pulumi
+step runs the CLI version Pulumi.yaml requires, no heal can cancel a deploy, a
 deploy checks the zones live before `pulumi up`, and pull requests never get
 the deployer."""
 
@@ -96,12 +96,35 @@ def test_pull_requests_get_only_the_preview_account() -> None:
         assert "PREVIEW" not in text and "_GCP_DEPLOYER_SERVICE_ACCOUNT" in text, name
 
 
-def test_every_pulumi_step_uses_inputs_the_pinned_action_has() -> None:
+# ---- the Pulumi CLI version ------------------------------------------------------
+
+
+def required_version() -> str:
+    required = yaml.safe_load((ROOT / "Pulumi.yaml").read_text()).get("requiredPulumiVersion")
+    assert required, "Pulumi.yaml names no requiredPulumiVersion"
+    match = re.fullmatch(r">=\s*v?(\d+\.\d+\.\d+)", str(required).strip())
+    assert match, f"requiredPulumiVersion {required!r} is not >=X.Y.Z"
+    return match[1]
+
+
+def test_the_version_file_is_pulumi_yamls_minimum() -> None:
+    path = ROOT / ".pulumi-version"
+    assert path.exists(), ".pulumi-version is missing"
+    text = path.read_text()
+    assert re.fullmatch(r"\d+\.\d+\.\d+\n?", text), f"{text!r}: one X.Y.Z line"
+    assert text.strip() == required_version()
+
+
+def test_every_pulumi_step_pins_the_cli_with_the_version_file() -> None:
     found = pulumi_steps()
     assert len(found) >= 3
     for workflow, step in found:
-        inputs = set(step.get("with", {}))
-        assert inputs <= PULUMI_ACTION_INPUTS, (workflow, inputs - PULUMI_ACTION_INPUTS)
+        inputs = step.get("with", {})
+        # An empty input means any version: the runner image's CLI is used
+        # (pulumi/actions src/libs/pulumi-cli.ts, semver.satisfies(version, '')).
+        assert inputs.get("pulumi-version-file") == ".pulumi-version", workflow
+        assert "pulumi-version" not in inputs, workflow  # both at once is an error
+        assert set(inputs) <= PULUMI_ACTION_INPUTS, (workflow, set(inputs) - PULUMI_ACTION_INPUTS)
 
 
 # ---- concurrency: a heal never cancels a deploy -------------------------------------
