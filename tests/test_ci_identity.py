@@ -19,7 +19,7 @@ from components.ci import DEPLOYER_ROLES, GITHUB_ISSUER, PREVIEW_ROLES, CiArgs, 
 from components.naming import Naming
 from components.settings import CiSettings
 from components.stack_config import file_config
-from ops.mock_engine import run_program
+from ops.plan.mock_engine import run_program
 from policy.evaluate import evaluate, load_config
 from tests.cel_subset import CelError
 from tests.cel_subset import evaluate as cel
