@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from components.settings import SettingsError, load_settings
@@ -228,3 +230,34 @@ def test_queue_duration_in_seconds() -> None:
     settings = load(config(tpu_stack_nodes=[queued]))
     assert settings.nodes[0].queue.valid_until_seconds == 6 * 3600
     assert settings.nodes[0].spot
+
+
+@pytest.mark.parametrize("location", ["s3://bucket/train-*.tfrecord", "http://host/train-*",
+                                      "https://host/train-*", "file:///data/train-*",
+                                      "hdfs://nn/train-*", "ram://train-*"])
+@pytest.mark.parametrize("key", ["trainData", "evalData"])
+def test_a_location_with_another_scheme_than_gs_is_refused_naming_its_key(
+        key: str, location: str) -> None:
+    problems = dict(problems_of(config(tpu_stack_jobs={"mnist": job(**{key: location})})))
+    scheme = location.split(":", 1)[0]
+    assert f"the {scheme}: scheme is not supported" in problems[f"{J}.{key}"]
+    assert "allowed: gs://" in problems[f"{J}.{key}"]
+
+
+def test_gs_and_data_bucket_paths_are_locations() -> None:
+    settings = load(config(tpu_stack_jobs={"mnist": job(
+        trainData="gs://other-bucket/mnist/train-*.tfrecord",
+        evalData="datasets/mnist/test-*.tfrecord")}))
+    assert settings.job("mnist").trainData.startswith("gs://other-bucket/")
+
+
+def test_a_team_job_location_is_checked_the_same_way() -> None:
+    from components.settings import SettingsError as Error
+    from components.stack_config import file_config
+
+    raw = file_config("platform")
+    teams = json.loads(raw["tpu-stack:teams"])
+    teams["nlp"]["jobs"]["sweep"]["trainData"] = "s3://acme/mnist/train-*"
+    with pytest.raises(Error) as caught:
+        load_settings({**raw, "tpu-stack:teams": json.dumps(teams)}, "platform")
+    assert "tpu-stack:teams.nlp.jobs.sweep.trainData" in dict(caught.value.problems)

@@ -46,7 +46,7 @@ def test_missing_eval_data_is_named_as_such(capsys, job_file, tmp_path):
 
 @pytest.mark.parametrize(("pattern", "problem"), [
     ("/data/[train-*.tfrecord", "is not a valid glob: unbalanced [ ]"),
-    ("s4://bucket/train-*.tfrecord", "File system scheme 's4' not implemented"),
+    ("s4://bucket/train-*.tfrecord", "the s4: scheme is not supported"),
 ])
 def test_a_bad_glob_is_one_usage_error(capsys, job_file, pattern, problem):
     code, errors = run_job(capsys, job_file, trainData=pattern)

@@ -34,11 +34,21 @@ def test_stack_job_round_trips_and_resolves_for_a_node():
     assert JobConfig.from_dict(node.to_dict(), resolved=True) == node
 
 
-@pytest.mark.parametrize("path", ["gs://other/x-*.tfrecord", "/data/x-*", "ram://x/*"])
+@pytest.mark.parametrize("path", ["gs://other/x-*.tfrecord", "/data/x-*"])
 def test_absolute_data_is_kept_when_resolving(path):
     job = JobConfig.from_dict({**STACK_JOB, "trainData": path}, resolved=False)
     assert job.resolve(data_root="gs://root", checkpoint_dir="c", export_dir="e",
                        tensorboard_dir="t").trainData == path
+
+
+def test_a_stack_job_reads_only_gs_but_a_resolved_one_may_read_local_test_schemes():
+    with pytest.raises(JobConfigError, match="trainData: 'ram://x/\\*': the ram: scheme"):
+        JobConfig.from_dict({**STACK_JOB, "trainData": "ram://x/*"}, resolved=False)
+    resolved = {**STACK_JOB, "trainData": "ram://x/*", "checkpointDir": "/tmp/c",
+                "exportDir": "ram://e", "tensorboardDir": "gs://t/"}
+    assert JobConfig.from_dict(resolved).trainData == "ram://x/*"
+    with pytest.raises(JobConfigError, match="checkpointDir: 's3://c': the s3: scheme"):
+        JobConfig.from_dict({**resolved, "checkpointDir": "s3://c"})
 
 
 def test_none_means_the_default():

@@ -14,6 +14,7 @@ raises one `JobConfigError` listing every problem with its key.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -121,6 +122,7 @@ def _problems(data: Mapping[str, Any], *, resolved: bool) -> list[tuple[str, str
     if problems:
         return problems
     problems += _value_problems(data)
+    problems += _scheme_problems(data, resolved=resolved)
     if resolved:
         for key in LOCATION_KEYS:
             if not data.get(key):
@@ -185,6 +187,28 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     warmup = data.get("warmupSteps")
     if warmup is not None and warmup > steps:
         problems.append(("warmupSteps", f"{warmup} is more than trainSteps ({steps})"))
+    return problems
+
+
+# Keys that name a place to read or write; a stack job has only the data ones.
+DATA_KEYS: tuple[str, ...] = ("trainData", "evalData")
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+def _scheme_problems(data: Mapping[str, Any], *, resolved: bool) -> list[tuple[str, str]]:
+    """A location with any scheme but gs:// (s3://, http://, file:, …) is refused:
+    it would otherwise be read as a path inside the data bucket. A resolved job
+    may also point at the local test schemes (LOCAL_SCHEMES) and plain paths."""
+    allowed = (*REMOTE_SCHEMES, *LOCAL_SCHEMES) if resolved else REMOTE_SCHEMES
+    problems = []
+    for key in (*DATA_KEYS, *LOCATION_KEYS):
+        value = data.get(key)
+        match = _SCHEME_RE.match(value) if isinstance(value, str) else None
+        if match and not value.startswith(allowed):
+            where = "gs://bucket/path or a path in the data bucket" if key in DATA_KEYS \
+                else "a gs://bucket/path"
+            problems.append((key, f"{value!r}: the {match[1]}: scheme is not supported; "
+                                  f"give {where} (allowed: {', '.join(allowed)})"))
     return problems
 
 
