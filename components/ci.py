@@ -30,10 +30,13 @@ GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
 # GitHub puts `environment` in the token only when the job references one, and
 # `ref` is refs/pull/<n>/merge for a pull request (docs.github.com, "OpenID Connect
 # reference", OIDC token claims). A job of another branch cannot name the
-# environment and pass: `ref` is part of the same expression. `has()` tests
-# the claim's presence (CEL macro; Google's Confidential Space conditions use
-# it on `assertion`); the mapping is CEL (cloud.google.com/iam/docs/reference/
-# rest/v1/projects.locations.workloadIdentityPools.providers, attributeMapping).
+# environment and pass: `ref` is part of the same expression. The mapping is
+# CEL, a conditional included: the IAM API's own default AWS mapping is one
+# (cloud.google.com/iam/docs/reference/rest/v1/projects.locations.
+# workloadIdentityPools.providers, attributeMapping). `has()` tests the claim's
+# presence (a CEL macro; Google's Confidential Space conditions use
+# `!has(assertion.…)`); its use in a WIF mapping is unconfirmed by Google's docs:
+# if STS refused it, creating the provider would fail, never trust more.
 DEPLOY_ATTRIBUTE = "deploys_to"
 NOT_DEPLOYABLE = "none"
 
