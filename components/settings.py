@@ -11,6 +11,7 @@ functions check what depends on several values or on the catalog.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import re
@@ -344,11 +345,32 @@ def load_settings(raw: Mapping[str, Any], stack: str) -> StackSettings:
     try:
         settings = StackSettings.model_validate(data)
     except ValidationError as error:
-        raise SettingsError(problems + _pydantic_problems(error)) from None
+        raise SettingsError(with_suggestions(problems + _pydantic_problems(error))) from None
     problems += list(_rule_problems(settings))
     if problems:
-        raise SettingsError(problems)
+        raise SettingsError(with_suggestions(problems))
     return settings
+
+
+_UNKNOWN = "unknown key; allowed: "
+
+
+def with_suggestions(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A misspelt key is one problem with a "did you mean": the unknown key gets
+    the closest allowed one (difflib), and that key's own "is required" goes."""
+    suggested: set[str] = set()
+    out = []
+    for key, message in problems:
+        if message.startswith(_UNKNOWN):
+            parent, _, name = key.rpartition(".")
+            allowed = message[len(_UNKNOWN):].split(", ")
+            match = difflib.get_close_matches(name, allowed, n=1)
+            if match:
+                suggested.add(f"{parent}.{match[0]}" if parent else match[0])
+                message = f"unknown key; did you mean {match[0]}? allowed: {', '.join(allowed)}"
+        out.append((key, message))
+    return [(key, message) for key, message in out
+            if not (key in suggested and message == "is required")]
 
 
 def _gather(raw: Mapping[str, Any], stack: str) -> tuple[dict[str, Any], list]:

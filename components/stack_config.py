@@ -10,6 +10,7 @@ therefore see what `pulumi up` sees, or fail where it fails.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from pathlib import Path
@@ -241,13 +242,26 @@ def merge_config(stack: str, declarations: dict[str, dict[str, Any]],
     if missing:
         values = "values" if len(missing) > 1 else "value"
         raise StackFileError(f"Stack '{stack}' is missing configuration {values} "
-                             f"{_format_missing(missing)}")
+                             f"{_format_missing(missing)}"
+                             f"{_misspelt_hint(missing, stack_values, declarations)}")
     for key in sorted(declarations):
         declared = declarations[key]
         if "type" in declared and not _has_type(declared, _as_cli_sees(merged[_full_key(key)])):
             raise StackFileError(f"Stack '{stack}' with configuration key '{key}' must be of "
                                  f"type '{_type_name(declared)}'")
     return merged
+
+
+def _misspelt_hint(missing: list[str], stack_values: dict[str, Any],
+                   declarations: dict[str, dict[str, Any]]) -> str:
+    """Ours, not the CLI's: the stack's undeclared keys that look like a missing one."""
+    declared = {_full_key(key) for key in declarations}
+    strays = [key for key in stack_values if key.startswith(f"{NAMESPACE}:")
+              and key not in declared]
+    hints = [f"{match[0]} in the stack file: did you mean {_full_key(key)}?"
+             for key in sorted(missing)
+             if (match := difflib.get_close_matches(_full_key(key), strays, n=1))]
+    return f" ({'; '.join(hints)})" if hints else ""
 
 
 def _format_missing(keys: list[str]) -> str:

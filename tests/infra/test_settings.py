@@ -261,3 +261,19 @@ def test_a_team_job_location_is_checked_the_same_way() -> None:
     with pytest.raises(Error) as caught:
         load_settings({**raw, "tpu-stack:teams": json.dumps(teams)}, "platform")
     assert "tpu-stack:teams.nlp.jobs.sweep.trainData" in dict(caught.value.problems)
+
+
+@pytest.mark.parametrize(("changes", "key", "meant"), [
+    ({"tpu_stack_storage": None, "tpu_stack_storag": {"location": "US"}},
+     "tpu-stack:storag", "tpu-stack:storage"),
+    ({"tpu_stack_storage": {"locaton": "US"}}, "tpu-stack:storage.locaton", "location"),
+    ({"tpu_stack_jobs": {"mnist": job(trainDta="x/*", trainData=None)}},
+     f"{J}.trainDta", "trainData"),
+])
+def test_a_misspelt_key_is_one_line_with_did_you_mean(changes: dict, key: str,
+                                                      meant: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load(config(**changes))
+    assert caught.value.problems == [(key, caught.value.problems[0][1])]
+    assert caught.value.problems[0][1].startswith(f"unknown key; did you mean {meant}? allowed: ")
+    assert str(caught.value).splitlines()[0] == "the stack config has 1 problem:"

@@ -128,6 +128,15 @@ def test_a_key_without_default_or_value_left_unset_fails_as_the_cli_fails(
     assert str(caught.value) == message
 
 
+def test_a_misspelt_required_key_gets_a_did_you_mean_after_the_clis_message(tmp_path) -> None:
+    _project(tmp_path, {"storage": {}}, {"tpu-stack:storag": {"location": "US"}})
+    with pytest.raises(StackFileError) as caught:
+        file_config("s", tmp_path)
+    assert str(caught.value) == ("Stack 's' is missing configuration value 'storage' "
+                                 "(tpu-stack:storag in the stack file: did you mean "
+                                 "tpu-stack:storage?)")
+
+
 def test_typed_keys_and_declarations_follow_the_clis_rules(tmp_path) -> None:
     _project(tmp_path, {"environment": {"type": "string"}},
              {"tpu-stack:environment": {"a": 1}})
