@@ -10,18 +10,26 @@ Layout of the archive (the agent's contract, docs/design.md):
     wheels/<wheel files>             pinned in training/wheels.lock (tf-keras per TF minor)
 
 Same sources give the same bytes on any machine: entries sorted, owners,
-times and modes normalised, gzip header without name or time.
+times and modes normalised, and the gzip stream written here, not by zlib.
+Deflate output is not specified bit for bit: zlib-ng (the system zlib on recent
+Fedora) compresses the same tar to other bytes than zlib (zlib-ng issue 2216,
+docs/tpu-facts.md), which would make every machine's package a new object and
+restart every job. The archive is a gzip member of *stored* deflate blocks
+(RFC 1951 section 3.2.4, RFC 1952): fixed framing, CRC-32 and length, bytes that
+depend on the tar alone. The wheels inside are zip files, compressed already;
+any gzip reader (the agent's `tarfile.open(..., "r:gz")`) reads it.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import os
+import struct
 import subprocess
 import sys
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,10 +158,29 @@ def _pack(entries: list[tuple[str, Path]]) -> Archive:
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             tar.addfile(info, io.BytesIO(data))
-    compressed = io.BytesIO()
-    # Level 6: the wheels are zip-compressed already, level 9 only costs time.
-    with gzip.GzipFile(filename="", mode="wb", fileobj=compressed, mtime=0,
-                       compresslevel=6) as gz:
-        gz.write(tar_bytes.getvalue())
-    data = compressed.getvalue()
+    data = stored_gzip(tar_bytes.getvalue())
     return Archive(data=data, sha256=sha256_of(data))
+
+
+# RFC 1952 section 2.3: ID1 ID2, CM=8 (deflate), FLG=0 (no name, no comment),
+# MTIME=0, XFL=0, OS=255 (unknown): nothing of the machine or the time.
+GZIP_HEADER = b"\x1f\x8b\x08\x00" + b"\x00\x00\x00\x00" + b"\x00\xff"
+STORED_BLOCK_MAX = 0xFFFF  # RFC 1951 section 3.2.4: LEN is 16 bits
+
+
+def stored_gzip(payload: bytes) -> bytes:
+    """`payload` as one gzip member of stored (uncompressed) deflate blocks.
+
+    Every block is 65535 bytes but the last; each starts with BFINAL and
+    BTYPE=00 in one byte, then LEN and its complement NLEN, little-endian.
+    CRC-32 is a function of the bytes only, the same from zlib or zlib-ng."""
+    out = io.BytesIO()
+    out.write(GZIP_HEADER)
+    chunks = [payload[i:i + STORED_BLOCK_MAX]
+              for i in range(0, len(payload), STORED_BLOCK_MAX)] or [b""]
+    for index, chunk in enumerate(chunks):
+        final = 1 if index == len(chunks) - 1 else 0
+        out.write(struct.pack("<BHH", final, len(chunk), len(chunk) ^ 0xFFFF))
+        out.write(chunk)
+    out.write(struct.pack("<II", zlib.crc32(payload) & 0xFFFFFFFF, len(payload) & 0xFFFFFFFF))
+    return out.getvalue()

@@ -20,6 +20,10 @@ TYPE = "tpu-stack:index:TpuNode"
 # service-accounts#accesscopesiam: use cloud-platform and control with IAM).
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
+# The node's own id (the last part of projects/<p>/locations/<zone>/nodes/<id>):
+# on a worker, `instance/name` is the worker VM's name, not the node's
+# (docs/design.md, "What a TPU node carries in metadata").
+NODE_KEY = "tpu-stack-node"
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
         agent.JOB_KEY: json.dumps(job.to_dict(), sort_keys=True),
         agent.WORKERS_KEY: args.settings.workers,
         agent.STATUS_KEY: loc.status_prefix,
+        NODE_KEY: args.node_id,
         # The agent publishes status as guest attributes; Compute Engine serves
         # them only with this key set (cloud.google.com/compute/docs/metadata/
         # manage-guest-attributes). Whether TPU VMs need it is undocumented.

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import re
 import shutil
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
 
+from components import archive as archive_module
 from components.archive import (
     TRAINING_DIR,
     PackageError,
@@ -18,6 +21,7 @@ from components.archive import (
     build_archive,
     ensure_wheels,
     read_lock,
+    stored_gzip,
 )
 
 
@@ -42,16 +46,48 @@ def test_archive_holds_the_job_and_one_tf_keras_wheel_per_tf(archive) -> None:
     assert all(m.mtime == 0 and m.uid == 0 and m.mode == 0o644 for m in names.values())
 
 
-def test_same_sources_elsewhere_give_the_same_bytes(archive, tmp_path: Path) -> None:
-    copy = tmp_path / "training"
-    shutil.copytree(TRAINING_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+def other_deflate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deflate as another zlib would: same format, other bytes (zlib-ng is not
+    bitwise compatible with zlib, docs/tpu-facts.md)."""
+    real = zlib.compressobj
+
+    def compressobj(level: int = -1, *args: object, **kwargs: object) -> object:
+        return real(1 if level != 1 else 9, *args, **kwargs)
+
+    monkeypatch.setattr(zlib, "compressobj", compressobj)
+    monkeypatch.setattr(gzip.zlib, "compressobj", compressobj)
+    monkeypatch.setattr(archive_module, "_PACKED", {})  # no cache: pack again for real
+
+
+def test_same_tree_elsewhere_gives_the_same_sha(archive, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other mtimes, umask, owner and compression settings: the same sha256."""
+    old_umask = os.umask(0o077)
+    try:
+        copy = tmp_path / "training"
+        shutil.copytree(TRAINING_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"),
+                        copy_function=shutil.copyfile)  # new files: modes from the umask
+    finally:
+        os.umask(old_umask)
     for path in copy.rglob("*"):
         os.utime(path, (1_000_000, 1_000_000))
-        if path.is_file():
-            path.chmod(0o600)
+        if os.geteuid() == 0:
+            os.chown(path, 4321, 4321)
     (copy / "tpu_training" / "__pycache__").mkdir(exist_ok=True)
     (copy / "tpu_training" / "__pycache__" / "x.pyc").write_bytes(b"junk")
+    other_deflate(monkeypatch)
     assert build_archive(copy).sha256 == archive.sha256
+
+
+def test_the_archive_is_a_gzip_any_reader_opens(archive) -> None:
+    tar_bytes = gzip.decompress(archive.data)
+    with tarfile.open(fileobj=io.BytesIO(archive.data), mode="r:gz") as tar:
+        assert "tpu_training/config.py" in tar.getnames()
+    assert stored_gzip(tar_bytes) == archive.data
+    for size in (0, 1, 0xFFFF, 0xFFFF + 1, 3 * 0xFFFF + 7):
+        payload = os.urandom(size)
+        assert gzip.decompress(stored_gzip(payload)) == payload
+        assert zlib.decompress(stored_gzip(payload), wbits=31) == payload
 
 
 def test_a_source_change_changes_the_digest(archive, tmp_path: Path) -> None:

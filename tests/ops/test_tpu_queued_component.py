@@ -27,6 +27,7 @@ def test_a_queued_node_is_a_queued_tpu_with_the_agents_metadata() -> None:
     assert inputs["enable_external_ips"] is False
     assert inputs["metadata"][agent.STATUS_KEY] == "gs://l/status/test-trainer/"
     assert inputs["metadata"][agent.STARTUP_SCRIPT_KEY] == agent.startup_script()
+    assert inputs["metadata"]["tpu-stack-node"] == "test-trainer"
 
 
 def test_a_queued_topology_goes_as_an_accelerator_config() -> None:
