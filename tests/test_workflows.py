@@ -96,6 +96,15 @@ def test_pull_requests_get_only_the_preview_account() -> None:
         assert "PREVIEW" not in text and "_GCP_DEPLOYER_SERVICE_ACCOUNT" in text, name
 
 
+def test_each_deploy_runs_in_the_environment_its_deployer_trusts() -> None:
+    """The deployer trusts only jobs in `deployEnvironment`, by default the stack's
+    name (components/ci.py): a job in another environment could not deploy."""
+    for job in load("deploy.yml")["jobs"].values():
+        assert job["with"]["environment"] == job["with"]["stack"]
+    heal = load("self-heal.yml")["jobs"]["heal"]
+    assert heal["environment"] == heal["env"]["STACK"]
+
+
 # ---- the Pulumi CLI version ------------------------------------------------------
 
 
