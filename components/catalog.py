@@ -70,6 +70,15 @@ class Generation:
 TF_RUNTIME = "tpu-vm-tf-2.18.0"
 # The TensorFlow versions the training package supports (training/wheels.lock).
 SUPPORTED_TF = ((2, 18), (2, 19), (2, 20))
+# TensorFlow versions (from 2.15, where -pjrt images begin) whose TPU VM images
+# cloud.google.com/tpu/docs/runtimes lists (docs/tpu-facts.md, "Runtime
+# versions"): 2.15.0, 2.15.1 and 2.16.1 in its version list, 2.18.0 the newest
+# row. 2.19 and 2.20 images appear in no Google doc, so a node asking for one
+# is refused: its replacement (old node deleted first) would fail to create.
+DOCUMENTED_TF = ((2, 15, 0), (2, 15, 1), (2, 16, 1), (2, 18, 0))
+# The runtimes page: "TPU v6e, v5e and v5p support TensorFlow 2.15.0 and newer";
+# v4 from TF 2.10.1 and v2/v3 use the same images.
+MIN_TF_V5_ON = (2, 15, 0)
 
 _V5E_V6E_TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 
@@ -125,16 +134,16 @@ GENERATIONS: dict[str, Generation] = {
                                     "(a 2026 table says 2.40 on-demand: conflict)"),
         ),
         Generation(
-            # cloud.google.com/tpu/docs/v6e: shapes as v5e. docs/tpu-facts.md lists no
-            # documented TensorFlow image for v6e (only an unconfirmed
-            # tpu-vm-tf-2.18.0-pjrt-v5e-and-v6), so a TF job there is refused.
+            # cloud.google.com/tpu/docs/v6e: shapes as v5e. The runtimes page says
+            # v6e supports TensorFlow 2.15+ with tpu-vm-tf-x.y.z[-pod]-pjrt images
+            # (docs/tpu-facts.md, "Runtime versions").
             name="v6e", type_prefix="v6e", api_type="V6E", naming=Naming.CHIPS,
             cores_per_chip=1, replicas_per_chip=1, hbm_gib_per_chip=32,
             max_single_host_chips=8,
             topologies=_V5E_V6E_TOPOLOGIES, max_chips=256,
             zones=("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b",
                    "europe-west4-a", "asia-northeast1-b"),
-            tf_runtime=None, base_runtime="v2-alpha-tpuv6e",
+            tf_runtime=TF_RUNTIME, base_runtime="v2-alpha-tpuv6e",
             price=Price(2.70, 1.78, "docs/tpu-facts.md: SkyPilot PR 4540, 2025-01 (us-east1); "
                                     "spot from europe-west4, 2026-08"),
         ),
@@ -325,10 +334,14 @@ def runtime_problem(tpu: Slice, runtime: str) -> str | None:
     if not match:
         return (f"{runtime} is not a TensorFlow TPU VM image: "
                 f"tpu-vm-tf-X.Y.Z[-pod]-pjrt, e.g. {runtime_for(tpu)}")
-    version = (int(match["major"]), int(match["minor"]))
-    if version not in SUPPORTED_TF:
-        supported = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_TF)
-        return f"{runtime} carries TensorFlow {version[0]}.{version[1]}; supported: {supported}"
+    version = (int(match["major"]), int(match["minor"]), int(match["patch"]))
+    if version not in documented_tf(gen):
+        why = ("the training package does not support it" if version in DOCUMENTED_TF
+               else "cloud.google.com/tpu/docs/runtimes lists no such image")
+        usable = ", ".join(".".join(map(str, v)) for v in documented_tf(gen))
+        return (f"{runtime} carries TensorFlow {'.'.join(map(str, version))}: {why}; "
+                f"documented and supported on {gen.name}: {usable} "
+                f"(e.g. {runtime_for(tpu)})")
     if match["api"] != "-pjrt":
         return f"{runtime}: from TensorFlow 2.15 use the -pjrt image, e.g. {runtime_for(tpu)}"
     if tpu.multi_host and not match["pod"]:
@@ -338,6 +351,12 @@ def runtime_problem(tpu: Slice, runtime: str) -> str | None:
         return (f"{runtime} is a multi-host (-pod) image but {tpu.accelerator_type} is "
                 f"one host: use e.g. {runtime_for(tpu)}")
     return None
+
+
+def documented_tf(gen: Generation) -> tuple[tuple[int, int, int], ...]:
+    """TensorFlow versions with a documented image on `gen` that the package supports."""
+    floor = MIN_TF_V5_ON if gen.name in ("v5e", "v5p", "v6e") else (0, 0, 0)
+    return tuple(v for v in DOCUMENTED_TF if v[:2] in SUPPORTED_TF and v >= floor)
 
 
 def region_of(zone: str) -> str:

@@ -101,3 +101,35 @@ def test_prices_scale_with_chips_and_spot_is_cheaper() -> None:
 def test_every_zone_names_its_region() -> None:
     for zone in catalog.all_zones():
         assert catalog.region_of(zone) == zone.rsplit("-", 1)[0]
+
+
+@pytest.mark.parametrize("accelerator", ["v2-8", "v3-8", "v4-8", "v5litepod-8", "v5p-8",
+                                         "v6e-8"])
+@pytest.mark.parametrize("version", ["2.19.0", "2.20.0", "2.17.0"])
+def test_runtimes_the_runtimes_page_does_not_list_are_refused(accelerator: str,
+                                                               version: str) -> None:
+    tpu = catalog.parse_accelerator_type(accelerator)
+    problem = catalog.runtime_problem(tpu, f"tpu-vm-tf-{version}-pjrt") or ""
+    assert "cloud.google.com/tpu/docs/runtimes lists no such image" in problem
+    assert "documented and supported on" in problem and "2.18.0" in problem
+
+
+def test_a_documented_image_of_a_tf_the_package_does_not_support_is_refused() -> None:
+    problem = catalog.runtime_problem(catalog.parse_accelerator_type("v2-8"),
+                                      "tpu-vm-tf-2.16.1-pjrt") or ""
+    assert "the training package does not support it" in problem
+
+
+def test_v6e_runs_the_documented_tensorflow_images() -> None:
+    single, pod = (catalog.parse_accelerator_type(t) for t in ("v6e-8", "v6e-16"))
+    assert catalog.runtime_for(single) == "tpu-vm-tf-2.18.0-pjrt"
+    assert catalog.runtime_for(pod) == "tpu-vm-tf-2.18.0-pod-pjrt"
+    assert catalog.runtime_problem(single, "tpu-vm-tf-2.18.0-pjrt") is None
+
+
+@given(slices)
+def test_every_accepted_runtime_is_documented(tpu: Slice) -> None:
+    for version in ("2.15.0", "2.16.1", "2.18.0", "2.18.1", "2.19.0", "2.20.0"):
+        runtime = f"tpu-vm-tf-{version}-{'pod-' if tpu.multi_host else ''}pjrt"
+        if catalog.runtime_problem(tpu, runtime) is None:
+            assert tuple(map(int, version.split("."))) in catalog.DOCUMENTED_TF

@@ -38,16 +38,17 @@ def test_live_preflight_checks_each_zone_once_and_passes(fake_tpu: FakeTpuApi, t
 def test_a_zone_that_does_not_offer_the_type_or_runtime_fails(
     fake_tpu: FakeTpuApi, tpu: TpuApi
 ) -> None:
-    # The catalog allows TF 2.19 images; this zone of the fake offers only 2.18.
+    # No Google doc lists a TF 2.19 image (the catalog refuses it), and this zone
+    # of the fake offers only 2.18: both checks fail.
     stack = target(expected_node("dev-big", OTHER_ZONE, "v3-8", "tpu-vm-tf-2.19.0-pjrt"))
 
     report = preflight(stack, tpu)
 
     assert not report.ok
     failed = [c for c in report.checks if c.outcome == "fail"]
-    assert [(c.what, c.detail) for c in failed] == [
-        ("zone offers tpu-vm-tf-2.19.0-pjrt", "europe-west4-a offers: tpu-vm-tf-2.18.0-pjrt"),
-    ]
+    assert [c.what for c in failed] == ["catalog: runtime tpu-vm-tf-2.19.0-pjrt",
+                                        "zone offers tpu-vm-tf-2.19.0-pjrt"]
+    assert failed[1].detail == "europe-west4-a offers: tpu-vm-tf-2.18.0-pjrt"
 
 
 def test_the_catalog_check_catches_a_zone_the_generation_is_not_in(fake_tpu: FakeTpuApi) -> None:

@@ -40,7 +40,12 @@ def test_every_stack_passes_the_pack(plans):
 
 
 def test_runtime_version_change_warns_of_replacement(plans):
-    head = plan_with_nodes("dev", lambda n: n[0].update(runtimeVersion="tpu-vm-tf-2.19.0-pjrt"))
+    # The catalog documents one TF image (2.18.0); the diff reads plans, so the
+    # head is the dev plan with a newer runtime written in.
+    head = copy.deepcopy(plans["dev"])
+    for resource in head["resources"]:
+        if resource["type"] == V2VM:
+            resource["inputs"]["runtimeVersion"] = "tpu-vm-tf-2.18.1-pjrt"
     diff = diff_plans(plans["dev"], head)
     [replaced] = diff.replacements
     assert replaced.type == V2VM and replaced.replaced_by == ("runtimeVersion",)
