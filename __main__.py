@@ -7,7 +7,7 @@ from components.settings import SettingsError, load_settings
 from components.stack_config import program_config
 
 try:
-    settings = load_settings(program_config(), pulumi.get_stack())
+    settings = load_settings(program_config(), pulumi.get_stack(), pulumi.get_organization())
 except SettingsError as error:
     # One message listing every problem, and no Python traceback (RunError).
     raise pulumi.RunError(str(error)) from None

@@ -258,6 +258,9 @@ class StackSettings(_Model):
 
     stack: str
     gcp_project: str
+    # The deployment's organization (pulumi.get_organization(): "organization" on
+    # a self-managed backend); None where unknown, as in an offline plan.
+    organization: str | None = None
     environment: Environment = "prod"
     team: str = "platform"
     labels: dict[str, str] = Field(default_factory=dict)
@@ -335,13 +338,16 @@ class StackSettings(_Model):
 # Keys of the stack config the program reads, with the model field each fills.
 TOP_LEVEL_KEYS: dict[str, str] = {
     f"{NAMESPACE}:{to_camel(name)}": name
-    for name in StackSettings.model_fields if name not in ("stack", "gcp_project")
+    for name in StackSettings.model_fields if name not in ("stack", "gcp_project", "organization")
 }
 
 
-def load_settings(raw: Mapping[str, Any], stack: str) -> StackSettings:
-    """Check the config `raw` (`namespace:key` → value, as the CLI passes it)."""
+def load_settings(raw: Mapping[str, Any], stack: str,
+                  organization: str | None = None) -> StackSettings:
+    """Check the config `raw` (`namespace:key` → value, as the CLI passes it) of
+    `stack` in `organization` (None: unknown, e.g. offline)."""
     data, problems = _gather(raw, stack)
+    data["organization"] = organization
     try:
         settings = StackSettings.model_validate(data)
     except ValidationError as error:
@@ -695,8 +701,19 @@ DEFAULT_TEAM = StackSettings.model_fields["team"].default
 # Google groups and users as IAM writes them (cloud.google.com/iam/docs/
 # principal-identifiers): `group:ml-vision@acme.com`, `user:ana@acme.com`.
 _MEMBER_RE = re.compile(r"^(group|user):[A-Za-z0-9._%+'-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
-# A StackReference name: organization/project/stack.
-_STACK_REF_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+# A StackReference name, <organization>/tpu-stack/<stack>: the platform stack is
+# a stack of this project. Stack names: pulumi/pulumi sdk/go/common/tokens/
+# stack_name.go, ParseStackName (alphanumerics, -, _, ., at most 100).
+_STACK_REF_RE = re.compile(
+    rf"^(?P<org>[A-Za-z0-9_.-]+)/{NAMESPACE}/(?P<stack>[A-Za-z0-9_.-]{{1,100}})$")
+# pulumi/pulumi pkg/backend/diy/store.go, ParseReference: on a self-managed (DIY)
+# backend (pulumi login gs://…, s3://…, file://…) "organization name must be
+# 'organization'"; Pulumi Cloud (pkg/backend/httpstate, ParseStackReference)
+# takes the stack's own organization.
+DIY_ORGANIZATION = "organization"
+STACK_REF_FORMS = (f"<your-org>/{NAMESPACE}/<stack> on Pulumi Cloud (e.g. "
+                   f"acme/{NAMESPACE}/platform), {DIY_ORGANIZATION}/{NAMESPACE}/<stack> on a "
+                   f"self-managed backend (pulumi login gs://…, s3://…, file://…)")
 _CAPACITY_WORDS = {"onDemand": "on-demand", "spot": "spot", "reserved": "reserved",
                    "preemptible": "preemptible (spot and preemptible)"}
 
@@ -827,11 +844,18 @@ def _billing_problems(billing: BillingSettings) -> Problems:
 def _team_stack_problems(s: StackSettings) -> Problems:
     key = f"{NAMESPACE}:platformStack"
     ref = s.platform_stack or ""
-    if not _STACK_REF_RE.match(ref):
-        yield (key, f"{ref!r} is not a stack reference: organization/project/stack, "
-                    f"e.g. acme/tpu-stack/platform")
-    elif ref.rsplit("/", 1)[-1] == s.stack:
+    match = _STACK_REF_RE.match(ref)
+    if not match:
+        yield (key, f"{ref!r} is not a stack reference: {STACK_REF_FORMS}")
+    elif match["stack"] == s.stack:
         yield (key, f"{ref!r} is this stack itself; name the platform stack")
+    elif s.organization is not None and (match["org"] == DIY_ORGANIZATION) != (
+            s.organization == DIY_ORGANIZATION):
+        backend = ("a self-managed backend, whose organization is always "
+                   f"{DIY_ORGANIZATION!r}" if s.organization == DIY_ORGANIZATION
+                   else f"Pulumi Cloud (organization {s.organization!r})")
+        yield (key, f"{ref!r} does not name a stack on this stack's backend, {backend}: "
+                    f"use {STACK_REF_FORMS}")
     if s.team == DEFAULT_TEAM or not LOGICAL_NAME_RE.match(s.team):
         yield (f"{NAMESPACE}:team", f"{s.team!r}: a team stack names its team, a key of the "
                                     f"platform stack's {TEAMS_KEY} ({LOGICAL_NAME_RULE})")

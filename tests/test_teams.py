@@ -189,7 +189,7 @@ def team_stack(**changes: Any) -> dict:
 
 @pytest.mark.parametrize(("changes", "key", "words"), [
     ({"tpu-stack:platformStack": "platform"}, "tpu-stack:platformStack",
-     "organization/project/stack"),
+     "organization/tpu-stack/<stack> on a self-managed backend"),
     ({"tpu-stack:team": "platform"}, "tpu-stack:team", "a team stack names its team"),
     ({"tpu-stack:teams": {"x": team("x")}}, "tpu-stack:teams", "belongs to the platform stack"),
     ({"tpu-stack:quota": QUOTA}, "tpu-stack:quota", "belongs to the platform stack"),

@@ -198,18 +198,21 @@ class ProgramRun:
 
 def run_program(config: Mapping[str, str], stack: str,
                 program: Callable[[], None] | None = None,
-                mock: mocks.Mocks | None = None) -> ProgramRun:
+                mock: mocks.Mocks | None = None,
+                organization: str | None = None) -> ProgramRun:
     """Run `program` (default: the repo's __main__.py) as stack `stack`.
 
     Runs in a fresh context and event loop, so runs never share Pulumi state.
     Exceptions the program raises (e.g. pulumi.RunError for a bad config)
-    propagate to the caller.
+    propagate to the caller. `organization` is what pulumi.get_organization()
+    answers ("organization" on a self-managed backend); None: the backend is
+    unknown, as offline.
     """
     if mock is None:
         mock = GcpMocks(stack_outputs=referenced_stack_outputs(config))
     try:
         return contextvars.Context().run(_run, dict(config), stack,
-                                         program or _main_program, mock)
+                                         program or _main_program, mock, organization)
     finally:
         _collect_run_garbage()
 
@@ -259,7 +262,7 @@ class _RpcThreads(ThreadPoolExecutor):
 
 
 def _run(config: dict[str, str], stack: str, program: Callable[[], None],
-         mock: mocks.Mocks) -> ProgramRun:
+         mock: mocks.Mocks, organization: str | None) -> ProgramRun:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     threads = _RpcThreads()
@@ -271,7 +274,8 @@ def _run(config: dict[str, str], stack: str, program: Callable[[], None],
     gc.disable()
     try:
         monitor = RecordingMonitor(mock)
-        mocks.set_mocks(mock, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+        mocks.set_mocks(mock, project=PROJECT, stack=stack, preview=False, monitor=monitor,
+                        organization=organization)
         set_all_config(config)
         program()
         loop.run_until_complete(wait_for_rpcs())

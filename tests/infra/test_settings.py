@@ -277,3 +277,38 @@ def test_a_misspelt_key_is_one_line_with_did_you_mean(changes: dict, key: str,
     assert caught.value.problems == [(key, caught.value.problems[0][1])]
     assert caught.value.problems[0][1].startswith(f"unknown key; did you mean {meant}? allowed: ")
     assert str(caught.value).splitlines()[0] == "the stack config has 1 problem:"
+
+
+def _team_stack(ref: str) -> dict:
+    from components.stack_config import file_config
+
+    return {**file_config("team-vision"), "tpu-stack:platformStack": ref}
+
+
+@pytest.mark.parametrize(("ref", "organization"), [
+    ("acme/tpu-stack/platform", "acme"),                 # Pulumi Cloud
+    ("organization/tpu-stack/platform", "organization"),  # self-managed (DIY)
+    ("acme/tpu-stack/platform", None),                   # offline: backend unknown
+    ("organization/tpu-stack/platform", None),
+])
+def test_both_backends_stack_reference_forms_are_accepted(ref: str, organization) -> None:
+    settings = load_settings(_team_stack(ref), "team-vision", organization)
+    assert settings.platform_stack == ref and settings.platform_naming.stack == "platform"
+
+
+@pytest.mark.parametrize(("ref", "organization", "words"), [
+    ("acme/tpu-stack/platform", "organization",
+     "a self-managed backend, whose organization is always 'organization'"),
+    ("organization/tpu-stack/platform", "acme", "Pulumi Cloud (organization 'acme')"),
+    ("acme/platform", None, "is not a stack reference"),
+    ("acme/other-project/platform", None, "is not a stack reference"),
+    ("acme/tpu-stack/plat form", None, "is not a stack reference"),
+])
+def test_a_stack_reference_of_the_wrong_form_says_which_form_goes_with_which_backend(
+        ref: str, organization, words: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(_team_stack(ref), "team-vision", organization)
+    message = dict(caught.value.problems)["tpu-stack:platformStack"]
+    assert words in message
+    assert ("<your-org>/tpu-stack/<stack> on Pulumi Cloud" in message
+            and "organization/tpu-stack/<stack> on a self-managed backend" in message)

@@ -281,3 +281,12 @@ def test_tpuctl_expects_exactly_the_nodes_the_plan_declares(stack: str) -> None:
     declared = {vm.inputs["name"] for vm in run.of_type("gcp:tpu/v2Vm:V2Vm")}
     declared |= {q.inputs["node_id"] for q in run.registrations if "QueuedTpu" in q.type}
     assert {n.node_id for n in target_for(settings_for(stack)).nodes} == declared
+
+
+def test_a_cloud_stack_reference_fails_the_program_on_a_self_managed_backend() -> None:
+    """`pulumi up -s team-vision` after `pulumi login gs://…`: the engine's organization
+    is 'organization', so acme/tpu-stack/platform cannot resolve (pkg/backend/diy)."""
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program(file_config("team-vision"), "team-vision", organization="organization")
+    assert "tpu-stack:platformStack: 'acme/tpu-stack/platform' does not name a stack on " \
+           "this stack's backend, a self-managed backend" in str(caught.value)
