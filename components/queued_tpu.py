@@ -168,6 +168,11 @@ def _reservation(props: dict[str, Any]) -> str:
 
 # ---- waiting -------------------------------------------------------------------
 
+# States of a request that sits in the queue or got its capacity: `create` returns at
+# the first of them, `read` and `tpuctl wait` follow the rest. WAITING_FOR_RESOURCES
+# replaced ACCEPTED (cloud.google.com/tpu/docs/queued-resources, request states).
+IN_QUEUE = frozenset({"WAITING_FOR_RESOURCES", "ACCEPTED", "PROVISIONING", "ACTIVE"})
+
 
 def _state_name(queued: Any) -> str:
     return queued.state.state.name
@@ -179,12 +184,12 @@ def _failure_detail(queued: Any) -> str:
 
 
 def wait_for_queued(
-    client: Any, name: str, wanted: set[str], timeout: float, poll: float, missing_ok: bool = False
+    client: Any, name: str, wanted: set[str] | frozenset[str], timeout: float, poll: float
 ) -> Any:
-    """Poll a queued resource until its state is in `wanted`; None if it is gone and `missing_ok`.
+    """Poll a queued resource until its state is in `wanted`.
 
-    FAILED and SUSPENDED end the wait with a QueuedTpuError unless wanted.
-    """
+    FAILED and SUSPENDED end the wait with a QueuedTpuError unless wanted; so do
+    a vanished request and the deadline."""
     from google.api_core import exceptions as gexc
 
     deadline = time.monotonic() + timeout
@@ -192,8 +197,6 @@ def wait_for_queued(
         try:
             queued = client.get_queued_resource(name=name, retry=transient_retry())
         except gexc.NotFound:
-            if missing_ok:
-                return None
             raise QueuedTpuError(
                 f"queued resource {name} disappeared while waiting for {sorted(wanted)}"
             ) from None
@@ -210,39 +213,73 @@ def wait_for_queued(
         if time.monotonic() >= deadline:
             raise QueuedTpuError(
                 f"queued resource {name} is still {state} after {timeout:.0f} s "
-                f"(wanted {'/'.join(sorted(wanted))}); it stays queued: "
-                "the next `pulumi up` picks it up again"
+                f"(wanted {'/'.join(sorted(wanted))})"
             )
         time.sleep(poll)
+
+
+def wait_until_gone(client: Any, name: str, timeout: float, poll: float) -> None:
+    from google.api_core import exceptions as gexc
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            queued = client.get_queued_resource(name=name, retry=transient_retry())
+        except gexc.NotFound:
+            return
+        if time.monotonic() >= deadline:
+            raise QueuedTpuError(
+                f"queued resource {name} is still {_state_name(queued)} {timeout:.0f} s "
+                "after its deletion"
+            )
+        time.sleep(poll)
+
+
+def force_delete(client: Any, name: str, timeout: float, poll: float) -> None:
+    """Delete a queued resource in any state, its nodes first; done when it is gone.
+
+    Without `force` the API deletes a request only once its nodes are gone or it is
+    ACCEPTED, FAILED or SUSPENDED; with `force` it deletes the running nodes first
+    (google-cloud-tpu 1.27, `tpu_v2.DeleteQueuedResourceRequest.force`). So a request
+    still WAITING_FOR_RESOURCES, PROVISIONING or CREATING needs it."""
+    from google.api_core import exceptions as gexc
+    from google.cloud import tpu_v2
+
+    request = tpu_v2.DeleteQueuedResourceRequest(name=name, force=True)
+    with contextlib.suppress(gexc.NotFound):
+        client.delete_queued_resource(request=request, retry=transient_retry()).result(
+            timeout=timeout
+        )
+    wait_until_gone(client, name, timeout, poll)
 
 
 # ---- the provider ----------------------------------------------------------------
 
 
 class QueuedTpuProvider(dyn.ResourceProvider):
-    """create/read/diff/update/delete for one queued resource holding one node."""
+    """create/read/diff/update/delete for one queued resource holding one node.
+
+    A dynamic provider's failed `create` records nothing in the state (Pulumi's
+    dynamic provider contract: no partial state, docs/tpu-facts.md). A request left
+    in the queue would later provision a billable TPU that no stack owns, so every
+    failure after the create call deletes the request (force) before it is raised,
+    and `create` returns as soon as the request is in the queue: provisioning is
+    followed by `read` (`pulumi refresh`) and `tpuctl wait`, never by a long wait here."""
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dyn.CheckResult:
         failures = [dyn.CheckFailure(key, f"{key} {why}") for key, why in check_inputs(news)]
         return dyn.CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> dyn.CreateResult:
-        from google.api_core import exceptions as gexc
-
         problems = check_inputs(props)
         if problems:
             raise QueuedTpuError("; ".join(f"{key} {why}" for key, why in problems))
         client = tpu_client()
         name = f"{_parent(props)}/queuedResources/{_queued_id(props)}"
-        # 409 ALREADY_EXISTS: an earlier `up` timed out waiting; adopt the request in the queue.
-        with contextlib.suppress(gexc.Conflict):
-            client.create_queued_resource(
-                parent=_parent(props),
-                queued_resource_id=_queued_id(props),
-                queued_resource=build_queued_resource(props),
-                retry=transient_retry(),
-            ).result(timeout=_timeout(props, "create"))
-        queued = wait_for_queued(client, name, {"ACTIVE"}, _timeout(props, "create"), _poll(props))
+        try:
+            queued = _enqueue(client, name, props)
+        except Exception as error:
+            raise _cleaned_up(client, name, props, error) from error
         return dyn.CreateResult(name, _outputs(client, props, queued))
 
     def read(self, id_: str, props: dict[str, Any]) -> dyn.ReadResult:
@@ -266,12 +303,19 @@ class QueuedTpuProvider(dyn.ResourceProvider):
         return dyn.DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=True)
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.UpdateResult:
+        from google.api_core import exceptions as gexc
         from google.protobuf import field_mask_pb2
 
         client = tpu_client()
         paths = [key for key in IN_PLACE if _normal(olds.get(key)) != _normal(news.get(key))]
         if paths:
-            current = client.get_node(name=_node_name(news), retry=transient_retry())
+            try:
+                current = client.get_node(name=_node_name(news), retry=transient_retry())
+            except gexc.NotFound:
+                # Not provisioned yet: the node spec inside a request cannot be patched
+                # (the API has no update for queued resources), so the request is
+                # queued again with the new spec. It loses its place in the queue.
+                return dyn.UpdateResult(self._requeue(client, id_, news))
             node = build_node(news)
             node.name = current.name
             for key in MAPS:
@@ -286,25 +330,48 @@ class QueuedTpuProvider(dyn.ResourceProvider):
         queued = client.get_queued_resource(name=id_, retry=transient_retry())
         return dyn.UpdateResult(_outputs(client, news, queued))
 
-    def delete(self, id_: str, props: dict[str, Any]) -> None:
-        from google.api_core import exceptions as gexc
-
-        client = tpu_client()
-        timeout, poll = _timeout(props, "delete"), _poll(props)
-        # NotFound: preempted and cleaned up already, or never provisioned.
-        with contextlib.suppress(gexc.NotFound):
-            client.delete_node(name=_node_name(props), retry=transient_retry()).result(
-                timeout=timeout
-            )
-        # A queued resource can be deleted once its node is gone (SUSPENDED) or never came.
-        settled = {"SUSPENDED", "FAILED", "WAITING_FOR_RESOURCES", "ACCEPTED"}
+    def _requeue(self, client: Any, id_: str, news: dict[str, Any]) -> dict[str, Any]:
+        force_delete(client, id_, _timeout(news, "delete"), _poll(news))
         try:
-            if wait_for_queued(client, id_, settled, timeout, poll, missing_ok=True) is not None:
-                client.delete_queued_resource(name=id_, retry=transient_retry()).result(
-                    timeout=timeout
-                )
-        except gexc.NotFound:
-            pass
+            queued = _enqueue(client, id_, news)
+        except Exception as error:
+            raise _cleaned_up(client, id_, news, error) from error
+        return _outputs(client, news, queued)
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        # One call ends the request in any state, WAITING_FOR_RESOURCES, PROVISIONING
+        # and CREATING included, and deletes its node first (force_delete).
+        force_delete(tpu_client(), id_, _timeout(props, "delete"), _poll(props))
+
+
+def _enqueue(client: Any, name: str, props: dict[str, Any]) -> Any:
+    """Send the request; return it once it is in the queue (IN_QUEUE)."""
+    from google.api_core import exceptions as gexc
+
+    # 409 ALREADY_EXISTS: a request of this name that an earlier run could not
+    # clean up; it is this node's (the id carries stack and node), so adopt it.
+    with contextlib.suppress(gexc.Conflict):
+        client.create_queued_resource(
+            parent=_parent(props),
+            queued_resource_id=_queued_id(props),
+            queued_resource=build_queued_resource(props),
+            retry=transient_retry(),
+        ).result(timeout=_timeout(props, "create"))
+    return wait_for_queued(client, name, IN_QUEUE, _timeout(props, "create"), _poll(props))
+
+
+def _cleaned_up(client: Any, name: str, props: dict[str, Any], error: Exception) -> Exception:
+    """Delete (force) the request `error` interrupted; the error to raise, saying so."""
+    try:
+        force_delete(client, name, _timeout(props, "delete"), _poll(props))
+    except Exception as cleanup:  # reported, with the command that finishes the job
+        zone, queued_id = props["zone"], _queued_id(props)
+        return QueuedTpuError(
+            f"{error}; deleting the request failed too ({cleanup}): it may still be queued "
+            f"and provision a TPU no stack owns. Delete it with `gcloud compute tpus "
+            f"queued-resources delete {queued_id} --zone {zone} --force`"
+        )
+    return QueuedTpuError(f"{error}; the request {name} was deleted, nothing is left queued")
 
 
 def _outputs(client: Any, props: dict[str, Any], queued: Any) -> dict[str, Any]:

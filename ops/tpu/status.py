@@ -82,8 +82,14 @@ def reached(target: StackTarget, nodes: list[NodeStatus], until: Until) -> bool:
     return all(node_reached(node, until) for node in nodes)
 
 
-def stuck(nodes: list[NodeStatus]) -> list[str]:
-    """Why waiting further is pointless: failed jobs, preempted or terminated nodes."""
+# A queued request in these states provisions nothing more by itself
+# (cloud.google.com/tpu/docs/queued-resources, request states).
+QUEUED_DEAD_ENDS = {"FAILED", "SUSPENDED"}
+
+
+def stuck(nodes: list[NodeStatus], queued: Sequence[QueuedStatus] = ()) -> list[str]:
+    """Why waiting further is pointless: failed jobs, preempted or terminated nodes,
+    queued requests that failed or were suspended before their node came."""
     reasons = [
         f"{n.node_id}: job failed: {n.job.get('message', '')}".rstrip(": ")
         for n in nodes
@@ -91,6 +97,12 @@ def stuck(nodes: list[NodeStatus]) -> list[str]:
     ]
     reasons += [
         f"{n.node_id} is {n.state}" for n in nodes if n.state in {"PREEMPTED", "TERMINATED"}
+    ]
+    present = {n.node_id for n in nodes}
+    reasons += [
+        f"queued resource {q.name} is {q.state}: `tpuctl recover --apply` re-queues it"
+        for q in queued
+        if q.state in QUEUED_DEAD_ENDS and not present & set(q.node_ids)
     ]
     return reasons
 
@@ -119,7 +131,7 @@ def wait_until(
         on_poll(nodes, elapsed)
         if reached(target, nodes, until):
             return WaitOutcome(True, nodes, f"{until} after {elapsed:.0f} s")
-        problems = stuck(nodes)
+        problems = stuck(nodes, collect_queued(api, target))
         if problems:
             return WaitOutcome(False, nodes, "; ".join(problems))
         if elapsed >= timeout:

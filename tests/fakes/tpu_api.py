@@ -395,17 +395,23 @@ class FakeTpuApi:
     def _delete_queued(
         self, zone: str, rid: str, query: dict[str, str], _b: bytes
     ) -> tuple[int, str]:
+        """As the API documents `DeleteQueuedResourceRequest.force` (google-cloud-tpu
+        1.27): without force only an ACCEPTED, FAILED or SUSPENDED request is deleted;
+        with force its nodes go first, then the request, whatever its state."""
         scripted = self._queued.get((zone, rid))
         if scripted is None:
             return _not_found("queued resource", zone, rid)
-        deletable = {QueuedState.SUSPENDED, QueuedState.FAILED, QueuedState.WAITING_FOR_RESOURCES}
+        deletable = {QueuedState.ACCEPTED, QueuedState.SUSPENDED, QueuedState.FAILED}
         if scripted.message.state.state not in deletable and query.get("force") != "true":
             state = scripted.message.state.state.name
             return _error(
                 400,
                 "FAILED_PRECONDITION",
-                f"queued resource {rid} is {state}: delete its node first",
+                f"queued resource {rid} is {state}: delete it with force, or its nodes first",
             )
+        for spec in scripted.message.tpu.node_spec:
+            self._nodes.pop((zone, spec.node_id), None)
+            self._guest.pop((zone, spec.node_id), None)
         del self._queued[(zone, rid)]
         return _done(zone, rid, empty_pb2.Empty())
 

@@ -41,12 +41,15 @@ def props(**overrides: object) -> dict[str, object]:
     return {**base, **overrides}
 
 
-def test_create_sends_the_full_node_and_waits_for_active(fake_tpu: FakeTpuApi) -> None:
-    result = QueuedTpuProvider().create(props())
+def test_create_sends_the_full_node_and_returns_once_queued(fake_tpu: FakeTpuApi) -> None:
+    fake_tpu.script_queued("dev-trainer", "CREATING", "WAITING_FOR_RESOURCES",
+                           "WAITING_FOR_RESOURCES", "ACTIVE")
+    provider = QueuedTpuProvider()
+
+    result = provider.create(props())
 
     assert result.id == QR_NAME
-    assert result.outs["state"] == "ACTIVE"
-    assert result.outs["node_state"] == "READY"
+    assert (result.outs["state"], result.outs["node_state"]) == ("WAITING_FOR_RESOURCES", "")
     sent = fake_tpu.queued_resource(ZONE, "dev-trainer")
     node = sent.tpu.node_spec[0].node
     assert node.metadata["startup-script"].startswith("#!/bin/bash")
@@ -54,41 +57,71 @@ def test_create_sends_the_full_node_and_waits_for_active(fake_tpu: FakeTpuApi) -
     assert list(node.service_account.scope) == ["https://www.googleapis.com/auth/cloud-platform"]
     assert node.network_config.enable_external_ips is False
     assert "spot" in sent and sent.queueing_policy.valid_until_duration.total_seconds() == 21600
+    # Provisioning is followed by `read` (pulumi refresh), not by create.
+    provider.read(QR_NAME, props())
+    read = provider.read(QR_NAME, props())
+    assert (read.outs["state"], read.outs["node_state"]) == ("ACTIVE", "READY")
     assert fake_tpu.node(ZONE, "dev-trainer").labels["stack"] == "dev"
 
 
-def test_create_adopts_a_queued_resource_left_by_an_earlier_timeout(fake_tpu: FakeTpuApi) -> None:
+def test_create_adopts_a_request_of_its_own_name(fake_tpu: FakeTpuApi) -> None:
     provider = QueuedTpuProvider()
     provider.create(props())
     fake_tpu.set_queued_states(ZONE, "dev-trainer", "WAITING_FOR_RESOURCES", "ACTIVE")
 
     again = provider.create(props())
 
-    assert again.outs["state"] == "ACTIVE"
+    assert again.outs["state"] == "WAITING_FOR_RESOURCES"
     assert fake_tpu.count("create", "queuedResources") == 2
 
 
+def force_deletes(fake_tpu: FakeTpuApi) -> int:
+    return fake_tpu.count("delete", "queuedResources")
+
+
 @pytest.mark.parametrize(
-    ("states", "expected"),
+    ("states", "fault", "expected"),
     [
-        (("WAITING_FOR_RESOURCES", "FAILED"), "FAILED"),
-        (("WAITING_FOR_RESOURCES", "SUSPENDED"), "SUSPENDED"),
-        (("WAITING_FOR_RESOURCES",), "still WAITING_FOR_RESOURCES after"),
+        (("CREATING", "FAILED"), None, "FAILED"),
+        (("CREATING",), None, "still CREATING after"),
+        (("CREATING", "WAITING_FOR_RESOURCES"), 403, "injected"),
     ],
 )
-def test_create_ends_with_a_clear_error_per_terminal_state(
-    fake_tpu: FakeTpuApi, states: tuple[str, ...], expected: str
+def test_a_failure_after_the_create_call_leaves_no_request_queued(
+    fake_tpu: FakeTpuApi, states: tuple[str, ...], fault: int | None, expected: str
 ) -> None:
+    """A failed dynamic create records nothing in the state: whatever was queued
+    must be deleted, or it provisions a TPU nobody owns."""
     fake_tpu.script_queued("dev-trainer", *states)
+    if fault:
+        fake_tpu.fail(fault, times=1, action="get", collection="queuedResources")
 
-    with pytest.raises(QueuedTpuError, match=expected):
+    with pytest.raises(QueuedTpuError, match=expected) as raised:
         QueuedTpuProvider().create(props(create_timeout_seconds=0.2))
+
+    assert "was deleted, nothing is left queued" in str(raised.value)
+    assert fake_tpu.queued_resource(ZONE, "dev-trainer") is None
+    assert fake_tpu.node(ZONE, "dev-trainer") is None
+    assert force_deletes(fake_tpu) == 1
+
+
+def test_a_request_that_cannot_be_deleted_says_how_to_delete_it(fake_tpu: FakeTpuApi) -> None:
+    fake_tpu.script_queued("dev-trainer", "CREATING", "FAILED")
+    fake_tpu.fail(403, times=99, action="delete", collection="queuedResources")
+
+    with pytest.raises(QueuedTpuError) as raised:
+        QueuedTpuProvider().create(props())
+
+    message = str(raised.value)
+    assert "FAILED; deleting the request failed too" in message
+    assert "gcloud compute tpus queued-resources delete dev-trainer --zone" in message
+    assert message.endswith("--force`")
 
 
 def test_create_retries_503s(fake_tpu: FakeTpuApi) -> None:
     fake_tpu.fail(503, times=2, action="create", collection="queuedResources")
 
-    assert QueuedTpuProvider().create(props()).outs["state"] == "ACTIVE"
+    assert QueuedTpuProvider().create(props()).outs["state"] == "WAITING_FOR_RESOURCES"
     assert fake_tpu.count("create", "queuedResources") == 3
 
 
@@ -153,26 +186,56 @@ def test_keys_others_added_survive_updates_and_are_no_drift(fake_tpu: FakeTpuApi
     }
 
 
-def test_delete_removes_the_node_then_the_suspended_queued_resource(fake_tpu: FakeTpuApi) -> None:
+def test_delete_of_an_active_request_takes_its_node_with_it(fake_tpu: FakeTpuApi) -> None:
     provider = QueuedTpuProvider()
     provider.create(props())
+    provider.read(QR_NAME, props())
+    assert fake_tpu.node(ZONE, "dev-trainer") is not None
 
     provider.delete(QR_NAME, props())
 
     assert fake_tpu.node(ZONE, "dev-trainer") is None
     assert fake_tpu.queued_resource(ZONE, "dev-trainer") is None
     order = [(c.action, c.collection) for c in fake_tpu.mutating_calls()]
-    assert order[-2:] == [("delete", "nodes"), ("delete", "queuedResources")]
+    assert order[-1:] == [("delete", "queuedResources")]
 
 
-def test_delete_of_a_never_provisioned_request_skips_the_node(fake_tpu: FakeTpuApi) -> None:
+@pytest.mark.parametrize("state", ["WAITING_FOR_RESOURCES", "PROVISIONING", "CREATING"])
+def test_delete_ends_a_request_still_in_the_queue(fake_tpu: FakeTpuApi, state: str) -> None:
+    name = fake_tpu.add_queued_request(ZONE, "dev-trainer", state)  # no node yet
+
+    QueuedTpuProvider().delete(name, props(delete_timeout_seconds=1))
+
+    assert fake_tpu.queued_resource(ZONE, "dev-trainer-qr") is None
+
+
+def test_the_fake_refuses_a_plain_delete_of_a_waiting_request(fake_tpu: FakeTpuApi) -> None:
+    """As the API documents DeleteQueuedResourceRequest.force: without it, only an
+    ACCEPTED, FAILED or SUSPENDED request (or one without nodes) is deleted."""
+    from google.api_core import exceptions as gexc
+
+    from components.queued_tpu import tpu_client
+
+    fake_tpu.add_queued_request(ZONE, "dev-w", "WAITING_FOR_RESOURCES")
+    with pytest.raises(gexc.BadRequest, match="delete it with force"):
+        tpu_client().delete_queued_resource(
+            name=f"projects/{PROJECT}/locations/{ZONE}/queuedResources/dev-w-qr"
+        ).result(timeout=5)
+    assert fake_tpu.queued_resource(ZONE, "dev-w-qr") is not None
+
+
+def test_a_metadata_change_before_provisioning_queues_the_new_spec(fake_tpu: FakeTpuApi) -> None:
     fake_tpu.script_queued("dev-trainer", "WAITING_FOR_RESOURCES")
-    with pytest.raises(QueuedTpuError, match="still WAITING_FOR_RESOURCES"):
-        QueuedTpuProvider().create(props(create_timeout_seconds=0.1))
+    provider = QueuedTpuProvider()
+    provider.create(props())
+    news = props(metadata={"startup-script": "#!/bin/bash\necho v2"})
 
-    QueuedTpuProvider().delete(QR_NAME, props())
+    outs = provider.update(QR_NAME, props(), news).outs
 
-    assert fake_tpu.queued_resource(ZONE, "dev-trainer") is None
+    sent = fake_tpu.queued_resource(ZONE, "dev-trainer").tpu.node_spec[0].node
+    assert dict(sent.metadata) == {"startup-script": "#!/bin/bash\necho v2"}
+    assert outs["state"] in {"WAITING_FOR_RESOURCES", "ACTIVE"}
+    assert fake_tpu.count("create", "queuedResources") == 2
 
 
 def test_check_names_each_bad_input() -> None:

@@ -94,6 +94,20 @@ def test_wait_stops_early_when_a_node_is_preempted(fake_tpu: FakeTpuApi, tpu: Tp
     assert outcome.reason == "dev-a is PREEMPTED"
 
 
+def test_wait_follows_a_queued_request_and_stops_when_it_fails(
+    fake_tpu: FakeTpuApi, tpu: TpuApi
+) -> None:
+    """`create` returns once the request is queued; `tpuctl wait` follows it."""
+    name = fake_tpu.add_queued_request(ZONE, "dev-q", "WAITING_FOR_RESOURCES", "FAILED")
+    stack = target(replace(expected_node("dev-q"), queued=True))
+
+    outcome = wait_until(tpu, stack, "ready", timeout=2, poll=0)
+
+    assert not outcome.reached
+    assert outcome.reason == (
+        f"queued resource {name} is FAILED: `tpuctl recover --apply` re-queues it")
+
+
 def test_wait_gives_up_after_the_timeout(fake_tpu: FakeTpuApi, tpu: TpuApi) -> None:
     ticks = iter(range(100))
 
