@@ -17,7 +17,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.alias_generators import to_camel
@@ -333,6 +333,18 @@ class StackSettings(_Model):
     @property
     def zones(self) -> list[str]:
         return sorted({node.zone for _, node in self.all_nodes})
+
+
+ENVIRONMENT_KEY = f"{NAMESPACE}:environment"
+ENVIRONMENTS: tuple[str, ...] = get_args(Environment)
+
+
+def environment_of(config: Mapping[str, Any]) -> str:
+    """dev or prod: decided by `tpu-stack:environment` alone (Pulumi.yaml's
+    default: prod), here and in the policy pack. A value load_settings would
+    refuse counts as prod, the stricter one."""
+    value = config.get(ENVIRONMENT_KEY)
+    return value if value in ENVIRONMENTS else StackSettings.model_fields["environment"].default
 
 
 # Keys of the stack config the program reads, with the model field each fills.

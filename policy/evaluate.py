@@ -24,7 +24,8 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from policy.tpu_policies import POLICIES
+from components.settings import ENVIRONMENT_KEY
+from policy.tpu_policies import POLICIES, reviewing
 
 PolicyConfig = Mapping[str, Mapping[str, Any]]
 # The config CI passes to `pulumi preview` (.github/workflows/preview.yml).
@@ -94,8 +95,17 @@ def _collector(violations: list[Violation], policy: str,
 
 
 def evaluate(plan: Mapping[str, Any], config: PolicyConfig | None = None) -> list[Violation]:
-    """Every violation of every enabled policy on the plan's custom resources."""
-    config = config or {}
+    """Every violation of every enabled policy on the plan's custom resources.
+
+    The pack sees the stack's config as the engine would hand it: here its
+    `tpu-stack:environment`, which the plan records (absent: prod)."""
+    environment = plan.get("environment")
+    stack_config = {ENVIRONMENT_KEY: environment} if environment else {}
+    with reviewing(stack_config):
+        return _evaluate(plan, config or {})
+
+
+def _evaluate(plan: Mapping[str, Any], config: PolicyConfig) -> list[Violation]:
     resources = _custom_resources(plan)
     violations: list[Violation] = []
     for policy in POLICIES:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import fnmatch
 import functools
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from pulumi_policy import (
@@ -27,6 +29,8 @@ from pulumi_policy import (
 )
 
 from components import catalog
+from components.settings import ENVIRONMENTS, environment_of
+from components.stack_config import program_config
 
 BUCKET = "gcp:storage/bucket:Bucket"
 SERVICE_ACCOUNT_KEY = "gcp:serviceaccount/key:Key"
@@ -78,18 +82,53 @@ def tpu_view(resource_type: str, props: Mapping[str, Any]) -> Mapping[str, Any] 
     return view
 
 
-def stack_in(stack: str, patterns: Iterable[str]) -> bool:
-    """Whether a config's stack list names `stack`; shell patterns such as `team-*` allowed."""
-    return any(fnmatch.fnmatchcase(stack, pattern) for pattern in patterns)
+# The stack config of the stack under review, where evaluate() sets it (an
+# offline plan); None: the config the engine hands the pack.
+_STACK_CONFIG: ContextVar[Mapping[str, Any] | None] = ContextVar("stack_config", default=None)
 
 
-def stack_limit(stack: str, limits: Mapping[str, int]) -> int | None:
-    """The limit for `stack`: its own key, else the first pattern matching it (`*` last)."""
-    if stack in limits:
+def stack_environment() -> str:
+    """dev or prod, by the rule settings use (components/settings.py,
+    environment_of: `tpu-stack:environment`, never the stack's name). The engine
+    hands a policy pack the stack's config in PULUMI_CONFIG (pulumi/pulumi
+    pkg/resource/plugin/analyzer_plugin.go, constructEnv; since pulumi 1.8.0,
+    #3612) and pulumi-policy loads it into pulumi's runtime config
+    (_configure_runtime_settings)."""
+    config = _STACK_CONFIG.get()
+    return environment_of(program_config() if config is None else config)
+
+
+@contextmanager
+def reviewing(stack_config: Mapping[str, Any]) -> Iterator[None]:
+    """Run policies as if the engine had handed the pack `stack_config`."""
+    token = _STACK_CONFIG.set(dict(stack_config))
+    try:
+        yield
+    finally:
+        _STACK_CONFIG.reset(token)
+
+
+def stack_in(stack: str, entries: Iterable[str], environment: str | None = None) -> bool:
+    """Whether a config's stack list names `stack`. An entry is an environment
+    (`dev`, `prod`: stacks whose tpu-stack:environment it is), a stack name, or a
+    shell pattern of names such as `team-*`."""
+    environment = environment or stack_environment()
+    return any(entry == environment if entry in ENVIRONMENTS
+               else fnmatch.fnmatchcase(stack, entry) for entry in entries)
+
+
+def stack_limit(stack: str, limits: Mapping[str, int],
+                environment: str | None = None) -> int | None:
+    """The limit for `stack`: its own name's key, else the longest pattern matching
+    it, else its environment's key (`dev`, `prod`), else `*`."""
+    environment = environment or stack_environment()
+    names = [key for key in limits if key not in (*ENVIRONMENTS, "*")]
+    if stack in names:
         return limits[stack]
-    patterns = sorted((p for p in limits if p != "*"), key=len, reverse=True)
-    return next((limits[p] for p in [*patterns, "*"] if p in limits and stack_in(stack, [p])),
-                None)
+    for pattern in sorted(names, key=len, reverse=True):
+        if fnmatch.fnmatchcase(stack, pattern):
+            return limits[pattern]
+    return limits.get(environment, limits.get("*"))
 
 
 def stack_of(urn: str) -> str:
@@ -107,7 +146,8 @@ _STRINGS = {"type": "array", "items": {"type": "string"}}
 CONFIG_SCHEMAS: dict[str, Schema] = {
     "tpu-no-external-ip": {
         "allowedStacks": {**_STRINGS, "default": [],
-                          "description": "stacks whose TPU nodes may have external IPs"},
+                          "description": "environments (dev, prod) or stacks whose TPU nodes "
+                                         "may have external IPs"},
     },
     "no-privileged-project-roles": {
         "forbiddenRoles": {**_STRINGS,
@@ -124,7 +164,8 @@ CONFIG_SCHEMAS: dict[str, Schema] = {
         "bucketPurposes": {**_STRINGS, "default": ["checkpoints", "data"],
                            "description": "`purpose` labels (else logical names) of data buckets"},
         "exemptStacks": {**_STRINGS, "default": ["dev"],
-                         "description": "stacks whose data buckets may be deleted"},
+                         "description": "environments (dev, prod) or stacks whose data "
+                                        "buckets may be deleted"},
     },
     "tpu-accelerator-allowlist": {
         "allowedAcceleratorTypes": {**_STRINGS, "default": [],
@@ -133,11 +174,13 @@ CONFIG_SCHEMAS: dict[str, Schema] = {
     "tpu-max-chips": {
         "maxChips": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
                      "default": {"dev": 32, "*": 256},
-                     "description": "TPU chips per stack by name or pattern; '*' for the rest"},
+                     "description": "TPU chips per stack: by stack name or pattern, else by "
+                                    "environment (dev, prod), else '*'"},
     },
     "tpu-spot-stacks": {
         "spotStacks": {**_STRINGS, "default": ["dev"],
-                       "description": "stacks that may run spot or preemptible TPUs"},
+                       "description": "environments (dev, prod) or stacks that may run spot "
+                                      "or preemptible TPUs"},
     },
 }
 
@@ -269,7 +312,8 @@ def _tpu_external_ip(args: ResourceValidationArgs, node: Mapping[str, Any],
     stack = stack_of(args.urn)
     if _get(node, "networkConfig.enableExternalIps") and not stack_in(stack, allowed):
         report(f"TPU node {args.name}: networkConfig.enableExternalIps is true in stack "
-               f"{stack!r}; external IPs are allowed only in {allowed or 'no stack'} "
+               f"{stack!r} (environment {stack_environment()}); external IPs are allowed "
+               f"only in {allowed or 'no stack'} "
                "(policy config tpu-no-external-ip.allowedStacks)", None)
 
 
@@ -296,11 +340,12 @@ def _protected_data_buckets(args: ResourceValidationArgs, report: ReportViolatio
     exempt = stack_in(stack, config["exemptStacks"])
     if exempt or _bucket_purpose(args) not in config["bucketPurposes"]:
         return
+    where = f"stack {stack!r} (environment {stack_environment()})"
     if not args.opts.protect:
-        report(f"bucket {args.name} holds data in stack {stack!r}: create it with "
+        report(f"bucket {args.name} holds data in {where}: create it with "
                "protect=True so no command deletes it", None)
     if args.props.get("forceDestroy"):
-        report(f"bucket {args.name} holds data in stack {stack!r}: forceDestroy must be "
+        report(f"bucket {args.name} holds data in {where}: forceDestroy must be "
                "false outside " + ", ".join(config["exemptStacks"]), None)
 
 
@@ -335,8 +380,8 @@ def _spot_stacks(args: ResourceValidationArgs, node: Mapping[str, Any],
     allowed = settings(args, "tpu-spot-stacks")["spotStacks"]
     stack = stack_of(args.urn)
     if not stack_in(stack, allowed):
-        report(f"TPU node {args.name}: spot/preemptible capacity in stack {stack!r}; "
-               f"allowed only in {allowed or 'no stack'} "
+        report(f"TPU node {args.name}: spot/preemptible capacity in stack {stack!r} "
+               f"(environment {stack_environment()}); allowed only in {allowed or 'no stack'} "
                "(policy config tpu-spot-stacks.spotStacks)", None)
 
 

@@ -39,6 +39,7 @@ class Plan:
         return {
             "version": PLAN_FORMAT_VERSION,
             "stack": self.stack,
+            "environment": self.settings.environment,
             "project": self.settings.gcp_project,
             "resources": [self._resource_json(r)
                           for r in sorted(self.run.registrations, key=lambda r: r.urn)],

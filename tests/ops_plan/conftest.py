@@ -46,7 +46,10 @@ def _plan(nodes: dict[str, dict[str, Any]] | None = None, *, stack: str = "dev",
     cost_nodes = [{"name": name, "usdPerHour": prices.get(name, 9.6),
                    "spotSavingUsdPerHour": 4.744} for name in nodes]
     known = [n["usdPerHour"] for n in cost_nodes if n["usdPerHour"] is not None]
-    return {"stack": stack, "project": f"acme-ml-{stack}", "resources": resources,
+    # The environment the repo's stack of that name sets (Plan.to_json records it).
+    environment = "dev" if stack == "dev" else "prod"
+    return {"stack": stack, "environment": environment, "project": f"acme-ml-{stack}",
+            "resources": resources,
             "outputs": {}, "cost": {"nodes": cost_nodes, "usdPerHour": sum(known),
                                     "currency": "USD"}}
 

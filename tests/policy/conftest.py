@@ -14,7 +14,8 @@ from pulumi_policy import (
     StackValidationArgs,
 )
 
-from policy.tpu_policies import POLICIES
+from components.settings import ENVIRONMENT_KEY
+from policy.tpu_policies import POLICIES, reviewing
 
 BY_NAME = {policy.name: policy for policy in POLICIES}
 
@@ -27,39 +28,48 @@ def _opts(protect: bool) -> PolicyResourceOptions:
     return PolicyResourceOptions(protect, [], None, [], PolicyCustomTimeouts(0, 0, 0), [])
 
 
+def _stack_config(environment: str | None) -> dict[str, str]:
+    """The stack config the engine hands the pack (None: no tpu-stack:environment)."""
+    return {} if environment is None else {ENVIRONMENT_KEY: environment}
+
+
 def _check(policy: str, type_: str, props: Mapping[str, Any], *, name: str = "res",
-          stack: str = "prod", protect: bool = False,
+          stack: str = "prod", environment: str | None = None, protect: bool = False,
           config: Mapping[str, Any] | None = None) -> list[str]:
-    """Messages a resource policy reports for one resource."""
+    """Messages a resource policy reports for one resource of `stack`, whose
+    tpu-stack:environment is `environment` (None: unset, so prod)."""
     messages: list[str] = []
     args = ResourceValidationArgs(type_, props, urn(type_, name, stack), name, _opts(protect),
                                   None, dict(config or {}))
-    BY_NAME[policy].validate(args, lambda message, _urn=None: messages.append(message))
+    with reviewing(_stack_config(environment)):
+        BY_NAME[policy].validate(args, lambda message, _urn=None: messages.append(message))
     return messages
 
 
 def _check_stack(policy: str, resources: list[tuple[str, str, Mapping[str, Any]]], *,
-                stack: str = "prod", config: Mapping[str, Any] | None = None) -> list[str]:
+                stack: str = "prod", environment: str | None = None,
+                config: Mapping[str, Any] | None = None) -> list[str]:
     """Messages a stack policy reports; resources are (type, name, props)."""
     messages: list[str] = []
     stack_resources = [
         PolicyResource(t, p, urn(t, n, stack), n, _opts(False), None, None, [], {})
         for t, n, p in resources
     ]
-    BY_NAME[policy].validate(StackValidationArgs(stack_resources, dict(config or {})),
-                             lambda message, _urn=None: messages.append(message))
+    with reviewing(_stack_config(environment)):
+        BY_NAME[policy].validate(StackValidationArgs(stack_resources, dict(config or {})),
+                                 lambda message, _urn=None: messages.append(message))
     return messages
 
 
 @pytest.fixture
 def check():
-    """`check(policy, type, props, name=, stack=, protect=, config=)` → messages."""
+    """`check(policy, type, props, name=, stack=, environment=, protect=, config=)` → messages."""
     return _check
 
 
 @pytest.fixture
 def check_stack():
-    """`check_stack(policy, [(type, name, props)], stack=, config=)` → messages."""
+    """`check_stack(policy, [(type, name, props)], stack=, environment=, config=)` → messages."""
     return _check_stack
 
 

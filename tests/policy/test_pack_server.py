@@ -6,6 +6,8 @@ options sent the way `pulumi preview --policy-pack policy` sends them.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,10 +24,13 @@ from policy.tpu_policies import POLICIES
 POLICY_DIR = Path(__file__).resolve().parents[2] / "policy"
 
 
-@pytest.fixture(scope="module")
-def analyzer() -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
-    # The engine starts the pack in its directory; it prints the port it serves.
-    pack = subprocess.Popen([sys.executable, "__main__.py"], cwd=POLICY_DIR,
+def _serve(stack_config: dict[str, str] | None) -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
+    # The engine starts the pack in its directory with the stack's config in
+    # PULUMI_CONFIG (pulumi/pulumi analyzer_plugin.go, constructEnv); it prints its port.
+    env = {k: v for k, v in os.environ.items() if k != "PULUMI_CONFIG"}
+    if stack_config is not None:
+        env["PULUMI_CONFIG"] = json.dumps(stack_config)
+    pack = subprocess.Popen([sys.executable, "__main__.py"], cwd=POLICY_DIR, env=env,
                             stdout=subprocess.PIPE, text=True)
     try:
         port = int(pack.stdout.readline())
@@ -34,6 +39,18 @@ def analyzer() -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
     finally:
         pack.terminate()
         pack.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def analyzer() -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
+    """The pack for a stack whose config sets no tpu-stack:environment (so prod)."""
+    yield from _serve({"tpu-stack:team": "research"})
+
+
+@pytest.fixture(scope="module")
+def dev_analyzer() -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
+    """The pack for a stack with tpu-stack:environment dev, as the engine starts it."""
+    yield from _serve({"tpu-stack:environment": "dev", "gcp:project": "acme-ml-dev"})
 
 
 def _struct(values: dict[str, Any]) -> struct_pb2.Struct:
@@ -63,12 +80,19 @@ def test_engine_properties_and_options_reach_the_policies(analyzer):
     node = {"acceleratorType": "v5litepod-8", "schedulingConfig": {"spot": True},
             "serviceAccount": {"email": "tpu@acme-ml-prod.iam.gserviceaccount.com"}}
     assert analyze(analyzer, "gcp:tpu/v2Vm:V2Vm", "vm", node) == ["tpu-spot-stacks"]
-    assert analyze(analyzer, "gcp:tpu/v2Vm:V2Vm", "vm", node, stack="dev") == []
     bucket = {"uniformBucketLevelAccess": True, "publicAccessPrevention": "enforced",
               "labels": {"purpose": "checkpoints"}}
     bucket_type = "gcp:storage/bucket:Bucket"
     assert analyze(analyzer, bucket_type, "ckpt", bucket) == ["protected-data-buckets"]
     assert analyze(analyzer, bucket_type, "ckpt", bucket, protect=True) == []
+
+
+def test_the_stacks_environment_from_the_engine_decides_not_its_name(analyzer, dev_analyzer):
+    node = {"acceleratorType": "v5litepod-8", "schedulingConfig": {"spot": True},
+            "serviceAccount": {"email": "tpu@acme-ml-dev.iam.gserviceaccount.com"}}
+    assert analyze(dev_analyzer, "gcp:tpu/v2Vm:V2Vm", "vm", node, stack="t12") == []
+    assert analyze(analyzer, "gcp:tpu/v2Vm:V2Vm", "vm", node, stack="dev") == [
+        "tpu-spot-stacks"]
 
 
 def test_the_engine_config_overrides_a_setting(analyzer):

@@ -49,3 +49,21 @@ def test_bad_config_is_one_clear_error(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"tpu-spot-stacks": "sometimes"}))
     with pytest.raises(ValueError, match="or an enforcement level \\(advisory, mandatory"):
         load_config(tmp_path / "bad.json")
+
+
+def test_a_copy_of_the_dev_stack_under_another_name_passes_the_pack_as_dev_does(tmp_path):
+    """Pulumi.t12.yaml, a copy of Pulumi.dev.yaml, as a new user would try it."""
+    from components.archive import REPO_ROOT
+    from components.stack_config import file_config
+    from ops.plan.offline import offline_plan
+    from policy.evaluate import evaluate, load_config
+
+    for name in ("Pulumi.yaml", "Pulumi.dev.yaml"):
+        target = "Pulumi.t12.yaml" if name == "Pulumi.dev.yaml" else name
+        (tmp_path / target).write_text((REPO_ROOT / name).read_text())
+    plan = offline_plan("t12", file_config("t12", tmp_path)).to_json()
+    assert plan["environment"] == "dev"
+    assert evaluate(plan, load_config()) == []
+    prod_like = {**plan, "environment": "prod"}
+    assert {v.policy for v in evaluate(prod_like, load_config())} == {
+        "tpu-spot-stacks", "protected-data-buckets"}

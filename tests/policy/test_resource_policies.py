@@ -94,8 +94,8 @@ def test_protected_data_buckets(check):
     assert "forceDestroy must be false" in forced[0]
     assert check("protected-data-buckets", BUCKET, {}, name="logs") == [], "not a data bucket"
     assert check("protected-data-buckets", BUCKET, {"forceDestroy": True}, name="data",
-                 stack="dev") == []
-    assert check("protected-data-buckets", BUCKET, {}, name="data", stack="dev",
+                 stack="dev", environment="dev") == []
+    assert check("protected-data-buckets", BUCKET, {}, name="data", stack="dev", environment="dev",
                  config={"exemptStacks": []})
 
 
@@ -130,7 +130,7 @@ def test_accelerator_allowlist(check, good_node):
 def test_spot_stacks(check, good_node):
     spot = {**good_node, "schedulingConfig": {"spot": True}}
     preemptible = {**good_node, "schedulingConfig": {"preemptible": True}}
-    assert check("tpu-spot-stacks", V2VM, spot, stack="dev") == []
+    assert check("tpu-spot-stacks", V2VM, spot, stack="dev", environment="dev") == []
     assert "spot/preemptible capacity in stack 'prod'" in check("tpu-spot-stacks", V2VM, spot)[0]
     assert check("tpu-spot-stacks", V2VM, preemptible)
     assert check("tpu-spot-stacks", V2VM, {"acceleratorType": "v2-8"}) == []
@@ -139,3 +139,17 @@ def test_spot_stacks(check, good_node):
                  config={"spotStacks": ["team-*"]}) == [], "shell patterns name stacks"
     assert check("tpu-spot-stacks", QUEUED, QUEUED_NODE)
     assert check("tpu-spot-stacks", QUEUED, {**QUEUED_NODE, "spot": False}) == []
+
+
+def test_dev_is_the_environment_not_the_stack_name(check, good_node):
+    """One rule: tpu-stack:environment (components/settings.py, environment_of)."""
+    spot = {**good_node, "schedulingConfig": {"spot": True}}
+    data = {"forceDestroy": True, "labels": {"purpose": "data"}}
+    assert check("tpu-spot-stacks", V2VM, spot, stack="t12", environment="dev") == []
+    assert check("protected-data-buckets", BUCKET, data, name="data", stack="t12",
+                 environment="dev") == []
+    named_dev = check("tpu-spot-stacks", V2VM, spot, stack="dev", environment="prod")
+    assert named_dev and "in stack 'dev' (environment prod)" in named_dev[0]
+    assert len(check("protected-data-buckets", BUCKET, data, name="data", stack="dev")) == 2
+    assert check("tpu-spot-stacks", V2VM, spot, stack="lab", environment="prod",
+                 config={"spotStacks": ["dev", "lab"]}) == [], "a stack name still names it"

@@ -35,9 +35,9 @@ def test_max_chips(check_stack):
     v5e_8 = {"acceleratorType": "v5litepod-8"}
     v4_32 = {"acceleratorConfig": {"type": "V4", "topology": "2x2x4"}}
     assert check_stack("tpu-max-chips", [(V2VM, "a", v5e_8), (V2VM, "b", v5e_8)],
-                       stack="dev") == []
+                       stack="dev", environment="dev") == []
     too_many = check_stack("tpu-max-chips", [(V2VM, "a", v5e_8), (V2VM, "b", v4_32)],
-                           stack="dev", config={"maxChips": {"dev": 16}})
+                           stack="dev", environment="dev", config={"maxChips": {"dev": 16}})
     assert too_many == [("stack 'dev' asks for 24 TPU chips; the limit is 16 "
                         "(policy config tpu-max-chips.maxChips)")]
     assert check_stack("tpu-max-chips", [(V2VM, "a", {})], config={"maxChips": {"*": 4}}) == [], \
@@ -48,3 +48,14 @@ def test_max_chips(check_stack):
     assert check_stack("tpu-max-chips", [(V2VM, "a", v5e_8)], stack="team-vision",
                        config=patterns) == []
     assert check_stack("tpu-max-chips", [(V2VM, "a", v5e_8)], stack="other", config=patterns)
+
+
+def test_max_chips_by_environment_unless_the_stack_has_its_own_limit(check_stack):
+    v4_32 = {"acceleratorConfig": {"type": "V4", "topology": "2x2x4"}}
+    limits = {"maxChips": {"dev": 8, "prod": 64, "big": 16}}
+    assert check_stack("tpu-max-chips", [(V2VM, "a", v4_32)], stack="t12", environment="dev",
+                       config=limits) == [("stack 't12' asks for 16 TPU chips; the limit is 8 "
+                                           "(policy config tpu-max-chips.maxChips)")]
+    assert check_stack("tpu-max-chips", [(V2VM, "a", v4_32)], stack="dev", config=limits) == []
+    assert check_stack("tpu-max-chips", [(V2VM, "a", v4_32)], stack="big", environment="dev",
+                       config=limits) == []
