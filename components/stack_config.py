@@ -117,13 +117,24 @@ def program_config() -> dict[str, Any]:
 
 
 def cli_value(value: Any) -> str:
-    """A config value as the CLI passes it: objects and arrays as JSON (Go's
-    encoding/json: compact, map keys sorted), scalars as text."""
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, separators=(",", ":"), sort_keys=True)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    """A config value as the CLI passes it (pulumi/pulumi
+    sdk/go/common/resource/config/object.go, MarshalString): strings as they are,
+    everything else as Go's encoding/json writes it (compact, map keys sorted,
+    1.0 as 1)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(_go_numbers(value), separators=(",", ":"), sort_keys=True)
+
+
+def _go_numbers(value: Any) -> Any:
+    """Whole floats as Go's encoding/json writes them (1.0 → 1)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _go_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_go_numbers(item) for item in value]
+    return value
 
 
 def _full_key(key: str) -> str:

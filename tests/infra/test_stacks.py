@@ -203,6 +203,14 @@ def test_stack_files_are_read_as_yaml_1_2_like_the_cli(text: str, cli, pyyaml) -
     assert yaml.safe_load(f"k: {text}")["k"] == pyyaml  # what the old reader saw
 
 
+def test_values_reach_the_program_as_the_cli_writes_them() -> None:
+    from components.stack_config import cli_value
+
+    assert [cli_value(v) for v in ("on", True, 5000, 1.0, 0.5, None)] == [
+        "on", "true", "5000", "1", "0.5", "null"]
+    assert cli_value({"b": [1.0, 2.5], "a": {"z": False}}) == '{"a":{"z":false},"b":[1,2.5]}'
+
+
 def test_a_yes_in_a_stack_file_reaches_the_program_as_text(tmp_path) -> None:
     _project(tmp_path, {}, {"tpu-stack:team": "on", "tpu-stack:labels": {"flag": "no"}})
     config = file_config("s", tmp_path)
