@@ -32,16 +32,19 @@ def test_unknown_model_is_one_usage_error(capsys, job_file):
         "mnist_cnn, resnet18, resnet50"])
 
 
-def test_missing_data_is_one_usage_error(capsys, job_file, tmp_path):
+def test_missing_data_waits_for_data_exit_66(capsys, job_file, tmp_path):
+    """Data uploaded after `pulumi up` is not there yet: transient, the agent waits for it."""
     pattern = f"{tmp_path}/nothing/train-*.tfrecord"
-    assert run_job(capsys, job_file, trainData=pattern) == (2, [
-        f"tpu_training: error: trainData: no files match {pattern!r}"])
+    code, out, errors = run_cli(capsys, "run", "--config", str(job_file(trainData=pattern)))
+    assert (code, errors) == (66, [f"tpu_training: error: trainData: no files match {pattern!r}"])
+    assert f"tpu_training waiting_for_data pattern={pattern}" in out.splitlines()
 
 
 def test_missing_eval_data_is_named_as_such(capsys, job_file, tmp_path):
     pattern = f"{tmp_path}/nothing/eval-*.tfrecord"
-    assert run_job(capsys, job_file, evalData=pattern) == (2, [
-        f"tpu_training: error: evalData: no files match {pattern!r}"])
+    code, out, errors = run_cli(capsys, "run", "--config", str(job_file(evalData=pattern)))
+    assert (code, errors) == (66, [f"tpu_training: error: evalData: no files match {pattern!r}"])
+    assert f"tpu_training waiting_for_data pattern={pattern}" in out.splitlines()
 
 
 @pytest.mark.parametrize(("pattern", "problem"), [
@@ -62,17 +65,17 @@ def test_a_batch_not_divisible_by_the_replicas_is_one_usage_error(capsys, job_fi
         "strategy; use a multiple of 2"])
 
 
-def test_records_of_another_model_are_one_usage_error(capsys, job_file, mnist_data):
+def test_records_of_another_model_are_a_data_error_exit_65(capsys, job_file, mnist_data):
     code, errors = run_job(capsys, job_file, model="resnet18", imageSize=32, numClasses=10)
-    assert code == 2
+    assert code == 65
     assert errors == [f"tpu_training: error: trainData: records in {data.list_files(mnist_data)[0]}"
                       " hold 784-byte images; resnet18 reads 32x32x3 = 3072 bytes (see imageSize)"]
 
 
-def test_files_that_are_not_tfrecords_are_one_usage_error(capsys, job_file, tmp_path):
+def test_files_that_are_not_tfrecords_are_a_data_error_exit_65(capsys, job_file, tmp_path):
     (tmp_path / "train-0.tfrecord").write_text("not a record")
     code, errors = run_job(capsys, job_file, trainData=f"{tmp_path}/train-*.tfrecord")
-    assert code == 2
+    assert code == 65
     assert len(errors) == 1
     assert "trainData: " in errors[0] and "is not a TFRecord file" in errors[0]
 
@@ -104,18 +107,25 @@ def test_an_unknown_strategy_is_one_usage_error(capsys, job_file, monkeypatch):
         "tpu_training: error: TPU_STACK_STRATEGY: 'gpu' is not allowed; use one of auto, tpu, cpu"])
 
 
-def test_forced_tpu_without_one_fails_in_one_line(job_file):
-    """As the agent runs it: TPU_STACK_STRATEGY=tpu never falls back to the CPU."""
-    env = {**os.environ, "TPU_STACK_STRATEGY": "tpu"}
+def test_forced_tpu_without_one_retries_then_exits_69_in_one_line(job_file):
+    """As the agent runs it: TPU_STACK_STRATEGY=tpu never falls back to the CPU; the job
+    retries initialisation with backoff for its bounded time, then exits 69 (transient)."""
+    env = {**os.environ, "TPU_STACK_STRATEGY": "tpu", "TPU_STACK_TPU_INIT_SECONDS": "3"}
     done = subprocess.run([sys.executable, "-m", "tpu_training", "run", "--config",
                            str(job_file())], env=env, capture_output=True, text=True,
                           timeout=120, check=False)
-    assert done.returncode == 1
-    errors = [line for line in done.stderr.splitlines() if line.startswith("tpu_training")]
-    assert errors == ["tpu_training: error: TPU 'local' did not initialise: NotFoundError: "
-                      "TPUs not found in the cluster"]
+    assert done.returncode == 69
+    failure = "tpu_training: error: TPU 'local' did not initialise: NotFoundError: TPUs not " \
+              "found in the cluster"
+    lines = [line for line in done.stderr.splitlines() if line.startswith("tpu_training")]
+    assert lines[-1] == f"{failure} (retried for 3 s)"
+    retries = [line.rsplit("; ", 1)[1] for line in lines[:-1]]
+    assert retries[0] == "retrying in 2.0 s"  # the backoff itself: test_strategy.py
     assert "Traceback" not in done.stderr
-    assert "step=" not in done.stdout
+    assert "tpu_training step=" not in done.stdout
+    # Initialisation time is accounted, and printed at exit.
+    (goodput,) = [line for line in done.stdout.splitlines() if " goodput " in line]
+    assert float(goodput.split("tpu_init=")[1].split()[0]) >= 3
 
 
 def test_synth_writes_sharded_learnable_records(capsys, tmp_path):
@@ -163,3 +173,29 @@ def test_synth_needs_a_record_per_shard(capsys, tmp_path):
 def test_job_config_error_lists_every_problem():
     assert isinstance(JobConfigError.single("k", "m"), ValueError)
     assert str(JobConfigError([("a", "x"), ("b", "y")])) == "a: x; b: y"
+
+
+def test_a_failed_stop_save_exits_76_in_one_line(capsys, job_file, monkeypatch):
+    from tpu_training import exits, train
+
+    def stop_save_failed(config, **_):
+        raise exits.StopSaveError("stopped by signal 15 at step 40 but the stop save failed: "
+                                  "UnavailableError: Socket closed")
+
+    monkeypatch.setattr(train, "run", stop_save_failed)
+    assert run_job(capsys, job_file) == (76, [
+        "tpu_training: error: stopped by signal 15 at step 40 but the stop save failed: "
+        "UnavailableError: Socket closed"])
+
+
+def test_storage_unavailable_exits_69_in_one_line(capsys, job_file, monkeypatch):
+    from tpu_training import train
+
+    def storage_down(config, **_):
+        raise tf.errors.UnavailableError(
+            None, None, "Error executing an HTTP request: HTTP response code 503")
+
+    monkeypatch.setattr(train, "run", storage_down)
+    assert run_job(capsys, job_file) == (69, [
+        "tpu_training: error: storage unavailable: Error executing an HTTP request: HTTP "
+        "response code 503"])

@@ -85,7 +85,7 @@ def test_whole_numbers(key, value):
     assert problems_of({**STACK_JOB, key: value})[key] == f"must be a whole number, got {value!r}"
 
 
-@pytest.mark.parametrize("key", ["learningRate", "widthMultiplier"])
+@pytest.mark.parametrize("key", ["learningRate", "widthMultiplier", "checkpointEveryMinutes"])
 @pytest.mark.parametrize("value", [False, "0.1"])
 def test_numbers(key, value):
     assert problems_of({**STACK_JOB, key: value})[key] == f"must be a number, got {value!r}"
@@ -162,6 +162,21 @@ def test_a_resolved_job_needs_every_location():
     assert JobConfig.from_dict({**STACK_JOB, **LOCATIONS}).exportDir == "gs://b/export/n/"
 
 
+@pytest.mark.parametrize(("minutes", "ok"), [(5, True), (0.5, True), (0, False), (-1, False),
+                                             (math.inf, False), (math.nan, False)])
+def test_checkpoint_every_minutes_is_a_positive_time(minutes, ok):
+    data = {**STACK_JOB, "checkpointEveryMinutes": minutes}
+    if ok:
+        assert JobConfig.from_dict(data, resolved=False).checkpointEveryMinutes == minutes
+    else:
+        assert problems_of(data)["checkpointEveryMinutes"] == (
+            f"must be a number of minutes more than 0, got {minutes}")
+
+
+def test_checkpoint_every_minutes_is_off_by_default():
+    assert JobConfig.from_dict(STACK_JOB, resolved=False).checkpointEveryMinutes is None
+
+
 def test_a_stack_job_has_no_locations():
     problems = problems_of({**STACK_JOB, **LOCATIONS}, resolved=False)
     assert set(problems) == set(LOCATION_KEYS)
@@ -169,6 +184,7 @@ def test_a_stack_job_has_no_locations():
 
 
 def test_importing_the_package_and_schema_does_not_import_tensorflow():
-    code = ("import sys, tpu_training, tpu_training.config, tpu_training.stopping\n"
+    code = ("import sys, tpu_training, tpu_training.config, tpu_training.stopping, "
+            "tpu_training.exits, tpu_training.goodput\n"
             "sys.exit('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

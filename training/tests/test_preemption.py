@@ -17,6 +17,7 @@ from tpu_training.tf_env import tf
 
 TIMEOUT = 120  # seconds; TensorFlow's import alone takes several on this machine
 STEP_LINE = re.compile(r"tpu_training step=(\d+) loss=\d+\.\d+")
+SAVED_LINE = re.compile(r"tpu_training saved step=(\d+) seconds=\d+\.\d+ bytes=\d+ reason=stop")
 
 
 class Job:
@@ -56,6 +57,16 @@ class Job:
         return code
 
     @property
+    def progress(self) -> list[str]:
+        """The progress lines, without the accounting (saved, goodput)."""
+        return [line for line in self.lines
+                if not line.startswith(("tpu_training saved ", "tpu_training goodput "))]
+
+    @property
+    def stop_saves(self) -> list[int]:
+        return [int(match[1]) for match in map(SAVED_LINE.fullmatch, self.lines) if match]
+
+    @property
     def steps(self) -> list[int]:
         return [int(match[1]) for match in map(STEP_LINE.fullmatch, self.lines) if match]
 
@@ -75,7 +86,9 @@ def test_sigterm_saves_exits_75_and_the_rerun_resumes_there(endless_job):
     assert first.stop(signal.SIGTERM) == 75
     stopped = first.steps[-1]  # the execution under way finished and printed its line
     assert first.lines[0] == "tpu_training resumed_from=0"
-    assert first.lines[-1] == f"tpu_training stopped_at={stopped}"
+    assert first.progress[-1] == f"tpu_training stopped_at={stopped}"
+    assert first.stop_saves == ([] if stopped % 20 == 0 else [stopped])  # unless just saved
+    assert first.lines[-1].startswith(f"tpu_training goodput step={stopped} ")
     assert tf.train.latest_checkpoint(str(checkpoints)).endswith(f"ckpt-{stopped}")
 
     rerun = start()
@@ -106,5 +119,6 @@ def test_sigterm_while_tensorflow_loads_still_exits_75(endless_job):
     early = start()
     time.sleep(1.5)  # past the handler (installed first thing), inside TensorFlow's import
     assert early.stop(signal.SIGTERM) == 75
-    assert early.lines == ["tpu_training resumed_from=0", "tpu_training stopped_at=0"]
+    assert early.progress == ["tpu_training resumed_from=0", "tpu_training stopped_at=0"]
+    assert early.stop_saves == [0]
     assert tf.train.latest_checkpoint(str(checkpoints)).endswith("ckpt-0")

@@ -1,4 +1,4 @@
-"""Picking the strategy off a TPU VM: `auto` falls back to the CPUs, `tpu` fails."""
+"""Picking the strategy off a TPU VM: `auto` falls back to the CPUs, `tpu` retries, fails."""
 
 from __future__ import annotations
 
@@ -18,9 +18,55 @@ def test_auto_falls_back_to_the_cpu_replicas(strategy, capsys):
         "cluster; training on CPU\n")
 
 
-def test_tpu_never_falls_back(strategy):
-    with pytest.raises(strategies.StrategyError, match=r"^TPU 'local' did not initialise"):
+def test_tpu_never_falls_back(strategy, monkeypatch):
+    monkeypatch.setenv("TPU_STACK_TPU_INIT_SECONDS", "0")
+    with pytest.raises(strategies.TpuUnavailableError,
+                       match=r"^TPU 'local' did not initialise: .* \(retried for 0 s\)$"):
         strategies.make_strategy("tpu")
+
+
+class FakeClock:
+    def __init__(self):
+        self.now, self.sleeps = 0.0, []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_a_tpu_that_comes_free_is_used_after_backoff(strategy, monkeypatch, capsys):
+    """"TPU in use" / not ready yet: initialisation is retried, pauses doubling."""
+    attempts = []
+
+    def initialize(resolver):
+        attempts.append(resolver)
+        if len(attempts) < 4:
+            raise tf.errors.UnavailableError(None, None, "TPU in use by another process")
+
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", initialize)
+    monkeypatch.setattr(tf.distribute, "TPUStrategy", lambda resolver: ("tpu", resolver))
+    clock = FakeClock()
+    made = strategies.retried(strategies.tpu_strategy, 60, sleep=clock.sleep, clock=clock)
+    assert made == ("tpu", attempts[-1])
+    assert clock.sleeps == [2, 4, 8]
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "tpu_training: TPU 'local' did not initialise: UnavailableError: TPU in use by "
+        "another process; retrying in 2.0 s")
+
+
+def test_tpu_retries_are_bounded_in_time(strategy, monkeypatch):
+    def never(resolver):
+        raise tf.errors.NotFoundError(None, None, "TPUs not found in the cluster")
+
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", never)
+    clock = FakeClock()
+    with pytest.raises(strategies.TpuUnavailableError, match=r"\(retried for 100 s\)$"):
+        strategies.retried(strategies.tpu_strategy, 100, sleep=clock.sleep, clock=clock)
+    assert clock.sleeps == [2, 4, 8, 16, 30, 30, 10]  # capped at 30 s, the last cut to fit
+    assert clock.now == 100
 
 
 def test_cpu_with_one_replica_is_the_default_strategy(strategy):
@@ -36,9 +82,11 @@ def test_the_cpu_split_cannot_change_once_tensorflow_runs(strategy):
     ("TPU_STACK_STRATEGY", "gpu", "'gpu' is not allowed; use one of auto, tpu, cpu"),
     ("TPU_STACK_CPU_REPLICAS", "two", "must be a whole number of at least 1, got 'two'"),
     ("TPU_STACK_CPU_REPLICAS", "0", "must be a whole number of at least 1, got '0'"),
+    ("TPU_STACK_TPU_INIT_SECONDS", "soon", "must be a number of seconds, 0 or more, got 'soon'"),
+    ("TPU_STACK_TPU_INIT_SECONDS", "-1", "must be a number of seconds, 0 or more, got '-1'"),
 ])
 def test_bad_environment_values_name_the_variable(monkeypatch, env, value, message):
-    monkeypatch.setenv("TPU_STACK_STRATEGY", "cpu")
+    monkeypatch.setenv("TPU_STACK_STRATEGY", "tpu" if env.endswith("INIT_SECONDS") else "cpu")
     monkeypatch.setenv(env, value)
     with pytest.raises(JobConfigError) as caught:
         strategies.make_strategy()

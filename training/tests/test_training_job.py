@@ -3,14 +3,34 @@
 from __future__ import annotations
 
 import io
+import itertools
 import re
 
 import numpy as np
 import pytest
 
-from tpu_training import data, models, train
+from tpu_training import data, exits, models, train
 from tpu_training.config import JobConfig, JobConfigError
+from tpu_training.goodput import CATEGORIES
+from tpu_training.stopping import StopFlag
 from tpu_training.tf_env import keras, tf
+
+SAVED_LINE = re.compile(r"tpu_training saved step=(\d+) seconds=(\d+\.\d{3}) bytes=(\d+) "
+                        r"reason=(steps|minutes|stop|final)")
+GOODPUT_LINE = re.compile(r"tpu_training goodput step=(\d+) " + " ".join(
+    rf"{name}=(?P<{name}>\d+\.\d{{3}})" for name in CATEGORIES))
+
+
+def progress(lines: list[str]) -> list[str]:
+    """The lines of the job's progress, without its accounting (saved, goodput)."""
+    return [line for line in lines if not line.startswith(("tpu_training saved ",
+                                                           "tpu_training goodput "))]
+
+
+def goodput_of(line: str) -> dict[str, float]:
+    match = GOODPUT_LINE.fullmatch(line)
+    assert match, line
+    return {name: float(match[name]) for name in CATEGORIES}
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +53,7 @@ def test_loss_falls(finished):
 
 def test_progress_lines_one_per_execution(finished):
     config, _, lines = finished
+    lines = progress(lines)
     assert lines[0] == "tpu_training resumed_from=0"
     assert re.fullmatch(r"tpu_training eval_accuracy=\d\.\d{6} eval_loss=\d+\.\d{6}", lines[-2])
     assert lines[-1] == f"tpu_training complete=60 export={config.exportDir}"
@@ -81,7 +102,7 @@ def test_exported_model_loads_and_predicts(finished, mnist_data):
 def test_evaluation_at_the_end_is_reported_and_kept_in_the_marker(finished):
     config, _, lines = finished
     marker = train.read_marker(config.exportDir)
-    assert lines[-2] == (f"tpu_training eval_accuracy={marker['eval_accuracy']:.6f} "
+    assert progress(lines)[-2] == (f"tpu_training eval_accuracy={marker['eval_accuracy']:.6f} "
                          f"eval_loss={marker['eval_loss']:.6f}")
     assert marker["eval_accuracy"] > 0.5  # chance is 0.1
 
@@ -92,7 +113,9 @@ def test_a_finished_job_reruns_as_a_no_op(finished):
     result = train.run(config, strategy=None, out=out)  # no strategy: it must not need one
     assert (result.outcome, result.step, result.losses) == (
         train.Outcome.ALREADY_COMPLETE, 60, ())
-    assert out.getvalue() == f"tpu_training complete=60 export={config.exportDir}\n"
+    complete, goodput = out.getvalue().splitlines()
+    assert complete == f"tpu_training complete=60 export={config.exportDir}"
+    assert goodput.startswith("tpu_training goodput step=60 productive=0.000 ")
 
 
 def test_more_train_steps_continue_a_finished_job(finished, strategy):
@@ -167,3 +190,75 @@ def test_a_checkpoint_of_another_model_is_one_clear_error(finished, strategy):
     assert key == "checkpointDir"
     assert re.match(f"{config.checkpointDir}/ckpt-\\d+ is not a checkpoint of this mnist_cnn job: ",
                     message)
+
+
+def test_every_save_prints_its_step_seconds_bytes_and_reason(finished):
+    config, _, lines = finished
+    saves = [SAVED_LINE.fullmatch(line) for line in lines if " saved " in line]
+    assert [(int(m[1]), m[4]) for m in saves] == [(20, "steps"), (40, "steps"), (60, "steps")]
+    assert all(float(m[2]) > 0 for m in saves)
+    last = f"{config.checkpointDir}/ckpt-60"
+    assert int(saves[-1][3]) == train.checkpoint_bytes(last) > 100_000  # the 1/8 MNIST CNN
+
+
+def test_goodput_after_every_step_and_save_and_at_exit(finished):
+    _, _, lines = finished
+    for line, after in itertools.pairwise(lines):
+        if line.startswith(("tpu_training step=", "tpu_training saved ")):
+            assert after.startswith("tpu_training goodput step="), (line, after)
+    totals = [goodput_of(line) for line in lines if " goodput " in line]
+    assert lines[-1].startswith("tpu_training goodput step=60 ")
+    for earlier, later in itertools.pairwise(totals):  # cumulative
+        assert all(later[name] >= earlier[name] for name in CATEGORIES)
+    last = totals[-1]
+    saved = sum(float(SAVED_LINE.fullmatch(line)[2]) for line in lines if " saved " in line)
+    assert last["checkpoint_save"] >= saved  # the saves, and the export
+    assert last["productive"] > 0 and last["program_startup"] > 0
+    assert last["tpu_init"] < 0.01  # the strategy was given: nothing to initialise
+    # The first execution (tracing) is start-up: productive starts after it.
+    first = next(i for i, line in enumerate(lines) if line.startswith("tpu_training step="))
+    after_first = goodput_of(lines[first + 1])
+    assert after_first["productive"] < after_first["program_startup"] / 10
+
+
+def test_checkpoint_every_minutes_bounds_lost_work_in_time(strategy, job):
+    config = JobConfig.from_dict(job(trainSteps=20, checkpointEverySteps=1000,
+                                     checkpointEveryMinutes=1e-6))
+    out = io.StringIO()
+    train.run(config, strategy=strategy, out=out)
+    saves = [SAVED_LINE.fullmatch(line) for line in out.getvalue().splitlines()]
+    assert [(int(m[1]), m[4]) for m in saves if m] == [
+        (5, "minutes"), (10, "minutes"), (15, "minutes"), (20, "minutes")]
+
+
+def test_without_an_interval_due_the_last_save_is_final(strategy, job):
+    config = JobConfig.from_dict(job(trainSteps=10, checkpointEverySteps=1000))
+    out = io.StringIO()
+    train.run(config, strategy=strategy, out=out)
+    saves = [SAVED_LINE.fullmatch(line) for line in out.getvalue().splitlines()]
+    assert [(int(m[1]), m[4]) for m in saves if m] == [(10, "final")]
+
+
+def test_a_stop_save_that_fails_is_a_stop_save_error(strategy, job, monkeypatch):
+    """On a pod the other hosts may go down before the stop save: exit 76, not failed."""
+    def unavailable(self, checkpoint_number=None):
+        raise tf.errors.UnavailableError(None, None, "Socket closed")
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", unavailable)
+    stop = StopFlag()
+    stop.signal = 15  # arrived while the job started: it saves at once
+    out = io.StringIO()
+    with pytest.raises(exits.StopSaveError) as caught:
+        train.run(JobConfig.from_dict(job()), strategy=strategy, stop=stop, out=out)
+    assert str(caught.value) == ("stopped by signal 15 at step 0 but the stop save failed: "
+                                 "UnavailableError: Socket closed")
+    assert out.getvalue().splitlines()[-1].startswith("tpu_training goodput step=0 ")
+
+
+def test_a_save_that_fails_without_a_stop_is_the_error_itself(strategy, job, monkeypatch):
+    def unavailable(self, checkpoint_number=None):
+        raise tf.errors.UnavailableError(None, None, "503 Service Unavailable")
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", unavailable)
+    with pytest.raises(tf.errors.UnavailableError):
+        train.run(JobConfig.from_dict(job(trainSteps=20)), strategy=strategy, out=io.StringIO())

@@ -1,8 +1,11 @@
 """The command line: `python -m tpu_training run|synth` (docs/design.md, "The training package").
 
-Exit codes: 0 finished (or already finished); 75 stopped on SIGTERM after saving
-a checkpoint; 2 a bad setting or usage, one message on stderr naming it; 1 any
-other failure (no TPU with TPU_STACK_STRATEGY=tpu, a TensorFlow error).
+Exit codes (tpu_training.exits; docs/design.md, "Exit codes"): 0 finished (or
+already finished); 75 stopped on SIGTERM after saving a checkpoint; 76 stopped on
+SIGTERM but the stop save failed; 2 a bad setting or usage; 65 records that do not
+fit the model; 66 the training data matches no file yet; 69 no TPU initialised
+within the job's retries, or storage unavailable; 1 any other failure. Every
+failure is one line on stderr, `tpu_training: error: <message>`.
 """
 
 from __future__ import annotations
@@ -12,11 +15,10 @@ import json
 import sys
 from collections.abc import Sequence
 
+from tpu_training import exits
 from tpu_training.config import MODEL_NAMES, JobConfig, JobConfigError
-from tpu_training.stopping import EXIT_STOPPED, StopFlag
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+from tpu_training.goodput import Goodput
+from tpu_training.stopping import StopFlag
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,14 +27,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.command(args, stop)
     except JobConfigError as error:
+        if isinstance(error, exits.NoDataError):
+            print(f"tpu_training waiting_for_data pattern={error.pattern}", flush=True)
         for key, message in error.problems:
             _error(f"{key}: {message}" if key else message)
-        return EXIT_USAGE
+        return _CONFIG_EXITS.get(type(error), exits.EXIT_USAGE)
+    except exits.StopSaveError as error:
+        _error(str(error))
+        return exits.EXIT_STOP_SAVE_FAILED
+    except exits.UnavailableError as error:
+        _error(str(error))
+        return exits.EXIT_UNAVAILABLE
     except _OneLineError as error:
         _error(str(error))
-        return EXIT_FAILED
+        return exits.EXIT_FAILED
     finally:
         stop.uninstall()
+
+
+_CONFIG_EXITS = {exits.RecordsError: exits.EXIT_DATA, exits.NoDataError: exits.EXIT_NO_INPUT}
 
 
 class _OneLineError(Exception):
@@ -40,14 +53,24 @@ class _OneLineError(Exception):
 
 
 def _run(args: argparse.Namespace, stop: StopFlag) -> int:
+    goodput = Goodput()  # TensorFlow's import is program start-up
     config = JobConfig.from_dict(_load_json(args.config), resolved=True)
     from tpu_training import strategy, train  # TensorFlow loads here, not for --help
+    from tpu_training.tf_env import tf
 
     try:
-        result = train.run(config, stop=stop)
+        result = train.run(config, stop=stop, goodput=goodput)
+    except strategy.TpuUnavailableError:
+        raise
     except strategy.StrategyError as error:
         raise _OneLineError(str(error)) from error
-    return EXIT_STOPPED if result.outcome is train.Outcome.STOPPED else 0
+    except tf.errors.UnavailableError as error:
+        # TF's GCS filesystem answers a 5xx (after its own retries) as UNAVAILABLE
+        # (tsl/platform/cloud/curl_http_request.cc, CurlHttpRequest::Send).
+        raise exits.UnavailableError(f"storage unavailable: {error.message}") from error
+    if result.outcome is train.Outcome.STOPPED:
+        return exits.EXIT_STOPPED
+    return exits.EXIT_FINISHED
 
 
 _SYNTH_FLAGS = {"imageSize": "--image-size", "numClasses": "--num-classes"}

@@ -52,6 +52,7 @@ class JobConfig:
     evalData: str | None = None
     stepsPerExecution: int = 100
     checkpointEverySteps: int = 1000
+    checkpointEveryMinutes: float | None = None  # also save when this much time has passed
     learningRate: float | None = None
     warmupSteps: int | None = None
     imageSize: int | None = None
@@ -102,7 +103,7 @@ _REQUIRED = tuple(name for name, f in _FIELDS.items()
                   if f.default is dataclasses.MISSING)
 _INTS = ("globalBatchSize", "trainSteps", "stepsPerExecution", "checkpointEverySteps",
          "warmupSteps", "imageSize", "numClasses")
-_NUMBERS = ("learningRate", "widthMultiplier")
+_NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes")
 _MIN_IMAGE_SIZE = 32  # ResNet downsamples by 32 before its pooling layer
 _MAX_WIDTH = 4
 
@@ -160,6 +161,10 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     warmup = data.get("warmupSteps")
     if warmup is not None and warmup < 0:
         problems.append(("warmupSteps", f"must be 0 or more, got {warmup}"))
+    minutes = data.get("checkpointEveryMinutes")
+    if minutes is not None and not 0 < minutes < float("inf"):
+        problems.append(("checkpointEveryMinutes",
+                         f"must be a number of minutes more than 0, got {minutes}"))
     rate = data.get("learningRate")
     if rate is not None and not 0 < rate < 10:
         problems.append(("learningRate", f"must be between 0 and 10 (exclusive), got {rate}"))

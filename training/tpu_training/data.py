@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable
 
 from tpu_training.config import JobConfigError
+from tpu_training.exits import NoDataError, RecordsError
 from tpu_training.models import ModelSpec
 from tpu_training.tf_env import tf
 
@@ -73,10 +74,12 @@ def list_files(pattern: str, *, key: str = "trainData") -> list[str]:
         raise JobConfigError.single(key, f"{pattern!r} is not a valid glob: unbalanced [ ]")
     try:
         files = sorted(tf.io.gfile.glob(pattern))
+    except tf.errors.UnavailableError:
+        raise  # storage answering 5xx: transient, not a bad setting
     except tf.errors.OpError as error:
         raise JobConfigError.single(key, f"cannot list {pattern!r}: {error.message}") from error
     if not files:
-        raise JobConfigError.single(key, f"no files match {pattern!r}")
+        raise NoDataError(key, pattern)  # not uploaded yet: the agent waits for it
     return files
 
 
@@ -85,17 +88,19 @@ def check_records(files: list[str], spec: ModelSpec, *, key: str = "trainData") 
     try:
         first = next(iter(tf.data.TFRecordDataset(files[:1]).take(1)), None)
         if first is None:
-            raise JobConfigError.single(key, f"{files[0]} holds no records")
+            raise RecordsError.single(key, f"{files[0]} holds no records")
         example = tf.io.parse_single_example(first, _FEATURES)
+    except tf.errors.UnavailableError:
+        raise
     except tf.errors.OpError as error:
-        raise JobConfigError.single(
+        raise RecordsError.single(
             key, f"{files[0]} is not a TFRecord file of tf.train.Examples with 'image' and "
                  f"'label': {error.message}") from error
     expected = _pixels(spec)
     actual = len(example["image"].numpy())
     if actual != expected:
         shape = "x".join(map(str, spec.image_shape))
-        raise JobConfigError.single(
+        raise RecordsError.single(
             key, f"records in {files[0]} hold {actual}-byte images; {spec.name} reads "
                  f"{shape} = {expected} bytes (see imageSize)")
 

@@ -2,9 +2,22 @@
 
 Standard library only, so `__main__` can install it before TensorFlow loads (a
 SIGTERM during the import would otherwise kill the job without a checkpoint).
-Cloud TPU documents no preemption notice for spot TPUs and TF's
-`PreemptionCheckpointHandler` does nothing on TPU VMs (docs/tpu-facts.md, "On the VM"
-and "TensorFlow on TPU"), so the job handles SIGTERM itself.
+
+The node agent sends SIGTERM the moment `instance/preempted` or
+`instance/maintenance-event` changes; a spot or preemptible VM powers off 30 s after
+its ACPI soft-off, a standard VM 120 s after (Compute Engine API, `Scheduling.
+skipGuestOsShutdown`; docs/tpu-facts.md, "Preemption notice"), so the execution
+under way and the stop save must fit in that.
+
+Why not TF's `PreemptionCheckpointHandler` (read in TF 2.18 and 2.20,
+tensorflow/python/distribute/failure_handling/failure_handling.py): on a Cloud TPU VM
+`failure_handling_util.detect_platform()` answers `GCE_TPU` (the metadata server
+answers and TPU devices exist); for `GCE_TPU` the constructor only logs "does not
+support usage with TPU or CPU device on GCP", `run()` calls the train function
+unchanged and `save_checkpoint_if_preempted()` returns without looking. Its
+TPUStrategy support is for `INTERNAL_TPU` (Google's own clusters, the
+`check_preemption` op). Its GCE watcher also reads only `instance/maintenance-event`,
+never `instance/preempted`. So the job handles SIGTERM itself.
 """
 
 from __future__ import annotations
@@ -12,8 +25,6 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
-
-EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped after saving; run again to resume
 
 
 class StopFlag:

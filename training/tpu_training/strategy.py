@@ -7,6 +7,14 @@
 - `auto` (default): try the TPU, fall back to the CPU strategy when none is found.
 - `cpu`: never look for a TPU.
 
+With `tpu`, initialisation is retried with backoff for `TPU_STACK_TPU_INIT_SECONDS`
+(default 300): a TPU that is not ready yet (a pod slice's other workers still booting)
+or still held by a previous job's process ("TPU in use", docs/tpu-facts.md, "On the
+VM") usually comes free within that. After it the job exits 69 and the node agent
+retries with backoff as long as the node lives. Whether libtpu recovers inside one
+process after a failed initialisation is unconfirmed; the agent's retry starts a
+fresh one.
+
 On CPU, `TPU_STACK_CPU_REPLICAS=N` splits the host CPU into N logical devices under
 a MirroredStrategy, so per-replica batching and gradient all-reduce run for real.
 """
@@ -15,18 +23,29 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Callable
 
 from tpu_training.config import JobConfigError
+from tpu_training.exits import UnavailableError
 from tpu_training.tf_env import tf
 
 STRATEGY_ENV = "TPU_STACK_STRATEGY"
 CPU_REPLICAS_ENV = "TPU_STACK_CPU_REPLICAS"
+TPU_INIT_SECONDS_ENV = "TPU_STACK_TPU_INIT_SECONDS"
+DEFAULT_TPU_INIT_SECONDS = 300.0
+FIRST_RETRY_SECONDS = 2.0
+MAX_RETRY_SECONDS = 30.0
 STRATEGY_KINDS = ("auto", "tpu", "cpu")
 MAX_ERROR_CHARS = 200
 
 
 class StrategyError(RuntimeError):
-    """No TPU could be initialised (a bad setting raises JobConfigError instead)."""
+    """No strategy could be made (a bad setting raises JobConfigError instead)."""
+
+
+class TpuUnavailableError(StrategyError, UnavailableError):
+    """No TPU initialised (with `tpu`: within the job's bounded retries); exit 69."""
 
 
 def make_strategy(kind: str | None = None,
@@ -37,7 +56,7 @@ def make_strategy(kind: str | None = None,
         raise JobConfigError.single(
             STRATEGY_ENV, f"{kind!r} is not allowed; use one of {', '.join(STRATEGY_KINDS)}")
     if kind == "tpu":
-        return tpu_strategy()
+        return retried(tpu_strategy, _tpu_init_seconds())
     replicas = cpu_replicas or _cpu_replicas_from_env()
     # Looking for a TPU starts TensorFlow, after which the CPU can no longer be split.
     devices = split_cpu(replicas) if replicas > 1 else None
@@ -65,9 +84,28 @@ def tpu_strategy() -> tf.distribute.TPUStrategy:
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (tf.errors.OpError, ValueError, RuntimeError) as error:
         summary = str(error).strip().split(". ")[0][:MAX_ERROR_CHARS]
-        raise StrategyError(f"TPU {name!r} did not initialise: "
-                            f"{type(error).__name__}: {summary}") from error
+        raise TpuUnavailableError(f"TPU {name!r} did not initialise: "
+                                  f"{type(error).__name__}: {summary}") from error
     return tf.distribute.TPUStrategy(resolver)
+
+
+def retried(make: Callable[[], tf.distribute.TPUStrategy], seconds: float, *,
+            sleep: Callable[[float], None] = time.sleep,
+            clock: Callable[[], float] = time.monotonic) -> tf.distribute.TPUStrategy:
+    """`make()`, retried with doubling pauses while `seconds` allow; its last error then."""
+    deadline, pause = clock() + seconds, FIRST_RETRY_SECONDS
+    while True:
+        try:
+            return make()
+        except TpuUnavailableError as error:
+            left = deadline - clock()
+            if left <= 0:
+                raise TpuUnavailableError(f"{error} (retried for {seconds:g} s)") from error
+            pause = min(pause, left)
+            print(f"tpu_training: {error}; retrying in {pause:.1f} s", file=sys.stderr,
+                  flush=True)
+            sleep(pause)
+            pause = min(2 * pause, MAX_RETRY_SECONDS)
 
 
 def split_cpu(replicas: int) -> list[str]:
@@ -83,6 +121,20 @@ def split_cpu(replicas: int) -> list[str]:
                 f"{CPU_REPLICAS_ENV}={replicas}: the CPU is already initialised with "
                 f"{len(tf.config.list_logical_devices('CPU'))} logical devices") from error
     return [device.name for device in tf.config.list_logical_devices("CPU")]
+
+
+def _tpu_init_seconds() -> float:
+    text = os.environ.get(TPU_INIT_SECONDS_ENV)
+    if text is None:
+        return DEFAULT_TPU_INIT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise JobConfigError.single(
+            TPU_INIT_SECONDS_ENV, f"must be a number of seconds, 0 or more, got {text!r}")
+    return seconds
 
 
 def _cpu_replicas_from_env() -> int:

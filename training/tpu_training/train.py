@@ -8,11 +8,15 @@ A custom loop rather than `fit`, because resume needs the step: one `tf.function
 runs `stepsPerExecution` steps on device (`tf.range` around `strategy.run`,
 tensorflow.org/guide/tpu, "Improving performance with multiple steps inside
 tf.function"); between executions the host prints progress, writes summaries,
-checkpoints every `checkpointEverySteps` (model, optimizer, step) and checks for
-SIGTERM. Progress lines on stdout, which the node agent parses:
+checkpoints every `checkpointEverySteps` or `checkpointEveryMinutes`, whichever
+comes first (model, optimizer, step) and checks for SIGTERM. Progress lines on
+stdout, which the node agent parses (docs/design.md, "Job stdout lines"):
 
     tpu_training resumed_from=<N>          once, at start (0: fresh)
     tpu_training step=<N> loss=<float>     once per execution
+    tpu_training saved step=<N> seconds=<s> bytes=<b> reason=<steps|minutes|stop|final>
+    tpu_training goodput step=<N> productive=<s> tpu_init=<s> …   after every step and
+                                           saved line, and at exit (tpu_training.goodput)
     tpu_training eval_accuracy=<x> eval_loss=<y>   at the end, with evalData
     tpu_training stopped_at=<N>            SIGTERM: checkpoint saved, exit 75
     tpu_training complete=<N> export=<dir> finished (or found finished): exit 0
@@ -32,6 +36,8 @@ from typing import TextIO
 from tpu_training import data, models
 from tpu_training import strategy as strategies
 from tpu_training.config import LOCATION_KEYS, JobConfig, JobConfigError
+from tpu_training.exits import StopSaveError
+from tpu_training.goodput import Goodput
 from tpu_training.stopping import StopFlag
 from tpu_training.tf_env import keras, tf
 
@@ -56,15 +62,31 @@ class RunResult:
 
 def run(config: JobConfig, *, strategy: tf.distribute.Strategy | None = None,
         dataset_fn: data.DatasetFn | None = None, stop: StopFlag | None = None,
-        out: TextIO = sys.stdout) -> RunResult:
-    """Train `config` to `trainSteps`, resuming from its latest checkpoint, then export."""
+        out: TextIO | None = None, goodput: Goodput | None = None) -> RunResult:
+    """Train `config` to `trainSteps`, resuming from its latest checkpoint, then export.
+
+    Prints the goodput line of this run at its end, also when it fails.
+    """
+    goodput, out = goodput or Goodput(), out or sys.stdout
+    reached = [0]  # the step the job has reached, for the goodput line at exit
+    try:
+        return _run(config, strategy, dataset_fn, stop, out, goodput, reached)
+    finally:
+        _say(out, goodput.line(reached[0]))
+
+
+def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
+         dataset_fn: data.DatasetFn | None, stop: StopFlag | None, out: TextIO,
+         goodput: Goodput, reached: list[int]) -> RunResult:
     _require_locations(config)
     done = read_marker(config.exportDir)
     if done is not None and done["step"] >= config.trainSteps:
+        reached[0] = done["step"]
         _say(out, f"complete={done['step']} export={config.exportDir}")
         return RunResult(Outcome.ALREADY_COMPLETE, done["step"], done["step"])
     # First: a TPU must initialise, and CPUs be split, before TensorFlow runs any op.
-    strategy = strategy or strategies.make_strategy()
+    with goodput.timed("tpu_init"):
+        strategy = strategy or strategies.make_strategy()
     check_batch(config.globalBatchSize, strategy.num_replicas_in_sync)
     spec = models.model_spec(config)
     if dataset_fn is None:
@@ -75,9 +97,11 @@ def run(config: JobConfig, *, strategy: tf.distribute.Strategy | None = None,
                                       training=False)
     own_stop = stop is None
     stop = StopFlag().install() if own_stop else stop
+    job = Job(config, spec, strategy, out, goodput)
     try:
-        return Job(config, spec, strategy, out).run(dataset_fn, stop, eval_dataset_fn)
+        return job.run(dataset_fn, stop, eval_dataset_fn)
     finally:
+        reached[0] = job.step
         if own_stop:
             stop.uninstall()
 
@@ -137,8 +161,9 @@ class Job:
     """One job's model, optimizer, checkpoints and summaries, built under `strategy`."""
 
     def __init__(self, config: JobConfig, spec: models.ModelSpec,
-                 strategy: tf.distribute.Strategy, out: TextIO):
+                 strategy: tf.distribute.Strategy, out: TextIO, goodput: Goodput | None = None):
         self.config, self.spec, self.strategy, self.out = config, spec, strategy, out
+        self.goodput = goodput or Goodput()
         keras.mixed_precision.set_global_policy(precision_policy(strategy))
         with strategy.scope():
             self.model = models.build_model(spec)
@@ -152,6 +177,7 @@ class Job:
                                                   max_to_keep=CHECKPOINTS_KEPT)
         self.writer = tf.summary.create_file_writer(config.tensorboardDir)
         self.saved_step: int | None = None
+        self.last_save = time.monotonic()  # when the last save ended, or training began
 
     @property
     def step(self) -> int:
@@ -159,16 +185,17 @@ class Job:
 
     def run(self, dataset_fn: data.DatasetFn, stop: StopFlag,
             eval_dataset_fn: data.DatasetFn | None = None) -> RunResult:
-        resumed_from = self._restore()
+        with self.goodput.timed("checkpoint_restore"):
+            resumed_from = self._restore()
         _say(self.out, f"resumed_from={resumed_from}")
         iterator = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
-        losses = self._train(iterator, self.train_steps_fn(), stop)
-        self._save()
+        losses = self._train_then_save(iterator, stop)
         if self.step < self.config.trainSteps:
             _say(self.out, f"stopped_at={self.step}")
             return RunResult(Outcome.STOPPED, self.step, resumed_from, losses)
         metrics = {} if eval_dataset_fn is None else self.evaluate(eval_dataset_fn)
-        self._export(metrics)
+        with self.goodput.timed("checkpoint_save"):
+            self._export(metrics)
         _say(self.out, f"complete={self.step} export={self.config.exportDir}")
         return RunResult(Outcome.FINISHED, self.step, resumed_from, losses)
 
@@ -185,25 +212,66 @@ class Job:
         self.saved_step = self.step
         return self.step
 
+    def _train_then_save(self, iterator, stop: StopFlag) -> tuple[float, ...]:
+        """Train until trainSteps or a stop signal, then save (reason final or stop).
+
+        Once a stop signal has arrived, a failure of the execution under way or of the
+        save is a StopSaveError (exit 76): on a pod slice the other hosts may be going
+        down first, and the node was being stopped anyway.
+        """
+        try:
+            losses = self._train(iterator, self.train_steps_fn(), stop)
+            self._save("final" if self.step >= self.config.trainSteps else "stop")
+        except tf.errors.OpError as error:
+            if not stop.requested:
+                raise
+            raise StopSaveError(f"stopped by signal {stop.signal} at step {self.step} but "
+                                f"the stop save failed: {type(error).__name__}: "
+                                f"{_summary(error.message)}") from error
+        return losses
+
     def _train(self, iterator, train_steps: Callable, stop: StopFlag) -> tuple[float, ...]:
         config, losses = self.config, []
+        self.last_save = time.monotonic()
         while self.step < config.trainSteps and not stop.requested:
             before, started = self.step, time.monotonic()
             train_steps(iterator, tf.constant(min(config.stepsPerExecution,
                                                   config.trainSteps - before)))
+            if not losses:  # this process's first execution: tracing and compilation
+                self.goodput.started_training()
             loss = float(self.loss_metric.result())
             self.loss_metric.reset_state()
             losses.append(loss)
             _say(self.out, f"step={self.step} loss={loss:.6f}")
+            _say(self.out, self.goodput.line(self.step))
             self._summarise(loss, (self.step - before) / (time.monotonic() - started))
-            if self.step // config.checkpointEverySteps > before // config.checkpointEverySteps:
-                self._save()
+            reason = self._save_reason(before)
+            if reason:
+                self._save(reason)
         return tuple(losses)
 
-    def _save(self) -> None:
+    def _save_reason(self, before: int) -> str | None:
+        """`steps` or `minutes` when an interval has passed since `before`, else None."""
+        every = self.config.checkpointEverySteps
+        if self.step // every > before // every:
+            return "steps"
+        minutes = self.config.checkpointEveryMinutes
+        if minutes is not None and time.monotonic() - self.last_save >= 60 * minutes:
+            return "minutes"
+        return None
+
+    def _save(self, reason: str) -> None:
+        """Save the step unless it is saved; print its seconds and bytes and the goodput."""
         if self.saved_step != self.step:
-            self.manager.save(checkpoint_number=self.step)
-            self.saved_step = self.step
+            with self.goodput.timed("checkpoint_save"):
+                started = time.monotonic()
+                path = self.manager.save(checkpoint_number=self.step)
+                seconds = time.monotonic() - started
+                size = checkpoint_bytes(path)
+            self.saved_step, self.last_save = self.step, time.monotonic()
+            _say(self.out, f"saved step={self.step} seconds={seconds:.3f} bytes={size} "
+                           f"reason={reason}")
+            _say(self.out, self.goodput.line(self.step))
         self.writer.flush()
 
     def train_steps_fn(self) -> Callable:
@@ -288,6 +356,15 @@ class Job:
                   "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **metrics}
         with tf.io.gfile.GFile(_join(self.config.exportDir, COMPLETE_MARKER), "w") as out:
             json.dump(marker, out)
+
+
+def checkpoint_bytes(path: str) -> int:
+    """The size of the checkpoint `path` (its index and data shards), in bytes."""
+    return sum(tf.io.gfile.stat(name).length for name in tf.io.gfile.glob(f"{path}.*"))
+
+
+def _summary(message: str, limit: int = 200) -> str:
+    return message.strip().split("\n")[0][:limit]
 
 
 def _dataset_fn(pattern: str, spec: models.ModelSpec, global_batch_size: int,

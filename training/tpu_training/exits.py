@@ -1,0 +1,39 @@
+"""The job's exit codes and the errors that choose them (docs/design.md, "Exit codes").
+
+Standard library only: `__main__` maps errors to codes before and after TensorFlow
+loads, and the node agent maps the codes to states and retries. Codes follow BSD's
+sysexits.h where one fits.
+"""
+
+from __future__ import annotations
+
+from tpu_training.config import JobConfigError
+
+EXIT_FINISHED = 0
+EXIT_FAILED = 1  # anything else: the agent retries with backoff (docs/design.md)
+EXIT_USAGE = 2  # a bad setting or usage: permanent
+EXIT_DATA = 65  # EX_DATAERR: records that do not fit the model, malformed records: permanent
+EXIT_NO_INPUT = 66  # EX_NOINPUT: the training data matches no file yet: transient
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: TPU not ready or in use, storage 5xx: transient
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on a stop signal after saving; run again to resume
+EXIT_STOP_SAVE_FAILED = 76  # stopped on a stop signal, but the stop save failed
+
+
+class RecordsError(JobConfigError):
+    """Records that do not fit the model, or are not records at all (exit 65)."""
+
+
+class NoDataError(JobConfigError):
+    """A data pattern matches no file yet (exit 66); the agent waits and retries."""
+
+    def __init__(self, key: str, pattern: str):
+        self.pattern = pattern
+        super().__init__([(key, f"no files match {pattern!r}")])
+
+
+class UnavailableError(RuntimeError):
+    """A transient failure outside the job (exit 69): the TPU, or storage answering 5xx."""
+
+
+class StopSaveError(RuntimeError):
+    """The work under way or the save after a stop signal failed (exit 76)."""
