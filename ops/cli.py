@@ -7,12 +7,14 @@ import warnings
 
 import typer
 
+from ops.terminal import PROG
+
 # google-api-core warns on every import about Python 3.11's end of life (2027).
 warnings.filterwarnings("ignore", message="You are using a Python version",
                         category=FutureWarning)
 
 app = typer.Typer(
-    name="tpuctl",
+    name=PROG,
     help="Plan, check and operate tpu-stack TPU capacity.",
     no_args_is_help=True,
     add_completion=False,
@@ -37,7 +39,9 @@ _register_verbs()
 
 
 def main() -> None:
-    app()
+    # click takes the usage line's program name from argv[0] ("python -m ops.cli")
+    # unless told (typer/_click/core.py, Command.main(prog_name=...)).
+    app(prog_name=PROG)
 
 
 if __name__ == "__main__":

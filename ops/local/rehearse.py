@@ -7,7 +7,9 @@ the package and runs the real job on CPU over a synthetic dataset.
 
 Two honest differences from the VM, both printed: TensorFlow's gs:// filesystem
 cannot be pointed at an emulator, so the job's gs:// locations become local
-folders; and the job runs a few executions instead of the stack's trainSteps.
+folders; and the job is CPU-sized: a few executions instead of the stack's
+trainSteps, a small batch, a narrow model (its checkpoints stay small) and,
+for ResNets, small images.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import glob
 import json
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -37,12 +40,18 @@ from components.stack_config import StackFileError
 from ops.local.local_node import LocalNode
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator, split
-from ops.plan.offline import Plan, offline_plan
+from ops.plan.offline import Plan, PlanError, offline_plan
+from ops.terminal import console as make_console
+from ops.terminal import from_caller, print_error
 
 TRAINING_PYTHON = REPO_ROOT / ".venv" / "tf218" / "bin" / "python"
 LOCATION_KEYS = ("trainData", "evalData", "checkpointDir", "exportDir", "tensorboardDir")
 DEFAULT_STEPS = 40
 DEFAULT_BATCH = 64
+# A quarter of the width is a sixteenth of the weights: an MNIST CNN checkpoint of 307 MB
+# becomes 20 MB, and the whole rehearsal stays well under 200 MB on disk.
+REHEARSAL_WIDTH = 0.25
+REHEARSAL_IMAGE_SIZE = 32  # ResNets: the smallest size the job accepts (config.py)
 EXECUTIONS = 4  # status updates during a rehearsal: one per execution
 POLL_SECONDS = 0.5
 
@@ -92,30 +101,51 @@ def rehearsal_job(job: dict[str, Any], gcs_root: Path, steps: int | None = None,
     for key in LOCATION_KEYS:
         if job.get(key):
             local[key] = local_path(job[key], gcs_root)
-    train = min(job["trainSteps"], steps or DEFAULT_STEPS)
+    train = min(job["trainSteps"], DEFAULT_STEPS if steps is None else steps)
     per_execution = min(job.get("stepsPerExecution", 100), max(1, train // EXECUTIONS))
     local |= {"trainSteps": train // per_execution * per_execution,
               "stepsPerExecution": per_execution,
               "checkpointEverySteps": per_execution,
-              "globalBatchSize": min(job["globalBatchSize"], batch or DEFAULT_BATCH)}
+              "globalBatchSize": min(job["globalBatchSize"],
+                                     DEFAULT_BATCH if batch is None else batch),
+              "widthMultiplier": min(job.get("widthMultiplier") or 1.0, REHEARSAL_WIDTH)}
+    if job["model"] != "mnist_cnn":
+        local["imageSize"] = min(job.get("imageSize") or 224, REHEARSAL_IMAGE_SIZE)
     changed = {key: (str(job.get(key)), str(local[key])) for key in local
                if local[key] != job.get(key)}
     return local, changed
 
 
-def write_dataset(job: dict[str, Any], console: Console) -> None:
-    """A synthetic dataset where the job's trainData pattern will find it."""
-    pattern = job["trainData"]
+def write_datasets(job: dict[str, Any], console: Console) -> None:
+    """Synthetic records where the job's trainData (and evalData) patterns will find them."""
+    for key in ("trainData", "evalData"):
+        if job.get(key):
+            write_dataset(key, job, console)
+
+
+def write_dataset(key: str, job: dict[str, Any], console: Console) -> None:
+    pattern = job[key]
     out = Path(pattern).parent
+    # synth names files <prefix>-00000-of-00002.tfrecord: the prefix is the pattern's
+    # file name up to its first wildcard (train-*.tfrecord -> train).
+    prefix = Path(pattern).name.split("*", 1)[0].rstrip("-_.") or "train"
     examples = max(512, 2 * job["globalBatchSize"])
-    console.print(f"synthetic data: {examples} {job['model']} examples into {out}")
-    result = subprocess.run([str(TRAINING_PYTHON), "-m", "tpu_training", "synth", "--model",
-                             job["model"], "--out", str(out), "--examples", str(examples),
-                             "--shards", "2"], capture_output=True, text=True, check=False)
+    console.print(f"synthetic data: {examples} {job['model']} examples into {out} ({key})",
+                  markup=False)
+    command = [str(TRAINING_PYTHON), "-m", "tpu_training", "synth", "--model", job["model"],
+               "--out", str(out), "--examples", str(examples), "--shards", "2",
+               "--prefix", prefix]
+    for option, flag in (("imageSize", "--image-size"), ("numClasses", "--num-classes")):
+        if job.get(option):
+            command += [flag, str(job[option])]
+    if not TRAINING_PYTHON.exists():
+        raise RehearsalError(f"{TRAINING_PYTHON} is missing: build it with "
+                             "`scripts/setup.sh tf218` (scripts/run.sh does)")
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RehearsalError(f"tpu_training synth failed: {result.stderr.strip()[-400:]}")
     if not glob.glob(pattern):
-        raise RehearsalError(f"trainData {pattern!r} matches none of the synthetic files in "
+        raise RehearsalError(f"{key} {pattern!r} matches none of the synthetic files in "
                              f"{out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
 
 
@@ -183,28 +213,47 @@ def rehearse(stack: str, *, workdir: Path | None, console: Console, node: str | 
     try:
         plan = offline_plan(stack)
         name, metadata = pick_node(planned_nodes(plan), node)
-    except (SettingsError, StackFileError, RehearsalError) as error:
-        console.print(f"[red]rehearse: {error}")
+    except (SettingsError, StackFileError, PlanError, RehearsalError) as error:
+        print_error(error)
         return 2
     workdir = workdir or REPO_ROOT / ".cache" / "rehearse" / stack
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     job, changed = rehearsal_job(json.loads(metadata[JOB_KEY]), workdir / "gcs", steps,
                                  batch)
-    console.print(f"[bold]rehearsing {name} of stack {stack}[/] in {workdir}")
-    console.print("TensorFlow's gs:// filesystem cannot reach a GCS emulator, so the job's "
-                  "gs:// locations are local folders here; and the run is CPU-sized:")
+    console.print(f"rehearsing {name} of stack {stack} in {workdir}", markup=False)
+    console.print("The node gets the metadata the stack declares, except what this machine "
+                  "cannot do as the VM does: TensorFlow's gs:// filesystem cannot reach a GCS "
+                  "emulator, so the job's gs:// locations are local folders here, and the run "
+                  "is CPU-sized. Changed in the job's config:", markup=False)
     for key, (before, after) in changed.items():
-        console.print(f"  {key}: {before} -> {after}")
+        console.print(f"  {key}: {before} -> {after}", markup=False)
     try:
-        write_dataset(job, console)
+        write_datasets(job, console)
         with StorageEmulator() as gcs:
             serve_package(gcs, metadata)
-            return boot(gcs, metadata | {JOB_KEY: json.dumps(job, sort_keys=True)}, job,
+            code = boot(gcs, metadata | {JOB_KEY: json.dumps(job, sort_keys=True)}, job,
                         changed, workdir, console)
     except RehearsalError as error:
-        console.print(f"[red]rehearse: {error}")
+        print_error(error)
         return 2
+    console.print(f"the rehearsal left {disk_usage(workdir) / 1e6:.0f} MB in {workdir}",
+                  markup=False)
+    return code
+
+
+def disk_usage(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def last_error_line(job_log: Path) -> str | None:
+    """The job's own error line (`tpu_training: error: ...`), else its last line."""
+    if not job_log.is_file():
+        return None
+    lines = [line.strip() for line in job_log.read_text(errors="replace").splitlines()
+             if line.strip()]
+    errors = [line for line in lines if line.startswith("tpu_training: error:")]
+    return (errors or lines or [None])[-1]
 
 
 def boot(gcs: StorageEmulator, metadata: dict[str, str], job: dict[str, Any],
@@ -214,7 +263,8 @@ def boot(gcs: StorageEmulator, metadata: dict[str, str], job: dict[str, Any],
             (workdir / "bootstrap.log").open("w") as output:
         node = LocalNode(server, workdir / "node", gcs.host)
         console.print(f"booting: package {metadata[PACKAGE_KEY]} from the emulator, "
-                      f"python {node.env['TPU_STACK_PYTHON']} (TPU_STACK_STRATEGY=cpu)")
+                      f"python {node.env['TPU_STACK_PYTHON']} (TPU_STACK_STRATEGY=cpu)",
+                      markup=False)
         process = node.start(stdout=output, stderr=subprocess.STDOUT)
         try:
             code = follow(process, node, job["trainSteps"], console)
@@ -224,9 +274,16 @@ def boot(gcs: StorageEmulator, metadata: dict[str, str], job: dict[str, Any],
         status_dir = keep_status(gcs, metadata[STATUS_KEY], workdir)
         for line in landed(node, job, changed, status_dir, metadata[STATUS_KEY], workdir):
             console.print(line, overflow="fold", highlight=False, markup=False)
-    colour = "green" if code == 0 else "red"
-    console.print(f"[{colour}]bootstrap exited with {code} "
-                  f"(state {node.guest.get('state', '?')})")
+    state = node.guest.get("state", "?")
+    if code == 0:
+        console.print(f"bootstrap exited with 0 (state {state})", markup=False)
+        return code
+    message = node.guest.get("message", "")
+    print_error(f"the rehearsal failed: bootstrap exited with {code} (state {state}"
+                f"{': ' + message if message else ''})")
+    job_error = last_error_line(status_dir / "worker-0" / "job.log")
+    if job_error:
+        print(f"  the job's last line: {job_error}", file=sys.stderr)
     return code
 
 
@@ -238,10 +295,10 @@ def register(app: typer.Typer) -> None:
         workdir: Path | None = typer.Option(
             None, "--workdir", help="Where everything lands (default .cache/rehearse/<stack>)."),
         steps: int | None = typer.Option(
-            None, "--steps", help=f"Train this many steps (default {DEFAULT_STEPS})."),
+            None, "--steps", min=1, help=f"Train this many steps (default {DEFAULT_STEPS})."),
         batch: int | None = typer.Option(
-            None, "--batch", help=f"Global batch size on CPU (default {DEFAULT_BATCH})."),
+            None, "--batch", min=1, help=f"Global batch size on CPU (default {DEFAULT_BATCH})."),
     ) -> None:
         """Boot the stack's TPU node on this machine: emulated GCS and metadata, real job on CPU."""
-        raise typer.Exit(rehearse(stack, workdir=workdir, console=Console(), node=node,
-                                  steps=steps, batch=batch))
+        raise typer.Exit(rehearse(stack, workdir=from_caller(workdir), console=make_console(),
+                                  node=node, steps=steps, batch=batch))

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from components.settings import SettingsError
 from components.stack_config import StackFileError
 from ops.plan.diff import diff_plans, load_plan, render_diff
-from ops.plan.offline import Plan, offline_plan
+from ops.plan.offline import Plan, PlanError, offline_plan
 from ops.plan.report import check_format, duplicate_urns, plain, render
+from ops.terminal import PROG, fail, from_caller
 from policy.evaluate import evaluate, load_config
-
-console = Console()
 
 
 def print_report(result: Plan, fmt: str | None, against: Path | None) -> int:
@@ -24,7 +23,11 @@ def print_report(result: Plan, fmt: str | None, against: Path | None) -> int:
     head = plain(result.to_json())
     violations = evaluate(head, load_config())
     if against:
-        text = render_diff(diff_plans(load_plan(against), head), fmt or "markdown", violations)
+        base = load_plan(against)
+        if base.get("stack") != head["stack"]:
+            print(f"{PROG}: warning: --against {against} is a plan of stack {base.get('stack')!r}, "
+                  f"this one of {head['stack']!r}: the diff compares two stacks", file=sys.stderr)
+        text = render_diff(diff_plans(base, head), fmt or "markdown", violations)
     else:
         text = render(head, fmt or "table", violations)
     print(text, end="")
@@ -42,6 +45,7 @@ def register(app: typer.Typer) -> None:
             None, "--against", help="Diff against this saved plan (`--format json` of the base)."),
     ) -> None:
         """Offline plan of a stack: resources by component and the cost estimate."""
+        out, against = from_caller(out), from_caller(against)
         try:
             if fmt:
                 check_format(fmt)  # before the plan runs
@@ -50,9 +54,8 @@ def register(app: typer.Typer) -> None:
                 out.write_text(json.dumps(plain(result.to_json()), indent=2, sort_keys=True)
                                + "\n")
             code = print_report(result, fmt, against)
-        except (SettingsError, StackFileError, ValueError) as error:
-            console.print(f"[red]error:[/red] {error}", highlight=False)
-            raise typer.Exit(2) from None
+        except (SettingsError, StackFileError, PlanError, ValueError, OSError) as error:
+            fail(error)
         if out:
-            console.print(f"plan written to {out}")
+            print(f"plan written to {out}", file=sys.stderr)
         raise typer.Exit(code)

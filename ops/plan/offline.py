@@ -10,12 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pulumi
+
+from components.archive import PackageError
 from components.cost import StackCost, settings_cost
 from components.settings import StackSettings, load_settings
 from components.stack_config import file_config
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
 
 PLAN_FORMAT_VERSION = 1
+
+
+class PlanError(RuntimeError):
+    """The Pulumi program stopped (PlatformStackError, PackageError, any other error of
+    the program): its one message, which `pulumi preview` would also end with."""
 
 
 @dataclass
@@ -83,9 +91,20 @@ def offline_plan(stack: str, config: dict[str, str] | None = None) -> Plan:
     """Plan `stack` from its files (or from `config`, as the CLI would pass it).
 
     Raises SettingsError (one message, every problem) for a bad config and
-    StackFileError for a missing stack file, before anything runs.
+    StackFileError for a missing stack file, before anything runs; PlanError for
+    whatever else stops the program.
     """
     config = config if config is not None else file_config(stack)
     settings = load_settings(config, stack)
-    run = run_program(config, stack)
+    try:
+        run = run_program(config, stack)
+    except Exception as error:  # the program's error, whatever it is, becomes one message
+        raise PlanError(program_message(error)) from None
     return Plan(stack=stack, settings=settings, run=run, cost=settings_cost(settings))
+
+
+def program_message(error: Exception) -> str:
+    """The message of an error the program raised; a bug also names its type."""
+    if isinstance(error, (pulumi.RunError, PackageError, ValueError)):
+        return str(error)
+    return f"the Pulumi program failed: {type(error).__name__}: {error}"

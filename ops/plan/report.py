@@ -14,9 +14,10 @@ from typing import Any
 
 import pulumi
 
+from components import catalog
 from components.catalog import HOURS_PER_MONTH
 from policy.evaluate import Violation
-from policy.tpu_policies import is_spot, tpu_view
+from policy.tpu_policies import V2VM, tpu_view
 
 FORMATS = ("markdown", "table", "json")
 NODE_COMPONENT_PREFIX = "node-"
@@ -71,10 +72,30 @@ def heading(text: str, *, markdown: bool, level: int = 2) -> str:
 
 
 def accelerator_of(inputs: Mapping[str, Any]) -> str:
+    """The accelerator type as users write it (`v4-32`), also for a node the API is sent
+    as a shape (AcceleratorConfig `V4` + `2x2x4`); the topology follows in brackets."""
     config = inputs.get("acceleratorConfig")
     if isinstance(config, Mapping) and config.get("type"):
-        return f"{config['type']} {config.get('topology', '')}".strip()
+        topology = str(config.get("topology", ""))
+        gen = next((g for g in catalog.GENERATIONS.values() if g.api_type == config["type"]),
+                   None)
+        if gen is None or catalog.topology_problem(gen, topology):
+            return f"{config['type']} {topology}".strip()
+        return f"{catalog.slice_for(gen.name, topology).accelerator_type} ({topology})"
     return str(inputs.get("acceleratorType") or "provider default")
+
+
+def provisioning_of(resource: Mapping[str, Any]) -> str:
+    """on-demand | spot | preemptible | reserved (V2Vm's schedulingConfig flag), or
+    queued (a QueuedTpu) with its request's kind: `queued, spot` and the like."""
+    inputs = resource.get("inputs", {})
+    if resource["type"] == V2VM:
+        flags = inputs.get("schedulingConfig") or {}
+        return next((f for f in ("spot", "preemptible", "reserved") if flags.get(f)),
+                    "on-demand")
+    kinds = [kind for kind, key in (("spot", "spot"), ("guaranteed", "guaranteed"),
+                                    ("reserved", "reservation_name")) if inputs.get(key)]
+    return ", ".join(["queued", *kinds])
 
 
 def node_name(resource: Mapping[str, Any]) -> str:
@@ -98,7 +119,7 @@ def node_rows(plan: Mapping[str, Any]) -> list[list[str]]:
         cost = costs.get(name, {})
         hourly = cost.get("usdPerHour")
         rows.append([name, accelerator_of(inputs), str(inputs.get("runtimeVersion", "")),
-                     "spot" if is_spot(inputs) else "on-demand", money(hourly),
+                     provisioning_of(r), money(hourly),
                      money(per_month(hourly)), money(cost.get("spotSavingUsdPerHour"))])
     return rows
 

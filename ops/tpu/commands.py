@@ -15,11 +15,12 @@ from datetime import datetime, timezone
 from typing import cast
 
 import typer
-from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ops.terminal import console as make_console
+from ops.terminal import fail
 from ops.tpu import actions as node_actions
 from ops.tpu import logs as agent_logs
 from ops.tpu import preflight
@@ -27,8 +28,7 @@ from ops.tpu import status as node_status
 from ops.tpu.api import NodeStatus, TpuApi, TpuApiError
 from ops.tpu.target import StackTarget, TargetError, load_target
 
-console = Console()
-errors = Console(stderr=True)
+console = make_console()
 
 StackOption = typer.Option(..., "--stack", "-s", help="Stack name (Pulumi.<stack>.yaml).")
 ApplyOption = typer.Option(False, "--apply", help="Make the changes (default: dry run).")
@@ -52,8 +52,7 @@ def clear_errors() -> Iterator[None]:
     try:
         yield
     except (TargetError, TpuApiError, agent_logs.LogsError) as error:
-        errors.print(f"[red]error:[/red] {error}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(error)
 
 
 def _api(target: StackTarget) -> TpuApi:
@@ -84,13 +83,14 @@ def preflight_cmd(
         table.add_row(check.subject, check.what, outcome, check.detail)
     console.print(table)
     if report.note:
-        console.print(f"[yellow]{report.note}[/]", highlight=False)
+        console.print(report.note, markup=False)
+    if report.credentials_error:  # as every verb that needs the TPU API
+        fail(f"{report.credentials_error}; the zone's offers were not checked "
+             "(--offline checks the catalog only)")
     if not report.ok:
         raise typer.Exit(1)
     if live and not report.live:
-        errors.print("[red]error:[/red] --live: the zone's offers were not checked",
-                     highlight=False)
-        raise typer.Exit(1)
+        fail("--live: the zone's offers were not checked", code=1)
 
 
 # ---- status / wait ---------------------------------------------------------------

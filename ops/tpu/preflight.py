@@ -34,6 +34,7 @@ class PreflightReport:
     checks: tuple[Check, ...]
     live: bool  # False: the TPU API was not asked (offline or no credentials)
     note: str = ""
+    credentials_error: str = ""  # why the TPU API could not be asked (exit 2)
 
     @property
     def ok(self) -> bool:
@@ -121,17 +122,20 @@ _QUOTA_UNKNOWN = (
 def preflight(
     target: StackTarget, api: TpuApi | None, quota: QuotaLookup | None = None
 ) -> PreflightReport:
-    """Catalog checks always; live checks when `api` is given and credentials work."""
+    """Catalog and quota checks always; live checks when `api` is given and credentials
+    work. Without a quota lookup the quota rows say "not checked" with the chips needed."""
     checks = [check for node in target.nodes for check in catalog_checks(node)]
     if api is None:
         return PreflightReport(
-            tuple(checks), live=False, note="offline: checked against the catalog only"
+            (*checks, *quota_checks(target, None)), live=False,
+            note="offline: checked against the catalog only",
         )
     try:
         checks += live_checks(api, target)
     except NoCredentialsError as error:
         return PreflightReport(
-            tuple(checks), live=False, note=f"{error}; checked against the catalog only"
+            (*checks, *quota_checks(target, None)), live=False,
+            note="checked against the catalog only", credentials_error=str(error),
         )
     checks += quota_checks(target, quota)
     return PreflightReport(tuple(checks), live=True)

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from components.agent import JOB_KEY, PACKAGE_SHA256_KEY, STARTUP_SCRIPT_KEY, startup_script
-from ops.local.rehearse import RehearsalError, pick_node, planned_nodes, rehearsal_job
+from ops.local.rehearse import (
+    REHEARSAL_IMAGE_SIZE,
+    REHEARSAL_WIDTH,
+    RehearsalError,
+    last_error_line,
+    pick_node,
+    planned_nodes,
+    rehearsal_job,
+    write_datasets,
+)
 from ops.plan.offline import offline_plan
 
 JOB = {"model": "mnist_cnn", "trainData": "gs://data/datasets/mnist/train-*.tfrecord",
@@ -56,3 +67,62 @@ def test_the_job_is_cpu_sized_in_whole_executions(
     assert (job["trainSteps"], job["stepsPerExecution"], job["checkpointEverySteps"],
             job["globalBatchSize"]) == expected
     assert changed["checkpointEverySteps"] == ("500", str(expected[2]))
+
+
+def test_the_model_is_narrow_and_resnet_images_small(tmp_path: Path) -> None:
+    """What keeps a rehearsal under 200 MB: a mnist_cnn checkpoint of 307 MB at full width."""
+    mnist, changed = rehearsal_job(JOB, tmp_path)
+    assert mnist["widthMultiplier"] == REHEARSAL_WIDTH and "imageSize" not in mnist
+    assert changed["widthMultiplier"] == ("None", str(REHEARSAL_WIDTH))
+    resnet, _ = rehearsal_job(JOB | {"model": "resnet50", "imageSize": 224,
+                                     "widthMultiplier": 0.125}, tmp_path)
+    assert (resnet["imageSize"], resnet["widthMultiplier"]) == (REHEARSAL_IMAGE_SIZE, 0.125)
+
+
+@pytest.mark.parametrize("option", ["--steps", "--batch"])
+def test_zero_steps_or_batch_are_refused(option: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import ops.local.rehearse
+    from ops.cli import app
+
+    monkeypatch.setattr(ops.local.rehearse, "rehearse", lambda *a, **k: 0)
+    result = CliRunner().invoke(app, ["rehearse", option, "0"])
+    assert result.exit_code == 2
+    text = " ".join(result.stderr.replace("│", " ").split())  # typer's error panel
+    assert f"Invalid value for '{option}': Input should be greater than or equal to 1" in text
+
+
+def test_synthetic_data_goes_where_train_and_eval_patterns_look(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ops.local.rehearse
+    from ops.terminal import console
+
+    commands: list[list[str]] = []
+
+    def synth(command: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        commands.append(command)
+        out, prefix = command[command.index("--out") + 1], command[command.index("--prefix") + 1]
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"{prefix}-00000-of-00002.tfrecord").write_bytes(b"")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(ops.local.rehearse.subprocess, "run", synth)
+    monkeypatch.setattr(ops.local.rehearse, "TRAINING_PYTHON", Path(sys.executable))
+    job = {"model": "resnet50", "globalBatchSize": 64, "imageSize": 32, "numClasses": 1000,
+           "trainData": f"{tmp_path}/imagenet/train-*.tfrecord",
+           "evalData": f"{tmp_path}/imagenet/validation-*.tfrecord"}
+    write_datasets(job, console())
+    assert [c[c.index("--prefix") + 1] for c in commands] == ["train", "validation"]
+    assert commands[0][-4:] == ["--image-size", "32", "--num-classes", "1000"]
+
+
+def test_a_failed_rehearsal_shows_the_jobs_error_line(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("tpu-stack-agent: state=running\n"
+                   "tpu_training: error: tpu-stack:jobs.x.evalData: matches no file\n"
+                   "tpu-stack-agent: state=failed job exited with code 2; see job.log\n")
+    assert last_error_line(log) == "tpu_training: error: tpu-stack:jobs.x.evalData: matches no file"
+    log.write_text("Traceback ...\nMemoryError\n")
+    assert last_error_line(log) == "MemoryError"
+    assert last_error_line(tmp_path / "absent.log") is None

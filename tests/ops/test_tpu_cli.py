@@ -36,13 +36,12 @@ def tpuctl(fake_tpu: FakeTpuApi, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(tpu_cmds, "load_target", lambda s: DEV if s == "dev" else real_loader(s))
 
     def run(*args: str) -> Run:
-        out, err = StringIO(), StringIO()
+        out = StringIO()
         monkeypatch.setattr(tpu_cmds, "console", Console(file=out, width=200, color_system=None))
-        monkeypatch.setattr(tpu_cmds, "errors", Console(file=err, width=200, color_system=None))
         result = CliRunner().invoke(app, list(args))
         if result.exception and not isinstance(result.exception, SystemExit):
             raise result.exception
-        return Run(result.exit_code, out.getvalue(), err.getvalue())
+        return Run(result.exit_code, out.getvalue(), result.stderr)
 
     return run
 
@@ -89,10 +88,24 @@ def test_preflight_live_refuses_to_fall_back_to_the_catalog(
     assert tpuctl("preflight", "--stack", "dev", "--live").code == 0
     monkeypatch.delenv("TPU_STACK_TPU_ENDPOINT", raising=False)
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "absent.json"))
-    assert tpuctl("preflight", "--stack", "dev").code == 0  # without --live: catalog only
+    assert tpuctl("preflight", "--stack", "dev", "--offline").code == 0  # the catalog only
     run = tpuctl("preflight", "--stack", "dev", "--live")
-    assert run.code == 1
-    assert "--live: the zone's offers were not checked" in run.err
+    assert run.code == 2
+    assert "the zone's offers were not checked" in run.err
+
+
+def test_preflight_without_credentials_is_an_error_and_still_shows_quota_rows(
+    tpuctl, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.delenv("TPU_STACK_TPU_ENDPOINT", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "absent.json"))
+    run = tpuctl("preflight", "--stack", "dev")
+    assert run.code == 2  # as every other verb that cannot reach the TPU API
+    (error,) = run.err.splitlines()
+    assert error.startswith("tpuctl: error: no Google credentials")
+    assert error.endswith("offers were not checked (--offline checks the catalog only)")
+    (quota,) = [line for line in run.out.splitlines() if "quota for" in line]
+    assert "v2 spot in us-central1" in quota and "not checked" in quota
 
 
 def test_wait_until_ready(tpuctl, fake_tpu: FakeTpuApi) -> None:
@@ -137,7 +150,8 @@ def test_permission_denied_is_one_line_naming_the_permission(tpuctl, fake_tpu: F
 
     assert run.code == 2
     assert run.err.strip().splitlines() == [
-        "error: permission denied: list_nodes on us-central1-b in project acme-ml-dev needs IAM "
+        "tpuctl: error: permission denied: list_nodes on us-central1-b in project acme-ml-dev "
+        "needs IAM "
         "permission tpu.nodes.list (e.g. roles/tpu.viewer or roles/tpu.admin)"
     ]
 

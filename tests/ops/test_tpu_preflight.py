@@ -87,5 +87,13 @@ def test_without_credentials_preflight_falls_back_to_the_catalog(
     report = preflight(target(expected_node("dev-a", ZONE)), TpuApi(PROJECT))
 
     assert not report.live and report.ok
-    assert report.note.startswith("no Google credentials")
-    assert report.note.endswith("checked against the catalog only")
+    assert report.credentials_error.startswith("no Google credentials")
+    assert report.note == "checked against the catalog only"
+    assert ("v2 on-demand in us-central1", "quota for 4 chips", "not checked") in outcomes(report)
+
+
+def test_offline_preflight_still_lists_the_chips_each_quota_must_allow() -> None:
+    report = preflight(target(expected_node("dev-a"), expected_node("dev-b")), None)
+    quota = [c for c in report.checks if c.what.startswith("quota")]
+    assert [(c.subject, c.what, c.outcome) for c in quota] == [
+        ("v2 on-demand in us-central1", "quota for 8 chips", "not checked")]

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
+import pytest
 from typer.testing import CliRunner
 
+from components.archive import REPO_ROOT
+from components.stack_config import StackFileError, file_config
 from ops.cli import app
+from ops.terminal import CALLER_DIR_ENV
 
 runner = CliRunner()
 
@@ -25,15 +31,89 @@ def test_save_then_diff_against_the_saved_plan(tmp_path):
 
 
 def _error(args: list[str]) -> str:
-    """The one-line error of a refused command (the console wraps long lines)."""
+    """The one error of a refused command: on stderr, nothing on stdout."""
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
-    return " ".join(result.output.split())
+    assert result.stdout == ""
+    return result.stderr
 
 
 def test_bad_format_and_bad_base_are_one_clear_error(tmp_path):
-    assert ("error: --format 'html' is not a format; allowed: markdown, table, json"
-            in _error(["plan", "--stack", "dev", "--format", "html"]))
+    assert _error(["plan", "--stack", "dev", "--format", "html"]) == (
+        "tpuctl: error: --format 'html' is not a format; allowed: markdown, table, json\n")
     missing = tmp_path / "x"
-    assert (f"error: --against {missing}: cannot read a plan"
-            in _error(["plan", "--stack", "dev", "--against", str(missing)]))
+    assert _error(["plan", "--stack", "dev", "--against", str(missing)]).startswith(
+        f"tpuctl: error: --against {missing}: cannot read a plan")
+
+
+def test_a_yaml_error_reaches_stderr_verbatim_caret_and_brackets_included(tmp_path, monkeypatch):
+    import ops.plan.offline
+
+    (tmp_path / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.broken.yaml").write_text("config:\n  tpu-stack:nodes: [a, b\n")
+    monkeypatch.setattr(ops.plan.offline, "file_config",
+                        lambda stack: file_config(stack, tmp_path))
+    with pytest.raises(StackFileError) as expected:
+        file_config("broken", tmp_path)
+    assert "^" in str(expected.value)
+    assert _error(["plan", "--stack", "broken", "--format", "json"]) == (
+        f"tpuctl: error: {expected.value}\n")
+
+
+def test_a_team_stack_the_platform_rejects_is_one_message_and_exit_2():
+    """In a process of its own: the "Future exception was never retrieved" logs of a failed
+    program came when its futures were freed, at the latest at exit."""
+    program = ("import sys, components.stack_config as c, ops.plan.offline as o\n"
+               "config = c.file_config('team-vision')\n"
+               "config['tpu-stack:team'] = 'visoin'\n"
+               "o.file_config = lambda stack: config\n"
+               "from ops.cli import main\n"
+               "main()\n")
+    result = subprocess.run([sys.executable, "-c", program, "plan", "--stack", "team-vision"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [
+        "tpuctl: error: the platform stack acme/tpu-stack/platform does not serve this team "
+        "stack (1 problem; tpu-stack:teams keys are acme/tpu-stack/platform's config):",
+        "  tpu-stack:team: 'visoin' is not a team of acme/tpu-stack/platform "
+        "(tpu-stack:teams: nlp, vision)"]
+
+
+def test_any_error_of_the_program_is_one_message(monkeypatch):
+    import ops.plan.offline
+
+    def broken(config, stack):
+        raise KeyError("tpu-stack:storage")
+
+    monkeypatch.setattr(ops.plan.offline, "run_program", broken)
+    assert _error(["plan", "--stack", "dev"]) == (
+        "tpuctl: error: the Pulumi program failed: KeyError: 'tpu-stack:storage'\n")
+
+
+def test_relative_paths_are_the_callers(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)  # as the tpuctl wrapper runs
+    name = f"{tmp_path.name}.json"
+    result = runner.invoke(app, ["plan", "--stack", "dev", "--out", name],
+                           env={CALLER_DIR_ENV: str(tmp_path)})
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / name).read_text())["stack"] == "dev"
+    assert not (REPO_ROOT / name).exists()
+    assert result.stderr == f"plan written to {tmp_path / name}\n"
+
+
+def test_a_base_of_another_stack_is_diffed_with_a_warning(tmp_path):
+    saved = runner.invoke(app, ["plan", "--stack", "dev", "--format", "json"])
+    (tmp_path / "dev.json").write_text(saved.stdout)
+    diff = runner.invoke(app, ["plan", "--stack", "prod", "--against", str(tmp_path / "dev.json")])
+    assert diff.stdout.startswith("## tpu-stack plan diff: prod")
+    assert diff.stderr == (f"tpuctl: warning: --against {tmp_path}/dev.json is a plan of stack "
+                           "'dev', this one of 'prod': the diff compares two stacks\n")
+
+
+def test_usage_lines_name_tpuctl():
+    result = subprocess.run([str(REPO_ROOT / "tpuctl"), "plan", "--bogus"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert "Usage: tpuctl plan [OPTIONS]" in result.stderr.splitlines()
+    assert "ops.cli" not in result.stderr

@@ -58,3 +58,35 @@ def test_duplicate_urns_are_a_loud_error(make_plan, node):
     assert f"- {urn}" in render(plan, "table")
     assert json.loads(render(plan, "json"))["duplicateUrns"] == [urn]
     assert "duplicateUrns" in render(make_plan(), "json")
+
+
+def _node_row(**node_changes: object) -> list[str]:
+    """The plan's node row for one node as components/tpu_node.py declares it."""
+    from ops.plan.report import node_rows
+    from tests.infra.test_components import node_run
+    from tests.ops.test_tpu_queued_component import QUEUED_TYPE
+
+    run, _ = node_run(**node_changes)
+    (tpu,) = run.of_type("gcp:tpu/v2Vm:V2Vm") + run.of_type(QUEUED_TYPE)
+    resource = {"type": tpu.type, "name": tpu.name, "inputs": tpu.inputs,
+                "component": "TpuNode:node-trainer"}
+    (row,) = node_rows({"resources": [resource]})
+    return row
+
+
+@pytest.mark.parametrize(("changes", "provisioning"), [
+    ({}, "spot"),
+    ({"provisioning": "on-demand"}, "on-demand"),
+    ({"provisioning": "reserved"}, "reserved"),
+    ({"provisioning": "preemptible"}, "preemptible"),
+    ({"provisioning": "queued", "queue": {"spot": True}}, "queued, spot"),
+    ({"provisioning": "queued", "queue": {"guaranteed": True}}, "queued, guaranteed"),
+])
+def test_the_provisioning_column_says_what_the_node_is_sent_as(changes, provisioning):
+    assert _node_row(**changes)[3] == provisioning
+
+
+def test_a_node_sent_as_a_shape_shows_its_accelerator_type():
+    row = _node_row(provisioning="reserved", acceleratorType=None, generation="v4",
+                    topology="2x2x4", zone="us-central2-b")
+    assert row[1] == "v4-32 (2x2x4)"
