@@ -172,15 +172,17 @@ class TpuPlatform(pulumi.ComponentResource):
     def _declare_team_stack(self) -> None:
         settings = self.settings
         team = settings.team
-        platform = PlatformReference(settings, opts=self._child())
+        # Everything of a team stack takes its project id from the platform
+        # contract check, so a failed check stops all of it (buckets, account,
+        # grants, package, nodes), not only the nodes: Pulumi registers a resource
+        # only once its inputs resolve, and a failed apply fails its dependants.
+        platform = self.platform = PlatformReference(settings, opts=self._child())
         shared = {"data": settings.platform_naming.bucket("data")}
         space = self._team_space(team, shared, platform.members, self._child(),
                                  purposes=TEAM_STACK_PURPOSES)
         self.package = TrainingPackage("package", PackageArgs(
             bucket=space.buckets.names["artifacts"]),
             opts=self._child(depends_on=[space.buckets.buckets["artifacts"]]))
-        self.platform = platform
-        # Nodes wait for the quota check: its project id is the checked one.
         self.placement_network = NodeNetwork(
             project_id=platform.checked_project_id, network=platform.network_id,
             subnets=platform.subnet, tag=settings.platform_naming.network_resource("tpu-node"),
@@ -205,7 +207,7 @@ class TpuPlatform(pulumi.ComponentResource):
 
     def _project_id(self) -> pulumi.Input[str]:
         if self.settings.is_team_stack:
-            return self.settings.gcp_project
+            return self.platform.checked_project_id
         return self.project.project_id
 
     def _team_labels(self, component: str, team: str) -> dict[str, str]:

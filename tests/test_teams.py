@@ -443,6 +443,32 @@ def test_a_team_stack_the_platform_does_not_allow_fails_at_preview(change, words
     assert words in message
 
 
+class CreationLog(GcpMocks):
+    """GcpMocks that notes the type of every custom resource the engine would create."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.created: list[str] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        if args.custom is not False:  # components are no cloud resource
+            self.created.append(args.typ)
+        return super().new_resource(args)
+
+
+def test_a_failed_contract_check_stops_everything_of_the_team_stack() -> None:
+    """Not only the nodes: the team's buckets, account, grants and package wait too."""
+    outputs = copy.deepcopy(planned_stack_outputs(PLATFORM_REF))
+    outputs["teams"]["vision"]["quota"].update(usdPerHour=5)
+    log = CreationLog(stack_outputs={PLATFORM_REF: outputs})
+    with pytest.raises(PlatformStackError):
+        run_program(file_config("team-vision"), "team-vision", mock=log)
+    assert log.created == ["pulumi:pulumi:StackReference"]
+    passing = CreationLog(stack_outputs={PLATFORM_REF: planned_stack_outputs(PLATFORM_REF)})
+    run_program(file_config("team-vision"), "team-vision", mock=passing)
+    assert {BUCKET, V2VM, "gcp:storage/bucketObject:BucketObject"} <= set(passing.created)
+
+
 def test_the_fence_check_catches_a_cross_team_grant(three_teams: ProgramRun) -> None:
     teams = three_teams.outputs["teams"]
     leak = copy.deepcopy(next(r for r in three_teams.registrations
