@@ -15,6 +15,13 @@ quiet_pip() {
   "$@" 2> >(grep -v "is neither a file nor a directory" >&2)
 }
 
+progress() {
+  # One line per package pip collects, then one while it installs: a build takes minutes.
+  sed -un -E -e "s|^Collecting ([^ ]+).*|  .venv/$1: collecting \1|p" \
+    -e "s|^Processing (.*/)?([^/ ]+).*|  .venv/$1: collecting \2|p" \
+    -e "s|^Installing collected packages.*|  .venv/$1: installing (this takes a while)|p"
+}
+
 make_venv() {
   local name=$1; shift
   local stamp=".venv/$name/.installed"
@@ -23,11 +30,13 @@ make_venv() {
   if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
     return 0
   fi
-  echo "setting up .venv/$name" >&2
+  local started=$SECONDS
+  echo "setting up .venv/$name ($("$PYTHON" --version))" >&2
   [[ -x .venv/$name/bin/python ]] || "$PYTHON" -m venv ".venv/$name"
   quiet_pip ".venv/$name/bin/python" -m pip install --quiet --upgrade pip
-  quiet_pip ".venv/$name/bin/python" -m pip install --quiet "$@"
+  quiet_pip ".venv/$name/bin/python" -m pip install --progress-bar off "$@" | progress "$name" >&2
   echo "$want" > "$stamp"
+  echo "  .venv/$name ready in $((SECONDS - started)) s" >&2
 }
 
 setup_one() {
