@@ -23,18 +23,20 @@ from components.ci import CI_APIS, CiArgs, CiIdentity
 from components.identity import IdentityArgs, RuntimeIdentity
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
-from components.project import APIS, Project, ProjectArgs
+from components.project import APIS, BUDGETS_API, Project, ProjectArgs
 from components.settings import BillingSettings, NodeSettings, StackSettings
 from components.storage import BucketsArgs, TrainingBuckets
 from components.team_stack import PlatformReference
 from components.teams import (
     OWN_PURPOSES,
     TEAM_STACK_PURPOSES,
+    BudgetsAccess,
     TeamAccess,
     TeamAccessArgs,
     TeamBudget,
     TeamSpace,
     TeamSpaceArgs,
+    budgets_provider,
 )
 from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
 from tpu_training.config import JobConfig
@@ -89,7 +91,8 @@ class TpuPlatform(pulumi.ComponentResource):
     def _declare_platform(self) -> None:
         settings = self.settings
         naming = settings.naming
-        apis = APIS + (CI_APIS if settings.ci else ())
+        apis = (*APIS, *(CI_APIS if settings.ci else ()),
+                *((BUDGETS_API,) if self._has_budgets else ()))
         self.project = Project("project", ProjectArgs(
             project_id=settings.gcp_project, settings=settings.project,
             labels=self._labels("project"), apis=apis), opts=self._child())
@@ -124,8 +127,13 @@ class TpuPlatform(pulumi.ComponentResource):
         if settings.ci:
             self.ci = CiIdentity("ci", CiArgs(settings.ci, project_id, naming), opts=after_apis)
         if settings.teams:
-            # Budgets filter by project number (projects/<number>).
-            number = gcp.organizations.get_project_output(project_id=project_id).number
+            # Budgets filter by project number (projects/<number>): a created
+            # project's own, else a lookup of the adopted one.
+            number = self.project.number or gcp.organizations.get_project_output(
+                project_id=project_id).number
+        self.budgets = BudgetsAccess(
+            budgets_provider(project_id, self._child()),
+            self.project.by_api[BUDGETS_API]) if self._has_budgets else None
         for team in settings.teams:
             self._declare_team(team, number, after_apis)
 
@@ -138,7 +146,7 @@ class TpuPlatform(pulumi.ComponentResource):
         self.access[team] = TeamAccess(f"access-{team}", TeamAccessArgs(
             team=team, stack=settings.stack, project_id=self.project.project_id,
             project_number=project_number, members=spec.members,
-            budget=self._budget(team)), opts=after_apis)
+            budget=self._budget(team), budgets=self.budgets), opts=after_apis)
         if not spec.nodes:
             return
         shared = {p: self.buckets.buckets[p].name for p in ("data", "artifacts")}
@@ -153,6 +161,11 @@ class TpuPlatform(pulumi.ComponentResource):
         """What a node waits for: the TPU API, the grants its job needs at boot
         and its package (the other APIs come first through what those use)."""
         return [self.project.tpu_api, *identity.grants, self.package.object]
+
+    @property
+    def _has_budgets(self) -> bool:
+        """Budgets exist where billing is configured and teams are served."""
+        return bool(self.settings.teams and self.settings.billing_account)
 
     def _budget(self, team: str) -> TeamBudget | None:
         """The team's monthly budget: its own figure, else its hourly ceiling

@@ -26,6 +26,10 @@ APIS = (
     "logging.googleapis.com",
     "monitoring.googleapis.com",
 )
+# Team budgets (components/teams.py) go through the Billing Budgets API, which must
+# be enabled in the project that the provider bills the calls to (pulumi-gcp
+# `billing.Budget`: billing_project + user_project_override, or 403).
+BUDGETS_API = "billingbudgets.googleapis.com"
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,10 @@ class Project(pulumi.ComponentResource):
     """
 
     project_id: pulumi.Output[str]
+    # The created project's number; None for an adopted one (look it up).
+    number: pulumi.Output[str] | None
     services: list[gcp.projects.Service]
+    by_api: dict[str, gcp.projects.Service]
     tpu_api: gcp.projects.Service  # what TPU nodes wait for
 
     def __init__(self, name: str, args: ProjectArgs,
@@ -51,6 +58,7 @@ class Project(pulumi.ComponentResource):
         super().__init__(TYPE, name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         project_id: pulumi.Input[str] = args.project_id
+        self.number = None
         if args.settings.create:
             created = gcp.organizations.Project(
                 "project",
@@ -67,6 +75,9 @@ class Project(pulumi.ComponentResource):
                 opts=child.merge(pulumi.ResourceOptions(protect=True)),
             )
             project_id = created.project_id
+            # A lookup (get_project) would run against a project that does not
+            # exist yet at the first preview; the resource knows its number.
+            self.number = created.number
         self.project_id = pulumi.Output.from_input(project_id)
         self.services = [
             gcp.projects.Service(
@@ -81,6 +92,6 @@ class Project(pulumi.ComponentResource):
             )
             for api in args.apis
         ]
-        self.tpu_api = next(s for s, api in zip(self.services, args.apis, strict=True)
-                            if api == TPU_API)
+        self.by_api = dict(zip(args.apis, self.services, strict=True))
+        self.tpu_api = self.by_api[TPU_API]
         self.register_outputs({"projectId": self.project_id})

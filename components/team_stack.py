@@ -4,8 +4,9 @@ The platform stack (docs/teams.md) exports its project, network and, per team,
 members, quota and labels. A team stack reads them here and checks, before any
 node is declared, that the platform serves this team in this project, that its
 nodes fit the quota the platform granted it and that every node's region has
-a platform subnet. The nodes take their project id from that check, so a
-failed check stops them at preview.
+a platform subnet. Everything of the team stack (buckets, account, grants,
+package, nodes) takes its project id from that check
+(TpuPlatform._project_id), so a failed check stops all of it at preview.
 """
 
 from __future__ import annotations

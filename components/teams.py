@@ -86,6 +86,26 @@ class TeamBudget:
 
 
 @dataclass(frozen=True)
+class BudgetsAccess:
+    """How budgets reach the Billing Budgets API: a provider that bills the calls
+    to the stack's project, and that project's enabled API to wait for."""
+
+    provider: pulumi.ProviderResource
+    api: pulumi.Resource
+
+
+def budgets_provider(project_id: pulumi.Input[str],
+                     opts: pulumi.ResourceOptions | None = None) -> gcp.Provider:
+    """pulumi-gcp's `billing.Budget` page: with user ADCs the provider needs
+    `billing_project` and `user_project_override=true`, or the Billing Budgets API
+    answers 403; the caller needs serviceusage.services.use on that project.
+    With a service account (CI) the override is harmless: calls are billed to the
+    same project the API is enabled in."""
+    return gcp.Provider("budgets", project=project_id, billing_project=project_id,
+                        user_project_override=True, opts=opts)
+
+
+@dataclass(frozen=True)
 class TeamAccessArgs:
     team: str
     stack: str
@@ -93,6 +113,7 @@ class TeamAccessArgs:
     project_number: pulumi.Input[str]
     members: list[str]
     budget: TeamBudget | None
+    budgets: BudgetsAccess | None = None  # required with a budget
 
 
 def budget_amount(usd_per_month: float | None) -> gcp.billing.BudgetAmountArgs:
@@ -117,7 +138,10 @@ class TeamAccess(pulumi.ComponentResource):
                     f"{args.team}-{role_name}-{member.replace(':', '-')}",
                     project=args.project_id, role=role, member=member, opts=child)
         if args.budget:
-            self._budget(args, args.budget, child)
+            if args.budgets is None:
+                raise ValueError("TeamAccessArgs.budgets is required with a budget")
+            self._budget(args, args.budget, child.merge(pulumi.ResourceOptions(
+                provider=args.budgets.provider, depends_on=[args.budgets.api])))
         self.register_outputs({})
 
     def _budget(self, args: TeamAccessArgs, budget: TeamBudget,

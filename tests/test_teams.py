@@ -444,16 +444,45 @@ def test_a_team_stack_the_platform_does_not_allow_fails_at_preview(change, words
 
 
 class CreationLog(GcpMocks):
-    """GcpMocks that notes the type of every custom resource the engine would create."""
+    """GcpMocks that notes the type of every custom resource the engine would create,
+    the provider each is created with, and every function call (invoke)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.created: list[str] = []
+        self.providers: dict[str, str] = {}  # resource name → provider reference
+        self.calls: list[str] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         if args.custom is not False:  # components are no cloud resource
             self.created.append(args.typ)
+            self.providers[args.name] = args.provider or ""
         return super().new_resource(args)
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        self.calls.append(args.token)
+        return super().call(args)
+
+
+def test_budgets_use_a_provider_billing_the_project_with_the_budgets_api_on() -> None:
+    """pulumi-gcp billing.Budget: billing_project + user_project_override, or 403."""
+    log = CreationLog(stack_outputs={})
+    run = run_program(file_config("platform"), "platform", mock=log)
+    (provider,) = run.of_type("pulumi:providers:gcp")
+    assert provider.inputs["billingProject"] == "acme-ml-shared"
+    assert provider.inputs["project"] == "acme-ml-shared"
+    assert provider.inputs["userProjectOverride"] in (True, "true")
+    services = {s.inputs["service"]: s for s in run.of_type("gcp:projects/service:Service")}
+    assert "billingbudgets.googleapis.com" in services
+    for budget in run.of_type(BUDGET):
+        assert log.providers[budget.name].startswith(provider.urn)
+        assert services["billingbudgets.googleapis.com"].urn in budget.dependencies
+
+
+def test_no_budget_no_budgets_api_and_no_provider(three_teams) -> None:
+    assert not three_teams.of_type("pulumi:providers:gcp")
+    assert "billingbudgets.googleapis.com" not in {
+        s.inputs["service"] for s in three_teams.of_type("gcp:projects/service:Service")}
 
 
 def test_a_failed_contract_check_stops_everything_of_the_team_stack() -> None:
@@ -504,7 +533,13 @@ def test_every_resource_has_its_own_urn(three_teams, repo_stacks) -> None:
 def test_a_created_project_s_billing_account_budgets_every_team() -> None:
     data = platform(vision=team("vision", quota={}), nlp=team("nlp"))
     data["tpu-stack:project"] = {"create": True, "billingAccount": "01AB23-45CD67-89EF01"}
-    run = run_program(as_cli(data), "shared")
+    log = CreationLog(stack_outputs={}, project_number="987654321098")
+    run = run_program(as_cli(data), "shared", mock=log)
+    # The number of the project the stack creates, not a lookup of a project
+    # that does not exist yet at the first preview.
+    assert "gcp:organizations/getProject:getProject" not in log.calls
+    for budget in run.of_type(BUDGET):
+        assert budget.inputs["budgetFilter"]["projects"] == ["projects/987654321098"]
     budgets = {b.inputs["budgetFilter"]["labels"]["team"]: b.inputs for b in run.of_type(BUDGET)}
     assert budgets["vision"]["amount"] == {"lastPeriodAmount": True}  # no ceiling, no figure
     assert budgets["nlp"]["amount"]["specifiedAmount"] == {"currencyCode": "USD",
