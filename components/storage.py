@@ -17,8 +17,14 @@ PURPOSES = ("data", "artifacts", "checkpoints", "logs")
 # what a team cannot rebuild from the repository.
 PRECIOUS = ("data", "checkpoints")
 VERSIONED = ("artifacts", "checkpoints")
-# Old package archives are small; keep a few for rollback.
-ARTIFACT_VERSIONS_KEPT = 5
+# A package object is named by its sha256, so every code change is a new name:
+# `num_newer_versions` counts newer versions of the *same* name and never matches
+# (cloud.google.com/storage/docs/lifecycle#numnewerversions). The old package goes
+# when Pulumi replaces its BucketObject (a new name replaces it: after the nodes'
+# metadata points at the new one); in this versioned bucket that leaves a
+# noncurrent version, which the rule below deletes this many days later. The
+# package the nodes reference is the live version, and no rule touches live ones.
+PACKAGE_NONCURRENT_DAYS = 30
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,7 @@ def lifecycle_rules(purpose: str, settings: StorageSettings
             days_since_noncurrent_time=settings.checkpoint_versions_days, with_state="ARCHIVED"))]
     if purpose == "artifacts":
         return [rule(action=delete, condition=condition(
-            num_newer_versions=ARTIFACT_VERSIONS_KEPT, with_state="ARCHIVED"))]
+            days_since_noncurrent_time=PACKAGE_NONCURRENT_DAYS, with_state="ARCHIVED"))]
     if purpose == "logs":
         return [rule(action=delete, condition=condition(age=settings.log_retention_days))]
     return []

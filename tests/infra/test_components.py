@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+from dataclasses import dataclass
 
 import pulumi
 import pytest
@@ -127,6 +129,56 @@ def test_precious_buckets_are_protected_and_versioned_where_overwritten() -> Non
         "artifacts", "checkpoints"}
     logs_rule = buckets["logs"].inputs["lifecycleRules"][0]
     assert logs_rule["action"]["type"] == "Delete" and logs_rule["condition"]["age"] == 90
+
+
+@dataclass
+class Version:
+    """One version of a GCS object: created on day `created`, noncurrent from `noncurrent`."""
+
+    name: str
+    generation: int
+    created: int
+    noncurrent: int | None = None
+
+
+def lifecycle_deletes(rules: list[dict], versions: list[Version], today: int) -> set[int]:
+    """The generations GCS Object Lifecycle Management deletes on `today`: every
+    condition of a rule must hold; numNewerVersions counts newer versions of the same
+    name (live one included); daysSinceNoncurrentTime and withState=ARCHIVED only
+    match noncurrent versions (cloud.google.com/storage/docs/lifecycle#conditions)."""
+    def holds(key: str, value: object, v: Version) -> bool:
+        newer = sum(o.name == v.name and o.generation > v.generation for o in versions)
+        checks = {
+            "age": lambda: today - v.created >= value,
+            "numNewerVersions": lambda: newer >= value,
+            "daysSinceNoncurrentTime": lambda: (v.noncurrent is not None
+                                                and today - v.noncurrent >= value),
+            "withState": lambda: {"ANY": True, "LIVE": v.noncurrent is None,
+                                  "ARCHIVED": v.noncurrent is not None}[value],
+            "matchesPrefix": lambda: any(v.name.startswith(p) for p in value),
+        }
+        return checks[key]()
+
+    return {v.generation for v in versions for r in rules if r["action"]["type"] == "Delete"
+            and all(holds(k, val, v) for k, val in r["condition"].items())}
+
+
+def test_old_packages_expire_and_the_referenced_one_never_does() -> None:
+    """Ten deploys a week apart, each a new package name; Pulumi's replacement
+    leaves the old object noncurrent (versioned bucket). Then 90 quiet days."""
+    rules = {b.name: b for b in buckets_run().of_type(
+        "gcp:storage/bucket:Bucket")}["artifacts"].inputs["lifecycleRules"]
+    versions = [Version(f"packages/tpu_training-{n:02d}.tar.gz", n, 7 * n, None)
+                for n in range(10)]
+    for old, new in itertools.pairwise(versions):
+        old.noncurrent = new.created
+    live = versions[-1]
+    for today in (63, 63 + 30, 63 + 90):
+        gone = lifecycle_deletes(rules, versions, today)
+        assert live.generation not in gone
+        assert gone == {v.generation for v in versions
+                        if v.noncurrent is not None and today - v.noncurrent >= 30}
+    assert len(lifecycle_deletes(rules, versions, 63 + 90)) == 9
 
 
 def test_dev_may_opt_out_of_protection() -> None:
