@@ -30,7 +30,13 @@ make_venv() {
   if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
     return 0
   fi
-  local started=$SECONDS
+  local started=$SECONDS minimum=3.10  # the agent and the job: the TPU image's Python
+  [[ $name == infra ]] && minimum=3.11   # README.md, "Two commands"; .ci/run proves both
+  if ! "$PYTHON" -c "import sys; sys.exit(sys.version_info[:2] < (${minimum/./, }))"; then
+    echo "setup.sh: .venv/$name needs Python $minimum or newer; $PYTHON is" \
+      "$("$PYTHON" --version 2>&1). Set PYTHON to a newer one." >&2
+    exit 2
+  fi
   echo "setting up .venv/$name ($("$PYTHON" --version))" >&2
   [[ -x .venv/$name/bin/python ]] || "$PYTHON" -m venv ".venv/$name"
   quiet_pip ".venv/$name/bin/python" -m pip install --quiet --upgrade pip
