@@ -24,6 +24,19 @@ GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
 # on a worker, `instance/name` is the worker VM's name, not the node's
 # (docs/design.md, "What a TPU node carries in metadata").
 NODE_KEY = "tpu-stack-node"
+# OS Login: SSH access by IAM (roles/compute.osLogin or osAdminLogin, plus
+# iam.serviceAccountUser on the node's account), never by keys in metadata
+# (cloud.google.com/compute/docs/oslogin/set-up-oslogin). gcloud's TPU ssh honours
+# the node's own key (googlecloudsdk command_lib/compute/tpus/tpu_vm/ssh_utils.py,
+# TpuHasOsLoginEnabled); Cloud TPU's docs do not mention OS Login (unconfirmed).
+OS_LOGIN_KEY = "enable-oslogin"
+# ...but that same gcloud code writes the caller's key into the node's `ssh-keys`
+# metadata anyway (AddSSHKeyIfNeeded, with or without OS Login). V2Vm.metadata is
+# authoritative, so every later `up --refresh` would show a diff and remove it:
+# the stack leaves that one key alone. (The queued provider merges keys others
+# added, components/queued_tpu.py.)
+SSH_KEYS_KEY = "ssh-keys"
+IGNORED_METADATA = [f'metadata["{SSH_KEYS_KEY}"]']  # Pulumi property-path syntax
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,7 @@ def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
         # them only with this key set (cloud.google.com/compute/docs/metadata/
         # manage-guest-attributes). Whether TPU VMs need it is undocumented.
         GUEST_ATTRIBUTES_KEY: "TRUE",
+        OS_LOGIN_KEY: "TRUE",
     }
 
 
@@ -149,7 +163,7 @@ def v2_vm(name: str, args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> gcp.tpu
         tags=[args.network_tag],
         metadata=node_metadata(args),
         description=description(node),
-        opts=opts,
+        opts=opts.merge(pulumi.ResourceOptions(ignore_changes=IGNORED_METADATA)),
     )
 
 

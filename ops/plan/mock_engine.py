@@ -47,6 +47,7 @@ class Registration:
     delete_before_replace: bool
     dependencies: list[str]
     outputs: dict[str, Any] = field(default_factory=dict)
+    ignore_changes: list[str] = field(default_factory=list)  # property paths, as sent
 
 
 class RecordingMonitor(mocks.MockMonitor):
@@ -70,6 +71,7 @@ class RecordingMonitor(mocks.MockMonitor):
                 protect=bool(request.protect),
                 delete_before_replace=bool(request.deleteBeforeReplace),
                 dependencies=list(request.dependencies),
+                ignore_changes=list(request.ignoreChanges),
                 outputs=dict(self.resources[urn].state) if urn in self.resources else {},
             ))
         return response

@@ -270,6 +270,16 @@ def test_node_is_replaced_delete_first_under_its_component() -> None:
     assert vm.inputs["runtimeVersion"] == "tpu-vm-tf-2.18.0-pjrt"
 
 
+def test_ssh_is_os_login_and_gclouds_ssh_keys_are_left_alone() -> None:
+    """`gcloud compute tpus tpu-vm ssh` writes ssh-keys into the node's metadata
+    (even with OS Login); V2Vm.metadata is authoritative, so the stack must ignore
+    that key, or every `up --refresh` removes it."""
+    vm = only(node_run()[0], "gcp:tpu/v2Vm:V2Vm")
+    assert vm.inputs["metadata"]["enable-oslogin"] == "TRUE"
+    assert "ssh-keys" not in vm.inputs["metadata"]
+    assert vm.ignore_changes == ['metadata["ssh-keys"]']
+
+
 def test_node_runs_as_the_runtime_account_without_external_ips() -> None:
     vm = only(node_run()[0], "gcp:tpu/v2Vm:V2Vm")
     assert vm.inputs["serviceAccount"] == {
@@ -285,7 +295,8 @@ def test_node_carries_every_metadata_key_of_the_contract() -> None:
     metadata = only(run, "gcp:tpu/v2Vm:V2Vm").inputs["metadata"]
     assert set(metadata) == {agent.STARTUP_SCRIPT_KEY, agent.PACKAGE_KEY,
                              agent.PACKAGE_SHA256_KEY, agent.JOB_KEY, agent.WORKERS_KEY,
-                             agent.STATUS_KEY, "enable-guest-attributes", "tpu-stack-node"}
+                             agent.STATUS_KEY, "enable-guest-attributes", "tpu-stack-node",
+                             "enable-oslogin"}
     assert metadata["enable-guest-attributes"] == "TRUE"
     assert metadata["tpu-stack-node"] == "test-trainer"  # the node id, not a worker's name
     assert metadata[agent.STARTUP_SCRIPT_KEY] == agent.startup_script()
