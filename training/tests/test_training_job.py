@@ -262,3 +262,14 @@ def test_a_save_that_fails_without_a_stop_is_the_error_itself(strategy, job, mon
     monkeypatch.setattr(tf.train.CheckpointManager, "save", unavailable)
     with pytest.raises(tf.errors.UnavailableError):
         train.run(JobConfig.from_dict(job(trainSteps=20)), strategy=strategy, out=io.StringIO())
+
+
+def test_checkpoint_bytes_are_the_files_of_that_checkpoint_only(tmp_path):
+    directory = tmp_path / "node[0]"  # glob characters in a path are taken literally
+    checkpoint = tf.train.Checkpoint(weights=tf.Variable(tf.zeros([1000])))
+    manager = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=3)
+    first, second = manager.save(checkpoint_number=1), manager.save(checkpoint_number=10)
+    files = sorted(path.name for path in directory.iterdir() if path.name.startswith("ckpt-1."))
+    assert files == ["ckpt-1.data-00000-of-00001", "ckpt-1.index"]
+    assert train.checkpoint_bytes(first) == sum((directory / f).stat().st_size for f in files)
+    assert train.checkpoint_bytes(first) == train.checkpoint_bytes(second) > 4000

@@ -360,7 +360,10 @@ class Job:
 
 def checkpoint_bytes(path: str) -> int:
     """The size of the checkpoint `path` (its index and data shards), in bytes."""
-    return sum(tf.io.gfile.stat(name).length for name in tf.io.gfile.glob(f"{path}.*"))
+    directory, prefix = path.rsplit("/", 1)
+    # A listing, not a glob: a directory name may hold glob characters.
+    return sum(tf.io.gfile.stat(f"{directory}/{name}").length
+               for name in tf.io.gfile.listdir(directory) if name.startswith(f"{prefix}."))
 
 
 def _summary(message: str, limit: int = 200) -> str:
