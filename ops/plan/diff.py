@@ -24,6 +24,7 @@ from ops.plan.report import (
     per_month,
     plain,
     policy_section,
+    provisioning_of,
     table,
 )
 from policy.evaluate import Violation
@@ -35,6 +36,21 @@ from policy.tpu_policies import V2VM, is_tpu_node
 V2VM_IN_PLACE = frozenset({"description", "labels", "metadata", "tags", "dataDisks"})
 
 REPLACEMENT_RISK = "a replaced TPU may not get its capacity back"
+# What the old node's capacity risks once it is deleted, by its provisioning
+# (ops.plan.report.provisioning_of; a queued node by "queued"). Spot and
+# preemptible TPUs run on spare capacity only (cloud.google.com/tpu/docs/spot);
+# a queued request is served in turn and "when demand is high, not all requests
+# can be immediately provisioned" (cloud.google.com/tpu/docs/queued-resources).
+CAPACITY_RISK = {
+    "spot": "its spot capacity may not come back: spot TPUs run only on spare capacity",
+    "preemptible": "its preemptible capacity may not come back: preemptible TPUs run only "
+                   "on spare capacity",
+    "queued": "its queued capacity may not come back: the new request joins the queue "
+              "again and may wait hours or days",
+    "reserved": "its reserved capacity comes back only if the freed reservation slot is "
+                "still free when the new node is created",
+    "on-demand": "on-demand capacity in {zone} is not guaranteed without a reservation",
+}
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,8 @@ class Change:
     node: str  # the TPU node's logical name (ops.plan.report.node_name)
     properties: tuple[str, ...]  # dotted paths of changed inputs, `(protect)` for the option
     replaced_by: tuple[str, ...]  # the properties that force a TPU node's replacement
+    capacity: str = ""  # the old node's provisioning (provisioning_of), for a TPU node
+    zone: str = ""
 
     @property
     def replaces_tpu(self) -> bool:
@@ -127,8 +145,10 @@ def _change(base: Mapping[str, Any], head: Mapping[str, Any]) -> Change | None:
     if not paths:
         return None
     input_paths = [p for p in paths if p != "(protect)"]
+    replaced_by = replacing_properties(head["type"], head.get("inputs", {}), input_paths)
     return Change(head["urn"], head["type"], head["name"], node_name(head), tuple(paths),
-                  replacing_properties(head["type"], head.get("inputs", {}), input_paths))
+                  replaced_by, provisioning_of(base) if replaced_by else "",
+                  str(base.get("inputs", {}).get("zone", "")))
 
 
 def diff_plans(base: Mapping[str, Any], head: Mapping[str, Any]) -> PlanDiff:
@@ -148,12 +168,21 @@ def diff_plans(base: Mapping[str, Any], head: Mapping[str, Any]) -> PlanDiff:
     )
 
 
+def capacity_risk(provisioning: str, zone: str) -> str:
+    kind = provisioning.split(",", 1)[0]
+    return CAPACITY_RISK.get(kind, REPLACEMENT_RISK).format(zone=zone or "the zone")
+
+
 def replacement_warnings(diff: PlanDiff) -> list[str]:
-    """One loud line per TPU node the change replaces or removes."""
+    """One loud line per TPU node the change replaces or removes: a node's id is a
+    fixed name, so the old node is deleted first (V2Vm delete_before_replace,
+    QueuedTpuProvider.diff), and what its kind of capacity risks then."""
     lines = [f"TPU node {c.node} will be REPLACED (deleted, then created) because "
-             f"{', '.join(c.replaced_by)} changed; {REPLACEMENT_RISK}."
+             f"{', '.join(c.replaced_by)} changed: the old {c.capacity} node is deleted "
+             f"before the new one exists, and {capacity_risk(c.capacity, c.zone)}."
              for c in diff.replacements]
-    lines += [f"TPU node {node_name(r)} will be DELETED; {REPLACEMENT_RISK}."
+    lines += [f"TPU node {node_name(r)} will be DELETED; "
+              f"{capacity_risk(provisioning_of(r), str(r.get('inputs', {}).get('zone', '')))}."
               for r in diff.removed_tpu_nodes]
     return lines
 

@@ -20,6 +20,42 @@ def test_runtime_version_change_warns_of_replacement(make_plan, node):
     assert "> [!WARNING]" in text
     assert ("TPU node trainer will be REPLACED (deleted, then created) because runtimeVersion"
             in text)
+    assert ("the old on-demand node is deleted before the new one exists, and on-demand "
+            "capacity in us-central1-a is not guaranteed without a reservation" in text)
+
+
+@pytest.mark.parametrize(("base_node", "words"), [
+    ({"schedulingConfig": {"spot": True}}, "the old spot node is deleted before the new one "
+     "exists, and its spot capacity may not come back: spot TPUs run only on spare capacity"),
+    ({"schedulingConfig": {"reserved": True}}, "the old reserved node is deleted before the "
+     "new one exists, and its reserved capacity comes back only if the freed reservation"),
+    ({"schedulingConfig": {"preemptible": True}}, "its preemptible capacity may not come back"),
+])
+def test_each_replaced_node_says_what_its_capacity_risks(make_plan, node, base_node, words):
+    base = node()
+    base.update(base_node)
+    head = {**base, "acceleratorType": "v5litepod-16"}
+    text = render_diff(diff_plans(make_plan({"trainer": base}), make_plan({"trainer": head})),
+                       "table")
+    assert words in text
+
+
+def test_a_replaced_queued_node_may_lose_its_place_in_the_queue(make_plan):
+    queued = {"node_id": "dev-q", "zone": "us-central1-a", "accelerator_type": "v5litepod-8",
+              "runtime_version": "tpu-vm-tf-2.18.0-pjrt", "spot": True}
+    base = make_plan({})
+    base["resources"].append({**base["resources"][0], "type": "pulumi-python:dynamic:Resource",
+                              "urn": "urn:pulumi:dev::tpu-stack::dyn::q", "name": "q",
+                              "inputs": queued})
+    head = json.loads(json.dumps(base))
+    head["resources"][-1]["inputs"]["accelerator_type"] = "v5litepod-16"
+    [warning] = json.loads(render_diff(diff_plans(base, head), "json"))["warnings"]
+    assert warning.endswith("the old queued, spot node is deleted before the new one exists, "
+                            "and its queued capacity may not come back: the new request "
+                            "joins the queue again and may wait hours or days.")
+    head["resources"].pop()
+    [removed] = json.loads(render_diff(diff_plans(base, head), "json"))["warnings"]
+    assert removed.startswith("TPU node q will be DELETED; its queued capacity may not come")
 
 
 def test_label_metadata_change_updates_in_place(make_plan, node):
@@ -52,7 +88,8 @@ def test_new_node_adds_its_cost(make_plan, node):
 def test_removed_node_warns(make_plan, node):
     diff = diff_plans(make_plan({"a": node(), "b": node()}), make_plan({"a": node()}))
     assert [r["name"] for r in diff.removed] == ["b"]
-    assert "TPU node b will be DELETED" in render_diff(diff, "markdown")
+    assert ("TPU node b will be DELETED; on-demand capacity in us-central1-a is not guaranteed"
+            in render_diff(diff, "markdown"))
     assert diff.usd_per_hour_delta == pytest.approx(-9.6)
 
 
