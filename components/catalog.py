@@ -371,3 +371,24 @@ def usd_per_hour(tpu: Slice, *, spot: bool) -> float | None:
     """Hourly list price of the slice, or None where the catalog has none."""
     per_chip = tpu.generation.price.spot if spot else tpu.generation.price.on_demand
     return None if per_chip is None else round(per_chip * tpu.chips, 4)
+
+
+# A stop notice: Compute Engine gives a VM this long from the ACPI G2 soft-off to the
+# G3 power-off, 30 s for Spot (and preemptible) VMs, 120 s for standard ones (Compute
+# Engine API, `Scheduling.skipGuestOsShutdown`; docs/tpu-facts.md, "Preemption notice").
+SPOT_NOTICE_SECONDS = 30
+STANDARD_NOTICE_SECONDS = 120
+# Cloud Storage's write rate for one stream (TF writes a host's checkpoint shard as one
+# upload): about 200 MiB/s. Unconfirmed: Google's Cloud Storage docs give no
+# single-stream figure; the one found is secondary (beginswithdata.com, "High
+# throughput file transfers with Google Cloud Storage", 2024-02: "200 MiB/s for a
+# single stream").
+GCS_STREAM_WRITE_BYTES_PER_SECOND = 200 * 2**20
+# The stop save may use this share of the notice; the rest is for the agent noticing,
+# the execution under way, and the OS shutting down.
+STOP_SAVE_SHARE_OF_NOTICE = 0.5
+
+
+def stop_notice_seconds(*, spot: bool) -> int:
+    """How long a node has between its stop notice and power-off."""
+    return SPOT_NOTICE_SECONDS if spot else STANDARD_NOTICE_SECONDS

@@ -25,6 +25,7 @@ from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
 from components.project import APIS, BUDGETS_API, Project, ProjectArgs
 from components.settings import BillingSettings, NodeSettings, StackSettings
+from components.stop_save import stop_save_warning
 from components.storage import BucketsArgs, TrainingBuckets
 from components.team_stack import PlatformReference
 from components.teams import (
@@ -238,8 +239,11 @@ class TpuPlatform(pulumi.ComponentResource):
 
     def _node(self, node: NodeSettings, job: JobConfig, placement: Placement) -> TpuNode:
         prefix = f"node-{placement.team}-" if placement.team else "node-"
-        return TpuNode(f"{prefix}{node.name}", self._node_args(node, job, placement),
-                       opts=self._child())
+        tpu_node = TpuNode(f"{prefix}{node.name}", self._node_args(node, job, placement),
+                           opts=self._child())
+        if warning := stop_save_warning(node, job):  # at preview and up
+            pulumi.log.warn(warning, resource=tpu_node)
+        return tpu_node
 
     def _child(self, **kwargs: object) -> pulumi.ResourceOptions:
         return pulumi.ResourceOptions(parent=self, **kwargs)  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from ops.plan.report import (
     policy_section,
     provisioning_of,
     table,
+    warnings_section,
 )
 from policy.evaluate import Violation
 from policy.tpu_policies import V2VM, is_tpu_node
@@ -204,7 +205,8 @@ def _rows(diff: PlanDiff) -> list[list[str]]:
 
 def _text(diff: PlanDiff, violations: Sequence[Violation], *, markdown: bool) -> str:
     parts = [heading(f"tpu-stack plan diff: {diff.stack}", markdown=markdown),
-             *duplicates_section(diff.head, markdown=markdown)]
+             *duplicates_section(diff.head, markdown=markdown),
+             *warnings_section(diff.head, markdown=markdown)]
     warnings = replacement_warnings(diff)
     if warnings and markdown:
         parts.append("> [!WARNING]\n" + "\n".join(f"> **{w}**  " for w in warnings))

@@ -16,6 +16,7 @@ from components.archive import PackageError
 from components.cost import StackCost, settings_cost
 from components.settings import StackSettings, load_settings
 from components.stack_config import file_config
+from components.stop_save import stack_warnings
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
 
 PLAN_FORMAT_VERSION = 1
@@ -53,6 +54,7 @@ class Plan:
                           for r in sorted(self.run.registrations, key=lambda r: r.urn)],
             "outputs": self.run.outputs,
             "cost": cost_json(self.cost),
+            "warnings": stack_warnings(self.settings),
         }
 
     def _resource_json(self, r: Registration) -> dict[str, Any]:

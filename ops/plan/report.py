@@ -161,6 +161,16 @@ def duplicates_section(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
     return ["\n".join(lines)]
 
 
+def warnings_section(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
+    """The plan's warnings (a stop save that may not fit its notice), or nothing."""
+    warnings = plan.get("warnings", [])
+    if not warnings:
+        return []
+    if markdown:
+        return ["> [!WARNING]\n" + "\n".join(f"> {w}  " for w in warnings)]
+    return ["\n".join(f"WARNING: {w}" for w in warnings)]
+
+
 def policy_section(violations: Sequence[Violation], *, markdown: bool) -> str:
     if not violations:
         return "Policy pack: every guardrail passes."
@@ -182,6 +192,7 @@ def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown:
     parts = [
         heading(f"tpu-stack plan: {plan.get('stack')} ({plan.get('project')})", markdown=markdown),
         *duplicates_section(plan, markdown=markdown),
+        *warnings_section(plan, markdown=markdown),
         policy_section(violations, markdown=markdown),
         cost_summary(plan),
         table(NODE_HEADERS, node_rows(plan), markdown=markdown),

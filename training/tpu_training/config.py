@@ -21,6 +21,18 @@ from typing import Any
 # The models the package knows; `tpu_training.models` builds them (with TensorFlow).
 MODEL_NAMES: tuple[str, ...] = ("mnist_cnn", "resnet18", "resnet50")
 
+# The bytes of a checkpoint (float32 weights and SGD momentum, step), so the preview
+# can tell whether a stop save fits a node's notice without TensorFlow: the trunk at
+# widthMultiplier 1 (it scales about with width squared; the resnets' trunk does not
+# depend on imageSize, global pooling precedes the head), and the head's input
+# features and default classes (exact: (features + 1) x classes x 8 bytes).
+# Measured with TF 2.18; training/tests/test_checkpoint_size.py holds the real
+# checkpoints to them.
+CHECKPOINT_TRUNK_BYTES = {"mnist_cnn": 307_000_738, "resnet18": 89_485_319,
+                          "resnet50": 188_367_263}
+HEAD_FEATURES = {"mnist_cnn": 128, "resnet18": 512, "resnet50": 2048}
+DEFAULT_CLASSES = {"mnist_cnn": 10, "resnet18": 1000, "resnet50": 1000}
+
 # Keys the infra side fills in when it resolves a stack job for a node.
 LOCATION_KEYS: tuple[str, ...] = ("checkpointDir", "exportDir", "tensorboardDir")
 
@@ -85,6 +97,14 @@ class JobConfig:
             exportDir=export_dir,
             tensorboardDir=tensorboard_dir,
         )
+
+
+def checkpoint_bytes(job: JobConfig) -> int:
+    """About how many bytes one checkpoint of `job` writes (CHECKPOINT_TRUNK_BYTES)."""
+    width = job.widthMultiplier or 1.0
+    classes = job.numClasses or DEFAULT_CLASSES[job.model]
+    features = max(1, round(HEAD_FEATURES[job.model] * width))
+    return round(CHECKPOINT_TRUNK_BYTES[job.model] * width**2) + (features + 1) * classes * 8
 
 
 def absolute(path: str, root: str) -> str:

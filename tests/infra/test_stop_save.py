@@ -1,0 +1,80 @@
+"""The preview's warning when a node's stop save may not fit in its stop notice."""
+
+from __future__ import annotations
+
+import pulumi
+import pytest
+
+from components import catalog
+from components.settings import load_settings
+from components.stop_save import stack_warnings, stop_save_seconds, stop_save_warning
+from ops.plan.offline import offline_plan
+from ops.plan.report import plain, render
+from tests.infra.stack_fixtures import as_cli, config, job, node
+from tpu_training.config import JobConfig
+
+WIDE_MNIST = {"widthMultiplier": 4}  # 16x the trunk: about 4.6 GiB a checkpoint
+
+
+def settings_of(provisioning: str, **job_changes) -> object:
+    return load_settings(as_cli(config(tpu_stack_nodes=[node(provisioning=provisioning)],
+                                       tpu_stack_jobs={"mnist": job(**job_changes)})), "test")
+
+
+def test_the_notice_follows_the_provisioning():
+    assert catalog.stop_notice_seconds(spot=True) == 30
+    assert catalog.stop_notice_seconds(spot=False) == 120
+
+
+@pytest.mark.parametrize("provisioning", ["spot", "preemptible", "on-demand", "reserved"])
+@pytest.mark.parametrize("model", ["mnist_cnn", "resnet18", "resnet50"])
+def test_the_shipped_models_fit_every_notice(provisioning, model):
+    extra = {"imageSize": 224} if model != "mnist_cnn" else {}
+    assert stack_warnings(settings_of(provisioning, model=model, **extra)) == []
+
+
+def test_a_wide_model_on_a_spot_node_is_warned_of():
+    settings = settings_of("spot", **WIDE_MNIST)
+    seconds = stop_save_seconds(settings.job("mnist"))
+    assert 15 < seconds < 60  # over half of 30 s, within half of 120 s
+    assert stack_warnings(settings) == [
+        f"node trainer: a checkpoint of job mnist (mnist_cnn) is about 4,684 MiB, about "
+        f"{seconds:.0f} s to GCS at 200 MiB/s; a spot node's stop notice is 30 s and its save "
+        f"should fit in 15 s, so a preemption may lose the work since the last periodic "
+        f"checkpoint (checkpointEveryMinutes bounds it)"]
+
+
+def test_the_same_model_on_a_standard_node_fits():
+    assert stack_warnings(settings_of("on-demand", **WIDE_MNIST)) == []
+
+
+def test_a_queued_spot_node_has_the_spot_notice():
+    settings = load_settings(as_cli(config(
+        tpu_stack_nodes=[node(provisioning="queued", queue={"spot": True})],
+        tpu_stack_jobs={"mnist": job(**WIDE_MNIST)})), "test")
+    (queued,) = settings.nodes
+    assert stop_save_warning(queued, settings.job("mnist")) is not None
+
+
+def test_the_preview_warns_and_the_plan_report_shows_it(monkeypatch):
+    warned = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, resource=None, **_: warned.append(
+        (message, type(resource).__name__)))
+    plan = plain(offline_plan("test", as_cli(config(
+        tpu_stack_jobs={"mnist": job(**WIDE_MNIST)}))).to_json())
+    (warning,) = plan["warnings"]
+    assert warning.startswith("node trainer: a checkpoint of job mnist (mnist_cnn) is about ")
+    assert (warning, "TpuNode") in warned
+    assert f"> [!WARNING]\n> {warning}" in render(plan, "markdown")
+    assert f"WARNING: {warning}" in render(plan, "table")
+
+
+def test_a_plan_without_warnings_shows_none():
+    plan = plain(offline_plan("test", as_cli(config())).to_json())
+    assert plan["warnings"] == []
+    assert "WARNING" not in render(plan, "markdown")
+
+
+def test_the_estimate_is_the_schema_table_at_the_write_rate():
+    mnist = JobConfig("mnist_cnn", "x", 8, 8)
+    assert stop_save_seconds(mnist) == pytest.approx(307_011_058 / (200 * 2**20), rel=1e-4)

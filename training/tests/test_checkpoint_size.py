@@ -1,0 +1,41 @@
+"""The job schema's checkpoint-size table against the real models' checkpoints."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from tpu_training import config as schema
+from tpu_training import models, train
+from tpu_training.config import JobConfig
+from tpu_training.tf_env import tf
+
+TOLERANCE = 0.01  # the preview's estimate, within 1% of the bytes the job writes
+
+
+@pytest.mark.parametrize("shape", [
+    {"model": "mnist_cnn"},
+    {"model": "mnist_cnn", "widthMultiplier": 0.5, "numClasses": 100},
+    {"model": "resnet18", "imageSize": 32},
+    {"model": "resnet50", "imageSize": 32},
+    {"model": "resnet50", "imageSize": 32, "widthMultiplier": 0.5, "numClasses": 10},
+], ids=lambda shape: "-".join(map(str, shape.values())))
+def test_the_table_matches_the_checkpoint_the_job_writes(strategy, tmp_path, shape):
+    config = JobConfig.from_dict({
+        "trainData": "unused", "globalBatchSize": 2, "trainSteps": 1, "stepsPerExecution": 1,
+        "checkpointEverySteps": 1, "checkpointDir": str(tmp_path / "ckpt"),
+        "exportDir": str(tmp_path / "export"), "tensorboardDir": str(tmp_path / "tb"),
+        **shape})
+    job = train.Job(config, models.model_spec(config), tf.distribute.get_strategy(),
+                    io.StringIO())
+    written = train.checkpoint_bytes(job.manager.save(checkpoint_number=0))
+    assert schema.checkpoint_bytes(config) == pytest.approx(written, rel=TOLERANCE)
+
+
+def test_the_table_covers_every_model():
+    for table in (schema.CHECKPOINT_TRUNK_BYTES, schema.HEAD_FEATURES, schema.DEFAULT_CLASSES):
+        assert set(table) == set(schema.MODEL_NAMES)
+    for name in schema.MODEL_NAMES:  # the defaults are the models' own
+        spec = models.model_spec(JobConfig(name, "unused", 1, 1))
+        assert spec.num_classes == schema.DEFAULT_CLASSES[name]
