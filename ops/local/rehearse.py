@@ -34,7 +34,7 @@ from components.agent import (
     STARTUP_SCRIPT_KEY,
     STATUS_KEY,
 )
-from components.archive import REPO_ROOT, build_archive
+from components.archive import REPO_ROOT, PackageError, build_archive
 from components.settings import SettingsError
 from components.stack_config import StackFileError
 from ops.local.local_node import LocalNode
@@ -234,7 +234,7 @@ def rehearse(stack: str, *, workdir: Path | None, console: Console, node: str | 
             serve_package(gcs, metadata)
             code = boot(gcs, metadata | {JOB_KEY: json.dumps(job, sort_keys=True)}, job,
                         changed, workdir, console)
-    except RehearsalError as error:
+    except (RehearsalError, PackageError) as error:  # PackageError: the wheels cannot be fetched
         print_error(error)
         return 2
     console.print(f"the rehearsal left {disk_usage(workdir) / 1e6:.0f} MB in {workdir}",

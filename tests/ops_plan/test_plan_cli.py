@@ -9,7 +9,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from components.archive import REPO_ROOT
+from components.archive import REPO_ROOT, PackageError
 from components.stack_config import StackFileError, file_config
 from ops.cli import app
 from ops.terminal import CALLER_DIR_ENV
@@ -80,15 +80,20 @@ def test_a_team_stack_the_platform_rejects_is_one_message_and_exit_2():
         "(tpu-stack:teams: nlp, vision)"]
 
 
-def test_any_error_of_the_program_is_one_message(monkeypatch):
+@pytest.mark.parametrize(("error", "message"), [
+    (PackageError("training/wheels.lock: could not fetch tf-keras~=2.18.0"),
+     "training/wheels.lock: could not fetch tf-keras~=2.18.0"),
+    (KeyError("tpu-stack:storage"), "the Pulumi program failed: KeyError: 'tpu-stack:storage'"),
+])
+def test_any_error_of_the_program_is_one_message(monkeypatch, error, message):
     import ops.plan.offline
 
     def broken(config, stack):
-        raise KeyError("tpu-stack:storage")
+        raise error
 
     monkeypatch.setattr(ops.plan.offline, "run_program", broken)
-    assert _error(["plan", "--stack", "dev"]) == (
-        "tpuctl: error: the Pulumi program failed: KeyError: 'tpu-stack:storage'\n")
+    assert _error(["plan", "--stack", "dev"]) == f"tpuctl: error: {message}\n"
+    assert _error(["rehearse", "--stack", "dev"]) == f"tpuctl: error: {message}\n"
 
 
 def test_relative_paths_are_the_callers(tmp_path, monkeypatch):
