@@ -425,7 +425,8 @@ def _normal(value: Any) -> Any:
 class QueuedTpu(dyn.Resource, module="tpu", name="QueuedTpu"):
     """A TPU node requested through a queued resource, carrying the agent's metadata.
 
-    Outputs: state (queued-resource state), queued_resource_name, node_name, node_state.
+    Outputs: state (queued-resource state), queued_resource_name, node_name, node_state;
+    `up` returns once the request is queued, `pulumi refresh` updates them.
     """
 
     state: pulumi.Output[str]
