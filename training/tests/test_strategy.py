@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from tpu_training import strategy as strategies
@@ -91,3 +94,19 @@ def test_bad_environment_values_name_the_variable(monkeypatch, env, value, messa
     with pytest.raises(JobConfigError) as caught:
         strategies.make_strategy()
     assert caught.value.problems == [(env, message)]
+
+
+def test_a_stop_signal_ends_the_tpu_retries_at_once(strategy, monkeypatch):
+    """The agent stops a job still waiting for its TPU: it must not wait out the retries."""
+    def busy(resolver):
+        raise tf.errors.UnavailableError(None, None, "TPU in use")
+
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", busy)
+    monkeypatch.setenv("TPU_STACK_TPU_INIT_SECONDS", "300")
+    signalled = []
+    threading.Timer(0.5, signalled.append, args=[15]).start()
+    started = time.monotonic()
+    with pytest.raises(strategies.TpuUnavailableError,
+                       match=r"TPU in use \(a stop signal ended the retries\)$"):
+        strategies.make_strategy("tpu", stopped=lambda: bool(signalled))
+    assert time.monotonic() - started < 1.5  # within the first 2 s pause

@@ -48,15 +48,19 @@ class TpuUnavailableError(StrategyError, UnavailableError):
     """No TPU initialised (with `tpu`: within the job's bounded retries); exit 69."""
 
 
-def make_strategy(kind: str | None = None,
-                  cpu_replicas: int | None = None) -> tf.distribute.Strategy:
-    """The strategy `kind` (default: `$TPU_STACK_STRATEGY`, else `auto`) asks for."""
+def make_strategy(kind: str | None = None, cpu_replicas: int | None = None, *,
+                  stopped: Callable[[], bool] = lambda: False) -> tf.distribute.Strategy:
+    """The strategy `kind` (default: `$TPU_STACK_STRATEGY`, else `auto`) asks for.
+
+    `stopped()` true (a stop signal arrived) ends the TPU retries at once: the agent
+    is stopping the job, and nothing has trained since the last checkpoint.
+    """
     kind = kind or os.environ.get(STRATEGY_ENV) or "auto"
     if kind not in STRATEGY_KINDS:
         raise JobConfigError.single(
             STRATEGY_ENV, f"{kind!r} is not allowed; use one of {', '.join(STRATEGY_KINDS)}")
     if kind == "tpu":
-        return retried(tpu_strategy, _tpu_init_seconds())
+        return retried(tpu_strategy, _tpu_init_seconds(), stopped=stopped)
     replicas = cpu_replicas or _cpu_replicas_from_env()
     # Looking for a TPU starts TensorFlow, after which the CPU can no longer be split.
     devices = split_cpu(replicas) if replicas > 1 else None
@@ -90,22 +94,34 @@ def tpu_strategy() -> tf.distribute.TPUStrategy:
 
 
 def retried(make: Callable[[], tf.distribute.TPUStrategy], seconds: float, *,
-            sleep: Callable[[float], None] = time.sleep,
+            stopped: Callable[[], bool] = lambda: False,
+            sleep: Callable[[float], None] | None = None,
             clock: Callable[[], float] = time.monotonic) -> tf.distribute.TPUStrategy:
-    """`make()`, retried with doubling pauses while `seconds` allow; its last error then."""
+    """`make()`, retried with doubling pauses while `seconds` allow and nothing `stopped()`
+    the job; its last error then."""
+    sleep = sleep or (lambda pause: _sleep_unless(pause, stopped))
     deadline, pause = clock() + seconds, FIRST_RETRY_SECONDS
     while True:
         try:
             return make()
         except TpuUnavailableError as error:
             left = deadline - clock()
-            if left <= 0:
-                raise TpuUnavailableError(f"{error} (retried for {seconds:g} s)") from error
+            if left <= 0 or stopped():
+                why = ("a stop signal ended the retries" if stopped()
+                       else f"retried for {seconds:g} s")
+                raise TpuUnavailableError(f"{error} ({why})") from error
             pause = min(pause, left)
             print(f"tpu_training: {error}; retrying in {pause:.1f} s", file=sys.stderr,
                   flush=True)
             sleep(pause)
             pause = min(2 * pause, MAX_RETRY_SECONDS)
+
+
+def _sleep_unless(seconds: float, stopped: Callable[[], bool], tick: float = 0.2) -> None:
+    """Sleep `seconds`, or less once `stopped()` (a signal does not cut time.sleep short)."""
+    deadline = time.monotonic() + seconds
+    while not stopped() and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(tick, left))
 
 
 def split_cpu(replicas: int) -> list[str]:

@@ -68,15 +68,19 @@ def run(config: JobConfig, *, strategy: tf.distribute.Strategy | None = None,
     Prints the goodput line of this run at its end, also when it fails.
     """
     goodput, out = goodput or Goodput(), out or sys.stdout
+    own_stop = stop is None
+    stop = StopFlag().install() if own_stop else stop
     reached = [0]  # the step the job has reached, for the goodput line at exit
     try:
         return _run(config, strategy, dataset_fn, stop, out, goodput, reached)
     finally:
         _say(out, goodput.line(reached[0]))
+        if own_stop:
+            stop.uninstall()
 
 
 def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
-         dataset_fn: data.DatasetFn | None, stop: StopFlag | None, out: TextIO,
+         dataset_fn: data.DatasetFn | None, stop: StopFlag, out: TextIO,
          goodput: Goodput, reached: list[int]) -> RunResult:
     _require_locations(config)
     done = read_marker(config.exportDir)
@@ -86,7 +90,7 @@ def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
         return RunResult(Outcome.ALREADY_COMPLETE, done["step"], done["step"])
     # First: a TPU must initialise, and CPUs be split, before TensorFlow runs any op.
     with goodput.timed("tpu_init"):
-        strategy = strategy or strategies.make_strategy()
+        strategy = strategy or strategies.make_strategy(stopped=lambda: stop.requested)
     check_batch(config.globalBatchSize, strategy.num_replicas_in_sync)
     spec = models.model_spec(config)
     if dataset_fn is None:
@@ -95,15 +99,11 @@ def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
     if config.evalData is not None:
         eval_dataset_fn = _dataset_fn(config.evalData, spec, config.globalBatchSize,
                                       training=False)
-    own_stop = stop is None
-    stop = StopFlag().install() if own_stop else stop
     job = Job(config, spec, strategy, out, goodput)
     try:
         return job.run(dataset_fn, stop, eval_dataset_fn)
     finally:
         reached[0] = job.step
-        if own_stop:
-            stop.uninstall()
 
 
 def check_batch(global_batch_size: int, replicas: int) -> None:
