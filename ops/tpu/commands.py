@@ -18,6 +18,7 @@ import typer
 from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ops.terminal import console as make_console
 from ops.terminal import fail
@@ -80,7 +81,7 @@ def preflight_cmd(
     colour = {"ok": "green", "fail": "red", "not checked": "yellow"}
     for check in report.checks:
         outcome = f"[{colour[check.outcome]}]{check.outcome}[/]"
-        table.add_row(check.subject, check.what, outcome, check.detail)
+        table.add_row(check.subject, check.what, outcome, Text(check.detail))
     console.print(table)
     if report.note:
         console.print(report.note, markup=False)
@@ -142,7 +143,7 @@ def wait_cmd(
         )
     console.print(node_status.status_table(target, outcome.nodes))
     colour = "green" if outcome.reached else "red"
-    console.print(f"[{colour}]{outcome.reason}[/]", highlight=False)
+    console.print(Text(outcome.reason, style=colour))
     if not outcome.reached:
         raise typer.Exit(1)
 
@@ -209,7 +210,7 @@ def _act(api: TpuApi, actions: list[node_actions.Action], apply: bool, nothing: 
     for column in ("action", "subject", "zone", "reason"):
         table.add_column(column)
     for action in actions:
-        table.add_row(action.verb, action.subject, action.zone, action.reason)
+        table.add_row(action.verb, action.subject, action.zone, Text(action.reason))
     console.print(table)
     if not apply:
         console.print("dry run: nothing changed; run again with --apply")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rich.table import Table
+from rich.text import Text
 
 from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi
 from ops.tpu.target import StackTarget
@@ -54,10 +55,10 @@ def status_table(
             node.zone,
             node.accelerator_type,
             f"[{style}]{node.state}[/]" if style else node.state,
-            health,
+            Text(health),
             job.get("state", "-"),
             job.get("step", ""),
-            job.get("message", ""),
+            Text(job.get("message", "")),  # the job's own words: `[line 3 ...]` is no markup
             job.get("updated", ""),
         )
     requests = {node_id: q.state for q in queued for node_id in q.node_ids}

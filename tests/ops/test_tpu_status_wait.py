@@ -37,6 +37,17 @@ def test_status_table_has_one_row_per_node_and_marks_absent_ones(
     assert fake_tpu.mutating_calls() == []
 
 
+def test_the_jobs_message_is_shown_as_it_is_brackets_included(
+    fake_tpu: FakeTpuApi, tpu: TpuApi
+) -> None:
+    message = "tpu-stack:jobs.x: [line 3, column 5] expected ',' or ']'"
+    fake_tpu.add_node(ZONE, "dev-a", labels=STACK_LABELS)
+    fake_tpu.set_guest_attributes(ZONE, "dev-a", 0, RUNNING | {"message": message})
+    stack = target(expected_node("dev-a"))
+
+    assert message in render(status_table(stack, collect(tpu, stack)))
+
+
 def test_a_queued_node_without_a_node_yet_shows_its_request(
     fake_tpu: FakeTpuApi, tpu: TpuApi
 ) -> None:
