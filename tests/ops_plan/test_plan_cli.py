@@ -122,3 +122,11 @@ def test_usage_lines_name_tpuctl():
     assert result.returncode == 2
     assert "Usage: tpuctl plan [OPTIONS]" in result.stderr.splitlines()
     assert "ops.cli" not in result.stderr
+
+
+def test_the_wrapper_resolves_paths_against_the_callers_directory(tmp_path):
+    result = subprocess.run([str(REPO_ROOT / "tpuctl"), "plan", "--stack", "dev", "--out",
+                             "plan.json"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "plan.json").read_text())["stack"] == "dev"
