@@ -84,6 +84,8 @@ def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
         agent.WORKERS_KEY: args.settings.workers,
         agent.STATUS_KEY: loc.status_prefix,
         NODE_KEY: args.node_id,
+        # Tells the agent a -pjrt runtime from another (the job's PJRT environment).
+        agent.RUNTIME_KEY: args.settings.runtime,
         # The agent publishes status as guest attributes; Compute Engine serves
         # them only with this key set (cloud.google.com/compute/docs/metadata/
         # manage-guest-attributes). Whether TPU VMs need it is undocumented.

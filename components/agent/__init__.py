@@ -13,15 +13,17 @@ from pathlib import Path
 
 from components.agent.agent import (
     JOB_KEY,
+    NODE_KEY,
     PACKAGE_KEY,
     PACKAGE_SHA256_KEY,
+    RUNTIME_KEY,
     STARTUP_SCRIPT_KEY,
     STATUS_KEY,
     WORKERS_KEY,
 )
 
-__all__ = ["JOB_KEY", "MAX_METADATA_VALUE_BYTES", "PACKAGE_KEY", "PACKAGE_SHA256_KEY",
-           "STARTUP_SCRIPT_KEY", "STATUS_KEY", "WORKERS_KEY", "startup_script"]
+__all__ = ["JOB_KEY", "MAX_METADATA_VALUE_BYTES", "NODE_KEY", "PACKAGE_KEY", "PACKAGE_SHA256_KEY",
+           "RUNTIME_KEY", "STARTUP_SCRIPT_KEY", "STATUS_KEY", "WORKERS_KEY", "startup_script"]
 
 HERE = Path(__file__).resolve().parent
 AGENT_MARKER = "@AGENT_SOURCE@"

@@ -34,16 +34,19 @@ case $init in
 Description=tpu-stack node agent (training package supervisor)
 After=network-online.target
 Wants=network-online.target
-StartLimitIntervalSec=3600
-StartLimitBurst=5
+# No start limit: a node that stops restarting sits failed and billed until someone
+# reboots it (spot nodes never are). systemd.unit(5): StartLimitIntervalSec=0
+# disables rate limiting. The agent itself retries transient failures with
+# backoff; systemd only restarts an agent that crashed.
+StartLimitIntervalSec=0
 
 [Service]
 Environment=TPU_STACK_ROOT=$root
 ExecStart=$python_path $root/agent.py run --stay
 Restart=on-failure
 RestartSec=30
-# 75: the job stopped on SIGTERM after a checkpoint, a clean stop.
-SuccessExitStatus=75
+# 75/76: stopped on SIGTERM (with or without a stop save), a clean stop.
+SuccessExitStatus=75 76
 # SIGTERM to the agent only; it stops the job so the job checkpoints, then
 # everything left gets SIGKILL after TimeoutStopSec (above the agent's 120 s grace).
 KillSignal=SIGTERM

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,11 +31,13 @@ WORKER_NUMBER_KEY = "agent-worker-number"
 
 
 def node_attributes(package_uri: str, sha256: str, job_json: str, status_prefix: str, *,
-                    workers: str = "all", worker: int = 0) -> dict[str, str]:
-    """The metadata a TpuNode declares, plus what the TPU runtime adds per worker."""
+                    workers: str = "all", worker: int = 0,
+                    extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The metadata a TpuNode declares, plus what the TPU runtime adds per worker
+    (`extra`: more of either, e.g. tpu-stack-runtime-version, worker-network-endpoints)."""
     return {STARTUP_SCRIPT_KEY: startup_script(), PACKAGE_KEY: package_uri,
             PACKAGE_SHA256_KEY: sha256, JOB_KEY: job_json, WORKERS_KEY: workers,
-            STATUS_KEY: status_prefix, WORKER_NUMBER_KEY: str(worker)}
+            STATUS_KEY: status_prefix, WORKER_NUMBER_KEY: str(worker)} | dict(extra or {})
 
 
 @dataclass

@@ -1,12 +1,17 @@
-"""A loopback GCE metadata server: attributes, token, guest attributes, wait_for_change.
+"""A loopback GCE metadata server: attributes, instance values, token, guest attributes.
 
 Standard library only, in-process (a thread), so tests and `tpuctl rehearse` can
-change attributes while an agent is long-polling them. Behaves like the real one
-where the agent relies on it (cloud.google.com/compute/docs/metadata/querying-metadata):
-every request needs `Metadata-Flavor: Google`; `?wait_for_change=true` blocks until
-the value's ETag differs from `last_etag` (at once when it already differs) or
-`timeout_sec` passes, then answers the current value with its `ETag` header;
+change attributes, preempt the VM or announce maintenance while an agent is
+long-polling. Behaves like the real one where the agent relies on it
+(cloud.google.com/compute/docs/metadata/querying-metadata): every request needs
+`Metadata-Flavor: Google`; `?wait_for_change=true` on any value blocks until its
+ETag differs from `last_etag` (at once when it already differs; without
+`last_etag`, until the value changes from what it was) or `timeout_sec` passes,
+then answers the current value with its `ETag` header;
 `instance/attributes/?recursive=true` answers every attribute as one JSON object.
+`instance/preempted` is FALSE until `preempt()` (cloud.google.com/compute/docs/
+instances/preemptible#detecting) and `instance/maintenance-event` NONE until
+`set_maintenance_event()` (.../metadata/getting-live-migration-notice).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ PREFIX = "/computeMetadata/v1/"
 ATTRIBUTES = "instance/attributes/"
 GUEST_ATTRIBUTES = "instance/guest-attributes/"
 TOKEN = "instance/service-accounts/default/token"
+PREEMPTED = "instance/preempted"
+MAINTENANCE_EVENT = "instance/maintenance-event"
 FAKE_TOKEN = "fake-metadata-token"
 _LONGEST_WAIT = 3600.0
 
@@ -34,9 +41,11 @@ class MetadataServer(LoopbackServer):
     def __init__(self, attributes: Mapping[str, str], *, instance_name: str = "test-node"):
         self._lock = threading.Condition()
         self._attributes = dict(attributes)
-        self.instance_name = instance_name
+        self._instance = {"instance/name": instance_name, PREEMPTED: "FALSE",
+                          MAINTENANCE_EVENT: "NONE"}
         self.guest_attributes: dict[str, str] = {}
         self.token_requests = 0
+        self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every GET
         super().__init__(_handler_for(self))
 
     @property
@@ -53,6 +62,25 @@ class MetadataServer(LoopbackServer):
                 else:
                     self._attributes[key] = value
             self._lock.notify_all()
+
+    def preempt(self) -> None:
+        """What Compute Engine does when it preempts the VM: instance/preempted turns TRUE."""
+        self._set_instance(PREEMPTED, "TRUE")
+
+    def set_maintenance_event(self, value: str) -> None:
+        """e.g. TERMINATE_ON_HOST_MAINTENANCE, then NONE again once it is over."""
+        self._set_instance(MAINTENANCE_EVENT, value)
+
+    def _set_instance(self, path: str, value: str) -> None:
+        with self._lock:
+            self._instance[path] = value
+            self._lock.notify_all()
+
+    def long_polls(self, path: str) -> list[dict[str, str]]:
+        """The queries of every wait_for_change request on `path` so far."""
+        with self._lock:
+            return [query for got, query in self.requests
+                    if got == path and query.get("wait_for_change") == "true"]
 
     def attributes(self) -> dict[str, str]:
         with self._lock:
@@ -73,32 +101,32 @@ class MetadataServer(LoopbackServer):
     # -- request handling (called from the server's threads) --------------------
 
     def read(self, path: str, query: Mapping[str, str]) -> tuple[int, str]:
+        with self._lock:
+            self.requests.append((path, dict(query)))
         if path == TOKEN:
             with self._lock:
                 self.token_requests += 1
             return 200, json.dumps({"access_token": FAKE_TOKEN, "expires_in": 3599,
                                     "token_type": "Bearer"})
-        if path == "instance/name":
-            return 200, self.instance_name
         if path.startswith(GUEST_ATTRIBUTES):
             value = self.guest_attributes.get(path[len(GUEST_ATTRIBUTES):])
             return (404, "not found") if value is None else (200, value)
-        if not path.startswith(ATTRIBUTES):
-            return 404, "not found"
-        return self._read_attribute(path[len(ATTRIBUTES):], query)
-
-    def _read_attribute(self, key: str, query: Mapping[str, str]) -> tuple[int, str]:
         wait = query.get("wait_for_change") == "true"
         timeout = min(float(query.get("timeout_sec", _LONGEST_WAIT)), _LONGEST_WAIT)
         with self._lock:
-            if wait:
-                self._lock.wait_for(
-                    lambda: etag_of(self._value(key, query)) != query.get("last_etag"),
-                    timeout=timeout)
-            value = self._value(key, query)
+            if wait and self._value(path, query) is not None:
+                seen = query.get("last_etag") or etag_of(self._value(path, query))
+                self._lock.wait_for(lambda: etag_of(self._value(path, query)) != seen,
+                                    timeout=timeout)
+            value = self._value(path, query)
         return (404, "not found") if value is None else (200, value)
 
-    def _value(self, key: str, query: Mapping[str, str]) -> str | None:
+    def _value(self, path: str, query: Mapping[str, str]) -> str | None:
+        if path in self._instance:
+            return self._instance[path]
+        if not path.startswith(ATTRIBUTES):
+            return None
+        key = path[len(ATTRIBUTES):]
         if key == "":
             if query.get("recursive") == "true":
                 return json.dumps(self._attributes, sort_keys=True)

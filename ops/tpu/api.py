@@ -22,7 +22,8 @@ from components.naming import MANAGED_BY, label_value
 from components.queued_tpu import tpu_client, transient_retry
 
 STATUS_NAMESPACE = "tpu-stack"  # docs/design.md: the agent's guest attributes live under tpu-stack/
-STATUS_KEYS = ("state", "step", "package", "message", "updated")
+STATUS_KEYS = ("state", "step", "package", "message", "updated", "node", "goodput", "lastSave",
+               "stopSave")
 
 # The IAM permission each call needs (docs.cloud.google.com/iam/docs/roles-permissions/tpu).
 PERMISSIONS = {
@@ -214,6 +215,9 @@ class TpuApi:
             node.node_id,
             name=self.node_name(node.zone, node.node_id),
             query_path=f"{STATUS_NAMESPACE}/",
+            # Worker 0 runs the job (a pod's other workers are idle); the API
+            # promises no order for all workers (GetGuestAttributesRequest.worker_ids).
+            worker_ids=["0"],
         )
         return parse_guest_attributes(response)
 
@@ -255,7 +259,7 @@ def belongs_to(labels: Any, stack: str) -> bool:
 
 
 def parse_guest_attributes(response: tpu_v2.GetGuestAttributesResponse) -> dict[str, str]:
-    """Worker 0's `tpu-stack/` keys (the first entry the API returns is worker 0)."""
+    """Worker 0's `tpu-stack/` keys (the request asked for worker 0 alone)."""
     for worker in response.guest_attributes[:1]:
         return {
             item.key: item.value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ Until = Literal["ready", "running", "done"]
 UNTIL_CHOICES: tuple[Until, ...] = ("ready", "running", "done")
 # The agent's job states (docs/design.md, "The training package").
 FINISHED = "succeeded"
-ACTIVE_JOB = {"installing", "running"}
+ACTIVE_JOB = {"installing", "running", "retrying", "waiting-for-data"}
 STATE_STYLE = {"READY": "green", "CREATING": "yellow", "PREEMPTED": "red", "TERMINATED": "red"}
 
 
@@ -44,7 +45,9 @@ def status_table(
     target: StackTarget, nodes: list[NodeStatus], queued: Sequence[QueuedStatus] = ()
 ) -> Table:
     table = Table(title=f"stack {target.stack} ({target.project})")
-    for column in ("node", "zone", "type", "state", "health", "job", "step", "message", "updated"):
+    columns = ("node", "zone", "type", "state", "health", "job", "step", "goodput", "message",
+               "updated")
+    for column in columns:
         table.add_column(column)
     for node in nodes:
         job = node.job
@@ -58,14 +61,24 @@ def status_table(
             Text(health),
             job.get("state", "-"),
             job.get("step", ""),
+            goodput_percent(job),
             Text(job.get("message", "")),  # the job's own words: `[line 3 ...]` is no markup
             job.get("updated", ""),
         )
     requests = {node_id: q.state for q in queued for node_id in q.node_ids}
     for node_id in absent(target, nodes):
         state = f"QUEUED {requests[node_id]}" if node_id in requests else "[red]ABSENT[/]"
-        table.add_row(node_id, target.expected(node_id).zone, "", state, "", "-", "", "", "")
+        table.add_row(node_id, target.expected(node_id).zone, "", state, "", "-", "", "", "", "")
     return table
+
+
+def goodput_percent(job: dict[str, str]) -> str:
+    """The agent's goodput percent (docs/design.md, "Goodput"), e.g. "96.5%"; "" if none."""
+    try:
+        percent = json.loads(job.get("goodput", "")).get("percent")
+    except (ValueError, AttributeError):
+        return ""
+    return f"{percent:.1f}%" if isinstance(percent, (int, float)) else ""
 
 
 def node_reached(node: NodeStatus, until: Until) -> bool:

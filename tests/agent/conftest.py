@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from components.archive import TRAINING_DIR, Archive, build_archive
-from ops.local.local_node import LocalNode, node_attributes
+from components.archive import TRAINING_DIR, Archive, build_archive, pack
+from ops.local.local_node import IMAGE_PYTHON, LocalNode, node_attributes
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator
 
@@ -50,6 +50,36 @@ def archive() -> Archive:
 @pytest.fixture(scope="session")
 def package_uri(gcs: StorageEmulator, archive: Archive) -> str:
     return upload_package(gcs, archive)
+
+
+STAND_IN = Path(__file__).resolve().parent / "stand_in"
+
+
+@pytest.fixture(scope="session")
+def stand_in(gcs: StorageEmulator) -> tuple[str, str]:
+    """(uri, sha256) of a stand-in training package (tests/agent/stand_in: no TensorFlow)."""
+    files = sorted((STAND_IN / "tpu_training").glob("*.py"))
+    archive = pack([(f"tpu_training/{path.name}", path) for path in files])
+    return upload_package(gcs, archive), archive.sha256
+
+
+@pytest.fixture(scope="session")
+def installed_package(archive: Archive, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real package installed once by the agent's own installer, for tests that
+    are about what happens after the install (each node gets a copy)."""
+    root = tmp_path_factory.mktemp("installed")
+    code = (f"import sys; sys.path.insert(0, {str(REPO / 'components' / 'agent')!r}); "
+            "import agent, pathlib; root = pathlib.Path(sys.argv[1]); "
+            "(root / 'package.tar.gz').write_bytes(sys.stdin.buffer.read()); "
+            "work = root / 'pkg'; agent.extract(root / 'package.tar.gz', work / 'src'); "
+            "agent.Installer(root, None)._install_wheels(work)")
+    subprocess.run([str(IMAGE_PYTHON), "-c", code, str(root)], input=archive.data, check=True)
+    return root / "pkg"
+
+
+def preinstall(node: LocalNode, package: Path, sha256: str) -> None:
+    """Put an installed package where the node's agent looks for it."""
+    shutil.copytree(package, node.root / "packages" / sha256, symlinks=True)
 
 
 @pytest.fixture(scope="session")
@@ -102,14 +132,16 @@ def make_node(gcs: StorageEmulator, tmp_path: Path,
     servers: list[MetadataServer] = []
 
     def make(package_uri: str, sha256: str, job: dict[str, object], *, workers: str = "all",
-             worker: int = 0, storage_host: str | None = None) -> Node:
+             worker: int = 0, storage_host: str | None = None,
+             extra: dict[str, str] | None = None, env: dict[str, str] | None = None) -> Node:
         prefix = f"gs://{BUCKET}/status/{request.node.name}-{len(servers)}/"
         attributes = node_attributes(package_uri, sha256, json.dumps(job), prefix,
-                                     workers=workers, worker=worker)
+                                     workers=workers, worker=worker, extra=extra)
         server = MetadataServer(attributes, instance_name="t1v-n-test-w-0")
         servers.append(server)
         root = tmp_path / f"node-{len(servers)}"
-        return Node(server, root, storage_host or gcs.host, gcs=gcs, status_prefix=prefix)
+        return Node(server, root, storage_host or gcs.host, env_extra=env or {}, gcs=gcs,
+                    status_prefix=prefix)
 
     yield make
     for server in servers:

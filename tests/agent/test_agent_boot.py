@@ -25,7 +25,7 @@ from tests.agent.conftest import BUCKET, Node, job_config, stop, training_copy, 
 from tests.fakes.fault_proxy import FaultProxy
 
 EXIT_PREEMPTED = 75
-DOWNLOADS = "alt=media"
+DOWNLOADS = "/o/packages%2F"  # package downloads (the status object is read too)
 LONG_STEPS = 400  # long enough to act while the job trains
 AGENT = Path(__file__).resolve().parents[2] / "components" / "agent" / "agent.py"
 

@@ -7,12 +7,15 @@ import re
 import subprocess
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from components.agent import MAX_METADATA_VALUE_BYTES, agent, startup_script
 from ops.local.metadata_server import MetadataServer
+from ops.local.storage_emulator import StorageEmulator
+from tests.agent.conftest import BUCKET
 
 REPO = Path(__file__).resolve().parents[2]
 SHELLCHECK = REPO / ".venv" / "infra" / "bin" / "shellcheck"
@@ -77,7 +80,7 @@ def test_tpu_env_blob_is_parsed() -> None:
 
 
 def test_pod_slice_client_addresses_the_node_by_name(tmp_path: Path) -> None:
-    env = agent.job_environment({"PATH": "/bin"}, tmp_path, "0", "tpu-stack-dev-trainer")
+    env = agent.job_environment({"PATH": "/bin"}, tmp_path, "0", tpu_name="tpu-stack-dev-trainer")
     assert env["TPU_NAME"] == "tpu-stack-dev-trainer"
     assert env["TPU_LOAD_LIBRARY"] == "0"
     assert env["TPU_STACK_STRATEGY"] == "tpu"
@@ -85,9 +88,70 @@ def test_pod_slice_client_addresses_the_node_by_name(tmp_path: Path) -> None:
 
 
 def test_single_host_client_uses_the_local_tpu(tmp_path: Path) -> None:
-    env = agent.job_environment({"TPU_STACK_STRATEGY": "cpu"}, tmp_path, "all", "")
+    env = agent.job_environment({"TPU_STACK_STRATEGY": "cpu"}, tmp_path, "all")
     assert "TPU_NAME" not in env
     assert env["TPU_STACK_STRATEGY"] == "cpu"
+    assert not set(agent.PJRT_KEYS) & set(env)  # no runtime version: not a PJRT runtime
+
+
+@pytest.mark.parametrize(("runtime", "pjrt"), [
+    ("tpu-vm-tf-2.18.0-pjrt", True), ("tpu-vm-tf-2.19.0-pod-pjrt", True),
+    ("tpu-vm-tf-2.18.0-pjrt-v5e-and-v6", True), ("tpu-vm-tf-2.16.1-se", False),
+    ("tpu-vm-tf-2.16.1-pod-se", False), ("tpu-ubuntu2204-base", False), ("", False)])
+def test_pjrt_runtimes_are_told_apart(runtime: str, pjrt: bool) -> None:
+    assert agent.is_pjrt(runtime) is pjrt
+
+
+def test_pjrt_single_host_loads_libtpu_as_a_plugin(tmp_path: Path) -> None:
+    env = agent.job_environment({}, tmp_path, "all", runtime_version="tpu-vm-tf-2.18.0-pjrt",
+                                libtpu=lambda: "/lib/libtpu.so")
+    assert env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == "/lib/libtpu.so"
+    assert env["NEXT_PLUGGABLE_DEVICE_USE_C_API"] == "true"
+    assert "TPU_LOAD_LIBRARY" not in env
+
+
+def test_what_the_image_sets_wins_over_the_pjrt_defaults(tmp_path: Path) -> None:
+    etc = tmp_path / "environment"
+    etc.write_text('PATH="/usr/bin"\nTF_PLUGGABLE_DEVICE_LIBRARY_PATH="/opt/libtpu.so"\n')
+    image = agent.read_environment_file(etc)
+    env = agent.job_environment({"NEXT_PLUGGABLE_DEVICE_USE_C_API": "false"}, tmp_path, "all",
+                                runtime_version="tpu-vm-tf-2.18.0-pjrt", image_env=image,
+                                libtpu=lambda: "/lib/libtpu.so")
+    assert env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == "/opt/libtpu.so"
+    assert env["NEXT_PLUGGABLE_DEVICE_USE_C_API"] == "false"
+    assert "PATH" not in env  # only the keys the agent would set come from the image
+
+
+def test_pjrt_pod_client_loads_no_libtpu(tmp_path: Path) -> None:
+    env = agent.job_environment({}, tmp_path, "0", tpu_name="grpc://10.0.0.2:8470",
+                                runtime_version="tpu-vm-tf-2.19.0-pod-pjrt")
+    assert env["TPU_LOAD_LIBRARY"] == "0"
+    assert not set(agent.PJRT_KEYS) & set(env)
+
+
+def test_libtpu_is_found_where_the_image_keeps_it(tmp_path: Path) -> None:
+    (tmp_path / "libtpu.so").write_bytes(b"")
+    assert agent.libtpu_path((str(tmp_path / "absent.so"), str(tmp_path / "libtpu.so"))) == \
+        str(tmp_path / "libtpu.so")
+    assert agent.libtpu_path((str(tmp_path / "absent.so"),)) == str(tmp_path / "absent.so")
+
+
+def test_pod_tpu_name_lists_every_worker_in_order() -> None:
+    endpoints = "unknown:unknown:10.130.0.4,unknown:unknown:10.130.0.2,x:y:10.130.0.9"
+    assert agent.grpc_tpu_name(endpoints) == (
+        "grpc://10.130.0.4:8470,grpc://10.130.0.2:8470,grpc://10.130.0.9:8470")
+    bad = re.escape("worker-network-endpoints: entry '10.0.0.1'")
+    with pytest.raises(agent.AgentError, match=bad):
+        agent.grpc_tpu_name("10.0.0.1")
+
+
+def test_node_id_comes_from_the_contract_key_first() -> None:
+    with MetadataServer({}, instance_name="t1v-n-abc-w-0") as server:
+        metadata = agent.Metadata(server.host)
+        assert agent.node_id({agent.NODE_KEY: "dev-trainer",
+                              agent.TPU_ENV_KEY: "NODE_ID: 'other'"}, metadata) == "dev-trainer"
+        assert agent.node_id({agent.TPU_ENV_KEY: "NODE_ID: 'other'\n"}, metadata) == "other"
+        assert agent.node_id({}, metadata) == "t1v-n-abc-w-0"
 
 
 def _tar_with(name: str) -> bytes:
@@ -139,7 +203,7 @@ def test_retrying_gives_up_after_a_bounded_number_of_attempts(
         attempts.append(1)
         raise agent.TransientError("HTTP 503")
 
-    with pytest.raises(agent.AgentError, match="gave up after 6 attempts: HTTP 503"):
+    with pytest.raises(agent.TransientError, match="gave up after 6 attempts: HTTP 503"):
         agent.retrying(always_down, "download")
     assert len(attempts) == agent.RETRY_ATTEMPTS
 
@@ -188,7 +252,7 @@ def test_startup_script_embeds_the_agent_and_fits_in_metadata() -> None:
     assert script.startswith("#!/usr/bin/env bash\n")
     assert (REPO / "components/agent/agent.py").read_text().rstrip("\n") in script
     assert "@AGENT_SOURCE@" not in script
-    assert len(script.encode()) < MAX_METADATA_VALUE_BYTES // 4
+    assert len(script.encode()) < MAX_METADATA_VALUE_BYTES // 2
 
 
 def test_shell_code_passes_shellcheck(tmp_path: Path) -> None:
@@ -200,7 +264,8 @@ def test_shell_code_passes_shellcheck(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stdout
 
 
-def test_under_systemd_the_bootstrap_installs_one_service_and_returns(tmp_path: Path) -> None:
+def _install_unit(tmp_path: Path, runs: int = 1) -> tuple[dict[str, dict[str, str]], Path, Path]:
+    """Run the bootstrap with a fake systemctl: (unit sections, calls file, root)."""
     fake_bin, units, root = tmp_path / "bin", tmp_path / "units", tmp_path / "root"
     for folder in (fake_bin, units):
         folder.mkdir()
@@ -212,21 +277,69 @@ def test_under_systemd_the_bootstrap_installs_one_service_and_returns(tmp_path: 
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "TPU_STACK_INIT": "systemd",
            "TPU_STACK_UNIT_DIR": str(units), "TPU_STACK_ROOT": str(root),
            "TPU_STACK_PYTHON": str(REPO / ".venv/image/bin/python")}
-    for _ in range(2):  # a rerun of the startup script changes nothing
+    for _ in range(runs):
         subprocess.run(["bash", str(script)], env=env, check=True, timeout=30)
+    sections: dict[str, dict[str, str]] = {}
+    section = ""
+    for line in (units / "tpu-stack-agent.service").read_text().splitlines():
+        if line.startswith("["):
+            section = line.strip("[]")
+            sections[section] = {}
+        elif "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            sections[section][key] = value
+    return sections, calls, root
 
-    unit = dict(line.split("=", 1) for line in
-                (units / "tpu-stack-agent.service").read_text().splitlines() if "=" in line)
+
+def test_under_systemd_the_bootstrap_installs_one_service_and_returns(tmp_path: Path) -> None:
+    sections, calls, root = _install_unit(tmp_path, runs=2)  # a rerun changes nothing
+    unit = sections["Service"]
     assert unit["ExecStart"] == f"{REPO / '.venv/image/bin/python'} {root}/agent.py run --stay"
     assert unit["Environment"] == f"TPU_STACK_ROOT={root}"
     assert unit["Restart"] == "on-failure"
     assert unit["KillSignal"] == "SIGTERM"
     assert unit["KillMode"] == "mixed"  # SIGTERM to the agent, which stops the job
     assert int(unit["TimeoutStopSec"]) > agent.STOP_GRACE_SECONDS
-    assert unit["SuccessExitStatus"] == str(agent.EXIT_PREEMPTED)
+    assert unit["SuccessExitStatus"].split() == [str(agent.EXIT_PREEMPTED),
+                                                 str(agent.EXIT_STOP_SAVE_FAILED)]
     assert calls.read_text().splitlines() == [
         "daemon-reload", "enable --now tpu-stack-agent.service"] * 2
     assert (root / "agent.py").read_text() == (REPO / "components/agent/agent.py").read_text()
+
+
+# systemd's defaults when a unit sets nothing (systemd-system.conf(5):
+# DefaultStartLimitIntervalSec=10s, DefaultStartLimitBurst=5).
+DEFAULT_START_LIMIT = ("10", "5")
+
+
+def starts_refused(unit: dict[str, dict[str, str]], failures: int) -> int:
+    """How many of `failures` back-to-back restarts systemd refuses, after systemd.unit(5):
+    more than StartLimitBurst starts within StartLimitIntervalSec are refused for good
+    (until a manual start); an interval of 0 disables rate limiting. The limit is read
+    from [Unit] (systemd >= 230; Ubuntu 22.04 ships 249)."""
+    interval_text = unit["Unit"].get("StartLimitIntervalSec", DEFAULT_START_LIMIT[0])
+    interval = float(interval_text.rstrip("s"))
+    burst = int(unit["Unit"].get("StartLimitBurst", DEFAULT_START_LIMIT[1]))
+    step = float(unit["Service"].get("RestartSec", "0.1").rstrip("s"))
+    starts: list[float] = []
+    for attempt in range(failures):
+        now = attempt * step
+        if interval > 0 and len([t for t in starts if now - t < interval]) >= burst:
+            return failures - attempt
+        starts.append(now)
+    return 0
+
+
+def test_the_unit_never_gives_up_on_a_crashing_agent(tmp_path: Path) -> None:
+    sections, _, _ = _install_unit(tmp_path)
+    assert "StartLimitBurst" not in sections["Service"] | sections["Unit"]
+    assert sections["Unit"]["StartLimitIntervalSec"] == "0"
+    assert sections["Service"]["Restart"] == "on-failure"
+    assert starts_refused(sections, failures=1000) == 0
+    # The model does refuse what the unit used to say (5 starts an hour).
+    old = {"Unit": {"StartLimitIntervalSec": "3600", "StartLimitBurst": "5"},
+           "Service": sections["Service"]}
+    assert starts_refused(old, failures=1000) == 995
 
 
 def test_an_unknown_init_is_named(tmp_path: Path) -> None:
@@ -270,3 +383,163 @@ def test_a_transfer_broken_midway_is_retried_not_fatal() -> None:
     body, sha = agent.read_body(io.BytesIO(b"0123456789"))
     assert body == b"0123456789"
     assert sha == "84d89877f0d4041efb6bf91a16f0248f2fd573e6af05c19f96bedb9f882f7882"
+
+
+def test_backoff_doubles_to_its_cap_and_never_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent.random, "uniform", lambda _low, high: high)  # no jitter
+    backoff = agent.Backoff(base=2, cap=300)
+    delays = [backoff.next_delay() for _ in range(1000)]
+    assert delays[:5] == [2, 4, 8, 16, 32]
+    assert delays[-1] == 300  # still retrying after a thousand failures
+    backoff.reset()
+    assert backoff.next_delay() == 2
+
+
+JOB_OUTPUT = (
+    "tpu_training resumed_from=100\n"
+    "tpu_training step=120 loss=0.5\n"
+    "tpu_training saved step=120 seconds=1.25 bytes=4096 reason=steps\n"
+    "tpu_training step=140 loss=0.4\n"
+    "tpu_training goodput step=140 productive=40 tpu_init=5 program_startup=3 "
+    "checkpoint_save=1.25 checkpoint_restore=2\n"
+    "tpu_training: error: trainData: no files match 'gs://d/x-*'\n")
+
+
+def test_job_lines_are_read_into_the_run() -> None:
+    run = agent.JobRun()
+    kinds = [run.read(line) for line in JOB_OUTPUT.splitlines(keepends=True)]
+    assert kinds == ["step", "step", "save", "step", "goodput", None]
+    assert (run.start_step, run.step, run.saved_step) == (100, 140, 120)
+    assert run.last_save == {"step": 120, "seconds": 1.25, "bytes": 4096, "reason": "steps"}
+    assert run.stop_save is None
+    assert run.reported == {"productive": 40.0, "tpu_init": 5.0, "program_startup": 3.0,
+                            "checkpoint_save": 1.25, "checkpoint_restore": 2.0}
+    assert run.error == "trainData: no files match 'gs://d/x-*'"
+    run.read("tpu_training saved step=150 seconds=2 bytes=4096 reason=stop\n")
+    run.read("tpu_training waiting_for_data pattern=gs://d/train-*.tfrecord\n")
+    assert run.stop_save == {"step": 150, "seconds": 2.0, "bytes": 4096}
+    assert run.waiting_pattern == "gs://d/train-*.tfrecord"
+
+
+def _run_from(output: str) -> agent.JobRun:
+    run = agent.JobRun()
+    for line in output.splitlines():
+        run.read(line)
+    return run
+
+
+def test_a_clean_stop_loses_nothing_and_the_rest_is_start_up() -> None:
+    added = agent.settle_run(_run_from(JOB_OUTPUT), agent.EXIT_PREEMPTED, wall=60)
+    assert added["productive"] == 40
+    assert added["program_startup"] == 3 + (60 - 51.25)
+    assert "lost_progress" not in added
+
+
+def test_a_killed_run_loses_the_steps_after_its_last_save() -> None:
+    # 40 productive seconds for steps 100..140; saved at 120: 20 steps (20 s) are lost,
+    # and so are the 8.75 s the job never reported.
+    added = agent.settle_run(_run_from(JOB_OUTPUT), -9, wall=60)
+    assert added["productive"] == 20
+    assert added["lost_progress"] == 20 + (60 - 51.25)
+    assert sum(added.values()) == 60
+
+
+def test_goodput_totals_carry_over_for_the_same_job_only() -> None:
+    goodput = agent.Goodput("job-a")
+    goodput.merge({"productive": 90, "tpu_init": 5})
+    goodput.add("waiting_for_data", 5)
+    view = goodput.view()
+    assert view["percent"] == 90.0
+    assert view["total"] == 100
+    assert agent.Goodput.resume("job-a", {"goodput": view}).totals["productive"] == 90
+    assert agent.Goodput.resume("job-b", {"goodput": view}).totals["productive"] == 0
+    live = goodput.view({"productive": 10})
+    assert live["productive"] == 100
+    assert live["percent"] == round(100 * 100 / 110, 1)
+    assert agent.Goodput("job-c").view()["percent"] is None
+
+
+def test_the_uploaded_log_is_a_bounded_tail_across_a_roll(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    (tmp_path / "job.log.1").write_text("".join(f"old {i}\n" for i in range(100)))
+    log.write_text("new 1\nnew 2\n")
+    tail = agent.log_tail(log, 40)
+    assert len(tail) <= 40
+    assert tail.endswith(b"new 1\nnew 2\n")
+    assert tail.startswith(b"old ")  # reaches back into the rolled file, from a line start
+    assert agent.log_tail(tmp_path / "elsewhere" / "job.log", 40) == b""
+
+
+def test_notice_watcher_long_polls_and_wakes_on_preemption(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent, "WATCH_TIMEOUT_SECONDS", 1)
+    with MetadataServer(GOOD) as server:
+        wake = threading.Event()
+        watcher = agent.NoticeWatcher(agent.Metadata(server.host), wake)
+        try:
+            deadline = time.monotonic() + 5
+            while len(server.long_polls("instance/preempted")) < 2 and \
+                    time.monotonic() < deadline:
+                time.sleep(0.05)
+            wake.clear()
+            assert watcher.reason() is None
+            server.preempt()
+            assert wake.wait(2)
+            assert watcher.reason() == "instance/preempted=TRUE"
+            polls = server.long_polls("instance/preempted")
+            assert all(q["last_etag"] and q["timeout_sec"] == "1" for q in polls)
+        finally:
+            watcher.stop()
+
+
+def test_notice_watcher_stops_on_terminating_maintenance_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent, "WATCH_TIMEOUT_SECONDS", 1)
+    with MetadataServer(GOOD) as server:
+        wake = threading.Event()
+        watcher = agent.NoticeWatcher(agent.Metadata(server.host), wake)
+        try:
+            server.set_maintenance_event("MIGRATE_ON_HOST_MAINTENANCE")
+            assert wake.wait(2)
+            time.sleep(0.2)
+            assert watcher.reason() is None  # a live migration keeps the VM running
+            wake.clear()
+            server.set_maintenance_event(agent.TERMINATE_EVENT)
+            assert wake.wait(2)
+            time.sleep(0.2)
+            assert watcher.reason() == "instance/maintenance-event=TERMINATE_ON_HOST_MAINTENANCE"
+        finally:
+            watcher.stop()
+
+
+def test_metadata_server_long_poll_behaves_like_compute_engine() -> None:
+    with MetadataServer(GOOD) as server:
+        metadata = agent.Metadata(server.host)
+        value, etag = metadata.get("instance/preempted")
+        assert value == "FALSE"
+        started = time.monotonic()
+        same = metadata.get("instance/preempted", {"wait_for_change": "true", "last_etag": etag,
+                                                   "timeout_sec": "1"})
+        assert same == (value, etag)  # a timed-out poll: same value, same ETag
+        assert time.monotonic() - started >= 0.9
+        stale = metadata.get("instance/preempted", {"wait_for_change": "true",
+                                                    "last_etag": "stale"})
+        assert stale == (value, etag)  # an ETag that already differs answers at once
+        threading.Timer(0.3, server.preempt).start()
+        changed = metadata.get("instance/preempted", {"wait_for_change": "true",
+                                                      "timeout_sec": "5"})
+        assert changed[0] == "TRUE"  # no last_etag: waits for the next change
+        assert changed[1] != etag
+
+
+def test_data_is_found_through_a_bucket_listing(gcs: StorageEmulator) -> None:
+    with MetadataServer(GOOD) as server:
+        storage = agent.Storage(agent.Metadata(server.host), gcs.host)
+        pattern = f"gs://{BUCKET}/units-data/train-*.tfrecord"
+        assert not storage.any_match(pattern, "trainData")
+        gcs.upload(f"gs://{BUCKET}/units-data/train-other.txt", b"x")
+        assert not storage.any_match(pattern, "trainData")
+        gcs.upload(f"gs://{BUCKET}/units-data/train-00000-of-00001.tfrecord", b"x")
+        assert storage.any_match(pattern, "trainData")
+        assert storage.read(f"gs://{BUCKET}/units-data/absent", "s") is None
+        assert storage.read(f"gs://{BUCKET}/units-data/train-other.txt", "s") == b"x"

@@ -350,9 +350,17 @@ class FakeTpuApi:
     ) -> tuple[int, str]:
         if (zone, rid) not in self._nodes:
             return _not_found("node", zone, rid)
-        prefix = json.loads(body or b"{}").get("queryPath", "")
+        request = json.loads(body or b"{}")
+        prefix = request.get("queryPath", "")
+        published = self._guest.get((zone, rid), {})
+        # GetGuestAttributesRequest.worker_ids: "The 0-based worker ID. If it is empty,
+        # all workers' GuestAttributes will be returned" (google-cloud-tpu). No order
+        # is promised for all of them: the fake answers the highest worker first, so
+        # code that takes the first entry for worker 0 fails here as it may on GCP.
+        wanted = [int(w) for w in request.get("workerIds") or []]
+        workers = wanted or sorted(published, reverse=True)
         response = tpu_v2.GetGuestAttributesResponse()
-        for _worker, values in sorted(self._guest.get((zone, rid), {}).items()):
+        for values in [published[w] for w in workers if w in published]:
             items = [
                 tpu_v2.GuestAttributesEntry(namespace=namespace, key=key, value=value)
                 for (namespace, key), value in sorted(values.items())

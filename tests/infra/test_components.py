@@ -295,10 +295,11 @@ def test_node_carries_every_metadata_key_of_the_contract() -> None:
     metadata = only(run, "gcp:tpu/v2Vm:V2Vm").inputs["metadata"]
     assert set(metadata) == {agent.STARTUP_SCRIPT_KEY, agent.PACKAGE_KEY,
                              agent.PACKAGE_SHA256_KEY, agent.JOB_KEY, agent.WORKERS_KEY,
-                             agent.STATUS_KEY, "enable-guest-attributes", "tpu-stack-node",
-                             "enable-oslogin"}
+                             agent.STATUS_KEY, agent.RUNTIME_KEY, "enable-guest-attributes",
+                             "tpu-stack-node", "enable-oslogin"}
     assert metadata["enable-guest-attributes"] == "TRUE"
     assert metadata["tpu-stack-node"] == "test-trainer"  # the node id, not a worker's name
+    assert metadata[agent.RUNTIME_KEY] == args.settings.runtime
     assert metadata[agent.STARTUP_SCRIPT_KEY] == agent.startup_script()
     assert metadata[agent.PACKAGE_KEY] == args.package_uri
     assert metadata[agent.WORKERS_KEY] == "all"

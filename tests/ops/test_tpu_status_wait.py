@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from io import StringIO
 
@@ -46,6 +47,26 @@ def test_the_jobs_message_is_shown_as_it_is_brackets_included(
     stack = target(expected_node("dev-a"))
 
     assert message in render(status_table(stack, collect(tpu, stack)))
+
+
+def test_status_shows_goodput_percent_per_node_from_worker_0(
+    fake_tpu: FakeTpuApi, tpu: TpuApi
+) -> None:
+    fake_tpu.add_node(ZONE, "dev-a", labels=STACK_LABELS)
+    fake_tpu.add_node(ZONE, "dev-b", labels=STACK_LABELS)
+    goodput = json.dumps({"productive": 965, "total": 1000, "percent": 96.5, "job": "j"})
+    fake_tpu.set_guest_attributes(ZONE, "dev-a", 0, RUNNING | {"goodput": goodput})
+    fake_tpu.set_guest_attributes(ZONE, "dev-a", 1, {"state": "idle", "goodput": "{}"})
+    fake_tpu.set_guest_attributes(ZONE, "dev-b", 0, RUNNING)
+    stack = target(expected_node("dev-a"), expected_node("dev-b"))
+
+    text = render(status_table(stack, collect(tpu, stack)))
+
+    rows = {name: next(line for line in text.splitlines() if name in line)
+            for name in ("dev-a", "dev-b")}
+    assert "96.5%" in rows["dev-a"] and "running" in rows["dev-a"]
+    assert "%" not in rows["dev-b"]  # an agent that publishes no goodput yet
+    assert "goodput" in text.splitlines()[2]  # the header
 
 
 def test_a_queued_node_without_a_node_yet_shows_its_request(

@@ -1,0 +1,155 @@
+"""A node as it runs on a real TPU VM, rehearsed on loopback: the PJRT environment,
+a pod slice addressed without the TPU API, transient failures retried and permanent
+ones not, data that arrives after boot, and a preemption notice stopping the job.
+
+Real agent, real bootstrap, GCS emulator and metadata server throughout; the real
+job wherever it can show the behaviour on CPU, else the stand-in of
+tests/agent/stand_in (why: its docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from components.agent import NODE_KEY, RUNTIME_KEY
+from components.agent.agent import NETWORK_ENDPOINTS_KEY, PJRT_KEYS
+from components.archive import Archive
+from tests.agent.conftest import Node, job_config, preinstall, stop
+
+PJRT = "tpu-vm-tf-2.18.0-pjrt"
+POD_PJRT = "tpu-vm-tf-2.19.0-pod-pjrt"
+WORKER_IPS = ["10.130.0.4", "10.130.0.5", "10.130.0.6", "10.130.0.7"]
+EXIT_PREEMPTED = 75
+
+
+def stand_in_job(kind: str, out: Path, **more: object) -> dict[str, object]:
+    return {"standIn": kind, "out": str(out), **more}
+
+
+def fake_pip_libtpu(tmp: Path) -> tuple[dict[str, str], Path]:
+    """An image whose TensorFlow came from pip: libtpu/libtpu.so in site-packages.
+    (This machine has no /lib/libtpu.so.)"""
+    package = tmp / "site" / "libtpu"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "libtpu.so").write_bytes(b"\x7fELF")
+    return {"PYTHONPATH": str(tmp / "site")}, package / "libtpu.so"
+
+
+def test_pjrt_single_host_job_loads_libtpu_as_a_plugin(
+        make_node: Callable[..., Node], stand_in: tuple[str, str], tmp_path: Path) -> None:
+    env, libtpu = fake_pip_libtpu(tmp_path)
+    out = tmp_path / "env.json"
+    node = make_node(*stand_in, stand_in_job("environment", out), extra={RUNTIME_KEY: PJRT},
+                     env=env)
+
+    result = node.boot()
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_env = json.loads(out.read_text())
+    assert job_env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == str(libtpu)
+    assert job_env["NEXT_PLUGGABLE_DEVICE_USE_C_API"] == "true"
+    assert "TPU_NAME" not in job_env
+    assert "TPU_LOAD_LIBRARY" not in job_env
+    assert node.guest["state"] == "succeeded"
+
+
+def test_pjrt_job_env_keeps_what_the_agent_was_given(
+        make_node: Callable[..., Node], stand_in: tuple[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "env.json"
+    given = {"TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/opt/image/libtpu.so",
+             "NEXT_PLUGGABLE_DEVICE_USE_C_API": "false"}
+    node = make_node(*stand_in, stand_in_job("environment", out), extra={RUNTIME_KEY: PJRT},
+                     env=given)
+
+    assert node.boot().returncode == 0
+    job_env = json.loads(out.read_text())
+    assert {key: job_env[key] for key in PJRT_KEYS} == given
+
+
+def test_pod_worker_0_addresses_every_worker_by_grpc_without_the_tpu_api(
+        make_node: Callable[..., Node], stand_in: tuple[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "env.json"
+    endpoints = ",".join(f"unknown:unknown:{ip}" for ip in WORKER_IPS)
+    node = make_node(*stand_in, stand_in_job("environment", out), workers="0", worker=0,
+                     extra={RUNTIME_KEY: POD_PJRT, NETWORK_ENDPOINTS_KEY: endpoints,
+                            NODE_KEY: "tpu-stack-dev-trainer"})
+
+    result = node.boot()
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_env = json.loads(out.read_text())
+    assert job_env["TPU_NAME"] == ",".join(f"grpc://{ip}:8470" for ip in WORKER_IPS)
+    assert job_env["TPU_LOAD_LIBRARY"] == "0"
+    assert not set(PJRT_KEYS) & set(job_env)  # the client loads no libtpu on a pod
+    assert node.status_object()["node"] == "tpu-stack-dev-trainer"
+
+
+def test_a_transient_tpu_failure_is_retried_until_the_job_trains(
+        make_node: Callable[..., Node], stand_in: tuple[str, str], tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    node = make_node(*stand_in, stand_in_job("flaky", runs, failures=2))
+
+    result = node.boot()
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert runs.read_text() == "3"
+    log = node.job_log()
+    assert log.count("starting job") == 3
+    assert log.count("state=retrying job exited with code 69: TPU 'local' did not "
+                     "initialise: UnavailableError: TPU in use; retrying in") == 2
+    assert node.guest["state"] == "succeeded"
+    assert node.guest["step"] == "8"
+
+
+def test_a_permanent_config_error_fails_at_once_with_the_jobs_error(
+        make_node: Callable[..., Node], archive: Archive, package_uri: str,
+        installed_package: Path, dataset: str, tmp_path: Path) -> None:
+    job = job_config(dataset, tmp_path) | {"trainSteps": 0}
+    node = make_node(package_uri, archive.sha256, job)
+    preinstall(node, installed_package, archive.sha256)
+
+    result = node.boot()
+
+    assert result.returncode == 1
+    assert node.guest["state"] == "failed"
+    message = node.guest["message"]
+    assert message.startswith("job exited with code 2: trainSteps: "), message
+    assert node.job_log().count("starting job") == 1  # not retried
+    assert node.status_object()["message"] == message
+
+
+def test_a_preemption_notice_stops_the_job_with_a_checkpoint_within_10s(
+        make_node: Callable[..., Node], archive: Archive, package_uri: str,
+        installed_package: Path, dataset: str, tmp_path: Path) -> None:
+    work = tmp_path / "job"
+    node = make_node(package_uri, archive.sha256, job_config(dataset, work, 400))
+    preinstall(node, installed_package, archive.sha256)
+    boot = node.start()
+    try:
+        node.wait_for(lambda: int(node.guest.get("step", 0)) >= 4, "a first step")
+        flipped = time.monotonic()
+        node.metadata.preempt()
+        output, _ = boot.communicate(timeout=60)
+        stopped_in = time.monotonic() - flipped
+    finally:
+        stop(boot)
+
+    assert boot.returncode == EXIT_PREEMPTED, output
+    assert stopped_in < 10, f"the job took {stopped_in:.1f}s to stop"
+    log = node.job_log()
+    (reached,) = re.findall(r"^tpu_training stopped_at=(\d+)", log, re.M)
+    assert (work / "ckpt" / f"ckpt-{reached}.index").exists()
+    assert node.guest["state"] == "preempted"
+    assert node.guest["message"] == (f"stopped (instance/preempted=TRUE) after saving step "
+                                     f"{reached}")
+    assert "instance/preempted=TRUE: stopping the job so it saves inside the notice" in log
+    polls = node.metadata.long_polls("instance/preempted")
+    assert polls and all(poll.get("last_etag") for poll in polls)
+    goodput = node.status_object()["goodput"]
+    assert goodput["infrastructure_recovery"] > 0
+    assert goodput["total"] > 0
