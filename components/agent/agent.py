@@ -86,6 +86,7 @@ STOPPED_EXITS = (EXIT_PREEMPTED, EXIT_STOP_SAVE_FAILED)
 CRASH_RETRIES = 3  # exit 1 or a signal, in a row without progress, before `failed`
 
 STOP_GRACE_SECONDS = 120.0  # the unit's TimeoutStopSec leaves room above this
+EXIT_AFTER_STOP_SECONDS = 3.0  # after `stopped_at=N` (its checkpoint saved) the job gets this
 STATUS_UPLOAD_SECONDS = 30.0
 STEP_PUBLISH_SECONDS = 2.0
 WATCH_TIMEOUT_SECONDS = 60
@@ -847,6 +848,7 @@ class JobRun:
     start_step: int = 0  # resumed_from
     step: int = 0  # the furthest step reached
     saved_step: int | None = None  # the last checkpoint this run wrote
+    stopped_at: int | None = None  # `stopped_at=N`: stopped on a signal after saving N
     last_save: dict[str, object] | None = None
     stop_save: dict[str, object] | None = None
     reported: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -860,6 +862,9 @@ class JobRun:
         if match := RESUMED_LINE.match(line):
             self.start_step = self.step = int(match[1])
             return "step"
+        if match := STOPPED_LINE.match(line):
+            self.stopped_at = int(match[1])
+            self.saved_step = self.stopped_at
         if match := STEP_LINE.match(line) or STOPPED_LINE.match(line):
             self.step = max(self.step, int(match[1]))
             return "step"
@@ -996,15 +1001,30 @@ class Job:
         return None if self.process is None else self.process.poll()
 
     def stop(self, grace: float = STOP_GRACE_SECONDS) -> int:
-        """SIGTERM (the job checkpoints and exits 75), SIGKILL after `grace` seconds."""
+        """SIGTERM (the job checkpoints and exits 75), SIGKILL after `grace` seconds, or
+        EXIT_AFTER_STOP_SECONDS after the job said its stop checkpoint is saved: a
+        TensorFlow process can spend longer than a spot VM's notice tearing itself down
+        (16 s for mnist_cnn on a loaded 2-core machine), and the checkpoint is durable."""
         assert self.process is not None
+        deadline = time.monotonic() + grace
+        saved_at: float | None = None
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
+        while self.process.poll() is None:
+            now = time.monotonic()
+            if saved_at is None and self.run.stopped_at is not None:
+                saved_at = now
+            if saved_at is not None and now - saved_at > EXIT_AFTER_STOP_SECONDS:
+                self.status.note(f"job saved step {self.run.stopped_at} but had not exited "
+                                 f"{EXIT_AFTER_STOP_SECONDS:.0f}s later; killing it")
+                self.process.kill()
+                self.wait()
+                return EXIT_PREEMPTED
+            if now > deadline:
                 self.status.note(f"job ignored SIGTERM for {grace:.0f}s; killing it")
                 self.process.kill()
+                break
+            time.sleep(0.1)
         return self.wait()
 
     def wait(self) -> int:
@@ -1418,7 +1438,7 @@ class Agent:
         """The job stopped on a signal (ours or the VM's): `preempted`, not `failed`."""
         why = self._notice() or ("SIGTERM" if self.terminated.is_set() else "a stop signal")
         if code == EXIT_PREEMPTED:
-            saved = run.stop_save["step"] if run.stop_save else run.saved_step or run.step
+            saved = run.stop_save["step"] if run.stop_save else run.stopped_at or run.step
             self.status.set(state="preempted", stopSave=run.stop_save,
                             message=f"stopped ({why}) after saving step {saved}")
             return EXIT_PREEMPTED
