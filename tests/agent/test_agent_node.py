@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -123,6 +125,34 @@ def test_a_permanent_config_error_fails_at_once_with_the_jobs_error(
     assert node.status_object()["message"] == message
 
 
+def test_data_uploaded_20s_after_boot_is_trained_on_without_a_reboot(
+        make_node: Callable[..., Node], archive: Archive, package_uri: str,
+        installed_package: Path, dataset: str, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    pattern = str(data / "*.tfrecord")
+    node = make_node(package_uri, archive.sha256, job_config(pattern, tmp_path / "job", 8))
+    preinstall(node, installed_package, archive.sha256)
+    booted = time.monotonic()
+    boot = node.start()
+    try:
+        node.wait_for(lambda: node.guest.get("state") == "waiting-for-data", "waiting-for-data")
+        assert pattern in node.guest["message"]
+        time.sleep(max(0.0, booted + 20 - time.monotonic()))
+        for shard in Path(dataset).parent.glob("*.tfrecord"):
+            shutil.copy(shard, data / shard.name)
+        output, _ = boot.communicate(timeout=240)
+    finally:
+        stop(boot)
+
+    assert boot.returncode == 0, output
+    assert node.guest["state"] == "succeeded"
+    assert node.guest["step"] == "8"
+    assert f"data found for {pattern}; starting the job" in node.job_log()
+    goodput = node.status_object()["goodput"]
+    assert goodput["waiting_for_data"] > 5  # the agent's own category
+
+
 def test_a_preemption_notice_stops_the_job_with_a_checkpoint_within_10s(
         make_node: Callable[..., Node], archive: Archive, package_uri: str,
         installed_package: Path, dataset: str, tmp_path: Path) -> None:
@@ -153,3 +183,27 @@ def test_a_preemption_notice_stops_the_job_with_a_checkpoint_within_10s(
     goodput = node.status_object()["goodput"]
     assert goodput["infrastructure_recovery"] > 0
     assert goodput["total"] > 0
+
+
+def test_goodput_totals_survive_a_restart_of_the_agent(
+        make_node: Callable[..., Node], stand_in: tuple[str, str], tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    node = make_node(*stand_in, stand_in_job("flaky", runs, failures=1))
+    boot = node.start()
+    try:
+        node.wait_for(lambda: node.guest.get("state") == "retrying", "the first retry")
+        boot.send_signal(signal.SIGTERM)
+        boot.communicate(timeout=60)
+    finally:
+        stop(boot)
+    before = node.status_object()["goodput"]
+    assert before["total"] > 0
+
+    result = node.boot()
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    after = node.status_object()["goodput"]
+    assert after["job"] == before["job"]
+    assert after["total"] > before["total"]
+    assert after["infrastructure_recovery"] >= before["infrastructure_recovery"]
+    assert runs.read_text() == "2"
