@@ -312,3 +312,10 @@ def test_a_stack_reference_of_the_wrong_form_says_which_form_goes_with_which_bac
     assert words in message
     assert ("<your-org>/tpu-stack/<stack> on Pulumi Cloud" in message
             and "organization/tpu-stack/<stack> on a self-managed backend" in message)
+
+
+def test_checkpoint_every_minutes_is_checked_by_the_job_schema():
+    assert problems_of(config(**jobs(mnist=job(checkpointEveryMinutes=0)))) == [
+        (f"{J}.checkpointEveryMinutes", "must be a number of minutes more than 0, got 0")]
+    settings = load(config(**jobs(mnist=job(checkpointEveryMinutes=5))))
+    assert settings.job("mnist").checkpointEveryMinutes == 5
