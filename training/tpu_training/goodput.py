@@ -8,7 +8,11 @@ category (docs/tpu-facts.md, "Goodput vocabulary"; docs/design.md, "Job stdout l
 - `checkpoint_restore`, `checkpoint_save`: reading and writing checkpoints (and the export);
 - `program_startup`: everything else before the first execution of this process has
   finished, so the import, the model, the input pipeline and the first execution's
-  tracing and compilation (on a TPU the first execution is mostly XLA compilation);
+  tracing and compilation (on a TPU the first execution is mostly XLA compilation).
+  ml-goodput-measurement's program start-up is tracing, compilation and runtime
+  initialisation; its training preparation (model, checkpoint manager) has no
+  category of its own in the job's line and is counted here too
+  (AI-Hypercomputer/ml-goodput-measurement README, "Badput Breakdown Details");
 - `productive`: everything else after it: training steps, summaries, evaluation.
 
 The agent adds what only it sees (waiting for data, progress lost to a disruption,
