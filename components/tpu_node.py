@@ -20,10 +20,6 @@ TYPE = "tpu-stack:index:TpuNode"
 # service-accounts#accesscopesiam: use cloud-platform and control with IAM).
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
-# The node's own id (the last part of projects/<p>/locations/<zone>/nodes/<id>):
-# on a worker, `instance/name` is the worker VM's name, not the node's
-# (docs/design.md, "What a TPU node carries in metadata").
-NODE_KEY = "tpu-stack-node"
 # OS Login: SSH access by IAM (roles/compute.osLogin or osAdminLogin, plus
 # iam.serviceAccountUser on the node's account), never by keys in metadata
 # (cloud.google.com/compute/docs/oslogin/set-up-oslogin). gcloud's TPU ssh honours
@@ -83,7 +79,7 @@ def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
         agent.JOB_KEY: json.dumps(job.to_dict(), sort_keys=True),
         agent.WORKERS_KEY: args.settings.workers,
         agent.STATUS_KEY: loc.status_prefix,
-        NODE_KEY: args.node_id,
+        agent.NODE_KEY: args.node_id,  # the node's id: instance/name is a worker VM's
         # Tells the agent a -pjrt runtime from another (the job's PJRT environment).
         agent.RUNTIME_KEY: args.settings.runtime,
         # The agent publishes status as guest attributes; Compute Engine serves
