@@ -1271,6 +1271,14 @@ class Agent:
                 if (interrupted := self._pause(retry, desired, str(error))) is not None:
                     return interrupted
                 continue
+            # No data yet: wait here rather than start TensorFlow (and the TPU) only to
+            # hear exit 66; the job still checks every pattern itself.
+            train_data = str(json.loads(desired.job_json).get("trainData") or "")
+            if train_data and not self._data_present(train_data):
+                if (interrupted := self._wait_for_data(data_poll, desired, train_data)) \
+                        is not None:
+                    return interrupted
+                continue
             code, update = self._run_job(desired, package_dir)
             if update is not None:
                 return update
@@ -1286,8 +1294,7 @@ class Agent:
                 retry.reset()
                 crashes = 0
             if code == EXIT_NO_DATA:
-                pattern = run.waiting_pattern or str(json.loads(desired.job_json).get(
-                    "trainData", "?"))
+                pattern = run.waiting_pattern or train_data
                 if (interrupted := self._wait_for_data(data_poll, desired, pattern)) is not None:
                     return interrupted
                 continue
