@@ -471,7 +471,8 @@ def test_budgets_use_a_provider_billing_the_project_with_the_budgets_api_on() ->
     (provider,) = run.of_type("pulumi:providers:gcp")
     assert provider.inputs["billingProject"] == "acme-ml-shared"
     assert provider.inputs["project"] == "acme-ml-shared"
-    assert provider.inputs["userProjectOverride"] in (True, "true")
+    # Provider resources get their config as strings (Pulumi encodes non-strings).
+    assert provider.inputs["userProjectOverride"] == "true"
     services = {s.inputs["service"]: s for s in run.of_type("gcp:projects/service:Service")}
     assert "billingbudgets.googleapis.com" in services
     for budget in run.of_type(BUDGET):
