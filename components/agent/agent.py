@@ -1238,10 +1238,15 @@ class Agent:
         """Install and run what `attributes` ask for, following updates; the exit code."""
         self.attributes = attributes
         self.status.prefix = attributes.get(STATUS_KEY) or None
+        backoff = Backoff()
         try:
             desired: Desired | int = Desired.from_attributes(attributes)
             while isinstance(desired, Desired):
-                desired = self._supervise(desired)
+                try:
+                    desired = self._supervise(desired)
+                except TransientError as error:  # e.g. the metadata server, for a moment
+                    interrupted = self._pause(backoff, desired, str(error))
+                    desired = desired if interrupted is None else interrupted
             return desired
         except AgentError as error:
             self.status.set(state="failed", message=str(error))
