@@ -23,10 +23,15 @@ progress() {
 }
 
 make_venv() {
+  # make_venv NAME PIP_ARGS... [-- NO_DEPS_PIP_ARGS...]: the packages after `--` are
+  # installed in a second step with --no-deps.
   local name=$1; shift
   local stamp=".venv/$name/.installed"
   local want
   want=$(printf '%s\n' "$@" | sha256sum | cut -c1-16)
+  local with_deps=() no_deps=()
+  while [[ $# -gt 0 && $1 != -- ]]; do with_deps+=("$1"); shift; done
+  if [[ $# -gt 0 ]]; then shift; no_deps=("$@"); fi
   if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
     return 0
   fi
@@ -38,9 +43,16 @@ make_venv() {
     exit 2
   fi
   echo "setting up .venv/$name ($("$PYTHON" --version))" >&2
-  [[ -x .venv/$name/bin/python ]] || "$PYTHON" -m venv ".venv/$name"
+  # A fresh venv: installing over an old one keeps what the old package list pulled in
+  # (e.g. the second TensorFlow tf-keras brought).
+  rm -rf ".venv/$name"
+  "$PYTHON" -m venv ".venv/$name"
   quiet_pip ".venv/$name/bin/python" -m pip install --quiet --upgrade pip
-  quiet_pip ".venv/$name/bin/python" -m pip install --progress-bar off "$@" | progress "$name" >&2
+  quiet_pip ".venv/$name/bin/python" -m pip install --progress-bar off "${with_deps[@]}" |
+    progress "$name" >&2
+  if [[ ${#no_deps[@]} -gt 0 ]]; then
+    quiet_pip ".venv/$name/bin/python" -m pip install --quiet --no-deps "${no_deps[@]}"
+  fi
   echo "$want" > "$stamp"
   echo "  .venv/$name ready in $((SECONDS - started)) s" >&2
 }
@@ -48,8 +60,11 @@ make_venv() {
 setup_one() {
   case $1 in
     infra) make_venv infra -r requirements-dev.txt -e ./training ;;
-    tf218) make_venv tf218 -e './training[tf218,test]' ;;
-    tf220) make_venv tf220 -e './training[tf220,test]' ;;
+    # tf-keras declares a dependency on `tensorflow`, which pip would install beside
+    # tensorflow-cpu (two TensorFlows in one venv); it needs nothing else, so it goes
+    # in with --no-deps, as the agent installs it on a node.
+    tf218) make_venv tf218 -e './training[tf218,test]' -- 'tf-keras>=2.18,<2.19' ;;
+    tf220) make_venv tf220 -e './training[tf220,test]' -- 'tf-keras>=2.20,<2.21' ;;
     image) make_venv image 'tensorflow-cpu>=2.18,<2.19' ;;
     *) echo "setup.sh: unknown environment '$1' (infra, tf218, tf220, image)" >&2; exit 2 ;;
   esac

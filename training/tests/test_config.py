@@ -25,7 +25,8 @@ def problems_of(data: dict, *, resolved: bool = False) -> dict[str, str]:
 
 def test_stack_job_round_trips_and_resolves_for_a_node():
     job = JobConfig.from_dict(STACK_JOB, resolved=False)
-    assert {k: v for k, v in job.to_dict().items() if v is not None} == STACK_JOB
+    assert {k: v for k, v in job.to_dict().items() if v is not None} == {
+        **STACK_JOB, "recordFormat": "raw"}
     node = job.resolve(data_root="gs://acme-data/", checkpoint_dir="gs://c/ckpt/n/",
                        export_dir="gs://c/export/n/", tensorboard_dir="gs://c/tb/n/")
     assert node.trainData == "gs://acme-data/datasets/mnist/train-*.tfrecord"
@@ -143,6 +144,19 @@ def test_image_size():
     resnet = {**STACK_JOB, "model": "resnet50"}
     assert problems_of({**resnet, "imageSize": 16})["imageSize"] == "must be at least 32, got 16"
     assert JobConfig.from_dict({**resnet, "imageSize": 32}, resolved=False).imageSize == 32
+
+
+def test_record_format_defaults_to_raw_and_imagenet_is_for_resnets():
+    assert JobConfig.from_dict(STACK_JOB, resolved=False).recordFormat == "raw"
+    resnet = {**STACK_JOB, "model": "resnet18", "recordFormat": "imagenet"}
+    assert JobConfig.from_dict(resnet, resolved=False).recordFormat == "imagenet"
+    assert problems_of({**STACK_JOB, "recordFormat": "imagenet"}) == {
+        "recordFormat": "imagenet records are RGB photos for resnet18, resnet50; mnist_cnn "
+                        "reads raw records only"}
+    assert problems_of({**resnet, "recordFormat": "png"}) == {
+        "recordFormat": "'png' is not a record format; allowed: raw, imagenet"}
+    assert problems_of({**resnet, "recordFormat": 1}) == {
+        "recordFormat": "must be a non-empty string, got 1"}
 
 
 def test_steps_per_execution_fits_in_train_steps():

@@ -62,9 +62,9 @@ def test_a_chunk_holds_about_a_mebibyte_of_pixels():
     assert data.chunk_records(models.ModelSpec("resnet50", (1024, 1024, 3), 1000, 0.1)) == 1
 
 
-def test_options_trade_order_for_speed_within_a_ram_budget():
+def test_options_keep_the_order_within_a_ram_budget():
     options = data.pipeline_options()
-    assert options.deterministic is False
+    assert options.deterministic is True  # resume relies on it (data.EpochInput)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert options.autotune.ram_budget == memory // 4
 
@@ -88,19 +88,24 @@ def numbered_records(count: int) -> tf.Tensor:
                         for i in range(count)])
 
 
-def test_a_window_is_parsed_once_and_split_at_random_into_batches():
-    images, labels, order = data.parse_window(numbered_records(32), SPEC, 4)
-    assert (images.shape, labels.shape, order.shape) == ((32, 28, 28, 1), (32,), (4, 8))
-    assert (images.numpy().reshape(32, -1) == np.arange(32)[:, None]).all()
-    picks = order.numpy().reshape(32)
-    assert sorted(picks) == list(range(32)) and list(picks) != list(range(32))
+def test_a_window_is_split_into_whole_batches_in_an_order_drawn_from_its_coordinates():
+    def order(epoch: int, index: int, skip: int = 0, count: int = 35) -> np.ndarray:
+        return data.window_order(tf.constant(count), 8, 0, tf.constant(epoch, tf.int64),
+                                 tf.constant(index, tf.int64), tf.constant(skip)).numpy()
+
+    first = order(0, 0)
+    assert first.shape == (4, 8)  # 35 records: 4 whole batches, 3 records left out
+    assert len(set(first.reshape(-1))) == 32 and set(first.reshape(-1)) <= set(range(35))
+    assert (order(0, 0) == first).all()  # a pure function of (seed, epoch, window)
+    assert not (order(1, 0) == first).all() and not (order(0, 1) == first).all()
+    assert (order(0, 0, skip=3) == first[3:]).all()
 
 
 def test_training_batches_hold_whole_examples_each_once_per_window(monkeypatch):
-    monkeypatch.setattr(data, "MAX_SHUFFLE_WINDOW_RECORDS", 32)
-    chunks = tf.data.Dataset.from_tensors(numbered_records(32))
-    batches = [(data.model_pixels(images, SPEC), labels)
-               for images, labels in data.chunks_to_batches(chunks, SPEC, 8)]
+    windows = tf.data.Dataset.from_tensors(
+        (tf.constant(0, tf.int64), tf.constant(0, tf.int64), numbered_records(32)))
+    batches = [(data.model_pixels(images, SPEC), labels) for images, labels in
+               data.raw_batches(windows, SPEC, 8, 0, lambda *_: tf.constant(0, tf.int64))]
     assert len(batches) == 4
     assert all((images.shape, images.dtype) == ((8, 28, 28, 1), tf.float32)
                for images, _ in batches)

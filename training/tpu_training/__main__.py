@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from tpu_training import exits
-from tpu_training.config import MODEL_NAMES, JobConfig, JobConfigError
+from tpu_training.config import MODEL_NAMES, RECORD_FORMATS, JobConfig, JobConfigError
 from tpu_training.goodput import Goodput
 from tpu_training.stopping import StopFlag
 
@@ -73,7 +73,8 @@ def _run(args: argparse.Namespace, stop: StopFlag) -> int:
     return exits.EXIT_FINISHED
 
 
-_SYNTH_FLAGS = {"imageSize": "--image-size", "numClasses": "--num-classes"}
+_SYNTH_FLAGS = {"imageSize": "--image-size", "numClasses": "--num-classes",
+                "recordFormat": "--format"}
 
 
 def _synth(args: argparse.Namespace, _stop: StopFlag) -> int:
@@ -81,7 +82,7 @@ def _synth(args: argparse.Namespace, _stop: StopFlag) -> int:
         config = JobConfig.from_dict(
             {"model": args.model, "trainData": args.out, "globalBatchSize": 1, "trainSteps": 1,
              "stepsPerExecution": 1, "checkpointEverySteps": 1, "imageSize": args.image_size,
-             "numClasses": args.num_classes}, resolved=False)
+             "numClasses": args.num_classes, "recordFormat": args.format}, resolved=False)
     except JobConfigError as error:
         raise JobConfigError([(_SYNTH_FLAGS.get(key, key), message)
                               for key, message in error.problems]) from error
@@ -92,7 +93,8 @@ def _synth(args: argparse.Namespace, _stop: StopFlag) -> int:
     from tpu_training import models, synth
 
     result = synth.write_dataset(args.out, models.model_spec(config), examples=args.examples,
-                                 shards=args.shards, prefix=args.prefix, seed=args.seed)
+                                 shards=args.shards, prefix=args.prefix, seed=args.seed,
+                                 record_format=args.format)
     print(f"tpu_training synth wrote {result.examples} examples in {len(result.files)} "
           f"shards: {result.pattern}", flush=True)
     return 0
@@ -118,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     synth = commands.add_parser("synth", help="write a learnable synthetic TFRecord dataset")
     synth.add_argument("--out", required=True, help="directory (local, gs:// or ram://)")
     synth.add_argument("--model", required=True, choices=MODEL_NAMES)
+    synth.add_argument("--format", choices=RECORD_FORMATS, default="raw",
+                       help="raw pixels, or imagenet (JPEG, imagenet_to_gcs.py's schema)")
     synth.add_argument("--examples", type=_positive, default=4096)
     synth.add_argument("--shards", type=_positive, default=16)
     synth.add_argument("--image-size", type=_positive, help="resnet models (default 224)")

@@ -33,6 +33,12 @@ CHECKPOINT_TRUNK_BYTES = {"mnist_cnn": 307_000_738, "resnet18": 89_485_319,
 HEAD_FEATURES = {"mnist_cnn": 128, "resnet18": 512, "resnet50": 2048}
 DEFAULT_CLASSES = {"mnist_cnn": 10, "resnet18": 1000, "resnet50": 1000}
 
+# How records are laid out (`tpu_training.data`): `raw`, the package's own uint8 pixels;
+# `imagenet`, JPEG Examples as tensorflow/tpu's imagenet_to_gcs.py writes them.
+RECORD_FORMATS: tuple[str, ...] = ("raw", "imagenet")
+# The models that can read each non-raw format (every model reads raw records).
+IMAGENET_MODELS: tuple[str, ...] = ("resnet18", "resnet50")
+
 # Keys the infra side fills in when it resolves a stack job for a node.
 LOCATION_KEYS: tuple[str, ...] = ("checkpointDir", "exportDir", "tensorboardDir")
 
@@ -70,6 +76,7 @@ class JobConfig:
     imageSize: int | None = None
     numClasses: int | None = None
     widthMultiplier: float | None = None
+    recordFormat: str = "raw"
     checkpointDir: str | None = None
     exportDir: str | None = None
     tensorboardDir: str | None = None
@@ -173,6 +180,14 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     if model not in MODEL_NAMES:
         allowed = ", ".join(MODEL_NAMES)
         problems.append(("model", f"{model!r} is not a known model; allowed: {allowed}"))
+    record_format = data.get("recordFormat")
+    if record_format is not None and record_format not in RECORD_FORMATS:
+        problems.append(("recordFormat", f"{record_format!r} is not a record format; allowed: "
+                                         f"{', '.join(RECORD_FORMATS)}"))
+    elif record_format == "imagenet" and model in MODEL_NAMES and model not in IMAGENET_MODELS:
+        problems.append(("recordFormat", f"imagenet records are RGB photos for "
+                                         f"{', '.join(IMAGENET_MODELS)}; {model} reads raw "
+                                         "records only"))
     for key in ("globalBatchSize", "trainSteps", "stepsPerExecution",
                 "checkpointEverySteps", "numClasses"):
         value = data.get(key)

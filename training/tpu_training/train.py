@@ -94,11 +94,10 @@ def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
     check_batch(config.globalBatchSize, strategy.num_replicas_in_sync)
     spec = models.model_spec(config)
     if dataset_fn is None:
-        dataset_fn = _dataset_fn(config.trainData, spec, config.globalBatchSize, training=True)
+        dataset_fn = _dataset_fn(config.trainData, spec, config, training=True)
     eval_dataset_fn = None
     if config.evalData is not None:
-        eval_dataset_fn = _dataset_fn(config.evalData, spec, config.globalBatchSize,
-                                      training=False)
+        eval_dataset_fn = _dataset_fn(config.evalData, spec, config, training=False)
     job = Job(config, spec, strategy, out, goodput)
     try:
         return job.run(dataset_fn, stop, eval_dataset_fn)
@@ -188,7 +187,9 @@ class Job:
         with self.goodput.timed("checkpoint_restore"):
             resumed_from = self._restore()
         _say(self.out, f"resumed_from={resumed_from}")
-        iterator = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
+        # The input continues the epoch where the checkpoint's step left it (data.EpochInput).
+        iterator = iter(self.strategy.distribute_datasets_from_function(
+            data.starting_at(dataset_fn, self.step)))
         losses = self._train_then_save(iterator, stop)
         if self.step < self.config.trainSteps:
             _say(self.out, f"stopped_at={self.step}")
@@ -370,12 +371,13 @@ def _summary(message: str, limit: int = 200) -> str:
     return message.strip().split("\n")[0][:limit]
 
 
-def _dataset_fn(pattern: str, spec: models.ModelSpec, global_batch_size: int,
+def _dataset_fn(pattern: str, spec: models.ModelSpec, config: JobConfig,
                 *, training: bool) -> data.DatasetFn:
     key = "trainData" if training else "evalData"
     files = data.list_files(pattern, key=key)
-    data.check_records(files, spec, key=key)
-    return data.make_dataset_fn(files, spec, global_batch_size, training=training)
+    data.check_records(files, spec, key=key, record_format=config.recordFormat)
+    return data.make_dataset_fn(files, spec, config.globalBatchSize, training=training,
+                                record_format=config.recordFormat)
 
 
 def _require_locations(config: JobConfig) -> None:
