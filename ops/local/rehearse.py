@@ -135,7 +135,8 @@ def write_dataset(key: str, job: dict[str, Any], console: Console) -> None:
     command = [str(TRAINING_PYTHON), "-m", "tpu_training", "synth", "--model", job["model"],
                "--out", str(out), "--examples", str(examples), "--shards", "2",
                "--prefix", prefix]
-    for option, flag in (("imageSize", "--image-size"), ("numClasses", "--num-classes")):
+    for option, flag in (("recordFormat", "--format"), ("imageSize", "--image-size"),
+                         ("numClasses", "--num-classes")):
         if job.get(option):
             command += [flag, str(job[option])]
     if not TRAINING_PYTHON.exists():

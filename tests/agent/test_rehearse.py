@@ -126,3 +126,21 @@ def test_a_failed_rehearsal_shows_the_jobs_error_line(tmp_path: Path) -> None:
     log.write_text("Traceback ...\nMemoryError\n")
     assert last_error_line(log) == "MemoryError"
     assert last_error_line(tmp_path / "absent.log") is None
+
+
+def test_the_synthetic_data_has_the_jobs_record_format_and_shape(tmp_path, monkeypatch) -> None:
+    from ops.local import rehearse
+
+    commands = []
+
+    def fake_run(command, **_):
+        commands.append(command)
+        (tmp_path / "train-00000-of-00002.tfrecord").write_bytes(b"")
+        return rehearse.subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(rehearse.subprocess, "run", fake_run)
+    job = {**JOB, "model": "resnet18", "recordFormat": "imagenet", "imageSize": 64,
+           "numClasses": 10, "trainData": f"{tmp_path}/train-*.tfrecord"}
+    rehearse.write_dataset("trainData", job, rehearse.Console(quiet=True))
+    assert commands[0][-6:] == ["--format", "imagenet", "--image-size", "64",
+                                "--num-classes", "10"]
