@@ -463,10 +463,12 @@ def is_pjrt(runtime_version: str) -> bool:
     return "pjrt" in runtime_version.strip().lower().split("-")
 
 
-def libtpu_path(candidates: tuple[str, ...] = LIBTPU_PATHS) -> str:
+def libtpu_path(candidates: tuple[str, ...] = LIBTPU_PATHS) -> str | None:
     """Where this image keeps libtpu: /lib/libtpu.so on TPU VM images; where TensorFlow
     came from pip (tensorflow-tpu), the `libtpu` package's own copy (ml-auto-solutions
-    moved its PJRT path there in a96327ca when it switched to pip)."""
+    moved its PJRT path there in a96327ca when it switched to pip). None when neither
+    exists: TensorFlow's import raises on a plugin path that is not a file
+    (tensorflow/__init__.py, load_pluggable_device_library), so none is set then."""
     for path in candidates:
         if Path(path).is_file():
             return path
@@ -476,7 +478,7 @@ def libtpu_path(candidates: tuple[str, ...] = LIBTPU_PATHS) -> str:
     for folder in (spec.submodule_search_locations or []) if spec else []:
         if (Path(folder) / "libtpu.so").is_file():
             return str(Path(folder) / "libtpu.so")
-    return candidates[0]
+    return None
 
 
 def read_environment_file(path: Path) -> dict[str, str]:
@@ -500,7 +502,7 @@ PJRT_KEYS = ("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "NEXT_PLUGGABLE_DEVICE_USE_C_AP
 def job_environment(base: Mapping[str, str], package_dir: Path, workers: str, *,
                     tpu_name: str = "", runtime_version: str = "",
                     image_env: Mapping[str, str] | None = None,
-                    libtpu: Callable[[], str] = libtpu_path) -> dict[str, str]:
+                    libtpu: Callable[[], str | None] = libtpu_path) -> dict[str, str]:
     """The job's environment: the package beside the image's TensorFlow.
 
     `site/` holds the wheels pip installed with --target and `src/` the job's own
@@ -531,9 +533,13 @@ def job_environment(base: Mapping[str, str], package_dir: Path, workers: str, *,
         for key in PJRT_KEYS:
             if key not in env and key in image:
                 env[key] = image[key]
-        if "TF_PLUGGABLE_DEVICE_LIBRARY_PATH" not in env:
-            env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = libtpu()
-        env.setdefault("NEXT_PLUGGABLE_DEVICE_USE_C_API", "true")
+        if "TF_PLUGGABLE_DEVICE_LIBRARY_PATH" not in env and (found := libtpu()):
+            env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = found
+        if "TF_PLUGGABLE_DEVICE_LIBRARY_PATH" in env:
+            env.setdefault("NEXT_PLUGGABLE_DEVICE_USE_C_API", "true")
+        else:
+            log("a -pjrt runtime without libtpu.so (looked in /lib and the libtpu package): "
+                "the job starts without the PJRT plugin variables")
     return env
 
 

@@ -133,7 +133,14 @@ def test_libtpu_is_found_where_the_image_keeps_it(tmp_path: Path) -> None:
     (tmp_path / "libtpu.so").write_bytes(b"")
     assert agent.libtpu_path((str(tmp_path / "absent.so"), str(tmp_path / "libtpu.so"))) == \
         str(tmp_path / "libtpu.so")
-    assert agent.libtpu_path((str(tmp_path / "absent.so"),)) == str(tmp_path / "absent.so")
+    assert agent.libtpu_path((str(tmp_path / "absent.so"),)) is None  # no libtpu package here
+
+
+def test_without_libtpu_no_plugin_variable_is_set(tmp_path: Path) -> None:
+    # TensorFlow's import raises OSError on a plugin path that is not a file.
+    env = agent.job_environment({}, tmp_path, "all", runtime_version="tpu-vm-tf-2.18.0-pjrt",
+                                libtpu=lambda: None)
+    assert not set(agent.PJRT_KEYS) & set(env)
 
 
 def test_pod_tpu_name_lists_every_worker_in_order() -> None:
