@@ -186,13 +186,16 @@ def report(runs: list[Run], baseline: Run, args: argparse.Namespace,
     save = statistics.mean(s for run in runs for _, s, _, _ in run.saves)
     kills = lost_intervals[signal.SIGKILL] or [0.0]
     terms = lost_intervals[signal.SIGTERM] or [0.0]
-    share = 1 / args.kill_every
-    lost_real = (share * statistics.mean(kills) + (1 - share) * statistics.mean(terms)) \
-        * REAL_INTERVAL_SECONDS
     cycle = args.intervals * REAL_INTERVAL_SECONDS
-    real = (cycle - lost_real) / (cycle + args.intervals * save + restart)
+
+    def full_scale(kill_share: float) -> float:
+        lost = (kill_share * statistics.mean(kills) + (1 - kill_share) * statistics.mean(terms))
+        return (cycle - lost * REAL_INTERVAL_SECONDS) / (cycle + args.intervals * save + restart)
+
     print(f"goodput at full scale (30 min per disruption, 5 min intervals, restart "
-          f"{restart:.1f} s and save {save:.3f} s as measured): {real:.1%}")
+          f"{restart:.1f} s and save {save:.3f} s as measured): every disruption a SIGTERM "
+          f"{full_scale(0):.1%}; the drill's mix (1 in {args.kill_every} a SIGKILL) "
+          f"{full_scale(1 / args.kill_every):.1%}; every one a SIGKILL {full_scale(1):.1%}")
     print(f"steps lost to SIGTERM: max {max(terms):.2f} intervals; to SIGKILL: max "
           f"{max(kills):.2f}, mean {statistics.mean(kills):.2f} intervals")
     for model, (seconds, size) in saves.items():
