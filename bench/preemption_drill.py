@@ -23,7 +23,11 @@ imageSize 32: its checkpoint does not depend on the image size, global pooling s
 before the only dense layer), written to local disk: GCS is not reachable from here;
 the preview estimates GCS time from the bytes (components/catalog.py).
 
-    PYTHONPATH=training .venv/tf218/bin/python bench/preemption_drill.py [--cycles 4]
+The node agent's own accounting (components/agent/agent.py: `JobRun`, `settle_run`,
+`Goodput`, what status.json's `goodput.percent` says) is applied to the same runs and
+printed beside the drill's.
+
+    PYTHONPATH=$PWD:$PWD/training .venv/tf218/bin/python bench/preemption_drill.py [--cycles 4]
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import threading
 import time
 from pathlib import Path
 
+from components.agent import agent
 from tpu_training import models, synth
 from tpu_training.config import JobConfig
 from tpu_training.goodput import CATEGORIES
@@ -71,8 +76,10 @@ class Run:
     code: int | None = None
     goodput: dict[str, float] = dataclasses.field(default_factory=dict)
     saves: list[tuple[int, float, int, str]] = dataclasses.field(default_factory=list)
+    seen_by_agent: agent.JobRun = dataclasses.field(default_factory=agent.JobRun)
 
     def read(self, line: str) -> None:
+        self.seen_by_agent.read(line)
         if match := RESUMED.match(line):
             self.resumed_from = self.last_step = int(match[1])
         elif match := STEP.match(line):
@@ -160,6 +167,14 @@ def goodput(runs: list[Run], lost_seconds: float) -> float:
     return (productive - lost_seconds) / sum(run.wall for run in runs)
 
 
+def agent_percent(runs: list[Run]) -> float | None:
+    """status.json's `goodput.percent` after these runs, as the node agent sums them."""
+    totals = agent.Goodput("drill")
+    for run in runs:
+        totals.merge(agent.settle_run(run.seen_by_agent, run.code, run.wall))
+    return totals.view()["percent"]
+
+
 def report(runs: list[Run], baseline: Run, args: argparse.Namespace,
            saves: dict[str, tuple[float, int]]) -> None:
     interval = REAL_INTERVAL_SECONDS / args.scale
@@ -182,6 +197,8 @@ def report(runs: list[Run], baseline: Run, args: argparse.Namespace,
     measured, base = goodput(runs, lost_seconds), goodput([baseline], 0.0)
     print(f"goodput measured: {measured:.1%} (undisrupted baseline {base:.1%}; "
           f"ratio {measured / base:.3f})")
+    print(f"goodput by the node agent's accounting: {agent_percent(runs)}% (baseline "
+          f"{agent_percent([baseline])}%)")
     restart = statistics.mean(run.restart_seconds for run in runs)
     save = statistics.mean(s for run in runs for _, s, _, _ in run.saves)
     kills = lost_intervals[signal.SIGKILL] or [0.0]
