@@ -23,7 +23,8 @@ imageSize 32: its checkpoint does not depend on the image size, global pooling s
 before the only dense layer), written to local disk: GCS is not reachable from here;
 the preview estimates GCS time from the bytes (components/catalog.py).
 
-The node agent's own accounting (components/agent/agent.py: `JobRun`, `settle_run`,
+Each run's stdout is read by the node agent's own parser of the job's lines
+(components/agent/agent.py `JobRun`), and the agent's accounting (`settle_run`,
 `Goodput`, what status.json's `goodput.percent` says) is applied to the same runs and
 printed beside the drill's.
 
@@ -39,7 +40,6 @@ import json
 import os
 import queue
 import random
-import re
 import signal
 import statistics
 import subprocess
@@ -52,15 +52,9 @@ from pathlib import Path
 from components.agent import agent
 from tpu_training import models, synth
 from tpu_training.config import JobConfig
-from tpu_training.goodput import CATEGORIES
 
 REAL_INTERVAL_SECONDS = 300.0  # a checkpoint every 5 minutes
 TIMEOUT = 300.0
-STEP = re.compile(r"tpu_training step=(\d+) ")
-RESUMED = re.compile(r"tpu_training resumed_from=(\d+)")
-SAVED = re.compile(r"tpu_training saved step=(\d+) seconds=([\d.]+) bytes=(\d+) reason=(\w+)")
-GOODPUT = re.compile(r"tpu_training goodput step=\d+ " + " ".join(
-    rf"{name}=([\d.]+)" for name in CATEGORIES))
 SMALL = {"model": "mnist_cnn", "widthMultiplier": 0.125, "globalBatchSize": 16,
          "stepsPerExecution": 5, "learningRate": 0.1}
 
@@ -70,24 +64,27 @@ class Run:
     """One process of the job, as the agent would see it from its stdout."""
 
     signal: int | None = None
-    resumed_from: int = 0
-    last_step: int = 0
     wall: float = 0.0
     code: int | None = None
-    goodput: dict[str, float] = dataclasses.field(default_factory=dict)
-    saves: list[tuple[int, float, int, str]] = dataclasses.field(default_factory=list)
+    saves: list[dict] = dataclasses.field(default_factory=list)  # every `saved` line
     seen_by_agent: agent.JobRun = dataclasses.field(default_factory=agent.JobRun)
 
     def read(self, line: str) -> None:
-        self.seen_by_agent.read(line)
-        if match := RESUMED.match(line):
-            self.resumed_from = self.last_step = int(match[1])
-        elif match := STEP.match(line):
-            self.last_step = int(match[1])
-        elif match := SAVED.fullmatch(line):
-            self.saves.append((int(match[1]), float(match[2]), int(match[3]), match[4]))
-        elif match := GOODPUT.fullmatch(line):
-            self.goodput = dict(zip(CATEGORIES, map(float, match.groups()), strict=True))
+        if self.seen_by_agent.read(line) == "save":
+            self.saves.append(self.seen_by_agent.last_save)
+
+    @property
+    def resumed_from(self) -> int:
+        return self.seen_by_agent.start_step
+
+    @property
+    def last_step(self) -> int:
+        return self.seen_by_agent.step
+
+    @property
+    def goodput(self) -> dict[str, float]:
+        """The job's last `goodput` line: its seconds per category so far."""
+        return self.seen_by_agent.reported
 
     @property
     def restart_seconds(self) -> float:
@@ -158,8 +155,8 @@ def save_seconds(root: Path, model: str, **job) -> tuple[float, int]:
     shape = {"model": model, "globalBatchSize": 2, "stepsPerExecution": 1, **job}
     config = write_config(root / model, dataset(root / f"{model}-data", **shape),
                           trainSteps=1, checkpointEverySteps=1, **shape)
-    (_, seconds, size, _), *_ = launch(config, None, None).saves
-    return seconds, size
+    first, *_ = launch(config, None, None).saves
+    return first["seconds"], first["bytes"]
 
 
 def goodput(runs: list[Run], lost_seconds: float) -> float:
@@ -190,7 +187,7 @@ def report(runs: list[Run], baseline: Run, args: argparse.Namespace,
         steps_per_interval = interval / per_step
         lost_seconds += lost * per_step
         lost_intervals[run.signal].append(lost / steps_per_interval)
-        stop = [f"{s:.3f}" for _, s, _, reason in run.saves if reason == "stop"]
+        stop = [f"{save['seconds']:.3f}" for save in run.saves if save["reason"] == "stop"]
         print(f"| {number} | {signal.Signals(run.signal).name} | {run.code} | {run.last_step} "
               f"| {after.resumed_from} | {lost} | {lost / steps_per_interval:.2f} "
               f"| {', '.join(stop) or '-'} |")
@@ -200,7 +197,7 @@ def report(runs: list[Run], baseline: Run, args: argparse.Namespace,
     print(f"goodput by the node agent's accounting: {agent_percent(runs)}% (baseline "
           f"{agent_percent([baseline])}%)")
     restart = statistics.mean(run.restart_seconds for run in runs)
-    save = statistics.mean(s for run in runs for _, s, _, _ in run.saves)
+    save = statistics.mean(save["seconds"] for run in runs for save in run.saves)
     kills = lost_intervals[signal.SIGKILL] or [0.0]
     terms = lost_intervals[signal.SIGTERM] or [0.0]
     cycle = args.intervals * REAL_INTERVAL_SECONDS
