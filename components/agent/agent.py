@@ -124,22 +124,6 @@ class TransientError(Exception):
 # -- retries --------------------------------------------------------------------
 
 
-def retrying(action: Callable[[], T], what: str, attempts: int = RETRY_ATTEMPTS) -> T:
-    """`action()`, retried on TransientError with exponential backoff and jitter; after
-    `attempts` the TransientError goes to the caller, whose own loop may back off further."""
-    for attempt in range(attempts):
-        try:
-            return action()
-        except TransientError as error:
-            if attempt == attempts - 1:
-                raise TransientError(f"{what}: gave up after {attempts} attempts: {error}") \
-                    from None
-            delay = min(RETRY_CAP_SECONDS, RETRY_BASE_SECONDS * 2 ** attempt)
-            log(f"{what}: {error}; retrying in about {delay:.1f}s")
-            time.sleep(delay / 2 + random.uniform(0, delay / 2))
-    raise AssertionError("unreachable")
-
-
 class Backoff:
     """Delays that double from `base` up to `cap`, with jitter, and never run out:
     a transient failure is retried for as long as the node lives."""
@@ -156,6 +140,23 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempts = 0
+
+
+def retrying(action: Callable[[], T], what: str, attempts: int = RETRY_ATTEMPTS) -> T:
+    """`action()`, retried on TransientError with exponential backoff and jitter; after
+    `attempts` the TransientError goes to the caller, whose own loop may back off further."""
+    backoff = Backoff(RETRY_BASE_SECONDS, RETRY_CAP_SECONDS)
+    for attempt in range(attempts):
+        try:
+            return action()
+        except TransientError as error:
+            if attempt == attempts - 1:
+                raise TransientError(f"{what}: gave up after {attempts} attempts: {error}") \
+                    from None
+            delay = backoff.next_delay()
+            log(f"{what}: {error}; retrying in about {delay:.1f}s")
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def open_url(request: urllib.request.Request, timeout: float) -> http.client.HTTPResponse:
