@@ -102,7 +102,7 @@ class TpuPlatform(pulumi.ComponentResource):
         self.node_tag = naming.network_resource("tpu-node")
         self.network = Network("network", NetworkArgs(
             project_id=project_id, naming=naming, regions=settings.regions,
-            subnet_cidr=settings.network.subnet_cidr,
+            subnet_cidr=settings.network.subnet_cidr, pinned=settings.network.subnets,
             ssh_through_iap=settings.network.ssh_through_iap,
             node_tag=self.node_tag), opts=after_apis)
         self.buckets = TrainingBuckets("storage", BucketsArgs(

@@ -94,10 +94,38 @@ def test_firewall_allows_internal_traffic_and_ssh_only_from_iap() -> None:
                                    .of_type("gcp:compute/firewall:Firewall")}
 
 
-def test_one_subnet_per_region_without_overlap() -> None:
+def test_each_region_has_its_own_slot_of_the_grid() -> None:
     ranges = subnet_ranges("10.128.0.0/20", ["us-central1", "us-central2", "europe-west4"])
-    assert ranges == {"us-central1": "10.128.0.0/22", "us-central2": "10.128.4.0/22",
-                      "europe-west4": "10.128.8.0/22"}
+    assert ranges == {"us-central1": "10.128.0.0/20", "us-central2": "10.128.16.0/20",
+                      "europe-west4": "10.128.32.0/20"}
+
+
+def test_adding_or_removing_a_region_moves_no_range() -> None:
+    """The old rule split the grid between the regions present: a second region
+    shrank the first one's range, which replaces its subnet and its nodes."""
+    regions = ["us-central1"]
+    before = subnet_ranges("10.128.0.0/20", regions)
+    for added in ("europe-west4", "asia-northeast1", "us-central2"):
+        regions = [*regions, added]
+        after = subnet_ranges("10.128.0.0/20", regions)
+        assert {r: after[r] for r in before} == before
+        before = after
+    assert subnet_ranges("10.128.0.0/20", regions[1:]) == {r: before[r] for r in regions[1:]}
+
+
+def test_pinned_ranges_win_over_slots() -> None:
+    pinned = {"us-central1": "10.128.0.0/21", "us-central2": "10.128.8.0/21"}
+    ranges = subnet_ranges("10.128.0.0/20", ["us-central1", "us-central2", "europe-west4"],
+                           pinned)
+    assert ranges == {**pinned, "europe-west4": "10.128.32.0/20"}
+
+
+def test_every_catalog_region_has_a_slot() -> None:
+    from components import catalog
+    from components.subnets import REGION_SLOTS
+
+    assert {catalog.region_of(z) for z in catalog.all_zones()} <= set(REGION_SLOTS)
+    assert len(set(REGION_SLOTS)) == len(REGION_SLOTS)
 
 
 # ---- storage ---------------------------------------------------------------

@@ -298,3 +298,50 @@ def test_a_cloud_stack_reference_fails_the_program_on_a_self_managed_backend() -
         run_program(file_config("team-vision"), "team-vision", organization="organization")
     assert "tpu-stack:platformStack: 'acme/tpu-stack/platform' does not name a stack on " \
            "this stack's backend, a self-managed backend" in str(caught.value)
+
+
+# ---- subnet ranges never move (issue 18) ------------------------------------
+
+SHIPPED_RANGES = {
+    "dev": {"us-central1": "10.128.0.0/20"},
+    "prod": {"us-central2": "10.128.0.0/20"},
+    "platform": {"us-central1": "10.128.0.0/21", "us-central2": "10.128.8.0/21"},
+}
+
+
+def subnet_ranges_of(config: dict, stack: str) -> dict[str, str]:
+    run = run_program(config, stack)
+    return {s.inputs["region"]: s.inputs["ipCidrRange"]
+            for s in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+
+
+@pytest.mark.parametrize("stack", sorted(SHIPPED_RANGES))
+def test_shipped_stacks_keep_the_ranges_they_were_deployed_with(stack: str) -> None:
+    assert subnet_ranges_of(file_config(stack), stack) == SHIPPED_RANGES[stack]
+
+
+def _with_node_in(stack: str, zone: str, accelerator: str) -> dict:
+    config = file_config(stack)
+    nodes = json.loads(config["tpu-stack:nodes"])
+    job = nodes[0]["job"] if nodes else None
+    if job is None:  # the platform's nodes are its teams'
+        teams = json.loads(config["tpu-stack:teams"])
+        team = teams["nlp"]
+        team["nodes"].append({"name": "extra", "zone": zone, "acceleratorType": accelerator,
+                              "job": "sweep"})
+        team["quota"]["v5e"]["onDemand"] = 8
+        config["tpu-stack:teams"] = json.dumps(teams)
+        quota = json.loads(config["tpu-stack:quota"])
+        quota.setdefault("v5e", {})[zone.rsplit("-", 1)[0]] = {"onDemand": 8}
+        config["tpu-stack:quota"] = json.dumps(quota)
+        return config
+    nodes.append({"name": "extra", "zone": zone, "acceleratorType": accelerator, "job": job})
+    config["tpu-stack:nodes"] = json.dumps(nodes)
+    return config
+
+
+@pytest.mark.parametrize("stack", sorted(SHIPPED_RANGES))
+def test_a_node_in_a_new_region_adds_a_subnet_and_moves_none(stack: str) -> None:
+    ranges = subnet_ranges_of(_with_node_in(stack, "europe-west4-b", "v5litepod-8"), stack)
+    assert {r: ranges[r] for r in SHIPPED_RANGES[stack]} == SHIPPED_RANGES[stack]
+    assert ranges["europe-west4"] == "10.128.32.0/20"
