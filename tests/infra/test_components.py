@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from dataclasses import dataclass
@@ -261,6 +262,8 @@ def test_package_object_is_named_by_its_sha256(tmp_path) -> None:
 
     run = declare(build)
     obj = only(run, "gcp:storage/bucketObject:BucketObject")
+    # A new package is a new logical name: created before the old one is deleted.
+    assert obj.name == f"archive-{'ab' * 8}"
     assert obj.inputs["name"] == f"packages/tpu_training-{'ab' * 32}.tar.gz"
     assert obj.inputs["bucket"] == "acme-ml-test-test-artifacts"
     assert obj.inputs["metadata"] == {"sha256": "ab" * 32}
@@ -321,21 +324,48 @@ def test_node_runs_as_the_runtime_account_without_external_ips() -> None:
 def test_node_carries_every_metadata_key_of_the_contract() -> None:
     run, args = node_run()
     metadata = only(run, "gcp:tpu/v2Vm:V2Vm").inputs["metadata"]
-    assert set(metadata) == {agent.STARTUP_SCRIPT_KEY, agent.PACKAGE_KEY,
-                             agent.PACKAGE_SHA256_KEY, agent.JOB_KEY, agent.WORKERS_KEY,
+    assert set(metadata) == {agent.STARTUP_SCRIPT_KEY, "tpu-stack-release", agent.WORKERS_KEY,
                              agent.STATUS_KEY, agent.RUNTIME_KEY, "enable-guest-attributes",
                              "tpu-stack-node", "enable-oslogin"}
     assert metadata["enable-guest-attributes"] == "TRUE"
     assert metadata["tpu-stack-node"] == "test-trainer"  # the node id, not a worker's name
     assert metadata[agent.RUNTIME_KEY] == args.settings.runtime
     assert metadata[agent.STARTUP_SCRIPT_KEY] == agent.startup_script()
-    assert metadata[agent.PACKAGE_KEY] == args.package_uri
+    assert metadata["tpu-stack-release"] == "gs://a/releases/test-trainer/"
     assert metadata[agent.WORKERS_KEY] == "all"
-    job = json.loads(metadata[agent.JOB_KEY])
+
+
+def release_of(run: ProgramRun) -> tuple[Registration, dict]:
+    (release,) = [o for o in run.of_type("gcp:storage/bucketObject:BucketObject")
+                  if "-release-" in o.name]
+    content = release.inputs["content"]
+    return release, json.loads(content["value"] if isinstance(content, dict) else content)
+
+
+def test_each_release_is_an_object_named_by_its_content_under_the_pointer() -> None:
+    """Contract C1: releases/<node>/release-<sha16 of the content>.json in the package's
+    bucket; compact JSON with sorted keys: the resolved job, the package and its sha256."""
+    run, args = node_run()
+    release, content = release_of(run)
+    raw = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:16]
+    assert release.name == f"node-trainer-release-{digest}"
+    assert release.inputs["name"] == f"releases/test-trainer/release-{digest}.json"
+    assert release.inputs["bucket"] == "a"
+    assert parent_type(run, release) == "tpu-stack:index:TpuNode"
+    assert content["package"] == args.package_uri and content["sha256"] == "00"
+    job = content["job"]
     assert job["trainData"] == "gs://d/datasets/mnist/train-*.tfrecord"
     assert job["checkpointDir"] == "gs://c/ckpt/test-trainer/"
     assert job["exportDir"] == "gs://c/export/test-trainer/"
     assert job["tensorboardDir"] == "gs://l/tb/test-trainer/"
+    assert job["noticeSeconds"] == 30  # a spot node's notice (contract C3)
+    vm = only(run, "gcp:tpu/v2Vm:V2Vm")
+    assert release.urn in vm.dependencies  # the first boot finds its release
+
+
+def test_an_on_demand_node_gets_the_standard_notice() -> None:
+    assert release_of(node_run(provisioning="on-demand")[0])[1]["job"]["noticeSeconds"] == 120
 
 
 @pytest.mark.parametrize(("provisioning", "expected"), [
@@ -357,18 +387,23 @@ def test_accelerator_type_or_config_as_the_user_wrote_it() -> None:
     assert by_shape["metadata"][agent.WORKERS_KEY] == "0"
 
 
-def test_a_code_change_only_changes_metadata() -> None:
-    """Only metadata, labels, tags, description and data disks update a V2Vm in
-    place (docs/tpu-facts.md); a new package must leave every other input alone."""
-    run_a, args = node_run()
+@pytest.mark.parametrize("change", [
+    {"package_uri": "gs://a/packages/tpu_training-11.tar.gz", "package_sha256": "11"},
+    {"job": "hyperparameter"}])
+def test_a_code_or_job_change_is_a_new_release_and_leaves_the_node_alone(change: dict) -> None:
+    """Only the release object changes (a new logical name: created, then the old one
+    deleted); the node's inputs, metadata included, stay exactly as they were, so no
+    node is updated and a waiting queued request keeps its place."""
     import dataclasses
-    changed = dataclasses.replace(args, package_uri="gs://a/packages/tpu_training-11.tar.gz",
-                                  package_sha256="11")
-    run_b = declare(lambda: TpuNode("node-trainer", changed))
+    run_a, args = node_run()
+    if change.get("job"):
+        change = {"job": dataclasses.replace(args.job, learningRate=0.5)}
+    run_b = declare(lambda: TpuNode("node-trainer", dataclasses.replace(args, **change)))
     a = only(run_a, "gcp:tpu/v2Vm:V2Vm").inputs
     b = only(run_b, "gcp:tpu/v2Vm:V2Vm").inputs
-    differing = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
-    assert differing == {"metadata"}
+    assert a == b
+    (old, _), (new, _) = release_of(run_a), release_of(run_b)
+    assert old.name != new.name and old.inputs["name"] != new.inputs["name"]
 
 
 def test_component_options_are_visible_to_the_recording_monitor() -> None:

@@ -51,10 +51,16 @@ def test_single_team_stack_outputs(stack: str) -> None:
                                               ".tar.gz")
     vms = run.of_type("gcp:tpu/v2Vm:V2Vm")
     assert len(vms) == len(outputs["nodes"])
+    releases = {o.inputs["name"].split("/")[1]: o for o in run.of_type(
+        "gcp:storage/bucketObject:BucketObject") if "-release-" in o.name}
     for vm in vms:
         metadata = vm.inputs["metadata"]
-        assert metadata[agent.PACKAGE_KEY] == outputs["package"]["uri"]
-        job = json.loads(metadata[agent.JOB_KEY])
+        node_id = vm.inputs["name"]
+        assert metadata["tpu-stack-release"] == (f"{outputs['buckets']['artifacts']}/releases/"
+                                                 f"{node_id}/")
+        release = json.loads(releases[node_id].inputs["content"]["value"])
+        assert release["package"] == outputs["package"]["uri"]
+        job = release["job"]
         assert job["trainData"].startswith(outputs["buckets"]["data"] + "/")
         assert job["checkpointDir"].startswith(outputs["buckets"]["checkpoints"] + "/")
         assert vm.inputs["serviceAccount"]["email"] == outputs["runtimeServiceAccount"]
