@@ -21,6 +21,7 @@ import pulumi_gcp as gcp
 from components import catalog, cost
 from components.ci import CI_APIS, CiArgs, CiIdentity
 from components.identity import IdentityArgs, RuntimeIdentity
+from components.locality import cross_region_warning
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
 from components.project import APIS, BUDGETS_API, Project, ProjectArgs
@@ -241,8 +242,10 @@ class TpuPlatform(pulumi.ComponentResource):
         prefix = f"node-{placement.team}-" if placement.team else "node-"
         tpu_node = TpuNode(f"{prefix}{node.name}", self._node_args(node, job, placement),
                            opts=self._child())
-        if warning := stop_save_warning(node, job):  # at preview and up
-            pulumi.log.warn(warning, resource=tpu_node)
+        for warning in (stop_save_warning(node, job),  # at preview and up
+                        cross_region_warning(self.settings, node, job)):
+            if warning:
+                pulumi.log.warn(warning, resource=tpu_node)
         return tpu_node
 
     def _child(self, **kwargs: object) -> pulumi.ResourceOptions:
