@@ -199,7 +199,8 @@ def v2_vm(name: str, args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> gcp.tpu
 
 
 def description(node: NodeSettings) -> str:
-    return f"tpu-stack node {node.name}: job {node.job}"
+    # No job name: pointing a node at another job is a new release, not a node update.
+    return f"tpu-stack node {node.name}"
 
 
 class TpuNode(pulumi.ComponentResource):

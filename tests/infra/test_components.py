@@ -389,7 +389,7 @@ def test_accelerator_type_or_config_as_the_user_wrote_it() -> None:
 
 @pytest.mark.parametrize("change", [
     {"package_uri": "gs://a/packages/tpu_training-11.tar.gz", "package_sha256": "11"},
-    {"job": "hyperparameter"}])
+    {"job": "a hyperparameter, and the node pointed at another job"}])
 def test_a_code_or_job_change_is_a_new_release_and_leaves_the_node_alone(change: dict) -> None:
     """Only the release object changes (a new logical name: created, then the old one
     deleted); the node's inputs, metadata included, stay exactly as they were, so no
@@ -397,7 +397,8 @@ def test_a_code_or_job_change_is_a_new_release_and_leaves_the_node_alone(change:
     import dataclasses
     run_a, args = node_run()
     if change.get("job"):
-        change = {"job": dataclasses.replace(args.job, learningRate=0.5)}
+        change = {"job": dataclasses.replace(args.job, learningRate=0.5),
+                  "settings": args.settings.model_copy(update={"job": "other"})}
     run_b = declare(lambda: TpuNode("node-trainer", dataclasses.replace(args, **change)))
     a = only(run_a, "gcp:tpu/v2Vm:V2Vm").inputs
     b = only(run_b, "gcp:tpu/v2Vm:V2Vm").inputs
