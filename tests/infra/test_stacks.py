@@ -351,3 +351,57 @@ def test_a_node_in_a_new_region_adds_a_subnet_and_moves_none(stack: str) -> None
     ranges = subnet_ranges_of(_with_node_in(stack, "europe-west4-b", "v5litepod-8"), stack)
     assert {r: ranges[r] for r in SHIPPED_RANGES[stack]} == SHIPPED_RANGES[stack]
     assert ranges["europe-west4"] == "10.128.32.0/20"
+
+
+# ---- code and job changes never touch a node (issue 18, contract C1) ---------
+
+def _plan_nodes_and_releases(config: dict, stack: str) -> tuple[dict, dict, dict]:
+    run = run_program(config, stack)
+    nodes = {r.name: r.inputs for r in run.registrations
+             if r.type == "gcp:tpu/v2Vm:V2Vm" or "QueuedTpu" in r.type}
+    objects = {r.name: r.inputs for r in run.of_type("gcp:storage/bucketObject:BucketObject")}
+    releases = {n: o for n, o in objects.items() if "-release-" in n}
+    archives = {n: o for n, o in objects.items() if n.startswith("archive-")}
+    return nodes, releases, archives
+
+
+def _new_code(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import components.package
+    from components.archive import Archive
+    stage = components.package.stage
+    monkeypatch.setattr(components.package, "build_archive",
+                        lambda: Archive(data=b"other code", sha256="cd" * 32))
+    monkeypatch.setattr(components.package, "stage", lambda archive, _: stage(archive, tmp_path))
+
+
+def _queued(stack: str) -> dict:
+    config = file_config(stack)
+    nodes = json.loads(config["tpu-stack:nodes"])
+    for entry in nodes:
+        entry.update(provisioning="queued", queue={"spot": True})
+    config["tpu-stack:nodes"] = json.dumps(nodes)
+    return config
+
+
+def _other_hyperparameter(config: dict) -> dict:
+    jobs = json.loads(config["tpu-stack:jobs"])
+    for job in jobs.values():
+        job["learningRate"] = 0.05
+    return {**config, "tpu-stack:jobs": json.dumps(jobs)}
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["v2vm", "queued"])
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_a_code_or_job_change_leaves_every_node_input_as_it_was(
+        stack: str, queued: bool, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    config = _queued(stack) if queued else file_config(stack)
+    nodes, releases, archives = _plan_nodes_and_releases(config, stack)
+    after_job = _plan_nodes_and_releases(_other_hyperparameter(config), stack)
+    _new_code(monkeypatch, tmp_path)
+    after_code = _plan_nodes_and_releases(config, stack)
+    for after_nodes, after_releases, _ in (after_job, after_code):
+        assert after_nodes == nodes
+        assert after_releases.keys().isdisjoint(releases)  # new ones; the old ones go last
+        assert len(after_releases) == len(releases) == len(nodes)
+    assert list(after_job[2]) == list(archives)
+    assert list(after_code[2]) == [f"archive-{'cd' * 8}"] != list(archives)
