@@ -22,6 +22,8 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dyn
 
+from components import gcp_credentials
+
 ENDPOINT_ENV = "TPU_STACK_TPU_ENDPOINT"
 
 # Node fields the API updates in place; any other change replaces the node
@@ -37,12 +39,13 @@ CONFIG_TYPES = ("V2", "V3", "V4", "V5LITE_POD", "V5P", "V6E")
 
 
 def tpu_client() -> Any:
-    """A TpuClient: default credentials, or anonymous REST against `$TPU_STACK_TPU_ENDPOINT`."""
+    """A TpuClient with the gcp provider's credentials (components/gcp_credentials.py),
+    or anonymous REST against `$TPU_STACK_TPU_ENDPOINT`."""
     from google.cloud import tpu_v2
 
     endpoint = os.environ.get(ENDPOINT_ENV)
     if not endpoint:
-        return tpu_v2.TpuClient()
+        return tpu_v2.TpuClient(credentials=gcp_credentials.stack_credentials())
     from google.auth.credentials import AnonymousCredentials
 
     return tpu_v2.TpuClient(
@@ -265,6 +268,10 @@ class QueuedTpuProvider(dyn.ResourceProvider):
     failure after the create call deletes the request (force) before it is raised,
     and `create` returns as soon as the request is in the queue: provisioning is
     followed by `read` (`pulumi refresh`) and `tpuctl wait`, never by a long wait here."""
+
+    def configure(self, req: dyn.ConfigureRequest) -> None:
+        # The stack config, for the gcp provider's credentials (tpu_client).
+        gcp_credentials.use_stack_config(req.config)
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dyn.CheckResult:
         failures = [dyn.CheckFailure(key, f"{key} {why}") for key, why in check_inputs(news)]
