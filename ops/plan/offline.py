@@ -66,8 +66,15 @@ class Plan:
             "parent": r.parent,
             "custom": r.custom,
             "inputs": r.inputs,
+            # What the mock computed (an account's email, a self link): the names to show.
+            "outputs": {k: v for k, v in r.outputs.items() if k not in r.inputs},
             "protect": r.protect,
             "deleteBeforeReplace": r.delete_before_replace,
+            "dependencies": r.dependencies,
+            "propertyDependencies": r.property_dependencies,
+            "provider": r.provider,
+            "secrets": r.secrets,
+            "replaceOnChanges": r.replace_on_changes,
         }
 
 
