@@ -107,6 +107,34 @@ def node_name(resource: Mapping[str, Any]) -> str:
     return component.rsplit(":", 1)[-1].removeprefix(NODE_COMPONENT_PREFIX)
 
 
+def gcp_name(resource: Mapping[str, Any]) -> str:
+    """What the resource is called in GCP (bucket, account email, node id), as far as
+    the plan knows it: inputs the program sets and outputs the mock computes."""
+    inputs, outputs = resource.get("inputs", {}), resource.get("outputs", {})
+    kind = resource["type"].rsplit(":", 1)[-1]
+    if kind == "Bucket":
+        return f"gs://{inputs.get('name', '')}"
+    if kind == "BucketObject":
+        return f"gs://{inputs.get('bucket', '')}/{inputs.get('name', '')}"
+    if kind == "Account":
+        return str(outputs.get("email") or inputs.get("accountId", ""))
+    if kind in ("IAMMember", "BucketIAMMember", "IAMBinding", "BucketIAMBinding"):
+        on = inputs.get("bucket") or inputs.get("serviceAccountId") or inputs.get("project")
+        who = inputs.get("member") or ", ".join(inputs.get("members", []))
+        return f"{inputs.get('role', '')} for {who} on {on}"
+    if kind == "Service":
+        return str(inputs.get("service", ""))
+    if kind == "V2Vm":
+        return f"{inputs.get('name', '')} in {inputs.get('zone', '')}"
+    if "node_id" in inputs:  # a queued node (components/queued_tpu.py)
+        return f"{inputs['node_id']} in {inputs.get('zone', '')}"
+    for key in ("name", "accountId", "roleId", "projectId", "workloadIdentityPoolId",
+                "workloadIdentityPoolProviderId", "displayName"):
+        if inputs.get(key):
+            return str(inputs[key])
+    return ""
+
+
 def node_rows(plan: Mapping[str, Any]) -> list[list[str]]:
     """One row per TPU node: name, accelerator, runtime, provisioning, cost."""
     costs = {n["name"]: n for n in plan.get("cost", {}).get("nodes", [])}
