@@ -209,7 +209,7 @@ def cost_line(diff: PlanDiff) -> str:
 def summary(diff: PlanDiff) -> str:
     counts = diff.steps.counts()
     parts = [SUMMARY_WORDS[op].format(counts[op]) for op in OPS if counts[op]]
-    return "Resources: " + (", ".join(parts) if parts else "no changes")
+    return f"Resources: {', '.join(parts)}" if parts else "No resource changes."
 
 
 def step_lines(step: Step) -> list[str]:

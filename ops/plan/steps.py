@@ -60,6 +60,14 @@ class Step:
         return tuple(c for c in self.changes if c.replaces)
 
     @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(c.path for c in self.changes)
+
+    @property
+    def replaced_paths(self) -> tuple[str, ...]:
+        return tuple(c.path for c in self.replaced_by)
+
+    @property
     def marker(self) -> str:
         return {"create": "+", "update": "~", "replace": "+-", "delete": "-"}[self.op]
 
