@@ -81,15 +81,21 @@ class Plan:
 def cost_json(cost: StackCost) -> dict[str, Any]:
     return {
         "currency": "USD",
+        "covers": "TPU nodes only, at list prices (components/cost.py)",
         "nodes": [
             {"name": n.name, "chips": n.chips, "usdPerHour": n.usd_per_hour,
+             "listUsdPerHour": n.list_usd_per_hour,
              "onDemandUsdPerHour": n.on_demand_usd_per_hour,
-             "spotSavingUsdPerHour": n.spot_saving_usd_per_hour}
+             "spotSavingUsdPerHour": n.spot_saving_usd_per_hour,
+             "reserved": n.reserved, "priceConfirmed": n.price_confirmed,
+             "priceSource": n.price_source}
             for n in cost.nodes
         ],
         "usdPerHour": cost.usd_per_hour,
         "usdPerMonth": cost.usd_per_month,
         "unpriced": cost.unpriced,
+        "reserved": cost.reserved,
+        "unconfirmed": cost.unconfirmed,
         # Only where the stack serves teams (docs/teams.md).
         **({"byTeam": {team: {"usdPerHour": c.usd_per_hour, "usdPerMonth": c.usd_per_month}
                        for team, c in cost.by_team().items()}} if cost.by_team() else {}),
