@@ -1,11 +1,11 @@
 """Hourly cost estimate per node and per stack, from the catalog's list prices.
 
 TPU nodes only: buckets, network and logging are not priced. A reserved node (a
-reservation, or a queue that names one) is billed through its reservation, which is
-paid from its creation whether used or not, and a VM consuming it incurs no separate
-charge (cloud.google.com/compute/docs/instances/reservations-overview, "Reservations
-of Compute Engine zonal resources"; for TPU reservations unconfirmed,
-docs/tpu-facts.md "Prices"): it is named, not added.
+reservation, or a queue that names one) is billed through its reservation: the
+reservation is charged at the on-demand rate from its creation, used or not, and a
+VM consuming it incurs no separate charge (cloud.google.com/compute/docs/instances/
+reservations-overview; for TPU reservations unconfirmed, docs/tpu-facts.md "Prices").
+So it is priced at the on-demand list price and marked `reserved`.
 """
 
 from __future__ import annotations
@@ -20,18 +20,13 @@ from components.settings import NodeSettings, StackSettings
 class NodeCost:
     name: str
     chips: int
-    list_usd_per_hour: float | None  # list price at the node's own rate (spot or on-demand)
+    usd_per_hour: float | None  # list price at the node's own rate (spot or on-demand)
     on_demand_usd_per_hour: float | None
     team: str | None = None  # set where a stack serves teams (docs/teams.md)
     spot: bool = False
     reserved: bool = False  # billed through its reservation
     price_confirmed: bool = True
     price_source: str = ""
-
-    @property
-    def usd_per_hour(self) -> float | None:
-        """What the node adds per hour at list prices; None: unpriced or reserved."""
-        return None if self.reserved else self.list_usd_per_hour
 
     @property
     def spot_saving_usd_per_hour(self) -> float | None:
@@ -56,7 +51,7 @@ class StackCost:
 
     @property
     def unpriced(self) -> list[str]:
-        return [n.name for n in self.nodes if n.list_usd_per_hour is None and not n.reserved]
+        return [n.name for n in self.nodes if n.usd_per_hour is None]
 
     @property
     def reserved(self) -> list[str]:
@@ -83,7 +78,7 @@ def node_cost(node: NodeSettings, team: str | None = None, name: str | None = No
     return NodeCost(
         name=name or node.name,
         chips=tpu.chips,
-        list_usd_per_hour=catalog.usd_per_hour(tpu, spot=node.spot),
+        usd_per_hour=catalog.usd_per_hour(tpu, spot=node.spot),
         on_demand_usd_per_hour=catalog.usd_per_hour(tpu, spot=False),
         team=team,
         spot=node.spot,

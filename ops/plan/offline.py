@@ -84,7 +84,6 @@ def cost_json(cost: StackCost) -> dict[str, Any]:
         "covers": "TPU nodes only, at list prices (components/cost.py)",
         "nodes": [
             {"name": n.name, "chips": n.chips, "usdPerHour": n.usd_per_hour,
-             "listUsdPerHour": n.list_usd_per_hour,
              "onDemandUsdPerHour": n.on_demand_usd_per_hour,
              "spotSavingUsdPerHour": n.spot_saving_usd_per_hour,
              "reserved": n.reserved, "priceConfirmed": n.price_confirmed,

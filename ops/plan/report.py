@@ -151,14 +151,15 @@ def node_rows(plan: Mapping[str, Any]) -> list[list[str]]:
 
 
 def node_prices(cost: Mapping[str, Any]) -> tuple[str, str]:
-    """USD/hour and USD/month cells: `via reservation` for a reserved node, `~$…
-    (unconfirmed)` for a price the catalog marks unconfirmed."""
-    if cost.get("reserved"):
-        return "via reservation", "via reservation"
+    """USD/hour and USD/month cells: `~$… (unconfirmed)` for a price the catalog marks
+    unconfirmed, `… via reservation` for a reserved node (components/cost.py)."""
     hourly = cost.get("usdPerHour")
+    cells = [money(hourly), money(per_month(hourly))]
     if hourly is not None and cost.get("priceConfirmed") is False:
-        return (f"~{money(hourly)} (unconfirmed)", f"~{money(per_month(hourly))} (unconfirmed)")
-    return money(hourly), money(per_month(hourly))
+        cells = [f"~{c} (unconfirmed)" for c in cells]
+    if cost.get("reserved"):
+        cells = [f"{c} via reservation" for c in cells]
+    return cells[0], cells[1]
 
 
 NODE_HEADERS = ("node", "GCP node", "accelerator", "runtime", "provisioning", "USD/hour",
@@ -176,7 +177,8 @@ def cost_summary(plan: Mapping[str, Any]) -> str:
               f"{money(per_month(c.get('usdPerHour')))}/month"
               for team, c in sorted(cost.get("byTeam", {}).items())]
     if cost.get("reserved"):
-        lines.append(f"- billed through their reservation, not in this estimate: "
+        lines.append(f"- billed through their reservation, at the on-demand rate whether or not "
+                     f"the node runs (reservations-overview; unconfirmed for TPUs): "
                      f"{', '.join(cost['reserved'])}")
     if cost.get("unconfirmed"):
         lines.append(f"- priced from an unconfirmed list price (~): "

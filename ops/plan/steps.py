@@ -75,9 +75,13 @@ class Step:
 @dataclass
 class Steps:
     steps: list[Step] = field(default_factory=list)
+    _index: dict[str, Step] = field(default_factory=dict, repr=False, compare=False)
 
     def by_urn(self) -> dict[str, Step]:
-        return {s.urn: s for s in self.steps}
+        """Every step by URN (built once: chains look steps up by URN)."""
+        if len(self._index) != len(self.steps):
+            self._index = {s.urn: s for s in self.steps}
+        return self._index
 
     def of(self, op: str) -> list[Step]:
         return [s for s in self.steps if s.op == op]

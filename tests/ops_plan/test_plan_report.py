@@ -112,16 +112,18 @@ def test_costs_say_what_they_cover_and_where_each_price_comes_from():
 
     plan = _platform_plan()
     rows = {row[0]: row for row in node_rows(plan)}
-    # A reserved node is billed through its reservation, not at the list price.
+    # A reserved node is billed through its reservation, at an unconfirmed v4 price.
     assert rows["nlp-pod"][1] == "platform-nlp-pod in us-central2-b"
-    assert rows["nlp-pod"][5:] == ["via reservation", "via reservation", ""]
+    assert rows["nlp-pod"][5:] == ["~$51.52 (unconfirmed) via reservation",
+                                   "~$37,609.60 (unconfirmed) via reservation", ""]
     assert rows["nlp-sweep"][5:] == ["$4.86", "$3,544.88", "$4.74"]
     summary = cost_summary(plan)
     assert "TPU nodes only (buckets, network and logging are not priced)" in summary
-    assert "- billed through their reservation, not in this estimate: nlp-pod" in summary
+    assert ("- billed through their reservation, at the on-demand rate whether or not the node "
+            "runs (reservations-overview; unconfirmed for TPUs): nlp-pod") in summary
     assert ("- prices per chip-hour from v4: docs/tpu-facts.md: unconfirmed secondary source; "
             "v5e: docs/tpu-facts.md: third-party catalog extract, 2026-08") in summary
-    assert plan["cost"]["usdPerHour"] == pytest.approx(4.856)
+    assert plan["cost"]["usdPerHour"] == pytest.approx(51.52 + 4.856)
 
 
 def test_an_unconfirmed_price_is_marked_and_on_demand_has_no_spot_saving():
