@@ -157,3 +157,53 @@ def test_queued_node_follows_its_provider(make_plan):
     assert diff_plans(base, head).replacements == []
     head["resources"][-1]["inputs"]["accelerator_type"] = "v5litepod-16"
     assert diff_plans(base, head).replacements[0].replaced_paths == ("accelerator_type",)
+
+
+def _res(type_: str, name: str, inputs: dict, **extra: object) -> dict:
+    return {"urn": f"urn:pulumi:dev::tpu-stack::{type_}::{name}", "type": type_, "name": name,
+            "custom": True, "inputs": inputs, "deleteBeforeReplace": None, **extra}
+
+
+def test_steps_follow_the_engine_create_before_delete_and_unknown_outputs():
+    account = "gcp:serviceaccount/account:Account"
+    member = "gcp:projects/iAMMember:IAMMember"
+    bucket = "gcp:storage/bucket:Bucket"
+    sa = _res(account, "runtime", {"accountId": "dev-runtime", "project": "p"})
+    grant = _res(member, "grant", {"member": "serviceAccount:dev-runtime@p", "role": "r",
+                                   "project": "p"},
+                 propertyDependencies={"member": [sa["urn"]]})
+    labels_from = _res(bucket, "b", {"location": "US", "labels": {"sa": "dev-runtime@p"}},
+                       propertyDependencies={"labels": [sa["urn"]]})
+    base = {"stack": "dev", "resources": [sa, grant, labels_from]}
+    moved = json.loads(json.dumps(base))
+    moved["resources"][0]["inputs"]["project"] = "q"  # ForceNew: the account is replaced
+    diff = diff_plans(base, moved)
+    steps = {s.name: s for s in diff.steps.steps}
+    # Explicit accountId: delete first; its member takes the unknown email (ForceNew):
+    # replaced too (step_generator.go calculateDependentReplacements); the bucket's labels
+    # take it in place.
+    assert (steps["runtime"].op, steps["runtime"].delete_first) == ("replace", True)
+    assert (steps["grant"].op, steps["grant"].replaced_paths) == ("replace", ("member",))
+    assert steps["grant"].delete_first  # pulumi-gcp sets DeleteBeforeReplace on IAMMember
+    assert (steps["b"].op, steps["b"].paths) == ("update", ("labels.sa",))
+    # Without an explicit accountId the account is auto-named: create, then delete.
+    for plan in (base, moved):
+        del plan["resources"][0]["inputs"]["accountId"]
+    replaced = diff_plans(base, moved).steps.by_urn()[sa["urn"]]
+    assert (replaced.op, replaced.delete_first) == ("replace", False)
+    assert "+- gcp:serviceaccount/account:Account  runtime" in render_diff(
+        diff_plans(base, moved), "table")
+
+
+def test_secrets_are_masked_and_long_values_shortened(make_plan, node):
+    base, head = make_plan({"trainer": node()}), make_plan({"trainer": node()})
+    head["resources"][1]["inputs"]["metadata"]["startup-script"] = "#!/bin/bash\n" + "x" * 200
+    for plan, token in ((base, "old-token"), (head, "new-token")):
+        plan["resources"][1]["inputs"]["description"] = token
+        plan["resources"][1]["secrets"] = ["description"]
+    text = render_diff(diff_plans(base, head), "table")
+    data = json.loads(render_diff(diff_plans(base, head), "json"))
+    assert "token" not in text and "token" not in json.dumps(data)
+    assert "~ description [secret] → [secret] (update in place)" in text
+    assert "chars, sha256 " in text and "x" * 100 not in text
+    assert "Resources: ~ 1 to update" in text
