@@ -187,6 +187,10 @@ def replacement_warnings(diff: PlanDiff) -> list[str]:
     sources = {c.unknown_from for s in diff.replacements for c in s.replaced_by}
     lines = [f"{_replaced(s)}: {chain(diff, s)}"
              for s in diff.replacements if s.urn not in sources]
+    lines += [f"TPU node {node_name(s.resource)} is queued: if its request is still waiting, "
+              f"this update ({', '.join(s.paths)}) queues it again and it loses its place in "
+              "the queue (components/queued_tpu.py QueuedTpuProvider.update)."
+              for s in diff.steps.steps if s.requeues]
     lines += [f"TPU node {node_name(r)} will be DELETED; "
               f"{capacity_risk(provisioning_of(r), str(r.get('inputs', {}).get('zone', '')))}."
               for r in diff.removed_tpu_nodes]

@@ -68,6 +68,13 @@ class Step:
         return tuple(c.path for c in self.replaced_by)
 
     @property
+    def requeues(self) -> bool:
+        """An update of a queued node that re-queues its request while it waits
+        (the facts' `requeueWhileWaiting` inputs, components/queued_tpu.py)."""
+        keys = (type_facts(self.type) or {}).get("requeueWhileWaiting", ())
+        return self.op == "update" and any(p.split(".", 1)[0] in keys for p in self.paths)
+
+    @property
     def marker(self) -> str:
         return {"create": "+", "update": "~", "replace": "+-", "delete": "-"}[self.op]
 
@@ -141,7 +148,8 @@ def replaces(resource: Mapping[str, Any], path: str, old: Any, new: Any) -> tupl
     if facts is None:
         return False, "update (no replacement facts for this type)"
     if "replaceUnless" in facts:  # a dynamic provider: its own diff's rule
-        return path.split(".", 1)[0] not in facts["replaceUnless"], "immutable"
+        forced = path.split(".", 1)[0] not in facts["replaceUnless"]
+        return forced, "immutable" if forced else "update"
     if _forces(facts, path):
         return True, "immutable"
     condition = facts.get("forceNewIf", {}).get(path)

@@ -249,12 +249,14 @@ def assert_new_release_only(result: list[Step], *, package_changes: bool) -> Non
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_change_the_training_code(stack, new_code, monkeypatch):
+    base_plan(stack)  # planned with the repository's training/
     monkeypatch.setattr(package, "build_archive", lambda: new_code)
     assert_new_release_only(steps(stack, lambda c: None), package_changes=True)
 
 
 def test_change_the_training_code_of_a_queued_node(new_code, monkeypatch):
     """A waiting queued request keeps its place in the queue: nothing touches it."""
+    base_plan("dev", is_queued=True)  # planned with the repository's training/
     monkeypatch.setattr(package, "build_archive", lambda: new_code)
     result = steps("dev", lambda c: None, is_queued=True)
     assert any(r["type"] == TPU_TYPES[1] for r in base_plan("dev", is_queued=True)["resources"])

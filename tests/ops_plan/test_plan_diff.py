@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ops.plan.diff import diff_plans, load_plan, render_diff
+from ops.plan.diff import diff_plans, load_plan, render_diff, replacement_warnings
 from policy.evaluate import Violation
 
 
@@ -207,3 +207,16 @@ def test_secrets_are_masked_and_long_values_shortened(make_plan, node):
     assert "~ description [secret] → [secret] (update in place)" in text
     assert "chars, sha256 " in text and "x" * 100 not in text
     assert "Resources: ~ 1 to update" in text
+
+
+def test_an_update_of_a_waiting_queued_node_warns_that_it_requeues(make_plan):
+    queued = {"node_id": "dev-q", "zone": "us-central1-a", "metadata": {"k": "1"},
+              "accelerator_type": "v5litepod-8"}
+    base = make_plan({})
+    base["resources"].append({**base["resources"][0], "type": QUEUED, "name": "q",
+                              "urn": "urn:pulumi:dev::tpu-stack::dyn::q", "inputs": queued})
+    head = json.loads(json.dumps(base))
+    head["resources"][-1]["inputs"]["metadata"]["k"] = "2"
+    [warning] = replacement_warnings(diff_plans(base, head))
+    assert warning.startswith("TPU node q is queued: if its request is still waiting, this "
+                              "update (metadata.k) queues it again")
