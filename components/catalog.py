@@ -32,6 +32,7 @@ class Price:
     on_demand: float | None
     spot: float | None
     source: str
+    confirmed: bool = True  # False where docs/tpu-facts.md marks the price unconfirmed
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ GENERATIONS: dict[str, Generation] = {
             max_chips=4096,
             zones=("us-central2-b",),
             tf_runtime=TF_RUNTIME, base_runtime="tpu-ubuntu2204-base",
-            price=Price(3.22, None, "docs/tpu-facts.md: unconfirmed secondary source"),
+            price=Price(3.22, None, "docs/tpu-facts.md: unconfirmed secondary source",
+                        confirmed=False),
         ),
         Generation(
             # cloud.google.com/tpu/docs/v5e: 1, 4 or 8 chips per VM; multi-host

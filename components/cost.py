@@ -1,4 +1,12 @@
-"""Hourly cost estimate per node and per stack, from the catalog's list prices."""
+"""Hourly cost estimate per node and per stack, from the catalog's list prices.
+
+TPU nodes only: buckets, network and logging are not priced. A reserved node (a
+reservation, or a queue that names one) is billed through its reservation: the
+reservation is charged at the on-demand rate from its creation, used or not, and a
+VM consuming it incurs no separate charge (cloud.google.com/compute/docs/instances/
+reservations-overview; for TPU reservations unconfirmed, docs/tpu-facts.md "Prices").
+So it is priced at the on-demand list price and marked `reserved`.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +20,18 @@ from components.settings import NodeSettings, StackSettings
 class NodeCost:
     name: str
     chips: int
-    usd_per_hour: float | None  # at the node's own rate (spot or on-demand)
+    usd_per_hour: float | None  # list price at the node's own rate (spot or on-demand)
     on_demand_usd_per_hour: float | None
     team: str | None = None  # set where a stack serves teams (docs/teams.md)
+    spot: bool = False
+    reserved: bool = False  # billed through its reservation
+    price_confirmed: bool = True
+    price_source: str = ""
 
     @property
     def spot_saving_usd_per_hour(self) -> float | None:
-        if self.usd_per_hour is None or self.on_demand_usd_per_hour is None:
+        """Against on-demand, for a node billed at spot rates only."""
+        if not self.spot or self.usd_per_hour is None or self.on_demand_usd_per_hour is None:
             return None
         return round(self.on_demand_usd_per_hour - self.usd_per_hour, 4)
 
@@ -40,6 +53,16 @@ class StackCost:
     def unpriced(self) -> list[str]:
         return [n.name for n in self.nodes if n.usd_per_hour is None]
 
+    @property
+    def reserved(self) -> list[str]:
+        return [n.name for n in self.nodes if n.reserved]
+
+    @property
+    def unconfirmed(self) -> list[str]:
+        """Nodes priced from a price the catalog marks unconfirmed."""
+        return [n.name for n in self.nodes if n.usd_per_hour is not None
+                and not n.price_confirmed]
+
     def by_team(self) -> dict[str, StackCost]:
         """The estimate per team, for the nodes that name one."""
         teams: dict[str, list[NodeCost]] = {}
@@ -51,12 +74,17 @@ class StackCost:
 
 def node_cost(node: NodeSettings, team: str | None = None, name: str | None = None) -> NodeCost:
     tpu = node.tpu
+    price = tpu.generation.price
     return NodeCost(
         name=name or node.name,
         chips=tpu.chips,
         usd_per_hour=catalog.usd_per_hour(tpu, spot=node.spot),
         on_demand_usd_per_hour=catalog.usd_per_hour(tpu, spot=False),
         team=team,
+        spot=node.spot,
+        reserved=node.capacity == "reserved",
+        price_confirmed=price.confirmed,
+        price_source=f"{tpu.generation.name}: {price.source}",
     )
 
 

@@ -42,7 +42,8 @@ def register(app: typer.Typer) -> None:
         fmt: str | None = typer.Option(
             None, "--format", help="markdown | table | json, with policy results (PR comment)."),
         against: Path | None = typer.Option(
-            None, "--against", help="Diff against this saved plan (`--format json` of the base)."),
+            None, "--against",
+            help="The engine's steps from this saved plan (`--format json` of the base)."),
     ) -> None:
         """Offline plan of a stack: resources by component and the cost estimate."""
         out, against = from_caller(out), from_caller(against)

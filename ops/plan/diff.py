@@ -1,23 +1,25 @@
 """Compare two offline plans (base branch vs pull request) for the PR comment.
 
-`diff_plans(base, head)` works on `Plan.to_json()` dicts: resources added,
-changed (which properties) and removed, the cost delta, and every TPU node the
-change would replace, with the property that forces it.
+`diff_plans(base, head)` works on `Plan.to_json()` dicts: the engine's steps
+(ops/plan/steps.py: create, update, replace with or without delete-first, delete),
+each replacement's chain of causes, and the cost delta. The text reads like
+`pulumi preview --diff`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components import queued_tpu
 from ops.plan.report import (
     check_format,
     duplicate_urns,
     duplicates_section,
+    gcp_name,
     heading,
     money,
     node_name,
@@ -25,16 +27,11 @@ from ops.plan.report import (
     plain,
     policy_section,
     provisioning_of,
-    table,
     warnings_section,
 )
+from ops.plan.steps import UNKNOWN, Change, Step, Steps, plan_steps
 from policy.evaluate import Violation
-from policy.tpu_policies import V2VM, is_tpu_node
-
-# Only these V2Vm fields update in place; any other change replaces the node
-# (magic-modules mmv1/products/tpuv2/Vm.yaml, via docs/tpu-facts.md "The API and the
-# resources"). Names as the engine sends them.
-V2VM_IN_PLACE = frozenset({"description", "labels", "metadata", "tags", "dataDisks"})
+from policy.tpu_policies import is_tpu_node
 
 REPLACEMENT_RISK = "a replaced TPU may not get its capacity back"
 # What the old node's capacity risks once it is deleted, by its provisioning
@@ -52,37 +49,34 @@ CAPACITY_RISK = {
                 "still free when the new node is created",
     "on-demand": "on-demand capacity in {zone} is not guaranteed without a reservation",
 }
-
-
-@dataclass(frozen=True)
-class Change:
-    urn: str
-    type: str
-    name: str
-    node: str  # the TPU node's logical name (ops.plan.report.node_name)
-    properties: tuple[str, ...]  # dotted paths of changed inputs, `(protect)` for the option
-    replaced_by: tuple[str, ...]  # the properties that force a TPU node's replacement
-    capacity: str = ""  # the old node's provisioning (provisioning_of), for a TPU node
-    zone: str = ""
-
-    @property
-    def replaces_tpu(self) -> bool:
-        return bool(self.replaced_by)
+OPS = ("create", "update", "replace", "delete")
+SUMMARY_WORDS = {"create": "+ {} to create", "update": "~ {} to update",
+                 "replace": "+- {} to replace", "delete": "- {} to delete"}
 
 
 @dataclass(frozen=True)
 class PlanDiff:
     stack: str
     head: Mapping[str, Any]
-    added: list[Mapping[str, Any]] = field(default_factory=list)
-    removed: list[Mapping[str, Any]] = field(default_factory=list)
-    changed: list[Change] = field(default_factory=list)
+    steps: Steps
     base_usd_per_hour: float | None = None
     head_usd_per_hour: float | None = None
 
     @property
-    def replacements(self) -> list[Change]:
-        return [c for c in self.changed if c.replaces_tpu]
+    def added(self) -> list[Mapping[str, Any]]:
+        return [s.resource for s in self.steps.of("create")]
+
+    @property
+    def removed(self) -> list[Mapping[str, Any]]:
+        return [s.resource for s in self.steps.of("delete")]
+
+    @property
+    def changed(self) -> list[Step]:
+        return [s for s in self.steps.steps if s.op in ("update", "replace")]
+
+    @property
+    def replacements(self) -> list[Step]:
+        return self.steps.of("replace")
 
     @property
     def removed_tpu_nodes(self) -> list[Mapping[str, Any]]:
@@ -96,7 +90,7 @@ class PlanDiff:
 
     @property
     def empty(self) -> bool:
-        return not (self.added or self.removed or self.changed)
+        return not self.steps.steps
 
 
 def _is_plan(data: Any) -> bool:
@@ -115,55 +109,13 @@ def load_plan(path: Path) -> dict[str, Any]:
     return plan
 
 
-def changed_paths(base: Any, head: Any, prefix: str = "") -> Iterator[str]:
-    """Dotted paths where two input trees differ; lists compare whole.
-
-    Engine-internal keys (`__provider`, a dynamic resource's pickled provider) are skipped."""
-    if isinstance(base, Mapping) and isinstance(head, Mapping):
-        for key in sorted(k for k in {*base, *head} if not k.startswith("__")):
-            yield from changed_paths(base.get(key), head.get(key), f"{prefix}{key}.")
-    elif base != head:
-        yield prefix.rstrip(".")
-
-
-def replacing_properties(resource_type: str, inputs: Mapping[str, Any],
-                         paths: Sequence[str]) -> tuple[str, ...]:
-    """The changed properties that replace a TPU node rather than update it."""
-    if resource_type == V2VM:
-        kept = V2VM_IN_PLACE
-    elif is_tpu_node(resource_type, inputs):
-        # What the queued node's provider updates in place (QueuedTpuProvider.diff).
-        kept = frozenset(queued_tpu.IN_PLACE + queued_tpu.PROVIDER_ONLY)
-    else:
-        return ()
-    return tuple(p for p in paths if p.split(".", 1)[0] not in kept)
-
-
-def _change(base: Mapping[str, Any], head: Mapping[str, Any]) -> Change | None:
-    paths = list(changed_paths(base.get("inputs", {}), head.get("inputs", {})))
-    if bool(base.get("protect")) != bool(head.get("protect")):
-        paths.append("(protect)")
-    if not paths:
-        return None
-    input_paths = [p for p in paths if p != "(protect)"]
-    replaced_by = replacing_properties(head["type"], head.get("inputs", {}), input_paths)
-    return Change(head["urn"], head["type"], head["name"], node_name(head), tuple(paths),
-                  replaced_by, provisioning_of(base) if replaced_by else "",
-                  str(base.get("inputs", {}).get("zone", "")))
-
-
 def diff_plans(base: Mapping[str, Any], head: Mapping[str, Any]) -> PlanDiff:
-    """What merging `head` over `base` changes, resource by resource (by URN)."""
+    """What merging `head` over `base` makes the engine do, resource by resource (by URN)."""
     base, head = plain(base), plain(head)
-    before = {r["urn"]: r for r in base.get("resources", []) if r.get("custom", True)}
-    after = {r["urn"]: r for r in head.get("resources", []) if r.get("custom", True)}
-    changes = (_change(before[urn], after[urn]) for urn in after if urn in before)
     return PlanDiff(
         stack=str(head.get("stack")),
         head=head,
-        added=[r for urn, r in after.items() if urn not in before],
-        removed=[r for urn, r in before.items() if urn not in after],
-        changed=[c for c in changes if c is not None],
+        steps=plan_steps(base, head),
         base_usd_per_hour=base.get("cost", {}).get("usdPerHour"),
         head_usd_per_hour=head.get("cost", {}).get("usdPerHour"),
     )
@@ -174,33 +126,107 @@ def capacity_risk(provisioning: str, zone: str) -> str:
     return CAPACITY_RISK.get(kind, REPLACEMENT_RISK).format(zone=zone or "the zone")
 
 
+def shown(value: Any, *, secret: bool = False) -> str:
+    """A value as the preview prints it: secrets masked, long text shortened."""
+    if secret:
+        return "[secret]"
+    if value == UNKNOWN:
+        return UNKNOWN
+    text = json.dumps(value, sort_keys=True)
+    if len(text) <= 60 and "\\n" not in text:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{text[:40]}…\" ({len(text)} chars, sha256 {digest})"
+
+
+def _is_secret(step: Step, change: Change) -> bool:
+    return change.path.split(".", 1)[0] in step.resource.get("secrets", ())
+
+
+def label(step: Step) -> str:
+    """`node trainer` for a TPU node, else the logical name."""
+    if is_tpu_node(step.type, step.resource.get("inputs", {})):
+        return f"node {node_name(step.resource)}"
+    return step.name
+
+
+def _verdict(step: Step, change: Change) -> str:
+    if not change.replaces:
+        return "update in place" if change.reason == "update" else change.reason
+    words = [f"{change.reason}: replace" + (", delete first" if step.delete_first else "")]
+    base = step.base or step.resource
+    if is_tpu_node(step.type, base.get("inputs", {})):
+        words.append(capacity_risk(provisioning_of(base),
+                                   str(base.get("inputs", {}).get("zone", ""))))
+    return "; ".join(words)
+
+
+def describe(step: Step, change: Change) -> str:
+    """`ipCidrRange "10.128.0.0/20" → "10.128.0.0/21" (shrinks: replace, delete first)`."""
+    secret = _is_secret(step, change)
+    if change.new == UNKNOWN:
+        what = f"{change.path} unknown"
+    else:
+        what = f"{change.path} {shown(change.old, secret=secret)} → " \
+               f"{shown(change.new, secret=secret)}"
+    return f"{what} ({_verdict(step, change)})"
+
+
+def chain(diff: PlanDiff, step: Step) -> str:
+    """The replacement's causes, from the first replaced resource to this one."""
+    by_urn = diff.steps.by_urn()
+    cause = step.replaced_by[0]
+    upstream = by_urn.get(cause.unknown_from or "")
+    own = f"{label(step)}: {describe(step, cause)}"
+    return f"{chain(diff, upstream)} → {own}" if upstream is not None else own
+
+
 def replacement_warnings(diff: PlanDiff) -> list[str]:
-    """One loud line per TPU node the change replaces or removes: a node's id is a
-    fixed name, so the old node is deleted first (V2Vm delete_before_replace,
-    QueuedTpuProvider.diff), and what its kind of capacity risks then."""
-    lines = [f"TPU node {c.node} will be REPLACED (deleted, then created) because "
-             f"{', '.join(c.replaced_by)} changed: the old {c.capacity} node is deleted "
-             f"before the new one exists, and {capacity_risk(c.capacity, c.zone)}."
-             for c in diff.replacements]
+    """One loud line per replacement that ends a chain (nothing replaced takes its
+    outputs), with the chain, and one per TPU node deleted, with what its capacity risks."""
+    sources = {c.unknown_from for s in diff.replacements for c in s.replaced_by}
+    lines = [f"{_replaced(s)}: {chain(diff, s)}"
+             for s in diff.replacements if s.urn not in sources]
+    lines += [f"TPU node {node_name(s.resource)} is queued: if its request is still waiting, "
+              f"this update ({', '.join(s.paths)}) queues it again and it loses its place in "
+              "the queue (components/queued_tpu.py QueuedTpuProvider.update)."
+              for s in diff.steps.steps if s.requeues]
     lines += [f"TPU node {node_name(r)} will be DELETED; "
               f"{capacity_risk(provisioning_of(r), str(r.get('inputs', {}).get('zone', '')))}."
               for r in diff.removed_tpu_nodes]
     return lines
 
 
+def _replaced(step: Step) -> str:
+    if is_tpu_node(step.type, step.resource.get("inputs", {})):
+        return f"TPU node {node_name(step.resource)} will be REPLACED"
+    return f"{step.name} will be REPLACED"
+
+
 def cost_line(diff: PlanDiff) -> str:
     delta = diff.usd_per_hour_delta
-    return (f"Cost: {money(diff.base_usd_per_hour)}/hour → {money(diff.head_usd_per_hour)}/hour "
-            f"(change {money(delta, signed=True)}/hour, "
-            f"{money(per_month(delta), signed=True)}/month)")
+    return (f"TPU cost: {money(diff.base_usd_per_hour)}/hour → {money(diff.head_usd_per_hour)}"
+            f"/hour (change {money(delta, signed=True)}/hour, "
+            f"{money(per_month(delta), signed=True)}/month; TPU nodes only, list prices)")
 
 
-def _rows(diff: PlanDiff) -> list[list[str]]:
-    rows = [["add", r["name"], r["type"], ""] for r in diff.added]
-    rows += [["replace" if c.replaces_tpu else "update", c.name, c.type, ", ".join(c.properties)]
-             for c in diff.changed]
-    rows += [["delete", r["name"], r["type"], ""] for r in diff.removed]
-    return rows
+def summary(diff: PlanDiff) -> str:
+    counts = diff.steps.counts()
+    parts = [SUMMARY_WORDS[op].format(counts[op]) for op in OPS if counts[op]]
+    return f"Resources: {', '.join(parts)}" if parts else "No resource changes."
+
+
+def step_lines(step: Step) -> list[str]:
+    """One step as `pulumi preview --diff` prints it."""
+    name = gcp_name(step.resource)
+    how = {"replace": "replace, delete first" if step.delete_first else "replace"}.get(
+        step.op, step.op)
+    lines = [f"{step.marker:<2} {step.type}  {step.name}" + (f"  [{name}]" if name else "")
+             + f"  ({how})"]
+    if step.delete_first:
+        lines.append(f"       delete first: {step.delete_first_because}")
+    lines += [f"     {'+-' if c.replaces else '~'} {describe(step, c)}" for c in step.changes]
+    return lines
 
 
 def _text(diff: PlanDiff, violations: Sequence[Violation], *, markdown: bool) -> str:
@@ -213,28 +239,37 @@ def _text(diff: PlanDiff, violations: Sequence[Violation], *, markdown: bool) ->
     elif warnings:
         parts.append("\n".join(f"WARNING: {w}" for w in warnings))
     parts.append(cost_line(diff))
-    if diff.empty:
-        parts.append("No resource changes.")
-    else:
-        parts.append(f"{len(diff.added)} to add, {len(diff.changed)} to change, "
-                     f"{len(diff.removed)} to delete")
-        parts.append(table(("action", "resource", "type", "properties"), _rows(diff),
-                           markdown=markdown))
+    if not diff.empty:
+        body = "\n".join(line for s in diff.steps.steps for line in step_lines(s))
+        parts.append(f"```diff\n{body}\n```" if markdown else body)
+    parts.append(summary(diff))
     parts.append(policy_section(violations, markdown=markdown))
     return "\n\n".join(parts) + "\n"
+
+
+def step_json(diff: PlanDiff, step: Step) -> dict[str, Any]:
+    return {
+        "op": step.op, "urn": step.urn, "type": step.type, "name": step.name,
+        "gcpName": gcp_name(step.resource), "deleteFirst": step.delete_first,
+        "deleteFirstBecause": step.delete_first_because,
+        "changes": [{"path": c.path,
+                     "old": "[secret]" if _is_secret(step, c) else c.old,
+                     "new": "[secret]" if _is_secret(step, c) else c.new,
+                     "replaces": c.replaces, "reason": c.reason, "unknownFrom": c.unknown_from}
+                    for c in step.changes],
+        **({"chain": chain(diff, step)} if step.op == "replace" else {}),
+    }
 
 
 def diff_to_json(diff: PlanDiff, violations: Sequence[Violation] = ()) -> dict[str, Any]:
     return {
         "stack": diff.stack,
-        "added": [r["urn"] for r in diff.added],
-        "removed": [r["urn"] for r in diff.removed],
-        "changed": [{"urn": c.urn, "properties": list(c.properties),
-                     "replacesTpuNode": c.replaces_tpu, "replacedBy": list(c.replaced_by)}
-                    for c in diff.changed],
+        "steps": [step_json(diff, s) for s in diff.steps.steps],
+        "summary": diff.steps.counts(),
         "warnings": replacement_warnings(diff),
         "duplicateUrns": duplicate_urns(diff.head),
-        "cost": {"baseUsdPerHour": diff.base_usd_per_hour,
+        "cost": {"covers": "TPU nodes only, at list prices",
+                 "baseUsdPerHour": diff.base_usd_per_hour,
                  "headUsdPerHour": diff.head_usd_per_hour,
                  "deltaUsdPerHour": diff.usd_per_hour_delta,
                  "deltaUsdPerMonth": per_month(diff.usd_per_hour_delta)},

@@ -44,10 +44,16 @@ class Registration:
     parent: str | None
     inputs: dict[str, Any]
     protect: bool
-    delete_before_replace: bool
+    delete_before_replace: bool | None  # None: the option is not set, the provider decides
     dependencies: list[str]
     outputs: dict[str, Any] = field(default_factory=dict)
     ignore_changes: list[str] = field(default_factory=list)  # property paths, as sent
+    # Input key → URNs of the resources whose outputs the value took (the engine's
+    # propertyDependencies, which its dependent-replacement diff reads).
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)
+    provider: str | None = None  # the explicit provider's URN, if any
+    secrets: list[str] = field(default_factory=list)  # input keys sent as secrets
+    replace_on_changes: list[str] = field(default_factory=list)
 
 
 class RecordingMonitor(mocks.MockMonitor):
@@ -61,18 +67,29 @@ class RecordingMonitor(mocks.MockMonitor):
         response = super().RegisterResource(request)
         if request.type != STACK_TYPE:
             urn = response.urn
+            inputs = rpc.deserialize_properties(request.object)
+            secrets = sorted(k for k, v in inputs.items() if rpc.is_rpc_secret(v))
+            for key in secrets:
+                inputs[key] = rpc.unwrap_rpc_secret(inputs[key])
             self.registrations.append(Registration(
                 urn=urn,
                 type=request.type,
                 name=request.name,
                 custom=bool(request.custom),
                 parent=request.parent or None,
-                inputs=rpc.deserialize_properties(request.object),
+                inputs=inputs,
                 protect=bool(request.protect),
-                delete_before_replace=bool(request.deleteBeforeReplace),
+                delete_before_replace=(bool(request.deleteBeforeReplace)
+                                       if request.deleteBeforeReplaceDefined else None),
                 dependencies=list(request.dependencies),
                 ignore_changes=list(request.ignoreChanges),
                 outputs=dict(self.resources[urn].state) if urn in self.resources else {},
+                property_dependencies={key: list(deps.urns) for key, deps
+                                       in request.propertyDependencies.items() if deps.urns},
+                # A provider reference is `<urn>::<id>`.
+                provider=request.provider.rsplit("::", 1)[0] or None,
+                secrets=secrets,
+                replace_on_changes=list(request.replaceOnChanges),
             ))
         return response
 

@@ -66,23 +66,35 @@ class Plan:
             "parent": r.parent,
             "custom": r.custom,
             "inputs": r.inputs,
+            # What the mock computed (an account's email, a self link): the names to show.
+            "outputs": {k: v for k, v in r.outputs.items() if k not in r.inputs},
             "protect": r.protect,
             "deleteBeforeReplace": r.delete_before_replace,
+            "dependencies": r.dependencies,
+            "propertyDependencies": r.property_dependencies,
+            "provider": r.provider,
+            "secrets": r.secrets,
+            "replaceOnChanges": r.replace_on_changes,
         }
 
 
 def cost_json(cost: StackCost) -> dict[str, Any]:
     return {
         "currency": "USD",
+        "covers": "TPU nodes only, at list prices (components/cost.py)",
         "nodes": [
             {"name": n.name, "chips": n.chips, "usdPerHour": n.usd_per_hour,
              "onDemandUsdPerHour": n.on_demand_usd_per_hour,
-             "spotSavingUsdPerHour": n.spot_saving_usd_per_hour}
+             "spotSavingUsdPerHour": n.spot_saving_usd_per_hour,
+             "reserved": n.reserved, "priceConfirmed": n.price_confirmed,
+             "priceSource": n.price_source}
             for n in cost.nodes
         ],
         "usdPerHour": cost.usd_per_hour,
         "usdPerMonth": cost.usd_per_month,
         "unpriced": cost.unpriced,
+        "reserved": cost.reserved,
+        "unconfirmed": cost.unconfirmed,
         # Only where the stack serves teams (docs/teams.md).
         **({"byTeam": {team: {"usdPerHour": c.usd_per_hour, "usdPerMonth": c.usd_per_month}
                        for team, c in cost.by_team().items()}} if cost.by_team() else {}),

@@ -107,6 +107,32 @@ def node_name(resource: Mapping[str, Any]) -> str:
     return component.rsplit(":", 1)[-1].removeprefix(NODE_COMPONENT_PREFIX)
 
 
+def gcp_name(resource: Mapping[str, Any]) -> str:
+    """What the resource is called in GCP (bucket, account email, node id), as far as
+    the plan knows it: inputs the program sets and outputs the mock computes."""
+    inputs, outputs = resource.get("inputs", {}), resource.get("outputs", {})
+    kind = resource["type"].rsplit(":", 1)[-1]
+    if kind == "Bucket":
+        return f"gs://{inputs.get('name', '')}"
+    if kind == "BucketObject":
+        return f"gs://{inputs.get('bucket', '')}/{inputs.get('name', '')}"
+    if kind == "Account":
+        return str(outputs.get("email") or inputs.get("accountId", ""))
+    if "role" in inputs:  # a grant: its role, member and target are in the JSON
+        return ""
+    if kind == "Service":
+        return str(inputs.get("service", ""))
+    if kind == "V2Vm" and inputs.get("name"):
+        return f"{inputs['name']} in {inputs.get('zone', '')}"
+    if "node_id" in inputs:  # a queued node (components/queued_tpu.py)
+        return f"{inputs['node_id']} in {inputs.get('zone', '')}"
+    for key in ("name", "accountId", "roleId", "projectId", "workloadIdentityPoolId",
+                "workloadIdentityPoolProviderId", "displayName"):
+        if inputs.get(key):
+            return str(inputs[key])
+    return ""
+
+
 def node_rows(plan: Mapping[str, Any]) -> list[list[str]]:
     """One row per TPU node: name, accelerator, runtime, provisioning, cost."""
     costs = {n["name"]: n for n in plan.get("cost", {}).get("nodes", [])}
@@ -117,28 +143,52 @@ def node_rows(plan: Mapping[str, Any]) -> list[list[str]]:
             continue
         name = node_name(r)
         cost = costs.get(name, {})
-        hourly = cost.get("usdPerHour")
-        rows.append([name, accelerator_of(inputs), str(inputs.get("runtimeVersion", "")),
-                     provisioning_of(r), money(hourly),
-                     money(per_month(hourly)), money(cost.get("spotSavingUsdPerHour"))])
+        saving = cost.get("spotSavingUsdPerHour")
+        rows.append([name, gcp_name(r), accelerator_of(inputs),
+                     str(inputs.get("runtimeVersion", "")), provisioning_of(r),
+                     *node_prices(cost), "" if saving is None else money(saving)])
     return rows
 
 
-NODE_HEADERS = ("node", "accelerator", "runtime", "provisioning", "USD/hour", "USD/month",
-                "spot saving USD/hour")
+def node_prices(cost: Mapping[str, Any]) -> tuple[str, str]:
+    """USD/hour and USD/month cells: `~$… (unconfirmed)` for a price the catalog marks
+    unconfirmed, `… via reservation` for a reserved node (components/cost.py)."""
+    hourly = cost.get("usdPerHour")
+    cells = [money(hourly), money(per_month(hourly))]
+    if hourly is not None and cost.get("priceConfirmed") is False:
+        cells = [f"~{c} (unconfirmed)" for c in cells]
+    if cost.get("reserved"):
+        cells = [f"{c} via reservation" for c in cells]
+    return cells[0], cells[1]
+
+
+NODE_HEADERS = ("node", "GCP node", "accelerator", "runtime", "provisioning", "USD/hour",
+                "USD/month", "spot saving USD/hour")
 
 
 def cost_summary(plan: Mapping[str, Any]) -> str:
     cost = plan.get("cost", {})
     hourly = cost.get("usdPerHour")
-    lines = [f"Estimated cost: {money(hourly)}/hour, {money(per_month(hourly))}/month "
-             f"({HOURS_PER_MONTH} h) at list prices"]
+    about = "~" if cost.get("unconfirmed") else ""
+    lines = [f"Estimated cost: {about}{money(hourly)}/hour, {about}{money(per_month(hourly))}"
+             f"/month ({HOURS_PER_MONTH} h) at list prices; TPU nodes only (buckets, network "
+             "and logging are not priced)"]
     lines += [f"- team {team}: {money(c.get('usdPerHour'))}/hour, "
               f"{money(per_month(c.get('usdPerHour')))}/month"
               for team, c in sorted(cost.get("byTeam", {}).items())]
+    if cost.get("reserved"):
+        lines.append(f"- billed through their reservation, at the on-demand rate whether or not "
+                     f"the node runs (reservations-overview; unconfirmed for TPUs): "
+                     f"{', '.join(cost['reserved'])}")
+    if cost.get("unconfirmed"):
+        lines.append(f"- priced from an unconfirmed list price (~): "
+                     f"{', '.join(cost['unconfirmed'])}")
     if cost.get("unpriced"):
         lines.append(f"- not priced (no list price in components/catalog.py): "
                      f"{', '.join(cost['unpriced'])}")
+    sources = sorted({n["priceSource"] for n in cost.get("nodes", []) if n.get("priceSource")})
+    if sources:
+        lines.append(f"- prices per chip-hour from {'; '.join(sources)}")
     return "\n".join(lines)
 
 
@@ -183,7 +233,8 @@ def policy_section(violations: Sequence[Violation], *, markdown: bool) -> str:
 
 
 def _resource_rows(plan: Mapping[str, Any]) -> list[list[str]]:
-    return [[r["name"], r["type"], r.get("component") or "", "yes" if r.get("protect") else ""]
+    return [[r["name"], gcp_name(r), r["type"], r.get("component") or "",
+             "yes" if r.get("protect") else ""]
             for r in plan.get("resources", []) if r.get("custom", True)]
 
 
@@ -197,7 +248,8 @@ def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown:
         cost_summary(plan),
         table(NODE_HEADERS, node_rows(plan), markdown=markdown),
         f"{len(resources)} resources",
-        table(("resource", "type", "component", "protected"), resources, markdown=markdown),
+        table(("resource", "GCP name", "type", "component", "protected"), resources,
+              markdown=markdown),
     ]
     if markdown:
         # Folded: a PR comment leads with nodes, cost and policy.

@@ -41,7 +41,8 @@ def _plan(nodes: dict[str, dict[str, Any]] | None = None, *, stack: str = "dev",
     bucket = {"uniformBucketLevelAccess": True, "publicAccessPrevention": "enforced",
               "forceDestroy": True, "labels": dict(LABELS)}
     resources = [resource(BUCKET, "checkpoints", bucket, stack=stack)]
-    resources += [resource(V2VM, name, copy.deepcopy(inputs), stack=stack)
+    resources += [resource(V2VM, name, {"name": f"{stack}-{name}", **copy.deepcopy(inputs)},
+                           stack=stack)
                   for name, inputs in nodes.items()]
     cost_nodes = [{"name": name, "usdPerHour": prices.get(name, 9.6),
                    "spotSavingUsdPerHour": 4.744} for name in nodes]

@@ -1,4 +1,4 @@
-"""`ops.plan.diff`: added / changed / removed, cost delta, TPU replacement warnings."""
+"""`ops.plan.diff`: the engine's steps, cost delta, replacement chains and warnings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ops.plan.diff import diff_plans, load_plan, render_diff
+from ops.plan.diff import diff_plans, load_plan, render_diff, replacement_warnings
 from policy.evaluate import Violation
 
 
@@ -15,20 +15,22 @@ def test_runtime_version_change_warns_of_replacement(make_plan, node):
     changed = node()
     changed["runtimeVersion"] = "tpu-vm-tf-2.18.0-pod-pjrt"
     diff = diff_plans(base, make_plan({"trainer": changed}))
-    assert [c.replaced_by for c in diff.replacements] == [("runtimeVersion",)]
+    assert [c.replaced_paths for c in diff.replacements] == [("runtimeVersion",)]
     text = render_diff(diff, "markdown")
     assert "> [!WARNING]" in text
-    assert ("TPU node trainer will be REPLACED (deleted, then created) because runtimeVersion"
-            in text)
-    assert ("the old on-demand node is deleted before the new one exists, and on-demand "
-            "capacity in us-central1-a is not guaranteed without a reservation" in text)
+    assert ('TPU node trainer will be REPLACED: node trainer: runtimeVersion '
+            '"tpu-vm-tf-2.18.0-pjrt" → "tpu-vm-tf-2.18.0-pod-pjrt" (immutable: replace, '
+            'delete first; on-demand capacity in us-central1-a is not guaranteed without a '
+            'reservation)' in text)
+    assert "+- gcp:tpu/v2Vm:V2Vm  trainer" in text
+    assert "Resources: +- 1 to replace" in text
 
 
 @pytest.mark.parametrize(("base_node", "words"), [
-    ({"schedulingConfig": {"spot": True}}, "the old spot node is deleted before the new one "
-     "exists, and its spot capacity may not come back: spot TPUs run only on spare capacity"),
-    ({"schedulingConfig": {"reserved": True}}, "the old reserved node is deleted before the "
-     "new one exists, and its reserved capacity comes back only if the freed reservation"),
+    ({"schedulingConfig": {"spot": True}}, "replace, delete first; its spot capacity may not "
+     "come back: spot TPUs run only on spare capacity"),
+    ({"schedulingConfig": {"reserved": True}}, "replace, delete first; its reserved capacity "
+     "comes back only if the freed reservation"),
     ({"schedulingConfig": {"preemptible": True}}, "its preemptible capacity may not come back"),
 ])
 def test_each_replaced_node_says_what_its_capacity_risks(make_plan, node, base_node, words):
@@ -40,19 +42,27 @@ def test_each_replaced_node_says_what_its_capacity_risks(make_plan, node, base_n
     assert words in text
 
 
+QUEUED = "pulumi-python:dynamic/tpu:QueuedTpu"
+
+
 def test_a_replaced_queued_node_may_lose_its_place_in_the_queue(make_plan):
     queued = {"node_id": "dev-q", "zone": "us-central1-a", "accelerator_type": "v5litepod-8",
               "runtime_version": "tpu-vm-tf-2.18.0-pjrt", "spot": True}
     base = make_plan({})
-    base["resources"].append({**base["resources"][0], "type": "pulumi-python:dynamic:Resource",
+    base["resources"].append({**base["resources"][0], "type": QUEUED,
                               "urn": "urn:pulumi:dev::tpu-stack::dyn::q", "name": "q",
-                              "inputs": queued})
+                              "inputs": queued, "deleteBeforeReplace": None})
     head = json.loads(json.dumps(base))
     head["resources"][-1]["inputs"]["accelerator_type"] = "v5litepod-16"
-    [warning] = json.loads(render_diff(diff_plans(base, head), "json"))["warnings"]
-    assert warning.endswith("the old queued, spot node is deleted before the new one exists, "
-                            "and its queued capacity may not come back: the new request "
-                            "joins the queue again and may wait hours or days.")
+    data = json.loads(render_diff(diff_plans(base, head), "json"))
+    [warning] = data["warnings"]
+    assert warning.endswith("(immutable: replace, delete first; its queued capacity may not "
+                            "come back: the new request joins the queue again and may wait "
+                            "hours or days)")
+    [step] = data["steps"]
+    assert (step["op"], step["deleteFirst"], step["gcpName"]) == (
+        "replace", True, "dev-q in us-central1-a")
+    assert step["deleteFirstBecause"] == "the provider deletes it first"
     head["resources"].pop()
     [removed] = json.loads(render_diff(diff_plans(base, head), "json"))["warnings"]
     assert removed.startswith("TPU node q will be DELETED; its queued capacity may not come")
@@ -63,7 +73,7 @@ def test_label_metadata_change_updates_in_place(make_plan, node):
     changed["labels"]["team"] = "vision"
     changed["metadata"]["startup-script"] = "#!/bin/bash\necho new\n"
     diff = diff_plans(make_plan({"trainer": node()}), make_plan({"trainer": changed}))
-    assert [c.properties for c in diff.changed] == [("labels.team", "metadata.startup-script")]
+    assert [c.paths for c in diff.changed] == [("labels.team", "metadata.startup-script")]
     assert diff.replacements == []
     assert "WARNING" not in render_diff(diff, "table")
     assert "update" in render_diff(diff, "table")
@@ -72,7 +82,7 @@ def test_label_metadata_change_updates_in_place(make_plan, node):
 def test_nested_replacing_property_is_named(make_plan, node):
     spot = node(spot=True)
     diff = diff_plans(make_plan({"trainer": node()}), make_plan({"trainer": spot}))
-    assert diff.replacements[0].replaced_by == ("schedulingConfig.spot",)
+    assert diff.replacements[0].replaced_paths == ("schedulingConfig.spot",)
 
 
 def test_new_node_adds_its_cost(make_plan, node):
@@ -99,7 +109,7 @@ def test_identical_plans_and_protect_option(make_plan):
     assert "No resource changes." in render_diff(diff_plans(plan, plan), "table")
     unprotected = make_plan()
     unprotected["resources"][0]["protect"] = True
-    assert diff_plans(plan, unprotected).changed[0].properties == ("(protect)",)
+    assert diff_plans(plan, unprotected).changed[0].paths == ("(protect)",)
 
 
 def test_json_format_and_violations(make_plan, node):
@@ -107,7 +117,10 @@ def test_json_format_and_violations(make_plan, node):
     diff = diff_plans(make_plan(), make_plan({"trainer": changed}, usd_per_hour={"trainer": 19.2}))
     violation = Violation("tpu-max-chips", "too many chips", None)
     data = json.loads(render_diff(diff, "json", [violation]))
-    assert data["changed"][0]["replacedBy"] == ["acceleratorType"]
+    [step] = data["steps"]
+    assert [(c["path"], c["old"], c["new"], c["replaces"]) for c in step["changes"]] == [
+        ("acceleratorType", "v5litepod-8", "v5litepod-16", True)]
+    assert data["summary"] == {"create": 0, "update": 0, "replace": 1, "delete": 0}
     assert data["cost"]["deltaUsdPerHour"] == pytest.approx(9.6)
     assert data["violations"] == [{"policy": "tpu-max-chips", "message": "too many chips",
                                    "urn": None}]
@@ -135,7 +148,7 @@ def test_queued_node_follows_its_provider(make_plan):
               "accelerator_type": "v5litepod-8", "labels": {"stack": "dev"}, "poll_seconds": 15,
               "__provider": "pickled-1"}
     base = make_plan({})
-    base["resources"].append({**base["resources"][0], "type": "pulumi-python:dynamic:Resource",
+    base["resources"].append({**base["resources"][0], "type": QUEUED,
                               "urn": "urn:pulumi:dev::tpu-stack::dyn::q", "name": "q",
                               "inputs": queued})
     head = json.loads(json.dumps(base))
@@ -143,4 +156,67 @@ def test_queued_node_follows_its_provider(make_plan):
                                            __provider="pickled-2")
     assert diff_plans(base, head).replacements == []
     head["resources"][-1]["inputs"]["accelerator_type"] = "v5litepod-16"
-    assert diff_plans(base, head).replacements[0].replaced_by == ("accelerator_type",)
+    assert diff_plans(base, head).replacements[0].replaced_paths == ("accelerator_type",)
+
+
+def _res(type_: str, name: str, inputs: dict, **extra: object) -> dict:
+    return {"urn": f"urn:pulumi:dev::tpu-stack::{type_}::{name}", "type": type_, "name": name,
+            "custom": True, "inputs": inputs, "deleteBeforeReplace": None, **extra}
+
+
+def test_steps_follow_the_engine_create_before_delete_and_unknown_outputs():
+    account = "gcp:serviceaccount/account:Account"
+    member = "gcp:projects/iAMMember:IAMMember"
+    bucket = "gcp:storage/bucket:Bucket"
+    sa = _res(account, "runtime", {"accountId": "dev-runtime", "project": "p"})
+    grant = _res(member, "grant", {"member": "serviceAccount:dev-runtime@p", "role": "r",
+                                   "project": "p"},
+                 propertyDependencies={"member": [sa["urn"]]})
+    labels_from = _res(bucket, "b", {"location": "US", "labels": {"sa": "dev-runtime@p"}},
+                       propertyDependencies={"labels": [sa["urn"]]})
+    base = {"stack": "dev", "resources": [sa, grant, labels_from]}
+    moved = json.loads(json.dumps(base))
+    moved["resources"][0]["inputs"]["project"] = "q"  # ForceNew: the account is replaced
+    diff = diff_plans(base, moved)
+    steps = {s.name: s for s in diff.steps.steps}
+    # Explicit accountId: delete first; its member takes the unknown email (ForceNew):
+    # replaced too (step_generator.go calculateDependentReplacements); the bucket's labels
+    # take it in place.
+    assert (steps["runtime"].op, steps["runtime"].delete_first) == ("replace", True)
+    assert (steps["grant"].op, steps["grant"].replaced_paths) == ("replace", ("member",))
+    assert steps["grant"].delete_first  # pulumi-gcp sets DeleteBeforeReplace on IAMMember
+    assert (steps["b"].op, steps["b"].paths) == ("update", ("labels.sa",))
+    # Without an explicit accountId the account is auto-named: create, then delete.
+    for plan in (base, moved):
+        del plan["resources"][0]["inputs"]["accountId"]
+    replaced = diff_plans(base, moved).steps.by_urn()[sa["urn"]]
+    assert (replaced.op, replaced.delete_first) == ("replace", False)
+    assert "+- gcp:serviceaccount/account:Account  runtime" in render_diff(
+        diff_plans(base, moved), "table")
+
+
+def test_secrets_are_masked_and_long_values_shortened(make_plan, node):
+    base, head = make_plan({"trainer": node()}), make_plan({"trainer": node()})
+    head["resources"][1]["inputs"]["metadata"]["startup-script"] = "#!/bin/bash\n" + "x" * 200
+    for plan, token in ((base, "old-token"), (head, "new-token")):
+        plan["resources"][1]["inputs"]["description"] = token
+        plan["resources"][1]["secrets"] = ["description"]
+    text = render_diff(diff_plans(base, head), "table")
+    data = json.loads(render_diff(diff_plans(base, head), "json"))
+    assert "token" not in text and "token" not in json.dumps(data)
+    assert "~ description [secret] → [secret] (update in place)" in text
+    assert "chars, sha256 " in text and "x" * 100 not in text
+    assert "Resources: ~ 1 to update" in text
+
+
+def test_an_update_of_a_waiting_queued_node_warns_that_it_requeues(make_plan):
+    queued = {"node_id": "dev-q", "zone": "us-central1-a", "metadata": {"k": "1"},
+              "accelerator_type": "v5litepod-8"}
+    base = make_plan({})
+    base["resources"].append({**base["resources"][0], "type": QUEUED, "name": "q",
+                              "urn": "urn:pulumi:dev::tpu-stack::dyn::q", "inputs": queued})
+    head = json.loads(json.dumps(base))
+    head["resources"][-1]["inputs"]["metadata"]["k"] = "2"
+    [warning] = replacement_warnings(diff_plans(base, head))
+    assert warning.startswith("TPU node q is queued: if its request is still waiting, this "
+                              "update (metadata.k) queues it again")

@@ -14,9 +14,10 @@ def test_markdown_shows_nodes_cost_and_policy(make_plan, node):
     plan = make_plan({"trainer": node(spot=True)}, usd_per_hour={"trainer": 4.856})
     text = render(plan, "markdown", evaluate(plan))
     assert text.startswith("## tpu-stack plan: dev (acme-ml-dev)")
-    assert "Estimated cost: $4.86/hour, $3,544.88/month (730 h)" in text
-    assert "| trainer | v5litepod-8 | tpu-vm-tf-2.18.0-pjrt | spot | $4.86 | $3,544.88 | $4.74 |" \
-        in text
+    assert ("Estimated cost: $4.86/hour, $3,544.88/month (730 h) at list prices; TPU nodes "
+            "only (buckets, network and logging are not priced)") in text
+    assert ("| trainer | dev-trainer in us-central1-a | v5litepod-8 | tpu-vm-tf-2.18.0-pjrt | spot "
+            "| $4.86 | $3,544.88 | $4.74 |") in text
     assert "Policy pack: every guardrail passes." in text
 
 
@@ -83,10 +84,66 @@ def _node_row(**node_changes: object) -> list[str]:
     ({"provisioning": "queued", "queue": {"guaranteed": True}}, "queued, guaranteed"),
 ])
 def test_the_provisioning_column_says_what_the_node_is_sent_as(changes, provisioning):
-    assert _node_row(**changes)[3] == provisioning
+    assert _node_row(**changes)[4] == provisioning
 
 
 def test_a_node_sent_as_a_shape_shows_its_accelerator_type():
     row = _node_row(provisioning="reserved", acceleratorType=None, generation="v4",
                     topology="2x2x4", zone="us-central2-b")
-    assert row[1] == "v4-32 (2x2x4)"
+    assert row[2] == "v4-32 (2x2x4)"
+
+
+def _platform_plan(**pod: object) -> dict:
+    """The platform stack's offline plan, nlp's `pod` node (v4-32, reserved) edited."""
+    from components.stack_config import file_config
+    from ops.plan.offline import offline_plan
+    from ops.plan.report import plain
+
+    config = file_config("platform")
+    teams = json.loads(config["tpu-stack:teams"])
+    teams["nlp"]["nodes"][0].update(pod)
+    teams["nlp"]["quota"]["v4"]["onDemand"] = 16  # room for the node made on-demand
+    config["tpu-stack:teams"] = json.dumps(teams)
+    return plain(offline_plan("platform", config).to_json())
+
+
+def test_costs_say_what_they_cover_and_where_each_price_comes_from():
+    from ops.plan.report import cost_summary, node_rows
+
+    plan = _platform_plan()
+    rows = {row[0]: row for row in node_rows(plan)}
+    # A reserved node is billed through its reservation, at an unconfirmed v4 price.
+    assert rows["nlp-pod"][1] == "platform-nlp-pod in us-central2-b"
+    assert rows["nlp-pod"][5:] == ["~$51.52 (unconfirmed) via reservation",
+                                   "~$37,609.60 (unconfirmed) via reservation", ""]
+    assert rows["nlp-sweep"][5:] == ["$4.86", "$3,544.88", "$4.74"]
+    summary = cost_summary(plan)
+    assert "TPU nodes only (buckets, network and logging are not priced)" in summary
+    assert ("- billed through their reservation, at the on-demand rate whether or not the node "
+            "runs (reservations-overview; unconfirmed for TPUs): nlp-pod") in summary
+    assert ("- prices per chip-hour from v4: docs/tpu-facts.md: unconfirmed secondary source; "
+            "v5e: docs/tpu-facts.md: third-party catalog extract, 2026-08") in summary
+    assert plan["cost"]["usdPerHour"] == pytest.approx(51.52 + 4.856)
+
+
+def test_an_unconfirmed_price_is_marked_and_on_demand_has_no_spot_saving():
+    from ops.plan.report import cost_summary, node_rows
+
+    plan = _platform_plan(provisioning="on-demand")
+    rows = {row[0]: row for row in node_rows(plan)}
+    assert rows["nlp-pod"][5:] == ["~$51.52 (unconfirmed)", "~$37,609.60 (unconfirmed)", ""]
+    summary = cost_summary(plan)
+    assert summary.startswith("Estimated cost: ~$56.38/hour, ~$41,154.48/month")
+    assert "- priced from an unconfirmed list price (~): nlp-pod" in summary
+    [pod] = [n for n in plan["cost"]["nodes"] if n["name"] == "nlp-pod"]
+    assert (pod["priceConfirmed"], pod["spotSavingUsdPerHour"]) == (False, None)
+
+
+def test_the_plan_shows_the_gcp_names_it_will_create():
+    from ops.plan.offline import offline_plan
+    from ops.plan.report import plain
+
+    text = render(plain(offline_plan("dev").to_json()), "table")
+    for name in ("gs://acme-ml-dev-dev-checkpoints", "dev-trainer in us-central1-a",
+                 "dev-runtime@acme-ml-dev.iam.gserviceaccount.com", "dev-tpu-us-central1"):
+        assert name in text

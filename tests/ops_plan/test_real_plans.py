@@ -48,16 +48,17 @@ def test_runtime_version_change_warns_of_replacement(plans):
             resource["inputs"]["runtimeVersion"] = "tpu-vm-tf-2.18.1-pjrt"
     diff = diff_plans(plans["dev"], head)
     [replaced] = diff.replacements
-    assert replaced.type == V2VM and replaced.replaced_by == ("runtimeVersion",)
-    assert ("TPU node trainer will be REPLACED (deleted, then created) because runtimeVersion "
-            "changed") in render_diff(diff, "markdown")
+    assert replaced.type == V2VM and replaced.replaced_paths == ("runtimeVersion",)
+    assert ('TPU node trainer will be REPLACED: node trainer: runtimeVersion '
+            '"tpu-vm-tf-2.18.0-pjrt" → "tpu-vm-tf-2.18.1-pjrt" (immutable: replace, delete '
+            'first; its spot capacity may not come back') in render_diff(diff, "markdown")
 
 
 def test_label_change_updates_in_place(plans):
     head = plan_with_nodes("dev", lambda n: n[0].update(labels={"experiment": "lr-sweep"}))
     diff = diff_plans(plans["dev"], head)
     node_changes = [c for c in diff.changed if c.type == V2VM]
-    assert [c.properties for c in node_changes] == [("labels.experiment",)]
+    assert [c.paths for c in node_changes] == [("labels.experiment",)]
     assert diff.replacements == []
     assert "WARNING" not in render_diff(diff, "table")
 

@@ -1,0 +1,389 @@
+"""Generate ops/plan/facts/replacement.json: which inputs replace a resource, and how.
+
+For every resource type the program declares: the inputs whose change forces a
+replacement (terraform-provider-google-beta schemas: `ForceNew`, and
+`customdiff.ForceNewIfChange` with the condition's name), the same fields as
+magic-modules documents them (`immutable: true`, a cross-check), and whether the
+replacement deletes first (pulumi-gcp's ResourceInfo `DeleteBeforeReplace`, or an
+auto-named property set explicitly: pulumi-terraform-bridge's rule). Each entry
+records the file and commit it was read from.
+
+It reads local checkouts (a work tree or a bare git directory), given on the
+command line, and copies no code from them, only the facts:
+
+    .venv/infra/bin/python -m ops.plan.facts.generate \\
+        --provider PATH/terraform-provider-google-beta --magic-modules PATH/magic-modules \\
+        --pulumi-gcp PATH/pulumi-gcp --bridge PATH/pulumi-terraform-bridge --pulumi PATH/pulumi
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+OUT = Path(__file__).with_name("replacement.json")
+QUEUED_TPU = "pulumi-python:dynamic/tpu:QueuedTpu"  # components/queued_tpu.py
+
+
+@dataclass(frozen=True)
+class TypeSource:
+    terraform: str  # the provider's resource name
+    files: tuple[str, ...]  # provider files holding its schema (parent schema first)
+    schemas: tuple[str, ...]  # `var NAME = map[...]` schemas; empty: the resource's own
+    mmv1: str | None = None  # magic-modules product YAML, for generated resources
+
+
+GO = "google-beta/services/"
+IAM = "google-beta/tpgiamresource/"
+# Pulumi type token → where the provider defines it (pulumi-gcp maps the tokens:
+# provider/resources.go, `Tok: gcpResource(...)` and MustComputeTokens).
+TYPES: dict[str, TypeSource] = {
+    "gcp:billing/budget:Budget": TypeSource(
+        "google_billing_budget", (GO + "billingbudgets/resource_billing_budget.go",), (),
+        "mmv1/products/billingbudgets/Budget.yaml"),
+    "gcp:compute/firewall:Firewall": TypeSource(
+        "google_compute_firewall", (GO + "compute/resource_compute_firewall.go",), (),
+        "mmv1/products/compute/Firewall.yaml"),
+    "gcp:compute/network:Network": TypeSource(
+        "google_compute_network", (GO + "compute/resource_compute_network.go",), (),
+        "mmv1/products/compute/Network.yaml"),
+    "gcp:compute/subnetwork:Subnetwork": TypeSource(
+        "google_compute_subnetwork", (GO + "compute/resource_compute_subnetwork.go",), (),
+        "mmv1/products/compute/Subnetwork.yaml"),
+    "gcp:iam/workloadIdentityPool:WorkloadIdentityPool": TypeSource(
+        "google_iam_workload_identity_pool",
+        (GO + "iambeta/resource_iam_workload_identity_pool.go",), (),
+        "mmv1/products/iambeta/WorkloadIdentityPool.yaml"),
+    "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider": TypeSource(
+        "google_iam_workload_identity_pool_provider",
+        (GO + "iambeta/resource_iam_workload_identity_pool_provider.go",), (),
+        "mmv1/products/iambeta/WorkloadIdentityPoolProvider.yaml"),
+    "gcp:organizations/project:Project": TypeSource(
+        "google_project", (GO + "resourcemanager/resource_google_project.go",), ()),
+    "gcp:projects/iAMCustomRole:IAMCustomRole": TypeSource(
+        "google_project_iam_custom_role",
+        (GO + "resourcemanager/resource_google_project_iam_custom_role.go",), ()),
+    "gcp:projects/iAMMember:IAMMember": TypeSource(
+        "google_project_iam_member",
+        (GO + "resourcemanager/iam_project.go", IAM + "resource_iam_member.go"),
+        ("IamProjectSchema", "IamMemberBaseSchema")),
+    "gcp:projects/service:Service": TypeSource(
+        "google_project_service", (GO + "resourcemanager/resource_google_project_service.go",),
+        ()),
+    "gcp:serviceaccount/account:Account": TypeSource(
+        "google_service_account",
+        (GO + "resourcemanager/resource_google_service_account.go",), ()),
+    "gcp:serviceaccount/iAMBinding:IAMBinding": TypeSource(
+        "google_service_account_iam_binding",
+        (GO + "resourcemanager/iam_service_account.go", IAM + "resource_iam_binding.go"),
+        ("IamServiceAccountSchema", "iamBindingSchema")),
+    "gcp:serviceaccount/iAMMember:IAMMember": TypeSource(
+        "google_service_account_iam_member",
+        (GO + "resourcemanager/iam_service_account.go", IAM + "resource_iam_member.go"),
+        ("IamServiceAccountSchema", "IamMemberBaseSchema")),
+    "gcp:storage/bucket:Bucket": TypeSource(
+        "google_storage_bucket", (GO + "storage/resource_storage_bucket.go",), ()),
+    "gcp:storage/bucketIAMBinding:BucketIAMBinding": TypeSource(
+        "google_storage_bucket_iam_binding",
+        (GO + "storage/iam_storage_bucket.go", IAM + "resource_iam_binding.go"),
+        ("StorageBucketIamSchema", "iamBindingSchema")),
+    "gcp:storage/bucketIAMMember:BucketIAMMember": TypeSource(
+        "google_storage_bucket_iam_member",
+        (GO + "storage/iam_storage_bucket.go", IAM + "resource_iam_member.go"),
+        ("StorageBucketIamSchema", "IamMemberBaseSchema")),
+    "gcp:storage/bucketObject:BucketObject": TypeSource(
+        "google_storage_bucket_object", (GO + "storage/resource_storage_bucket_object.go",), ()),
+    "gcp:tpu/v2Vm:V2Vm": TypeSource(
+        "google_tpu_v2_vm", (GO + "tpuv2/resource_tpu_v2_vm.go",), (),
+        "mmv1/products/tpuv2/Vm.yaml"),
+}
+PROVIDER_TYPE = "pulumi:providers:gcp"
+
+# Where the rules live, for the entries' citations (checked to exist at generation).
+BRIDGE_RULE = ("pkg/tfbridge/schema.go", "func nameRequiresDeleteBeforeReplace")
+BRIDGE_DIFF = ("pkg/tfbridge/provider.go", "nameRequiresDeleteBeforeReplace(news, olds")
+BRIDGE_CONFIG = ("pkg/tfbridge/provider.go", "func (p *configDiffer) forcesProviderReplace")
+BRIDGE_AUTONAMING = ("pkg/tfbridge/info/autonaming.go", "func (p *Provider) SetAutonaming")
+PULUMI_GCP = ("provider/resources.go", "prov.SetAutonaming(")
+ENGINE_OVERRIDE = ("pkg/resource/deploy/step_generator.go",
+                   "deleteBeforeReplace = *goal.DeleteBeforeReplace")
+ENGINE_DEPENDENTS = ("pkg/resource/deploy/step_generator.go",
+                     "func (sg *stepGenerator) calculateDependentReplacements")
+ENGINE_UNKNOWN = ("pkg/resource/deploy/step_generator.go",
+                  "pv = resource.MakeComputed(resource.NewProperty(\"<unknown>\"))")
+
+
+class Checkout:
+    """A repository on disk: a work tree or a bare git directory, at HEAD."""
+
+    def __init__(self, repo: str, path: Path, commit: str = "HEAD") -> None:
+        self.repo, self.path = repo, path
+        self.commit = self._git("rev-parse", f"{commit}^{{commit}}").strip()
+
+    def _git(self, *args: str) -> str:
+        git_dir = self.path / ".git" if (self.path / ".git").exists() else self.path
+        return subprocess.run(["git", f"--git-dir={git_dir}", *args], check=True,
+                              capture_output=True, text=True).stdout
+
+    def read(self, path: str) -> str:
+        return self._git("show", f"{self.commit}:{path}")
+
+    def cite(self, path: str, needle: str | None = None) -> dict[str, Any]:
+        """repo, path, commit (and the needle's line, which must be there)."""
+        where: dict[str, Any] = {"repo": self.repo, "path": path, "commit": self.commit}
+        if needle is not None:
+            text = self.read(path)
+            if needle not in text:
+                raise SystemExit(f"{self.repo}:{path}: {needle!r} not found; the rule moved")
+            where["line"] = text[:text.index(needle)].count("\n") + 1
+        return where
+
+    def submodule_commit(self, path: str) -> str:
+        return self._git("ls-tree", self.commit, path).split()[2]
+
+
+# --- Go source, read as text ------------------------------------------------------------
+
+_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"|`[^`]*`|//[^\n]*|/\*.*?\*/', re.S)
+_KEY = re.compile(r'^[a-z0-9_]+$')
+
+
+def masked(source: str) -> str:
+    """The source with comments and string contents blanked (same length), so braces
+    count; short identifier strings (schema keys) are kept."""
+    def blank(match: re.Match[str]) -> str:
+        text = match.group(0)
+        if text.startswith('"') and _KEY.match(text[1:-1]):
+            return text
+        return re.sub(r"[^\n]", " ", text)
+    return _STRING.sub(blank, source)
+
+
+def closing(text: str, open_at: int) -> int:
+    """Index of the brace closing the one at `open_at`."""
+    depth = 0
+    for index in range(open_at, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[index], 0)
+        if depth == 0:
+            return index
+    raise ValueError("unbalanced braces")
+
+
+def top_level(body: str) -> str:
+    """`body` without anything nested in braces."""
+    out, depth = [], 0
+    for char in body:
+        if char == "}":
+            depth -= 1
+        if depth == 0:
+            out.append(char)
+        if char == "{":
+            depth += 1
+    return "".join(out)
+
+
+_ENTRY = re.compile(r'"([a-z0-9_]+)"\s*:\s*\{')
+_SCHEMA_MAP = re.compile(r"Schema:\s*map\[string\]\*schema\.Schema\{")
+
+
+@dataclass(frozen=True)
+class Field:
+    path: tuple[str, ...]  # Terraform names; `x[]`: an item of list or set x
+    force_new: bool
+    input: bool  # Optional or Required
+    string: bool
+
+
+def schema_fields(text: str, open_at: int, prefix: tuple[str, ...] = ()) -> Iterator[Field]:
+    """Every field of the schema map whose `{` is at `open_at`, nested ones too."""
+    end = closing(text, open_at)
+    index = open_at + 1
+    while (match := _ENTRY.search(text, index, end)) is not None:
+        body_at = match.end() - 1
+        body_end = closing(text, body_at)
+        body = text[body_at + 1:body_end]
+        flat = top_level(body)
+        path = (*prefix, match.group(1))
+        one = re.search(r"MaxItems:\s*1\b", flat) is not None
+        listy = re.search(r"Type:\s*schema\.Type(List|Set)\b", flat) is not None
+        yield Field(path, re.search(r"ForceNew:\s*true", flat) is not None,
+                    re.search(r"(Optional|Required):\s*true", flat) is not None,
+                    re.search(r"Type:\s*schema\.TypeString\b", flat) is not None)
+        if (nested := _SCHEMA_MAP.search(body)) is not None:
+            # The bridge flattens a MaxItems=1 block to an object (pulumi-terraform-bridge
+            # docs: "MaxItemsOne"); other lists keep their items.
+            item = path if one or not listy else (*prefix, match.group(1) + "[]")
+            yield from schema_fields(text, body_at + 1 + nested.end() - 1, item)
+        index = body_end + 1
+
+
+def resource_fields(source: str, schema_var: str | None) -> list[Field]:
+    text = masked(source)
+    if schema_var:
+        start = re.search(rf"var {schema_var} = map\[string\]\*schema\.Schema\{{", text)
+    else:
+        start = _SCHEMA_MAP.search(text, text.index("*schema.Resource {"))
+    if start is None:
+        raise SystemExit(f"schema {schema_var or 'of the resource'} not found")
+    return list(schema_fields(text, start.end() - 1))
+
+
+def conditional_force_new(source: str) -> dict[str, str]:
+    """`customdiff.ForceNewIfChange("field", Condition)`: field → condition's name."""
+    return dict(re.findall(r'ForceNewIfChange\(\s*"([a-z0-9_]+)"\s*,\s*(\w+)', source))
+
+
+def camel(name: str) -> str:
+    """The bridge's default Pulumi name of a Terraform field (`x[]` stays marked)."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def pulumi_path(field: Field) -> str:
+    return ".".join(camel(part) for part in field.path)
+
+
+# --- magic-modules --------------------------------------------------------------------
+
+def mmv1_immutable(source: str) -> list[str]:
+    """Dotted API names of the properties documented `immutable: true`."""
+    product = yaml.safe_load(source)
+    whole = bool(product.get("immutable"))
+    return sorted(_immutable((product.get("properties") or []) + (product.get("parameters") or []),
+                             whole, ""))
+
+
+def _immutable(properties: list[dict[str, Any]], whole: bool, prefix: str) -> Iterator[str]:
+    for prop in properties:
+        path = f"{prefix}{prop['name']}"
+        if prop.get("output"):
+            continue
+        if prop.get("immutable") or (whole and not prop.get("update_url")):
+            yield path
+        nested = prop.get("properties") or (prop.get("item_type") or {}).get("properties")
+        if isinstance(nested, list):
+            yield from _immutable(nested, whole, f"{path}.")
+
+
+# --- pulumi-gcp ---------------------------------------------------------------------
+
+def resource_infos(source: str) -> dict[str, str]:
+    """The `Resources:` map of pulumi-gcp's ProviderInfo: terraform name → entry text."""
+    text = masked(source)
+    start = text.index("Resources: map[string]*tfbridge.ResourceInfo{")
+    open_at = text.index("{", start)
+    end = closing(text, open_at)
+    infos, index = {}, open_at + 1
+    while (match := re.compile(r'"(google_[a-z0-9_]+)"\s*:\s*\{').search(text, index, end)):
+        body_end = closing(text, match.end() - 1)
+        infos[match.group(1)] = text[match.end():body_end]
+        index = body_end + 1
+    return infos
+
+
+def auto_named(info: str, fields: list[Field], autonaming_all: bool) -> str | None:
+    """The Terraform field pulumi-gcp auto-names, if any."""
+    explicit = re.search(r'"([a-z0-9_]+)"\s*:\s*(tfbridge\.|info\.)AutoName', info)
+    if explicit:
+        return explicit.group(1)
+    if "nameField(lowercaseAutoName())" in info:
+        return "name"
+    # SetAutonaming: every input string field literally called `name` without a Fields entry.
+    named = [f for f in fields if f.path == ("name",) and f.input and f.string]
+    if autonaming_all and named and not re.search(r'"name"\s*:', info):
+        return "name"
+    return None
+
+
+# --- the facts ---------------------------------------------------------------------
+
+def type_entry(token: str, source: TypeSource, provider: Checkout, mm: Checkout,
+               gcp_infos: dict[str, str], autonaming_all: bool) -> dict[str, Any]:
+    fields: list[Field] = []
+    conditions: dict[str, str] = {}
+    for index, path in enumerate(source.files):
+        text = provider.read(path)
+        schema_var = source.schemas[index] if source.schemas else None
+        fields += resource_fields(text, schema_var)
+        conditions.update(conditional_force_new(text))
+    info = gcp_infos.get(source.terraform, "")
+    auto = auto_named(info, fields, autonaming_all)
+    entry: dict[str, Any] = {
+        "terraform": source.terraform,
+        "forceNew": sorted(pulumi_path(f) for f in fields if f.force_new),
+        "forceNewIf": {camel(k): v for k, v in sorted(conditions.items())},
+        "deleteBeforeReplace": bool(re.search(r"DeleteBeforeReplace:\s*true", info)),
+        "autoName": camel(auto) if auto else None,
+        "source": [provider.cite(path) for path in source.files],
+    }
+    if source.mmv1:
+        entry["mmv1"] = {**mm.cite(source.mmv1), "immutable": mmv1_immutable(mm.read(source.mmv1))}
+    return entry
+
+
+def queued_tpu_entry() -> dict[str, Any]:
+    """The dynamic provider's own rule (components/queued_tpu.py, QueuedTpuProvider.diff):
+    every input but the in-place and provider-only ones replaces, always delete first;
+    an in-place change while the request still waits queues it again (.update)."""
+    from components import queued_tpu
+
+    return {"replaceUnless": sorted(queued_tpu.IN_PLACE + queued_tpu.PROVIDER_ONLY),
+            "requeueWhileWaiting": sorted(queued_tpu.IN_PLACE),
+            "forceNew": [], "forceNewIf": {}, "deleteBeforeReplace": True, "autoName": None,
+            "source": [{"repo": "tpu-stack", "path": "components/queued_tpu.py",
+                        "symbol": "QueuedTpuProvider.diff, .update, IN_PLACE, PROVIDER_ONLY"}]}
+
+
+def generate(args: argparse.Namespace) -> dict[str, Any]:
+    gcp = Checkout("pulumi/pulumi-gcp", args.pulumi_gcp)
+    # The provider at the commit pulumi-gcp builds (its `upstream` submodule).
+    provider = Checkout("hashicorp/terraform-provider-google-beta", args.provider,
+                        gcp.submodule_commit("upstream"))
+    mm = Checkout("GoogleCloudPlatform/magic-modules", args.magic_modules)
+    bridge = Checkout("pulumi/pulumi-terraform-bridge", args.bridge)
+    engine = Checkout("pulumi/pulumi", args.pulumi)
+    resources_go = gcp.read(PULUMI_GCP[0])
+    autonaming_all = PULUMI_GCP[1] in resources_go
+    infos = resource_infos(resources_go)
+    types = {token: type_entry(token, source, provider, mm, infos, autonaming_all)
+             for token, source in TYPES.items()}
+    types[PROVIDER_TYPE] = {
+        "forceNew": re.findall(r'"(\w+)":\s*\{[^}]*ForcesProviderReplace:\s*tfbridge\.True\(\)',
+                               resources_go),
+        "forceNewIf": {}, "deleteBeforeReplace": False, "autoName": None,
+        "source": [bridge.cite(*BRIDGE_CONFIG), gcp.cite(PULUMI_GCP[0])]}
+    types[QUEUED_TPU] = queued_tpu_entry()
+    return {
+        "generatedBy": "ops/plan/facts/generate.py",
+        "rules": {
+            "autoNamedSetExplicitlyDeletesFirst": [bridge.cite(*BRIDGE_RULE),
+                                                   bridge.cite(*BRIDGE_DIFF)],
+            "autonamingOfNameFields": [bridge.cite(*BRIDGE_AUTONAMING), gcp.cite(*PULUMI_GCP)],
+            "resourceOptionOverridesProvider": [engine.cite(*ENGINE_OVERRIDE)],
+            "dependentsDiffWithUnknowns": [engine.cite(*ENGINE_DEPENDENTS),
+                                           engine.cite(*ENGINE_UNKNOWN)],
+        },
+        "types": types,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for flag in ("provider", "magic-modules", "pulumi-gcp", "bridge", "pulumi"):
+        parser.add_argument(f"--{flag}", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    args.out.write_text(json.dumps(generate(args), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+"""The change matrix: dev, prod and the platform stack planned before and after each
+routine change, and the engine's steps the preview predicts (ops/plan/steps.py).
+
+Only the rows that change a node's own immutable fields (runtime, accelerator type,
+provisioning) replace that node. Code and job changes publish a new release object
+and a new package object beside the old ones (docs/design.md, contract C1: the
+nodes point at a stable release prefix and are not touched); a new region gets a
+new subnet range and no existing range moves.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components import package
+from components.archive import TRAINING_DIR, Archive, build_archive
+from components.stack_config import file_config
+from ops.plan.offline import offline_plan
+from ops.plan.report import plain
+from ops.plan.steps import Step, plan_steps
+
+Config = dict[str, str]
+Nodes = list[dict[str, Any]]
+STACKS = ("dev", "prod", "platform")
+TPU_TYPES = ("gcp:tpu/v2Vm:V2Vm", "pulumi-python:dynamic/tpu:QueuedTpu")
+OBJECT = "gcp:storage/bucketObject:BucketObject"
+SUBNET = "gcp:compute/subnetwork:Subnetwork"
+BUCKET = "gcp:storage/bucket:Bucket"
+
+
+def _nodes_key(config: Config) -> tuple[str, list[str]]:
+    """Where the stack's first team's nodes are: `tpu-stack:nodes`, or a team's."""
+    if json.loads(config.get("tpu-stack:nodes", "[]")):
+        return "tpu-stack:nodes", []
+    teams = json.loads(config["tpu-stack:teams"])
+    team = next(name for name, spec in teams.items() if spec.get("nodes"))
+    return "tpu-stack:teams", [team, "nodes"]
+
+
+def edit_nodes(config: Config, edit: Callable[[Nodes], None]) -> None:
+    key, path = _nodes_key(config)
+    data = json.loads(config[key])
+    nodes = data
+    for part in path:
+        nodes = nodes[part]
+    edit(nodes)
+    config[key] = json.dumps(data)
+
+
+def edit_json(config: Config, key: str, edit: Callable[[Any], None]) -> None:
+    data = json.loads(config[key])
+    edit(data)
+    config[key] = json.dumps(data)
+
+
+def queued(config: Config) -> None:
+    edit_nodes(config, lambda n: n[0].update(provisioning="queued", queue={"spot": True}))
+
+
+# A second node in the first node's zone, and one in a region the stack does not
+# use yet (a zone its generation is offered in: components/catalog.py).
+def _add(zone: str, accelerator: str, provisioning: str) -> Callable[[Config], None]:
+    def add(config: Config) -> None:
+        def more(nodes: Nodes) -> None:
+            extra = {k: v for k, v in nodes[0].items()
+                     if k not in ("generation", "topology", "acceleratorType", "zone",
+                                  "provisioning", "queue", "runtimeVersion")}
+            nodes.append({**extra, "name": "extra", "zone": zone or nodes[0]["zone"],
+                          "acceleratorType": accelerator, "provisioning": provisioning})
+        edit_nodes(config, more)
+        if zone.startswith("europe-west4") and json.loads(config.get("tpu-stack:quota", "{}")):
+            # A new region comes with the project's quota there (IAM & Admin > Quotas).
+            edit_json(config, "tpu-stack:quota", lambda q: q.setdefault("v5e", {}).update(
+                {"europe-west4": {"preemptible": 64}}))
+    return add
+
+
+def _first_job(config: Config) -> str:
+    key, path = _nodes_key(config)
+    nodes = json.loads(config[key])
+    for part in path:
+        nodes = nodes[part]
+    return nodes[0]["job"]
+
+
+def hyperparameter(config: Config) -> None:
+    """One more training step for the first node's job (a team's jobs sit beside its nodes)."""
+    job = _first_job(config)
+    key, path = _nodes_key(config)
+    data = json.loads(config[key] if path else config["tpu-stack:jobs"])
+    jobs = data
+    for part in path[:-1]:
+        jobs = jobs[part]
+    jobs = jobs["jobs"] if path else jobs
+    jobs[job]["trainSteps"] += 1000
+    config[key if path else "tpu-stack:jobs"] = json.dumps(data)
+
+
+def add_team(config: Config) -> None:
+    edit_json(config, "tpu-stack:teams", lambda teams: teams.update(
+        speech={"members": ["group:ml-speech@acme.example"], "quota": {"usdPerHour": 10}}))
+
+
+def storage_location(location: str) -> Callable[[Config], None]:
+    return lambda config: edit_json(config, "tpu-stack:storage",
+                                    lambda s: s.update(location=location))
+
+
+def subnet_range(config: Config) -> None:
+    network = json.loads(config.get("tpu-stack:network", "{}"))
+    network["subnetCidr"] = "10.128.0.0/19"  # the default /20, grown: it holds the old one
+    config["tpu-stack:network"] = json.dumps(network)
+
+
+def node_field(**changes: Any) -> Callable[[Config], None]:
+    return lambda config: edit_nodes(config, lambda n: n[0].update(**changes))
+
+
+def runtime(stack: str) -> list[Step]:
+    """A newer runtime on the first node. The catalog accepts one TensorFlow image per
+    slice today (tpu-vm-tf-2.18.0), so the newer one is written into the head plan."""
+    head = copy.deepcopy(base_plan(stack))
+    node = next(r for r in head["resources"] if r["name"] == first_node(stack))
+    node["inputs"]["runtimeVersion"] = node["inputs"]["runtimeVersion"].replace("2.18.0", "2.19.0")
+    return plan_steps(base_plan(stack), head).steps
+
+SAME_REGION = {"dev": ("v5litepod-4", "spot"), "prod": ("v4-8", "reserved"),
+               "platform": ("v4-8", "reserved")}
+SMALLER = {"dev": {"acceleratorType": "v5litepod-4"},  # the first node's slice, halved
+           "prod": {"topology": "2x2x2"},
+           "platform": {"topology": "2x2x2"}}
+
+
+def on_demand(config: Config) -> None:
+    """The first node made on-demand (with a team's on-demand quota for it)."""
+    node_field(provisioning="on-demand")(config)
+    if json.loads(config.get("tpu-stack:teams", "{}")):
+        edit_json(config, "tpu-stack:teams",
+                  lambda t: t["nlp"]["quota"]["v4"].update(onDemand=16))
+
+NEW_REGION = {"dev": ("europe-west4-b", "v5litepod-8", "spot"),
+              "prod": ("us-central1-a", "v5litepod-8", "on-demand"),
+              "platform": ("europe-west4-b", "v5litepod-8", "spot")}
+LOCATIONS = {"dev": "US", "prod": "us-central2", "platform": "US"}
+
+
+@pytest.fixture(scope="module")
+def new_code(tmp_path_factory: pytest.TempPathFactory) -> Archive:
+    """The package built from a copy of training/ with one line changed."""
+    copy = tmp_path_factory.mktemp("training") / "training"
+    shutil.copytree(TRAINING_DIR, copy, ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    init = copy / "tpu_training" / "__init__.py"
+    init.write_text(init.read_text() + "\n# a change under training/\n")
+    return build_archive(copy)
+
+
+_BASES: dict[tuple[str, bool], dict[str, Any]] = {}
+
+
+def plan(stack: str, edit: Callable[[Config], None] | None = None, *,
+         is_queued: bool = False) -> dict[str, Any]:
+    config = file_config(stack)
+    if is_queued:
+        queued(config)
+    if edit is not None:
+        edit(config)
+    return plain(offline_plan(stack, config).to_json())
+
+
+def base_plan(stack: str, *, is_queued: bool = False) -> dict[str, Any]:
+    key = (stack, is_queued)
+    if key not in _BASES:
+        _BASES[key] = plan(stack, is_queued=is_queued)
+    return _BASES[key]
+
+
+def steps(stack: str, edit: Callable[[Config], None], *, is_queued: bool = False) -> list[Step]:
+    return plan_steps(base_plan(stack, is_queued=is_queued),
+                      plan(stack, edit, is_queued=is_queued)).steps
+
+
+def tpu(steps_: list[Step]) -> set[tuple[str, str]]:
+    """(op, node) of each step on a TPU node; a node added as `extra` is `extra`."""
+    return {(s.op, "extra" if s.name.endswith("extra-vm") else s.name)
+            for s in steps_ if s.type in TPU_TYPES}
+
+
+def ops(steps_: list[Step], op: str, type_: str | None = None) -> list[Step]:
+    return [s for s in steps_ if s.op == op and (type_ is None or s.type == type_)]
+
+
+def first_node(stack: str) -> str:
+    return next(r["name"] for r in base_plan(stack)["resources"] if r["type"] in TPU_TYPES)
+
+
+def assert_nothing_replaced(steps_: list[Step]) -> None:
+    assert [(s.name, [c.path for c in s.replaced_by]) for s in ops(steps_, "replace")] == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_add_a_node_in_the_same_region(stack):
+    result = steps(stack, _add("", *SAME_REGION[stack]))
+    assert tpu(result) == {("create", "extra")}
+    assert_nothing_replaced(result)
+    assert ops(result, "delete") == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_add_a_node_in_a_new_region(stack):
+    zone, accelerator, provisioning = NEW_REGION[stack]
+    result = steps(stack, _add(zone, accelerator, provisioning))
+    assert tpu(result) == {("create", "extra")}
+    region = zone.rsplit("-", 1)[0]
+    assert [s.name for s in ops(result, "create", SUBNET)] == [f"subnet-{region}"]
+    # No existing range moves: the subnets of the regions in use are not touched.
+    assert [s.name for s in result if s.type == SUBNET and s.op != "create"] == []
+    assert_nothing_replaced(result)
+    assert ops(result, "delete") == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_remove_a_node(stack):
+    result = steps(stack, lambda c: edit_nodes(c, lambda n: n.pop(0)))
+    assert tpu(result) == {("delete", first_node(stack))}
+    assert_nothing_replaced(result)
+    assert ops(result, "create") == []
+
+
+def assert_new_release_only(result: list[Step], *, package_changes: bool) -> None:
+    """Contract C1: new objects beside the old ones, no node touched."""
+    assert tpu(result) == set()
+    assert_nothing_replaced(result)
+    assert {(s.op, s.type) for s in result} == {("create", OBJECT), ("delete", OBJECT)}
+    created = sorted(s.name.split("-", 1)[0] for s in ops(result, "create"))
+    deleted = sorted(s.name.split("-", 1)[0] for s in ops(result, "delete"))
+    assert created == deleted
+    assert ("archive" in created) is package_changes
+    assert "release" in created
+    # Created before the old ones go: nothing deletes first.
+    assert not any(s.delete_first for s in result)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_change_the_training_code(stack, new_code, monkeypatch):
+    base_plan(stack)  # planned with the repository's training/
+    monkeypatch.setattr(package, "build_archive", lambda: new_code)
+    assert_new_release_only(steps(stack, lambda c: None), package_changes=True)
+
+
+def test_change_the_training_code_of_a_queued_node(new_code, monkeypatch):
+    """A waiting queued request keeps its place in the queue: nothing touches it."""
+    base_plan("dev", is_queued=True)  # planned with the repository's training/
+    monkeypatch.setattr(package, "build_archive", lambda: new_code)
+    result = steps("dev", lambda c: None, is_queued=True)
+    assert any(r["type"] == TPU_TYPES[1] for r in base_plan("dev", is_queued=True)["resources"])
+    assert_new_release_only(result, package_changes=True)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_change_a_job_hyperparameter(stack):
+    assert_new_release_only(steps(stack, hyperparameter), package_changes=False)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_change_a_nodes_labels(stack):
+    result = steps(stack, node_field(labels={"experiment": "lr-sweep"}))
+    assert tpu(result) == {("update", first_node(stack))}
+    assert {s.op for s in result} == {"update"}
+    [node] = [s for s in result if s.type in TPU_TYPES]
+    assert node.paths == ("labels.experiment",)
+
+
+def test_add_a_team():
+    result = steps("platform", add_team)
+    assert tpu(result) == set()
+    assert_nothing_replaced(result)
+    assert ops(result, "delete") == []
+    assert ops(result, "create") != []
+
+
+@pytest.mark.parametrize(("stack", "edit", "field"), [
+    *((s, None, "runtimeVersion") for s in STACKS),
+    *((s, node_field(**SMALLER[s]), "accelerator") for s in STACKS),
+    *((s, on_demand, "schedulingConfig") for s in STACKS),
+])
+def test_a_nodes_own_immutable_field_replaces_it_delete_first(stack, edit, field):
+    result = steps(stack, edit) if edit else runtime(stack)
+    node = first_node(stack)
+    assert tpu(result) == {("replace", node)}
+    [replaced] = ops(result, "replace")
+    assert replaced.delete_first
+    assert all(field in path for path in replaced.replaced_paths), replaced.replaced_paths
+    # Anything else is a release object for the node's resolved job.
+    assert {s.type for s in result if s.type not in TPU_TYPES} <= {OBJECT}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_change_the_bucket_location(stack):
+    result = steps(stack, storage_location(LOCATIONS[stack]))
+    assert {s.name for s in ops(result, "replace", BUCKET)} >= {"checkpoints", "data"}
+    assert all(s.delete_first for s in ops(result, "replace", BUCKET))
+    assert {op for op, _ in tpu(result)} <= {"update"}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_grow_the_subnet_range(stack):
+    result = steps(stack, subnet_range)
+    assert tpu(result) == set()
+    assert_nothing_replaced(result)
+    assert {s.op for s in result if s.type == SUBNET} == {"update"}
+
+
+def test_a_shrunk_range_is_predicted_with_its_chain():
+    """Not a routine change: a range given a smaller block replaces the subnet (delete
+    first) and, through its unknown self link, every node in it."""
+    def shrink(config: Config) -> None:
+        config["tpu-stack:network"] = json.dumps({"subnetCidr": "10.128.0.0/21"})
+    result = steps("dev", shrink)
+    assert [(s.op, s.type, s.delete_first) for s in result if s.op == "replace"] == [
+        ("replace", SUBNET, True), ("replace", TPU_TYPES[0], True)]
+    node = ops(result, "replace", TPU_TYPES[0])[0]
+    assert node.replaced_paths == ("networkConfig.subnetwork",)
+    assert node.replaced_by[0].unknown_from.endswith("::subnet-us-central1")
+
+
+def test_the_archive_is_a_different_package(new_code):
+    assert new_code.sha256 != build_archive().sha256
+    assert isinstance(new_code.filename, str) and Path(new_code.filename).suffix == ".gz"

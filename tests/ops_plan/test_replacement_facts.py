@@ -1,0 +1,163 @@
+"""ops/plan/facts: every declared type has replacement facts, each citing its source."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from components import queued_tpu
+from components.stack_config import file_config, stack_names
+from ops.plan.facts import facts, type_facts
+from ops.plan.facts.generate import (
+    QUEUED_TPU,
+    conditional_force_new,
+    mmv1_immutable,
+    pulumi_path,
+    resource_fields,
+)
+from ops.plan.offline import offline_plan
+from ops.plan.steps import delete_first, replaces, shrinks
+
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _queued(stack: str) -> dict[str, str]:
+    config = file_config(stack)
+    nodes = json.loads(config["tpu-stack:nodes"])
+    nodes[0].update(provisioning="queued", queue={"spot": True})
+    config["tpu-stack:nodes"] = json.dumps(nodes)
+    return config
+
+
+@pytest.fixture(scope="module")
+def declared_types() -> set[str]:
+    plans = [offline_plan(stack) for stack in stack_names()]
+    plans.append(offline_plan("dev", _queued("dev")))
+    return {r.type for p in plans for r in p.run.registrations if r.custom}
+
+
+def test_every_type_the_program_declares_has_an_entry(declared_types):
+    assert QUEUED_TPU in declared_types
+    missing = sorted(t for t in declared_types if type_facts(t) is None)
+    assert missing == [], f"no replacement facts for {missing}: add them to " \
+        "ops/plan/facts/generate.py TYPES and regenerate"
+
+
+def test_every_entry_and_rule_cites_repo_path_and_commit():
+    for token, entry in facts()["types"].items():
+        assert entry["source"], token
+        for source in entry["source"]:
+            assert source["repo"] and source["path"], token
+            assert source["repo"] == "tpu-stack" or COMMIT.match(source["commit"]), token
+    for rule, sources in facts()["rules"].items():
+        assert all(COMMIT.match(s["commit"]) and s["line"] > 0 for s in sources), rule
+
+
+def test_the_provider_facts_read_as_the_provider_behaves():
+    subnet = type_facts("gcp:compute/subnetwork:Subnetwork")
+    assert subnet["forceNewIf"] == {"ipCidrRange": "IsShrinkageIpCidr"}
+    assert {"name", "network", "region"} <= set(subnet["forceNew"])
+    vm = type_facts("gcp:tpu/v2Vm:V2Vm")
+    assert {"networkConfig.subnetwork", "runtimeVersion", "acceleratorType",
+            "schedulingConfig.spot"} <= set(vm["forceNew"])
+    assert not {"labels", "metadata", "description", "tags"} & set(vm["forceNew"])
+    # magic-modules documents the same fields immutable.
+    assert "networkConfig.subnetwork" in vm["mmv1"]["immutable"]
+    package = type_facts("gcp:storage/bucketObject:BucketObject")
+    assert {"name", "source", "metadata"} <= set(package["forceNew"])
+    assert package["autoName"] == "name"
+
+
+def test_the_queued_entry_follows_its_provider():
+    entry = type_facts(QUEUED_TPU)
+    assert entry["replaceUnless"] == sorted(queued_tpu.IN_PLACE + queued_tpu.PROVIDER_ONLY), \
+        "components/queued_tpu.py changed: regenerate ops/plan/facts/replacement.json"
+    assert entry["deleteBeforeReplace"] is True
+    assert entry["requeueWhileWaiting"] == sorted(queued_tpu.IN_PLACE)
+
+
+@pytest.mark.parametrize(("old", "new", "shrunk"), [
+    ("10.128.0.0/20", "10.128.0.0/21", True),
+    ("10.128.0.0/20", "10.128.0.0/19", False),
+    ("10.128.0.0/20", "10.130.0.0/20", True),
+    ("10.128.0.0/20", "(unknown)", False),
+])
+def test_shrinkage_is_the_providers_condition(old, new, shrunk):
+    assert shrinks(old, new) is shrunk
+
+
+def test_who_deletes_first():
+    subnet = {"type": "gcp:compute/subnetwork:Subnetwork", "inputs": {"name": "x"},
+              "deleteBeforeReplace": None}
+    assert delete_first(subnet) == (True, "its name is set explicitly, so two cannot exist at "
+                                    "once")
+    assert delete_first({**subnet, "inputs": {}}) == (False, "")  # auto-named
+    assert delete_first({**subnet, "deleteBeforeReplace": False}) == (
+        False, "the delete_before_replace option")
+    member = {"type": "gcp:projects/iAMMember:IAMMember", "inputs": {}}
+    assert delete_first(member) == (True, "the provider deletes it first")
+    assert replaces(subnet, "ipCidrRange", "10.0.0.0/20", "10.0.0.0/21") == (True, "shrinks")
+    assert replaces(subnet, "ipCidrRange", "10.0.0.0/21", "10.0.0.0/20") == (False, "update")
+
+
+GO_SCHEMA = '''
+func ResourceThing() *schema.Resource {
+	return &schema.Resource{
+		CustomizeDiff: customdiff.All(
+			customdiff.ForceNewIfChange("size_gb", IsShrinkage),
+		),
+		Schema: map[string]*schema.Schema{
+			"name": {
+				Type:     schema.TypeString,
+				Required: true,
+				ForceNew: true,
+				Description: `A { brace in a raw string.`,
+			},
+			"config": {
+				Type:     schema.TypeList,
+				Optional: true,
+				MaxItems: 1,
+				Elem: &schema.Resource{
+					Schema: map[string]*schema.Schema{
+						"zone": {Type: schema.TypeString, Optional: true, ForceNew: true},
+						"tier": {Type: schema.TypeString, Optional: true},
+					},
+				},
+			},
+			"rules": {
+				Type: schema.TypeList,
+				Elem: &schema.Resource{
+					Schema: map[string]*schema.Schema{
+						"kind": {Type: schema.TypeString, ForceNew: true}, // "}"
+					},
+				},
+			},
+		},
+	}
+}
+'''
+
+
+def test_the_generator_reads_a_go_schema():
+    fields = resource_fields(GO_SCHEMA, None)
+    assert sorted(pulumi_path(f) for f in fields if f.force_new) == [
+        "config.zone", "name", "rules[].kind"]
+    assert conditional_force_new(GO_SCHEMA) == {"size_gb": "IsShrinkage"}
+
+
+def test_the_generator_reads_mmv1_immutability():
+    product = """
+name: Thing
+properties:
+  - name: zone
+    immutable: true
+  - name: labels
+  - name: networkConfig
+    type: NestedObject
+    properties:
+      - name: subnetwork
+        immutable: true
+"""
+    assert mmv1_immutable(product) == ["networkConfig.subnetwork", "zone"]
