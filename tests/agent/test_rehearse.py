@@ -108,7 +108,7 @@ def test_synthetic_data_goes_where_train_and_eval_patterns_look(
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(ops.local.rehearse.subprocess, "run", synth)
-    monkeypatch.setattr(ops.local.rehearse, "TRAINING_PYTHON", Path(sys.executable))
+    monkeypatch.setattr(ops.local.rehearse, "synth_env", lambda: {})
     job = {"model": "resnet50", "globalBatchSize": 64, "imageSize": 32, "numClasses": 1000,
            "trainData": f"{tmp_path}/imagenet/train-*.tfrecord",
            "evalData": f"{tmp_path}/imagenet/validation-*.tfrecord"}
