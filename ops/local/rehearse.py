@@ -393,6 +393,7 @@ def landed(job: dict[str, Any], changed: dict[str, tuple[str, str]], status_dir:
     return lines
 
 
+STOPPED = (75, 76)  # stopped on SIGTERM, with or without a save (bootstrap.sh, the unit)
 STEP_LOSS = re.compile(r"^tpu_training step=(\d+) loss=(\S+)", re.M)  # docs/design.md,
 EVAL_LINE = re.compile(r"^tpu_training (eval_accuracy=\S+ eval_loss=\S+)", re.M)  # job lines
 
@@ -422,7 +423,7 @@ def status_table(pod: Pod, job: dict[str, Any], status_dir: Path,
         guest = worker.guest
         losses = STEP_LOSS.findall(job_log_text(status_dir, worker.number))
         state, message = guest.get("state", "?"), guest.get("message", "")
-        if codes.get(worker.number) not in (0, None) and state != "failed":
+        if codes.get(worker.number) not in (0, None, *STOPPED) and state != "failed":
             state, message = "failed", f"the agent exited with {codes[worker.number]}"
         table.add_row(str(worker.number), state, guest.get("step", ""),
                       losses[-1][1] if losses else "", goodput_percent(guest),
