@@ -242,3 +242,24 @@ def test_a_pod_rehearsal_runs_a_hot_update_a_failed_worker_and_a_notice_to_all(
     assert [row[:2] for row in rows] == [("0", "preempted"), ("1", "idle"), ("2", "failed"),
                                          ("3", "idle")]
     assert rows[2][-1] == f"the agent exited with {-signal.SIGKILL}"
+
+
+def test_the_summary_says_which_workers_ran_and_what_a_short_evaluation_means(
+        tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from ops.local.rehearse import about_the_run
+
+    (tmp_path / "worker-0").mkdir()
+    (tmp_path / "worker-0" / "job.log").write_text(
+        "tpu_training step=40 loss=4.98\ntpu_training eval_accuracy=0.001953 eval_loss=189.7\n")
+    job = {"trainSteps": 40, "numClasses": 1000}
+    pod, single = SimpleNamespace(hosts=4), SimpleNamespace(hosts=1)
+    lines = about_the_run(pod, job, tmp_path)  # type: ignore[arg-type]
+    assert lines[0].startswith("workers rehearsed: all 4 (0-3), each with its own metadata")
+    assert "so workers 1-3 are idle here, serving worker 0 as their agents do" in lines[0]
+    assert lines[1] == ("evaluation after 40 steps: eval_accuracy=0.001953 eval_loss=189.7. A run "
+                        "this short only shows that evaluation runs: accuracy near chance "
+                        "(1/1000 = 0.001) is expected.")
+    assert about_the_run(single, job, tmp_path / "none")[0] == (  # type: ignore[arg-type]
+        "workers rehearsed: 0, the node's only worker (single host).")
