@@ -81,3 +81,20 @@ def test_the_ranges_are_the_ones_readme_states() -> None:
     assert "Python 3.11 or newer for the infra side" in readme
     assert "Python 3.10 to 3.12 for TensorFlow 2.18" in readme
     assert "3.10 to 3.13 for TensorFlow 2.20" in readme
+
+
+def test_the_progress_lines_name_packages_never_the_requirements_file() -> None:
+    script = (REPO_ROOT / "scripts" / "setup.sh").read_text()
+    progress = re.search(r"^progress\(\) \{.*?^\}", script, re.M | re.S)[0]
+    pip_output = ("Collecting rich>=13 (from -r requirements.txt (line 10))\n"
+                  "Processing /opt/wheels/pulumi-3.200.0-py3-none-any.whl (from -r "
+                  "/work/requirements.txt (line 3))\n"
+                  "Processing ./training\n"
+                  "Installing collected packages: rich, pulumi\n")
+    result = subprocess.run(["bash", "-c", f"{progress}\nprogress infra"], input=pip_output,
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines() == [
+        "  .venv/infra: collecting rich>=13",
+        "  .venv/infra: collecting pulumi-3.200.0-py3-none-any.whl",
+        "  .venv/infra: collecting training",
+        "  .venv/infra: installing (this takes a while)"]
