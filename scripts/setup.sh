@@ -113,7 +113,6 @@ setup_one() {
     tf218) make_venv tf218 -e './training[tf218,test]' -- 'tf-keras>=2.18,<2.19' ;;
     tf220) make_venv tf220 -e './training[tf220,test]' -- 'tf-keras>=2.20,<2.21' ;;
     image) make_venv image 'tensorflow-cpu>=2.18,<2.19' ;;
-    *) echo "setup.sh: unknown environment '$1' (infra, tf218, tf220, image)" >&2; exit 2 ;;
   esac
 }
 
@@ -127,4 +126,5 @@ if [[ ${1:-} == --which ]]; then  # the Python each environment would be built w
   exit 0
 fi
 if [[ $# -eq 0 ]]; then set -- infra tf218 tf220 image; fi
+for env in "$@"; do python_range "$env" > /dev/null || exit 2; done  # a typo before any build
 for env in "$@"; do setup_one "$env"; done
