@@ -4,7 +4,7 @@
 # whole boot on this machine (GCS emulator, metadata server, the real job on CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh infra image tf218  # tf218 writes the synthetic dataset
+scripts/setup.sh infra image  # the image's Python also writes the synthetic dataset
 stack=${1:-dev}
 ./tpuctl plan --stack "$stack"
 ./tpuctl rehearse --stack "$stack"

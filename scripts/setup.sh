@@ -6,9 +6,61 @@
 #   .venv/tf220   training package + TensorFlow 2.20 (newest tensorflow-tpu) + tf-keras
 #   .venv/image   TensorFlow 2.18 only: stands in for the TPU VM image in agent tests
 # Usage: scripts/setup.sh [infra|tf218|tf220|image ...]   (default: all)
+#        scripts/setup.sh --which ENV...   the Python each would be built with; builds nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
+
+# The Pythons each environment runs on (README.md, "Two commands", states them). PyPI's
+# wheels decide (pip download --no-deps --only-binary=:all: --python-version 3.X, checked
+# 2026-12): tensorflow-cpu 2.18.1 has wheels for cp39-cp312, 2.20.0 for cp39-cp313; the
+# training package requires 3.10 (training/pyproject.toml, the TPU image's Python); the
+# infra side 3.11 (.ci/run proves it), with no upper bound: pulumi and pulumi-gcp are pure
+# Python and grpcio has cp314 wheels.
+python_range() {  # NAME -> "MIN MAX WHY" (MAX - : none)
+  case $1 in
+    infra) echo "3.11 - pulumi" ;;
+    tf218|image) echo "3.10 3.12 TensorFlow 2.18" ;;
+    tf220) echo "3.10 3.13 TensorFlow 2.20" ;;
+    *) echo "setup.sh: unknown environment '$1' (infra, tf218, tf220, image)" >&2; return 2 ;;
+  esac
+}
+
+minor_of() { local major=${1%%.*} minor=${1#*.}; echo $((major * 100 + ${minor%%.*})); }
+
+version_of() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
+
+candidate_pythons() {
+  # $PYTHON (else python3) first, then python3.X on PATH, then pyenv's, newest first.
+  echo "${PYTHON:-python3}"
+  local minor
+  for minor in 13 12 11 10; do command -v "python3.$minor" || true; done
+  find "${PYENV_ROOT:-$HOME/.pyenv}/versions" -maxdepth 3 -path "*/3.*/bin/python" \
+    2>/dev/null | sort -rV || true
+}
+
+pick_python() {
+  # The first candidate Python in NAME's range, or one line naming what to install.
+  local name=$1 low high why python version minor first="" first_version=""
+  read -r low high why < <(python_range "$name")
+  while read -r python; do
+    version=$(version_of "$python") || continue
+    [[ -z $first ]] && first=$python first_version=$version
+    minor=$(minor_of "$version")
+    if ((minor >= $(minor_of "$low"))) && { [[ $high == - ]] || ((minor <= $(minor_of "$high"))); }; then
+      echo "$python"
+      return 0
+    fi
+  done < <(candidate_pythons)
+  local wanted="$low-$high" reason="no Python found"
+  [[ $high == - ]] && wanted="$low or newer"
+  if [[ -n $first ]]; then
+    reason="$first is Python $first_version"
+    [[ $high != - ]] && (($(minor_of "$first_version") > $(minor_of "$high"))) &&
+      reason="$why has no wheels for $first_version"
+  fi
+  echo "setup.sh: .venv/$name needs Python $wanted ($reason); install one or set PYTHON" >&2
+  return 2
+}
 
 quiet_pip() {
   # pip.conf on some machines names local indexes that do not exist; drop the noise.
@@ -18,7 +70,7 @@ quiet_pip() {
 progress() {
   # One line per package pip collects, then one while it installs: a build takes minutes.
   sed -un -E -e "s|^Collecting ([^ ]+).*|  .venv/$1: collecting \1|p" \
-    -e "s|^Processing (.*/)?([^/ ]+).*|  .venv/$1: collecting \2|p" \
+    -e "s|^Processing ([^ ]*/)?([^/ ]+).*|  .venv/$1: collecting \2|p" \
     -e "s|^Installing collected packages.*|  .venv/$1: installing (this takes a while)|p"
 }
 
@@ -35,18 +87,13 @@ make_venv() {
   if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
     return 0
   fi
-  local started=$SECONDS minimum=3.10  # the agent and the job: the TPU image's Python
-  [[ $name == infra ]] && minimum=3.11   # README.md, "Two commands"; .ci/run proves both
-  if ! "$PYTHON" -c "import sys; sys.exit(sys.version_info[:2] < (${minimum/./, }))"; then
-    echo "setup.sh: .venv/$name needs Python $minimum or newer; $PYTHON is" \
-      "$("$PYTHON" --version 2>&1). Set PYTHON to a newer one." >&2
-    exit 2
-  fi
-  echo "setting up .venv/$name ($("$PYTHON" --version))" >&2
+  local started=$SECONDS python
+  python=$(pick_python "$name") || exit 2
+  echo "setting up .venv/$name ($("$python" --version 2>&1), $python)" >&2
   # A fresh venv: installing over an old one keeps what the old package list pulled in
   # (e.g. the second TensorFlow tf-keras brought).
   rm -rf ".venv/$name"
-  "$PYTHON" -m venv ".venv/$name"
+  "$python" -m venv ".venv/$name"
   quiet_pip ".venv/$name/bin/python" -m pip install --quiet --upgrade pip
   quiet_pip ".venv/$name/bin/python" -m pip install --progress-bar off "${with_deps[@]}" |
     progress "$name" >&2
@@ -66,9 +113,18 @@ setup_one() {
     tf218) make_venv tf218 -e './training[tf218,test]' -- 'tf-keras>=2.18,<2.19' ;;
     tf220) make_venv tf220 -e './training[tf220,test]' -- 'tf-keras>=2.20,<2.21' ;;
     image) make_venv image 'tensorflow-cpu>=2.18,<2.19' ;;
-    *) echo "setup.sh: unknown environment '$1' (infra, tf218, tf220, image)" >&2; exit 2 ;;
   esac
 }
 
+if [[ ${1:-} == --which ]]; then  # the Python each environment would be built with
+  shift
+  for env in "${@:-infra}"; do
+    python_range "$env" > /dev/null || exit 2
+    python=$(pick_python "$env") || exit 2
+    echo "$env $python"
+  done
+  exit 0
+fi
 if [[ $# -eq 0 ]]; then set -- infra tf218 tf220 image; fi
+for env in "$@"; do python_range "$env" > /dev/null || exit 2; done  # a typo before any build
 for env in "$@"; do setup_one "$env"; done

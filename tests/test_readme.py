@@ -22,3 +22,37 @@ def test_the_pythons_readme_claims_are_the_ones_ci_runs() -> None:
     assert f"Python {infra} or newer for the infra side" in README
     assert f"run on Python {image}, the Python of TPU VM images" in README
     assert "3.10+" not in README
+
+
+def test_every_preview_and_up_runs_the_pack_with_the_repositorys_config() -> None:
+    commands = re.findall(r"^pulumi (?:preview|up)\b.*$", README, re.M)
+    assert commands, "README names no pulumi preview/up"
+    for command in commands:
+        assert "--policy-pack policy --policy-pack-config policy/config.json" in command, command
+
+
+def test_the_files_and_links_readme_names_exist() -> None:
+    named = set(re.findall(r"--policy-pack-config (\S+)", README))
+    named |= set(re.findall(r"\]\(([^)#:]+)\)", README))  # relative links
+    named |= set(re.findall(r"\b((?:scripts|docs|policy)/[\w./-]+\.(?:sh|md|json))", README))
+    assert {"policy/config.json", "Pulumi.prod.yaml", "Pulumi.platform.yaml",
+            "Pulumi.team-vision.yaml", "scripts/run.sh"} <= named
+    assert [path for path in sorted(named) if not (REPO_ROOT / path).exists()] == []
+
+
+def test_the_tpuctl_verbs_readme_names_exist() -> None:
+    from typer.main import get_command
+
+    from ops.cli import app
+
+    verbs = set(get_command(app).commands)  # type: ignore[attr-defined]
+    named = set(re.findall(r"\./tpuctl (\w+)", README))
+    assert {"plan", "rehearse", "status", "wait", "preflight"} <= named
+    assert named <= verbs
+
+
+def test_start_your_own_stack_copies_dev_and_inits_the_same_name() -> None:
+    copied = re.search(r"^cp Pulumi\.dev\.yaml Pulumi\.(\w+)\.yaml$", README, re.M)
+    assert copied
+    assert f"pulumi stack init {copied[1]} " in README
+    assert "pulumi config set gcp:project " in README

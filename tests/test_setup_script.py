@@ -1,7 +1,9 @@
-"""scripts/setup.sh refuses a Python older than what README.md claims, with one clear line."""
+"""scripts/setup.sh picks a Python each environment supports, or refuses in one line
+that names what to install (README.md, "Two commands", states the same ranges)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -11,30 +13,88 @@ import pytest
 
 from components.archive import REPO_ROOT
 
+TOOLS = ("bash", "dirname", "find", "sort", "sha256sum", "cut", "cat")  # what runs before a build
 
-def fake_python(folder: Path, version: tuple[int, int, int]) -> Path:
+
+def fake_python(path: Path, version: tuple[int, int, int]) -> Path:
     """A python that reports `version` (and runs everything else with this one)."""
-    path = folder / "python-fake"
     dotted = ".".join(map(str, version))
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "Python {dotted}"; exit 0; fi\n'
                     f'exec {sys.executable} -c "import sys; sys.version_info = {version}; $2"\n')
     path.chmod(0o755)
     return path
 
 
-@pytest.mark.parametrize(("env", "version", "minimum"), [
-    ("infra", (3, 10, 13), "3.11"),
-    ("image", (3, 9, 18), "3.10"),
-])
-def test_too_old_a_python_is_refused_before_anything_is_built(
-        tmp_path: Path, env: str, version: tuple[int, int, int], minimum: str) -> None:
-    (tmp_path / "scripts").mkdir()
+def setup_sh(tmp_path: Path, *args: str, python: Path,
+             others: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """Run a copy of setup.sh where the only Pythons are `python` (as PYTHON) and `others`
+    (python3.X on PATH, or a pyenv's versions/3.X.Y/bin/python under tmp_path/pyenv)."""
+    (tmp_path / "scripts").mkdir(exist_ok=True)
     shutil.copy(REPO_ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
-    python = fake_python(tmp_path, version)
-    result = subprocess.run([str(tmp_path / "scripts" / "setup.sh"), env],
-                            env={"PATH": "/usr/bin:/bin", "PYTHON": str(python)},
-                            capture_output=True, text=True, timeout=60, check=False)
+    tools = tmp_path / "bin"
+    tools.mkdir(exist_ok=True)
+    for tool in TOOLS:
+        (tools / tool).unlink(missing_ok=True)
+        (tools / tool).symlink_to(shutil.which(tool))
+    env = {"PATH": str(tools), "PYTHON": str(python), "HOME": str(tmp_path),
+           "PYENV_ROOT": str(tmp_path / "pyenv")}
+    assert all(other.is_relative_to(tmp_path) for other in others)
+    return subprocess.run([str(tmp_path / "scripts" / "setup.sh"), *args], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(("env", "version", "expected"), [
+    ("infra", (3, 10, 13), "Python 3.11 or newer ({python} is Python 3.10)"),
+    ("image", (3, 9, 18), "Python 3.10-3.12 ({python} is Python 3.9)"),
+    ("tf218", (3, 13, 0), "Python 3.10-3.12 (TensorFlow 2.18 has no wheels for 3.13)"),
+    ("image", (3, 13, 0), "Python 3.10-3.12 (TensorFlow 2.18 has no wheels for 3.13)"),
+    ("tf220", (3, 14, 0), "Python 3.10-3.13 (TensorFlow 2.20 has no wheels for 3.14)"),
+])
+def test_no_supported_python_is_refused_in_one_line_before_anything_is_built(
+        tmp_path: Path, env: str, version: tuple[int, int, int], expected: str) -> None:
+    python = fake_python(tmp_path / "python-fake", version)
+    result = setup_sh(tmp_path, env, python=python)
     assert result.returncode == 2
-    assert result.stderr == (f"setup.sh: .venv/{env} needs Python {minimum} or newer; {python} is "
-                             f"Python {'.'.join(map(str, version))}. Set PYTHON to a newer one.\n")
+    assert result.stderr == (f"setup.sh: .venv/{env} needs {expected.format(python=python)}; "
+                             "install one or set PYTHON\n")
     assert not (tmp_path / ".venv" / env).exists()
+
+
+def test_a_supported_python_on_path_or_in_pyenv_is_picked(tmp_path: Path) -> None:
+    python = fake_python(tmp_path / "python-fake", (3, 13, 0))
+    on_path = fake_python(tmp_path / "bin" / "python3.11", (3, 11, 7))
+    in_pyenv = fake_python(tmp_path / "pyenv" / "versions" / "3.12.1" / "bin" / "python",
+                           (3, 12, 1))
+    result = setup_sh(tmp_path, "--which", "infra", "tf218", "tf220", "image", python=python,
+                      others=(on_path, in_pyenv))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"infra {python}", f"tf218 {on_path}", f"tf220 {python}", f"image {on_path}"]
+
+
+def test_the_ranges_are_the_ones_readme_states() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    script = (REPO_ROOT / "scripts" / "setup.sh").read_text()
+    ranges = dict(re.findall(r"^\s+(\w+)(?:\|\w+)?\) echo \"(3\.\d+ (?:3\.\d+|-))", script, re.M))
+    assert ranges == {"infra": "3.11 -", "tf218": "3.10 3.12", "tf220": "3.10 3.13"}
+    assert "Python 3.11 or newer for the infra side" in readme
+    assert "Python 3.10 to 3.12 for TensorFlow 2.18" in readme
+    assert "3.10 to 3.13 for TensorFlow 2.20" in readme
+
+
+def test_the_progress_lines_name_packages_never_the_requirements_file() -> None:
+    script = (REPO_ROOT / "scripts" / "setup.sh").read_text()
+    progress = re.search(r"^progress\(\) \{.*?^\}", script, re.M | re.S)[0]
+    pip_output = ("Collecting rich>=13 (from -r requirements.txt (line 10))\n"
+                  "Processing /opt/wheels/pulumi-3.200.0-py3-none-any.whl (from -r "
+                  "/work/requirements.txt (line 3))\n"
+                  "Processing ./training\n"
+                  "Installing collected packages: rich, pulumi\n")
+    result = subprocess.run(["bash", "-c", f"{progress}\nprogress infra"], input=pip_output,
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines() == [
+        "  .venv/infra: collecting rich>=13",
+        "  .venv/infra: collecting pulumi-3.200.0-py3-none-any.whl",
+        "  .venv/infra: collecting training",
+        "  .venv/infra: installing (this takes a while)"]

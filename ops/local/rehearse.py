@@ -10,22 +10,37 @@ cannot be pointed at an emulator, so the job's gs:// locations become local
 folders; and the job is CPU-sized: a few executions instead of the stack's
 trainSteps, a small batch, a narrow model (its checkpoints stay small) and,
 for ResNets, small images.
+
+A pod slice boots every worker, each with its own metadata server (its own view:
+`agent-worker-number`, `worker-network-endpoints`; a notice goes to all at once).
+Worker 0 runs the job; on a pod its TensorFlow client drives every worker's TPU,
+but TensorFlow refuses MirroredStrategy over remote CPU devices in eager mode
+("In-graph multi-worker training with MirroredStrategy is not supported"), so
+here worker 0 trains on its own CPU and the other workers are `idle`, serving
+worker 0 as their agent does on a pod, each as the service the bootstrap installs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from components.agent import (
     JOB_KEY,
@@ -34,17 +49,31 @@ from components.agent import (
     STARTUP_SCRIPT_KEY,
     STATUS_KEY,
 )
-from components.archive import REPO_ROOT, PackageError, build_archive
+from components.archive import (
+    DEFAULT_WHEEL_CACHE,
+    REPO_ROOT,
+    TRAINING_DIR,
+    PackageError,
+    build_archive,
+    ensure_wheels,
+    read_lock,
+)
+from components.catalog import CatalogError
 from components.settings import SettingsError
 from components.stack_config import StackFileError
-from ops.local.local_node import LocalNode
+from ops.local.local_node import IMAGE_PYTHON, WORKER_NUMBER_KEY, LocalNode
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator, split
 from ops.plan.offline import Plan, PlanError, offline_plan
 from ops.terminal import console as make_console
 from ops.terminal import from_caller, print_error
+from ops.tpu.status import goodput_percent
+from policy.tpu_policies import tpu_slice, tpu_view
 
-TRAINING_PYTHON = REPO_ROOT / ".venv" / "tf218" / "bin" / "python"
+# The synthetic data is written by the node image's Python (TensorFlow only), with the
+# package's own source and the tf-keras wheel the package carries: no training venv.
+SYNTH_PYTHON = IMAGE_PYTHON
+NETWORK_ENDPOINTS_KEY = "worker-network-endpoints"
 LOCATION_KEYS = ("trainData", "evalData", "checkpointDir", "exportDir", "tensorboardDir")
 DEFAULT_STEPS = 40
 DEFAULT_BATCH = 64
@@ -54,6 +83,7 @@ REHEARSAL_WIDTH = 0.25
 REHEARSAL_IMAGE_SIZE = 32  # ResNets: the smallest size the job accepts (config.py)
 EXECUTIONS = 4  # status updates during a rehearsal: one per execution
 POLL_SECONDS = 0.5
+T = TypeVar("T")
 
 
 class RehearsalError(RuntimeError):
@@ -63,16 +93,22 @@ class RehearsalError(RuntimeError):
 def planned_nodes(plan: Plan) -> dict[str, dict[str, str]]:
     """Each TPU node's metadata by its TpuNode's name (`node-trainer`): whatever
     resource carries a startup-script (a V2Vm, or a QueuedTpu's node)."""
+    return {name: metadata for name, (metadata, _) in planned_slices(plan).items()}
+
+
+def planned_slices(plan: Plan) -> dict[str, tuple[dict[str, str], int]]:
+    """Each TPU node's metadata and its number of workers (hosts), by TpuNode name."""
     nodes = {}
     for resource in plan.run.registrations:
         metadata = resource.inputs.get("metadata")
         if isinstance(metadata, dict) and STARTUP_SCRIPT_KEY in metadata:
             component = plan.component_of(resource) or resource.name
-            nodes[component.split(":")[-1]] = dict(metadata)
+            view = tpu_view(resource.type, resource.inputs) or resource.inputs
+            nodes[component.split(":")[-1]] = (dict(metadata), tpu_slice(view).hosts)
     return nodes
 
 
-def pick_node(nodes: dict[str, dict[str, str]], node: str | None) -> tuple[str, dict[str, str]]:
+def pick_node(nodes: Mapping[str, T], node: str | None) -> tuple[str, T]:
     if not nodes:
         raise RehearsalError("the stack declares no TPU node (tpu-stack:nodes is empty)")
     # TpuNode names carry a prefix before the logical name (components/platform.py).
@@ -118,12 +154,42 @@ def rehearsal_job(job: dict[str, Any], gcs_root: Path, steps: int | None = None,
 
 def write_datasets(job: dict[str, Any], console: Console) -> None:
     """Synthetic records where the job's trainData (and evalData) patterns will find them."""
+    env = synth_env()
     for key in ("trainData", "evalData"):
         if job.get(key):
-            write_dataset(key, job, console)
+            write_dataset(key, job, console, env)
 
 
-def write_dataset(key: str, job: dict[str, Any], console: Console) -> None:
+IMAGE_TF_VERSION = ("import importlib.metadata as m\n"
+                    "for name in ('tensorflow', 'tensorflow-cpu', 'tensorflow-tpu'):\n"
+                    "    try:\n        print(m.version(name)); break\n"
+                    "    except m.PackageNotFoundError:\n        pass\n")
+
+
+def synth_env() -> dict[str, str]:
+    """The environment `tpu_training synth` runs in with the image's Python: the package's
+    source and the pinned tf-keras wheel for the image's TensorFlow on PYTHONPATH (a
+    pure-Python wheel imports from its zip, as the agent's installed copy would)."""
+    if not SYNTH_PYTHON.exists():
+        raise RehearsalError(f"{SYNTH_PYTHON} is missing: build it with "
+                             "`scripts/setup.sh image` (scripts/run.sh does)")
+    found = subprocess.run([str(SYNTH_PYTHON), "-c", IMAGE_TF_VERSION], capture_output=True,
+                           text=True, check=False).stdout.split()
+    minor = ".".join(found[0].split(".")[:2]) if found else "?"
+    pins = [pin for pin in read_lock()
+            if pin.requirement.split("==")[1].startswith(f"{minor}.")]
+    if not pins:
+        raise RehearsalError(f"{SYNTH_PYTHON} has TensorFlow {minor}, and training/wheels.lock "
+                             "pins no tf-keras for it")
+    cache = Path(os.environ.get("TPU_STACK_WHEEL_CACHE", DEFAULT_WHEEL_CACHE))
+    (wheel,) = ensure_wheels(pins[:1], cache)
+    paths = [str(TRAINING_DIR), str(wheel), os.environ.get("PYTHONPATH", "")]
+    return os.environ | {"PYTHONPATH": os.pathsep.join(p for p in paths if p),
+                         "CUDA_VISIBLE_DEVICES": ""}
+
+
+def write_dataset(key: str, job: dict[str, Any], console: Console,
+                  env: dict[str, str] | None = None) -> None:
     pattern = job[key]
     out = Path(pattern).parent
     # synth names files <prefix>-00000-of-00002.tfrecord: the prefix is the pattern's
@@ -132,17 +198,14 @@ def write_dataset(key: str, job: dict[str, Any], console: Console) -> None:
     examples = max(512, 2 * job["globalBatchSize"])
     console.print(f"synthetic data: {examples} {job['model']} examples into {out} ({key})",
                   markup=False)
-    command = [str(TRAINING_PYTHON), "-m", "tpu_training", "synth", "--model", job["model"],
+    command = [str(SYNTH_PYTHON), "-m", "tpu_training", "synth", "--model", job["model"],
                "--out", str(out), "--examples", str(examples), "--shards", "2",
                "--prefix", prefix]
     for option, flag in (("recordFormat", "--format"), ("imageSize", "--image-size"),
                          ("numClasses", "--num-classes")):
         if job.get(option):
             command += [flag, str(job[option])]
-    if not TRAINING_PYTHON.exists():
-        raise RehearsalError(f"{TRAINING_PYTHON} is missing: build it with "
-                             "`scripts/setup.sh tf218` (scripts/run.sh does)")
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if result.returncode != 0:
         raise RehearsalError(f"tpu_training synth failed: {result.stderr.strip()[-400:]}")
     if not glob.glob(pattern):
@@ -161,21 +224,145 @@ def serve_package(gcs: StorageEmulator, metadata: dict[str, str]) -> None:
     gcs.upload(metadata[PACKAGE_KEY], archive.data)
 
 
-def follow(boot: subprocess.Popen[str], node: LocalNode, total: int, console: Console) -> int:
-    """A progress bar of the node's guest attributes until the bootstrap exits."""
+def worker_endpoints(hosts: int) -> str:
+    """`worker-network-endpoints` as the TPU runtime gives every worker of a pod: one
+    `<a>:<b>:<ip>` per worker, worker 0 first (docs/tpu-facts.md). Here each worker is
+    this machine at a loopback address of its own (all of 127.0.0.0/8 is loopback); the
+    first two fields are not read by anyone (values unconfirmed)."""
+    return ",".join(f"unknown:unknown:127.0.0.{worker + 1}" for worker in range(hosts))
+
+
+def worker_view(metadata: dict[str, str], worker: int, hosts: int) -> dict[str, str]:
+    """What worker `worker`'s metadata server answers: the node's metadata, plus what the
+    TPU runtime adds per worker."""
+    view = metadata | {WORKER_NUMBER_KEY: str(worker)}
+    if hosts > 1:
+        view[NETWORK_ENDPOINTS_KEY] = worker_endpoints(hosts)
+    return view
+
+
+# systemctl for a rehearsed worker other than 0: `enable --now UNIT` runs the unit's
+# ExecStart (the agent as a service, `run --stay`) in the foreground, as systemd would.
+SYSTEMCTL = """#!/usr/bin/env bash
+[[ $1 == enable ]] || exit 0
+read -ra command < <(sed -n 's/^ExecStart=//p' "$TPU_STACK_UNIT_DIR/${!#}")
+exec "${command[@]}"
+"""
+
+
+@dataclass
+class Worker:
+    number: int
+    node: LocalNode
+    process: subprocess.Popen[str] | None = None
+
+    @property
+    def guest(self) -> dict[str, str]:
+        return self.node.guest
+
+    def stop(self, sig: int = signal.SIGTERM, *, group: bool = False) -> None:
+        """Signal the worker's agent: worker 0's bootstrap execs it; a service worker's is
+        a child of its bootstrap, so it takes the whole process group (`group`)."""
+        if self.process and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                if group or self.number > 0:
+                    os.killpg(self.process.pid, sig)
+                else:
+                    self.process.send_signal(sig)
+
+
+class Pod:
+    """Every worker of a node on this machine: a metadata server each (its own view of
+    the node's metadata), one storage emulator. Worker 0's bootstrap runs in the
+    foreground with the job; the others' run their agent as the service a VM's
+    bootstrap installs (a stand-in systemctl), so they follow updates and notices."""
+
+    def __init__(self, metadata: dict[str, str], hosts: int, workdir: Path,
+                 storage_host: str):
+        self.metadata, self.hosts, self.workdir = metadata, hosts, workdir
+        self.storage_host = storage_host
+        self.workers: list[Worker] = []
+        self._servers = contextlib.ExitStack()
+
+    def __enter__(self) -> Pod:
+        bin_dir = self.workdir / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        (bin_dir / "systemctl").write_text(SYSTEMCTL)
+        (bin_dir / "systemctl").chmod(0o755)
+        for number in range(self.hosts):
+            server = self._servers.enter_context(MetadataServer(
+                worker_view(self.metadata, number, self.hosts),
+                instance_name=f"rehearsal-w-{number}"))
+            root = self.workdir / ("node" if number == 0 else f"node-worker-{number}")
+            service = {} if number == 0 else {
+                "TPU_STACK_INIT": "systemd", "TPU_STACK_UNIT_DIR": str(root),
+                "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+            self.workers.append(Worker(number, LocalNode(server, root, self.storage_host,
+                                                         service)))
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for worker in self.workers:
+            worker.stop(signal.SIGKILL, group=True)
+            if worker.process:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.process.wait(10)
+        self._servers.close()
+
+    def start(self, log_dir: Path) -> None:
+        for worker in self.workers:
+            log = (log_dir / f"bootstrap{'' if worker.number == 0 else f'-worker-{worker.number}'}"
+                   ".log").open("w")
+            worker.process = worker.node.start(stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True)
+            log.close()
+
+    def preempt(self) -> None:
+        """The notice Compute Engine gives every VM of the slice at once."""
+        for worker in self.workers:
+            worker.node.metadata.preempt()
+
+    def set_attributes(self, changes: dict[str, str | None]) -> None:
+        """A metadata change of the node (e.g. a hot update) reaches every worker."""
+        for worker in self.workers:
+            worker.node.metadata.set_attributes(changes)
+
+    def finish(self, timeout: float = 60) -> dict[int, int | None]:
+        """Each worker's exit code once worker 0's bootstrap is done (None: still running
+        after `timeout`). A service agent exits only when stopped: one still running is
+        stopped here (SIGTERM, as systemd stops it) and counts as 0; one that exited
+        earlier keeps its code."""
+        codes: dict[int, int | None] = {}
+        for worker in self.workers:
+            assert worker.process is not None
+            early = worker.process.poll()
+            if worker.number > 0 and early is None:
+                worker.stop()
+            try:
+                code = worker.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+            codes[worker.number] = 0 if worker.number > 0 and early is None else code
+        return codes
+
+
+def follow(pod: Pod, total: int, console: Console) -> int:
+    """A progress bar of worker 0's guest attributes until its bootstrap exits."""
+    lead = pod.workers[0]
+    assert lead.process is not None
     columns = (TextColumn("[bold]{task.description:<12}"), BarColumn(),
                TextColumn("step {task.completed:.0f}/{task.total:.0f}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("booting", total=total)
-        while boot.poll() is None:
-            guest = node.guest
+        while lead.process.poll() is None:
+            guest = lead.guest
             progress.update(task, description=guest.get("state", "booting"),
                             completed=int(guest.get("step", 0)))
             time.sleep(POLL_SECONDS)
-        guest = node.guest
+        guest = lead.guest
         progress.update(task, description=guest.get("state", "?"),
                         completed=int(guest.get("step", 0)))
-    return boot.returncode
+    return lead.process.returncode
 
 
 def keep_status(gcs: StorageEmulator, prefix: str, workdir: Path) -> Path:
@@ -188,8 +375,8 @@ def keep_status(gcs: StorageEmulator, prefix: str, workdir: Path) -> Path:
     return out
 
 
-def landed(node: LocalNode, job: dict[str, Any], changed: dict[str, tuple[str, str]],
-           status_dir: Path, status_prefix: str, workdir: Path) -> list[str]:
+def landed(job: dict[str, Any], changed: dict[str, tuple[str, str]], status_dir: Path,
+           status_prefix: str, workdir: Path) -> list[str]:
     """Where each output went: the VM's location, then this machine's."""
     lines = []
     for key in ("checkpointDir", "exportDir", "tensorboardDir"):
@@ -198,23 +385,82 @@ def landed(node: LocalNode, job: dict[str, Any], changed: dict[str, tuple[str, s
             entries = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
             shown = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
             lines.append(f"{key}: {changed[key][0]}\n  here: {folder} [{shown or 'empty'}]")
-    lines.append(f"status and job log: {status_prefix}worker-0/\n  here: {status_dir}/worker-0/ "
-                 f"(status.json, job.log)")
-    guest = " ".join(f"{key}={value}" for key, value in sorted(node.guest.items()))
-    lines.append(f"guest attributes tpu-stack/*: {guest}")
-    lines.append(f"node disk (/opt/tpu-stack on the VM): {node.root}")
+    lines.append(f"status and job log: {status_prefix}worker-<n>/\n  here: {status_dir}/"
+                 f"worker-<n>/ (status.json, job.log)")
+    lines.append(f"node disk (/opt/tpu-stack on the VM): {workdir / 'node'}")
     lines.append(f"bootstrap output (the startup-script journal on the VM): "
                  f"{workdir / 'bootstrap.log'}")
     return lines
 
 
+STOPPED = (75, 76)  # stopped on SIGTERM, with or without a save (bootstrap.sh, the unit)
+STEP_LOSS = re.compile(r"^tpu_training step=(\d+) loss=(\S+)", re.M)  # docs/design.md,
+EVAL_LINE = re.compile(r"^tpu_training (eval_accuracy=\S+ eval_loss=\S+)", re.M)  # job lines
+
+
+def job_log_text(status_dir: Path, worker: int) -> str:
+    path = status_dir / f"worker-{worker}" / "job.log"
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def checkpoint_steps(job: dict[str, Any]) -> list[int]:
+    folder = Path(job.get("checkpointDir") or "")
+    return sorted(int(p.name[5:-6]) for p in folder.glob("ckpt-*.index")
+                  if p.name[5:-6].isdigit())
+
+
+def status_table(pod: Pod, job: dict[str, Any], status_dir: Path,
+                 codes: dict[int, int | None]) -> Table:
+    """What `tpuctl status` would show for the node, one row per worker, plus the loss
+    and the checkpoints the job left."""
+    table = Table(title="what `tpuctl status` would show", title_justify="left",
+                  box=None, pad_edge=False)
+    for column in ("worker", "state", "step", "last loss", "goodput", "checkpoints",
+                   "message"):
+        table.add_column(column)
+    saved = ", ".join(map(str, checkpoint_steps(job))) or "none"
+    for worker in pod.workers:
+        guest = worker.guest
+        losses = STEP_LOSS.findall(job_log_text(status_dir, worker.number))
+        state, message = guest.get("state", "?"), guest.get("message", "")
+        if codes.get(worker.number) not in (0, None, *STOPPED) and state != "failed":
+            state, message = "failed", f"the agent exited with {codes[worker.number]}"
+        table.add_row(str(worker.number), state, guest.get("step", ""),
+                      losses[-1][1] if losses else "", goodput_percent(guest),
+                      saved if worker.number == 0 else "", message)
+    return table
+
+
+def about_the_run(pod: Pod, job: dict[str, Any], status_dir: Path) -> list[str]:
+    """Which workers ran what, and what a short run's numbers mean."""
+    if pod.hosts > 1:
+        others = "worker 1 is" if pod.hosts == 2 else f"workers 1-{pod.hosts - 1} are"
+        lines = [f"workers rehearsed: all {pod.hosts} (0-{pod.hosts - 1}), each with its own "
+                 "metadata server. Worker 0 ran the job on CPU; on the pod its TensorFlow "
+                 "client drives every worker's TPU, but TensorFlow refuses MirroredStrategy "
+                 f"over remote CPU devices in eager mode, so {others} idle here, serving "
+                 "worker 0 as their agents do on the pod."]
+    else:
+        lines = ["workers rehearsed: 0, the node's only worker (single host)."]
+    evaluation = EVAL_LINE.findall(job_log_text(status_dir, 0))
+    if evaluation:
+        classes = job.get("numClasses") or 10
+        lines.append(f"evaluation after {job['trainSteps']} steps: {evaluation[-1]}. A run this "
+                     f"short only shows that evaluation runs: accuracy near chance (1/"
+                     f"{classes} = {1 / classes:.3g}) is expected.")
+    lines.append("goodput counts startup (TensorFlow import, model build) against a run of "
+                 "seconds; on a node it is a small share of hours of training.")
+    return lines
+
+
 def rehearse(stack: str, *, workdir: Path | None, console: Console, node: str | None = None,
              steps: int | None = None, batch: int | None = None) -> int:
-    """Boot the stack's node here; the bootstrap's exit code (0 finished, 75 stopped)."""
+    """Boot the stack's node here; worker 0's bootstrap exit code (0 finished, 75 stopped),
+    else the first failed worker's."""
     try:
         plan = offline_plan(stack)
-        name, metadata = pick_node(planned_nodes(plan), node)
-    except (SettingsError, StackFileError, PlanError, RehearsalError) as error:
+        name, (metadata, hosts) = pick_node(planned_slices(plan), node)
+    except (SettingsError, StackFileError, PlanError, RehearsalError, CatalogError) as error:
         print_error(error)
         return 2
     workdir = workdir or REPO_ROOT / ".cache" / "rehearse" / stack
@@ -233,8 +479,8 @@ def rehearse(stack: str, *, workdir: Path | None, console: Console, node: str | 
         write_datasets(job, console)
         with StorageEmulator() as gcs:
             serve_package(gcs, metadata)
-            code = boot(gcs, metadata | {JOB_KEY: json.dumps(job, sort_keys=True)}, job,
-                        changed, workdir, console)
+            code = boot(gcs, metadata | {JOB_KEY: json.dumps(job, sort_keys=True)}, hosts,
+                        job, changed, workdir, console)
     except (RehearsalError, PackageError) as error:  # PackageError: the wheels cannot be fetched
         print_error(error)
         return 2
@@ -257,35 +503,46 @@ def last_error_line(job_log: Path) -> str | None:
     return (errors or lines or [None])[-1]
 
 
-def boot(gcs: StorageEmulator, metadata: dict[str, str], job: dict[str, Any],
+def boot(gcs: StorageEmulator, metadata: dict[str, str], hosts: int, job: dict[str, Any],
          changed: dict[str, tuple[str, str]], workdir: Path, console: Console) -> int:
-    attributes = metadata | {"agent-worker-number": "0"}
-    with MetadataServer(attributes, instance_name="rehearsal") as server, \
-            (workdir / "bootstrap.log").open("w") as output:
-        node = LocalNode(server, workdir / "node", gcs.host)
-        console.print(f"booting: package {metadata[PACKAGE_KEY]} from the emulator, "
-                      f"python {node.env['TPU_STACK_PYTHON']} (TPU_STACK_STRATEGY=cpu)",
-                      markup=False)
-        process = node.start(stdout=output, stderr=subprocess.STDOUT)
+    with Pod(metadata, hosts, workdir, gcs.host) as pod:
+        lead = pod.workers[0].node
+        console.print(f"booting {hosts} worker{'s' if hosts > 1 else ''}: package "
+                      f"{metadata[PACKAGE_KEY]} from the emulator, python "
+                      f"{lead.env['TPU_STACK_PYTHON']} (TPU_STACK_STRATEGY=cpu)", markup=False)
+        pod.start(workdir)
         try:
-            code = follow(process, node, job["trainSteps"], console)
+            follow(pod, job["trainSteps"], console)
         except KeyboardInterrupt:
-            process.terminate()  # the agent stops the job with a checkpoint
-            code = process.wait()
+            pod.workers[0].stop()  # the agent stops the job with a checkpoint
+        codes = pod.finish()
         status_dir = keep_status(gcs, metadata[STATUS_KEY], workdir)
-        for line in landed(node, job, changed, status_dir, metadata[STATUS_KEY], workdir):
+        for line in landed(job, changed, status_dir, metadata[STATUS_KEY], workdir):
             console.print(line, overflow="fold", highlight=False, markup=False)
-    state = node.guest.get("state", "?")
-    if code == 0:
-        console.print(f"bootstrap exited with 0 (state {state})", markup=False)
-        return code
-    message = node.guest.get("message", "")
-    print_error(f"the rehearsal failed: bootstrap exited with {code} (state {state}"
+        console.print(status_table(pod, job, status_dir, codes))
+        for line in about_the_run(pod, job, status_dir):
+            console.print(line, highlight=False, markup=False)
+        return outcome(pod, codes, status_dir, console)
+
+
+def outcome(pod: Pod, codes: dict[int, int | None], status_dir: Path,
+            console: Console) -> int:
+    """Worker 0's exit code, else the first failed worker's; the failure is printed."""
+    failed = [(w, codes[w.number]) for w in pod.workers
+              if codes[w.number] != 0 or w.guest.get("state") == "failed"]
+    if not failed:
+        console.print(f"every worker's bootstrap exited with 0 (worker 0: "
+                      f"{pod.workers[0].guest.get('state', '?')})", markup=False)
+        return 0
+    worker, code = failed[0]
+    message = worker.guest.get("message", "")
+    print_error(f"the rehearsal failed: worker {worker.number}'s bootstrap exited with "
+                f"{code} (state {worker.guest.get('state', '?')}"
                 f"{': ' + message if message else ''})")
-    job_error = last_error_line(status_dir / "worker-0" / "job.log")
+    job_error = last_error_line(status_dir / f"worker-{worker.number}" / "job.log")
     if job_error:
         print(f"  the job's last line: {job_error}", file=sys.stderr)
-    return code
+    return code if code else 1
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,7 +108,7 @@ def test_synthetic_data_goes_where_train_and_eval_patterns_look(
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(ops.local.rehearse.subprocess, "run", synth)
-    monkeypatch.setattr(ops.local.rehearse, "TRAINING_PYTHON", Path(sys.executable))
+    monkeypatch.setattr(ops.local.rehearse, "synth_env", lambda: {})
     job = {"model": "resnet50", "globalBatchSize": 64, "imageSize": 32, "numClasses": 1000,
            "trainData": f"{tmp_path}/imagenet/train-*.tfrecord",
            "evalData": f"{tmp_path}/imagenet/validation-*.tfrecord"}
@@ -144,3 +144,122 @@ def test_the_synthetic_data_has_the_jobs_record_format_and_shape(tmp_path, monke
     rehearse.write_dataset("trainData", job, rehearse.Console(quiet=True))
     assert commands[0][-6:] == ["--format", "imagenet", "--image-size", "64",
                                 "--num-classes", "10"]
+
+
+def test_the_image_environment_writes_the_synthetic_data(tmp_path: Path) -> None:
+    """No training venv: the image's Python, the package's source, its tf-keras wheel."""
+    from ops.local import rehearse
+
+    env = rehearse.synth_env()
+    paths = env["PYTHONPATH"].split(":")
+    assert paths[0] == str(rehearse.TRAINING_DIR)
+    assert Path(paths[1]).name.startswith("tf_keras-2.18.")
+    job = {**JOB, "trainData": f"{tmp_path}/mnist/train-*.tfrecord", "globalBatchSize": 64}
+    rehearse.write_dataset("trainData", job, rehearse.Console(quiet=True), env)
+    assert sorted(p.name for p in (tmp_path / "mnist").iterdir()) == [
+        "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+
+
+def test_a_pod_slice_is_planned_with_its_workers() -> None:
+    from ops.local.rehearse import planned_slices
+
+    assert planned_slices(offline_plan("prod"))["node-pod"][1] == 4  # v4 2x2x4: 4 hosts
+    assert planned_slices(offline_plan("dev"))["node-trainer"][1] == 1
+
+
+def test_each_worker_sees_its_own_number_and_every_workers_endpoint() -> None:
+    from ops.local.rehearse import worker_view
+
+    views = [worker_view({"tpu-stack-workers": "0"}, worker, 4) for worker in range(4)]
+    assert [v["agent-worker-number"] for v in views] == ["0", "1", "2", "3"]
+    endpoints = {v["worker-network-endpoints"] for v in views}
+    assert endpoints == {"unknown:unknown:127.0.0.1,unknown:unknown:127.0.0.2,"
+                         "unknown:unknown:127.0.0.3,unknown:unknown:127.0.0.4"}
+    assert worker_view({}, 0, 1) == {"agent-worker-number": "0"}  # single host: no endpoints
+
+
+def test_a_pod_rehearsal_runs_a_hot_update_a_failed_worker_and_a_notice_to_all(
+        gcs, archive, package_uri: str, dataset: str, tmp_path: Path) -> None:
+    """Issue 20 item 8, end to end: 4 workers, each its own metadata server and agent."""
+    import json
+    import re
+    import signal
+
+    from components.agent import PACKAGE_KEY
+    from components.archive import build_archive
+    from ops.local import rehearse
+    from ops.local.local_node import node_attributes
+    from tests.agent.conftest import BUCKET, job_config, training_copy, upload_package
+
+    job = job_config(dataset, tmp_path / "job", 2000) | {"widthMultiplier": 0.25}
+    prefix = f"gs://{BUCKET}/status/pod-{tmp_path.name}/"
+    metadata = node_attributes(package_uri, archive.sha256, json.dumps(job), prefix,
+                               workers="0")
+    new = build_archive(training_copy(tmp_path, "v2"))
+    new_uri = upload_package(gcs, new)
+
+    def wait_for(condition, what: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: " + str(
+                [w.guest for w in pod.workers])
+            time.sleep(0.2)
+
+    with rehearse.Pod(metadata, 4, tmp_path / "pod", gcs.host) as pod:
+        pod.start(tmp_path)
+        lead, others = pod.workers[0], pod.workers[1:]
+        wait_for(lambda: int(lead.guest.get("step", 0)) >= 4, "worker 0 to train")
+        wait_for(lambda: all(w.guest.get("state") == "idle" for w in others), "idle workers")
+        assert all("worker 0 runs the TensorFlow client" in w.guest["message"] for w in others)
+
+        pod.set_attributes({PACKAGE_KEY: new_uri, PACKAGE_SHA256_KEY: new.sha256})
+        wait_for(lambda: all(w.guest.get("package") == new.sha256 for w in pod.workers),
+                 "every worker to take the update")
+        resumed = re.compile(rf"starting job: package {new.sha256}[\s\S]*^tpu_training step=",
+                             re.M)
+        wait_for(lambda: resumed.search(lead.node.job_log_path().read_text()) is not None,
+                 "worker 0 to train on the new package")
+
+        others[1].stop(signal.SIGKILL)  # worker 2's agent dies
+        pod.preempt()  # the notice, to every worker at once
+        codes = pod.finish(timeout=120)
+        states = {w.number: w.guest.get("state") for w in pod.workers}
+        polled = [w.node.metadata.read("instance/preempted", {}) for w in pod.workers]
+        status_dir = rehearse.keep_status(gcs, prefix, tmp_path)
+        table = rehearse.status_table(pod, job, status_dir, codes)
+        code = rehearse.outcome(pod, codes, status_dir, rehearse.Console(quiet=True))
+
+    assert codes == {0: 75, 1: 0, 2: -signal.SIGKILL, 3: 0}
+    assert code == 75
+    assert states == {0: "preempted", 1: "idle", 2: "idle", 3: "idle"}
+    assert polled == [(200, "TRUE")] * 4
+    log = (status_dir / "worker-0" / "job.log").read_text()
+    assert "update installed: stopping the job so it checkpoints" in log
+    update_stop, notice_stop = re.findall(r"^tpu_training stopped_at=(\d+)", log, re.M)
+    assert int(notice_stop) > int(update_stop)  # resumed on the new package, then the notice
+    assert (tmp_path / "job" / "ckpt" / f"ckpt-{notice_stop}.index").exists()
+    rows = list(zip(*(column.cells for column in table.columns), strict=True))
+    assert [row[:2] for row in rows] == [("0", "preempted"), ("1", "idle"), ("2", "failed"),
+                                         ("3", "idle")]
+    assert rows[2][-1] == f"the agent exited with {-signal.SIGKILL}"
+
+
+def test_the_summary_says_which_workers_ran_and_what_a_short_evaluation_means(
+        tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from ops.local.rehearse import about_the_run
+
+    (tmp_path / "worker-0").mkdir()
+    (tmp_path / "worker-0" / "job.log").write_text(
+        "tpu_training step=40 loss=4.98\ntpu_training eval_accuracy=0.001953 eval_loss=189.7\n")
+    job = {"trainSteps": 40, "numClasses": 1000}
+    pod, single = SimpleNamespace(hosts=4), SimpleNamespace(hosts=1)
+    lines = about_the_run(pod, job, tmp_path)  # type: ignore[arg-type]
+    assert lines[0].startswith("workers rehearsed: all 4 (0-3), each with its own metadata")
+    assert "so workers 1-3 are idle here, serving worker 0 as their agents do" in lines[0]
+    assert lines[1] == ("evaluation after 40 steps: eval_accuracy=0.001953 eval_loss=189.7. A run "
+                        "this short only shows that evaluation runs: accuracy near chance "
+                        "(1/1000 = 0.001) is expected.")
+    assert about_the_run(single, job, tmp_path / "none")[0] == (  # type: ignore[arg-type]
+        "workers rehearsed: 0, the node's only worker (single host).")

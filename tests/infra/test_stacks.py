@@ -18,12 +18,12 @@ from components.stack_config import (
     load_yaml,
     project_declarations,
     project_defaults,
-    stack_names,
 )
 from ops.plan.mock_engine import run_program
 from tests.infra.stack_fixtures import as_cli, config, node
+from tests.repo_stacks import repo_stacks
 
-STACKS = stack_names()
+STACKS = repo_stacks()
 LABELLED = ("gcp:storage/bucket:Bucket", "gcp:tpu/v2Vm:V2Vm")
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from components.stack_config import stack_names
 from ops.tpu.target import TargetError, load_target
+from tests.repo_stacks import repo_stacks
 
 
-@pytest.mark.parametrize("stack", stack_names())
+@pytest.mark.parametrize("stack", repo_stacks())
 def test_every_stack_file_resolves(stack: str) -> None:
     target = load_target(stack)
 

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from components.stack_config import file_config, stack_names
+from components.stack_config import file_config
 from ops.plan.diff import diff_plans, render_diff
 from ops.plan.offline import offline_plan
 from ops.plan.report import plain
 from policy.evaluate import evaluate, load_config
+from tests.repo_stacks import repo_stacks
 
 V2VM = "gcp:tpu/v2Vm:V2Vm"
 Nodes = list[dict[str, Any]]
@@ -30,7 +31,7 @@ def plan_with_nodes(stack: str, edit: Callable[[Nodes], None]) -> dict[str, Any]
 
 @pytest.fixture(scope="module")
 def plans() -> dict[str, dict[str, Any]]:
-    return {stack: plain(offline_plan(stack).to_json()) for stack in stack_names()}
+    return {stack: plain(offline_plan(stack).to_json()) for stack in repo_stacks()}
 
 
 def test_every_stack_passes_the_pack(plans):
