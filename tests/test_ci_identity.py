@@ -1,5 +1,5 @@
 """CiIdentity under Pulumi's mock engine: inputs, the options Mocks cannot see, and
-GitHub tokens run through the declared provider and bindings (tests/cel_subset.py)."""
+GitHub tokens run through the declared provider and bindings (policy/cel.py)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from components.naming import Naming
 from components.settings import CiSettings
 from components.stack_config import file_config
 from ops.plan.mock_engine import run_program
+from policy.cel import CelError
+from policy.cel import evaluate as cel
 from policy.evaluate import evaluate, load_config
-from tests.cel_subset import CelError
-from tests.cel_subset import evaluate as cel
 
 REPO = "acme/tpu-platform"
 REPO_ID, OWNER_ID = "260064828", "1342004"
