@@ -236,14 +236,14 @@ class TeamSettings(_Model):
     """One entry of `tpu-stack:teams`: who is in the team, what it runs, what it may use."""
 
     members: list[str] = Field(default_factory=list)
-    # The team's keyless deployer (its own repository's CI), declared by the platform
-    # in the team's project (docs/teams.md); None: the team has no CI deployer.
-    ci: CiSettings | None = None
     nodes: list[NodeSettings] = Field(default_factory=list)
     jobs: dict[str, dict[str, Any]] = Field(default_factory=dict)
     quota: TeamQuota = Field(default_factory=TeamQuota)  # type: ignore[valid-type]
     labels: dict[str, str] = Field(default_factory=dict)
     budget_usd_per_month: float | None = Field(default=None, gt=0)
+    # The team's keyless deployer (its own repository's CI), declared by the platform
+    # in the team's project (docs/teams.md); None: the team has no CI deployer.
+    ci: CiSettings | None = None
 
     def job(self, name: str) -> JobConfig:
         return JobConfig.from_dict(self.jobs[name], resolved=False)
