@@ -140,8 +140,8 @@ def only_accounts(project: str, emails: list[str]) -> str:
 # DryRun). What the program itself reads from GCP while it runs is all that
 # needs a grant.
 PREVIEW_ROLES = {
-    "roles/browser": "platform.py reads the project (get_project: resourcemanager.projects.get) "
-                     "for team budgets' project number",
+    "roles/browser": "reads the project and its folder (resourcemanager.projects.get), "
+                     "nothing else",
 }
 
 # storage.py and package.py need bucket creation; the only predefined role
