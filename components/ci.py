@@ -71,9 +71,10 @@ def attribute_condition(ci: CiSettings) -> str:
 CI_APIS = ("sts.googleapis.com",)
 
 # Project roles of the deployer: exactly what `pulumi up` of this stack
-# creates, reads and deletes (components/*.py), each with its reason. Three of
-# them are limited by an IAM condition (DEPLOYER_CONDITIONS), so the deployer is
-# not owner in effect: it grants only the roles the stack grants, and
+# creates, reads and deletes (components/*.py), each with its reason. Two of
+# them are limited by an IAM condition (CiIdentity._conditions), and actAs is
+# granted on the runtime account alone (DEPLOYER_ACCOUNT_ROLE), so the deployer
+# is not owner in effect: it grants only the roles the stack grants, and
 # administers and acts as only the stack's runtime accounts.
 DEPLOYER_ROLES = {
     "roles/serviceusage.serviceUsageAdmin": "project.py turns the stack's APIs on",
@@ -83,8 +84,6 @@ DEPLOYER_ROLES = {
                        "tpuctl preflight lists the zone's offers",
     "roles/iam.serviceAccountAdmin": "identity.py manages the runtime account and its IAM "
                                      "(condition: that account only)",
-    "roles/iam.serviceAccountUser": "a TPU node runs as the runtime account (actAs; "
-                                    "condition: that account only)",
     "roles/resourcemanager.projectIamAdmin": "identity.py grants the runtime account project "
                                              "roles (condition: only the roles the stack grants)",
 }
@@ -111,6 +110,10 @@ BOOTSTRAP_ROLES = {
 TEAM_DEPLOYER_ROLES = {
     "roles/tpu.admin": "the team stack's TPU nodes, in the team's project only",
 }
+# A TPU node runs as the runtime account: the deployer needs actAs on it, granted
+# on that account's own allow policy, never project-wide (where it would reach
+# every account of the project, the Compute Engine default one included).
+DEPLOYER_ACCOUNT_ROLE = "roles/iam.serviceAccountUser"
 MODIFIED_GRANTS = "iam.googleapis.com/modifiedGrantsByRole"
 
 
@@ -123,7 +126,7 @@ def grants_only(roles: list[str]) -> str:
 
 
 def only_accounts(project: str, emails: list[str]) -> str:
-    """An IAM condition on serviceAccountAdmin / serviceAccountUser: the request is
+    """An IAM condition on serviceAccountAdmin: the request is
     about one of `emails` (or the project itself, where accounts are created).
     Unconfirmed: that IAM sets resource.name for iam.googleapis.com (the resource
     attributes page lists the services that do); a condition IAM cannot evaluate
@@ -307,6 +310,14 @@ class CiIdentity(pulumi.ComponentResource):
         profile = DEPLOYER_ROLES if args.scope else TEAM_DEPLOYER_ROLES
         roles = [*_logical_roles(profile), ("storage-deployer", role_name)]
         self._grant(self.deployer, "deployer", roles, args, self._conditions(args))
+        for index, email in enumerate(args.scope.accounts if args.scope else []):
+            account = pulumi.Output.all(args.project_id, email).apply(
+                lambda parts: f"projects/{parts[0]}/serviceAccounts/{parts[1]}")
+            gcp.serviceaccount.IAMMember(
+                f"{self.prefix}deployer-acts-as-{index}", service_account_id=account,
+                role=DEPLOYER_ACCOUNT_ROLE,
+                member=self.deployer.email.apply(lambda e: f"serviceAccount:{e}"),
+                opts=pulumi.ResourceOptions(parent=self))
 
     @staticmethod
     def _conditions(args: CiArgs) -> dict[str, pulumi.Output[str]]:
@@ -319,7 +330,6 @@ class CiIdentity(pulumi.ComponentResource):
             "roles/resourcemanager.projectIamAdmin": pulumi.Output.from_input(
                 grants_only(scope.granted_roles)),
             "roles/iam.serviceAccountAdmin": accounts,
-            "roles/iam.serviceAccountUser": accounts,
         }
 
 

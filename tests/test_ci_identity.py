@@ -263,7 +263,13 @@ def test_the_deployer_s_iam_administration_is_conditioned(registered):
     accounts = ("resource.name == 'projects/acme-ml-prod' || "
                 f"resource.name.endsWith('/serviceAccounts/{RUNTIME}')")
     assert conditions["roles/iam.serviceAccountAdmin"] == accounts
-    assert conditions["roles/iam.serviceAccountUser"] == accounts
+    assert "roles/iam.serviceAccountUser" not in conditions  # on the account, below
+    (acts_as,) = [r.inputs for r in registered.values()
+                  if r.type == "gcp:serviceaccount/iAMMember:IAMMember"
+                  and r.inputs["role"] == "roles/iam.serviceAccountUser"]
+    assert acts_as == {"serviceAccountId": f"projects/acme-ml-prod/serviceAccounts/{RUNTIME}",
+                       "role": "roles/iam.serviceAccountUser",
+                       "member": f"serviceAccount:{DEPLOYER}"}
     unconditioned = {role for role, expression in conditions.items() if expression is None}
     assert unconditioned == {"roles/serviceusage.serviceUsageAdmin", "roles/compute.networkAdmin",
                              "roles/compute.securityAdmin", "roles/tpu.admin",
