@@ -340,6 +340,11 @@ class StackSettings(_Model):
     def job(self, name: str) -> JobConfig:
         return JobConfig.from_dict(self.jobs[name], resolved=False)
 
+    def node_project(self, team: str | None) -> str:
+        """The project a node lives in, for `named_nodes`' team: a team's nodes are
+        in the team's own project (docs/teams.md), the stack's own in gcp:project."""
+        return self.naming.team_project(team) if team is not None else self.gcp_project
+
     @property
     def regions(self) -> list[str]:
         """Regions that need a subnet: every node's, and every region with

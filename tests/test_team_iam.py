@@ -265,3 +265,15 @@ def test_every_role_the_stacks_grant_is_named_and_in_the_table(repo_runs, prod) 
     for model in (model_of([*repo_runs, run_program(file_config("dev"), "dev")]), prod[0]):
         assert not model.unresolved, model.unresolved  # a grant whose role is unknown
         assert model.roles() - set(model.custom_roles) <= table
+
+
+def test_settings_name_the_project_each_planned_node_is_in(repo_runs) -> None:
+    """What tpuctl needs to find nodes: settings.node_project agrees with the plan."""
+    from components.settings import load_settings
+
+    for stack, run in zip(("platform", "team-vision"), repo_runs, strict=True):
+        settings = load_settings(file_config(stack), stack)
+        expected = {(settings.naming.tpu_node(node.name, team), settings.node_project(team))
+                    for team, node in settings.named_nodes}
+        planned = {(r.inputs["name"], r.inputs["project"]) for r in run.of_type(V2VM)}
+        assert planned == expected and planned, stack
