@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
 
 from components.naming import Naming
+from components.subnets import subnet_ranges
 
 TYPE = "tpu-stack:index:Network"
 
@@ -25,16 +25,7 @@ class NetworkArgs:
     subnet_cidr: str
     ssh_through_iap: bool
     node_tag: str
-
-
-def subnet_ranges(cidr: str, regions: list[str]) -> dict[str, str]:
-    """One equal slice of `cidr` per region, in region order."""
-    network = ipaddress.IPv4Network(cidr)
-    if len(regions) <= 1:
-        return {region: str(network) for region in regions}
-    extra_bits = (len(regions) - 1).bit_length()
-    parts = network.subnets(prefixlen_diff=extra_bits)
-    return {region: str(part) for region, part in zip(regions, parts, strict=False)}
+    pinned: dict[str, str] = field(default_factory=dict)  # region → range kept as it is
 
 
 class Network(pulumi.ComponentResource):
@@ -58,7 +49,7 @@ class Network(pulumi.ComponentResource):
             routing_mode="REGIONAL",
             opts=child,
         )
-        ranges = subnet_ranges(args.subnet_cidr, args.regions)
+        ranges = subnet_ranges(args.subnet_cidr, args.regions, args.pinned)
         self.subnets = {
             region: gcp.compute.Subnetwork(
                 f"subnet-{region}",

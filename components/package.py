@@ -12,6 +12,8 @@ from components.archive import REPO_ROOT, Archive, build_archive
 
 TYPE = "tpu-stack:index:TrainingPackage"
 PACKAGE_PREFIX = "packages/"
+# How many hex digits of a sha256 a logical name carries (docs/design.md, contract C1).
+HASH_IN_NAME = 16
 DEFAULT_STAGING = REPO_ROOT / ".cache" / "packages"
 
 
@@ -32,12 +34,22 @@ def stage(archive: Archive, staging_dir: Path) -> Path:
 
 
 class TrainingPackage(pulumi.ComponentResource):
-    """`training/` as a deterministic archive, named by its sha256, so a code
-    change is a new object and a new metadata value on the nodes: an in-place
-    update, never a node replacement."""
+    """`training/` as a deterministic archive, named by its sha256. A code change is
+    a new object under a new logical name (`archive-<sha16>`), never a replacement:
+    the engine creates it, then the nodes' new releases (components/tpu_node.py),
+    and deletes the old object only after every create and update (pulumi/pulumi
+    pkg/resource/deploy/deployment_executor.go, performPostSteps: GenerateDeletes
+    runs once the program has registered everything). A replacement would delete
+    first: pulumi-gcp autonames BucketObject.name (provider/resources.go,
+    SetAutonaming), and the bridge makes a resource whose autonamed property is set
+    explicitly delete-before-replace (pulumi-terraform-bridge pkg/tfbridge/provider.go
+    Diff and schema.go nameRequiresDeleteBeforeReplace; pulumi-terraform#383/#465),
+    even when the name changes: pulumi-terraform-bridge#532's UniqueNameFields, which
+    would create first then, is set only for compute InstanceTemplate in pulumi-gcp."""
 
     uri: str
     sha256: str
+    bucket: str
     object: gcp.storage.BucketObject
 
     def __init__(self, name: str, args: PackageArgs,
@@ -46,9 +58,10 @@ class TrainingPackage(pulumi.ComponentResource):
         archive = args.archive or build_archive()
         object_name = PACKAGE_PREFIX + archive.filename
         self.sha256 = archive.sha256
+        self.bucket = args.bucket
         self.uri = f"gs://{args.bucket}/{object_name}"
         self.object = gcp.storage.BucketObject(
-            "archive",
+            f"archive-{archive.sha256[:HASH_IN_NAME]}",
             bucket=args.bucket,
             name=object_name,
             source=pulumi.FileAsset(str(stage(archive, args.staging_dir))),

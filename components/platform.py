@@ -22,6 +22,7 @@ import pulumi_gcp as gcp
 from components import catalog, cost
 from components.ci import CI_APIS, PREVIEW_ROLES, CiArgs, CiIdentity, DeployerScope
 from components.identity import PROJECT_ROLES, IdentityArgs, RuntimeIdentity
+from components.locality import cross_region_warning
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
 from components.project import APIS, BUDGETS_API, Project, ProjectArgs
@@ -106,7 +107,7 @@ class TpuPlatform(pulumi.ComponentResource):
         self.node_tag = naming.network_resource("tpu-node")
         self.network = Network("network", NetworkArgs(
             project_id=project_id, naming=naming, regions=settings.regions,
-            subnet_cidr=settings.network.subnet_cidr,
+            subnet_cidr=settings.network.subnet_cidr, pinned=settings.network.subnets,
             ssh_through_iap=settings.network.ssh_through_iap,
             node_tag=self.node_tag), opts=after_apis)
         self.buckets = TrainingBuckets("storage", BucketsArgs(
@@ -265,8 +266,10 @@ class TpuPlatform(pulumi.ComponentResource):
         prefix = f"node-{placement.team}-" if placement.team else "node-"
         tpu_node = TpuNode(f"{prefix}{node.name}", self._node_args(node, job, placement),
                            opts=self._child())
-        if warning := stop_save_warning(node, job):  # at preview and up
-            pulumi.log.warn(warning, resource=tpu_node)
+        for warning in (stop_save_warning(node, job),  # at preview and up
+                        cross_region_warning(self.settings, node, job)):
+            if warning:
+                pulumi.log.warn(warning, resource=tpu_node)
         return tpu_node
 
     def _child(self, **kwargs: object) -> pulumi.ResourceOptions:

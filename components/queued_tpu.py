@@ -22,6 +22,8 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dyn
 
+from components import gcp_credentials
+
 ENDPOINT_ENV = "TPU_STACK_TPU_ENDPOINT"
 
 # Node fields the API updates in place; any other change replaces the node
@@ -37,12 +39,13 @@ CONFIG_TYPES = ("V2", "V3", "V4", "V5LITE_POD", "V5P", "V6E")
 
 
 def tpu_client() -> Any:
-    """A TpuClient: default credentials, or anonymous REST against `$TPU_STACK_TPU_ENDPOINT`."""
+    """A TpuClient with the gcp provider's credentials (components/gcp_credentials.py),
+    or anonymous REST against `$TPU_STACK_TPU_ENDPOINT`."""
     from google.cloud import tpu_v2
 
     endpoint = os.environ.get(ENDPOINT_ENV)
     if not endpoint:
-        return tpu_v2.TpuClient()
+        return tpu_v2.TpuClient(credentials=gcp_credentials.stack_credentials())
     from google.auth.credentials import AnonymousCredentials
 
     return tpu_v2.TpuClient(
@@ -266,6 +269,10 @@ class QueuedTpuProvider(dyn.ResourceProvider):
     and `create` returns as soon as the request is in the queue: provisioning is
     followed by `read` (`pulumi refresh`) and `tpuctl wait`, never by a long wait here."""
 
+    def configure(self, req: dyn.ConfigureRequest) -> None:
+        # The stack config, for the gcp provider's credentials (tpu_client).
+        gcp_credentials.use_stack_config(req.config)
+
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dyn.CheckResult:
         failures = [dyn.CheckFailure(key, f"{key} {why}") for key, why in check_inputs(news)]
         return dyn.CheckResult(news, failures)
@@ -293,6 +300,8 @@ class QueuedTpuProvider(dyn.ResourceProvider):
         return dyn.ReadResult(id_, _outputs(client, props, queued))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.DiffResult:
+        # `olds` are the last outputs: for a held change (update), what the node or
+        # its request carries, so the change shows again until it is applied.
         changed = [
             key
             for key in _input_keys(olds, news)
@@ -307,36 +316,34 @@ class QueuedTpuProvider(dyn.ResourceProvider):
         from google.protobuf import field_mask_pb2
 
         client = tpu_client()
-        paths = [key for key in IN_PLACE if _normal(olds.get(key)) != _normal(news.get(key))]
+        applied = news
+        paths = _in_place_changes(olds, news)
         if paths:
             try:
                 current = client.get_node(name=_node_name(news), retry=transient_retry())
             except gexc.NotFound:
-                # Not provisioned yet: the node spec inside a request cannot be patched
-                # (the API has no update for queued resources), so the request is
-                # queued again with the new spec. It loses its place in the queue.
-                return dyn.UpdateResult(self._requeue(client, id_, news))
-            node = build_node(news)
-            node.name = current.name
-            for key in MAPS:
-                merged = _merged(getattr(current, key), olds.get(key), news.get(key))
-                getattr(node, key).clear()
-                getattr(node, key).update(merged)
-            client.update_node(
-                node=node,
-                update_mask=field_mask_pb2.FieldMask(paths=paths),
-                retry=transient_retry(),
-            ).result(timeout=_timeout(news, "create"))
+                # Not provisioned yet. The API cannot patch the node spec inside a
+                # request, and queueing it again would lose its place in the queue, so
+                # the change is held: the outputs keep what the request carries, and
+                # the next `up` once the node exists diffs the inputs against them and
+                # patches the node (a dynamic provider's diff and update get the old
+                # *outputs* as olds: pulumi/pulumi proto/pulumi/provider.proto,
+                # DiffRequest.olds and UpdateRequest.olds).
+                applied = _held(olds, news, paths)
+            else:
+                node = build_node(news)
+                node.name = current.name
+                for key in MAPS:
+                    merged = _merged(getattr(current, key), olds.get(key), news.get(key))
+                    getattr(node, key).clear()
+                    getattr(node, key).update(merged)
+                client.update_node(
+                    node=node,
+                    update_mask=field_mask_pb2.FieldMask(paths=paths),
+                    retry=transient_retry(),
+                ).result(timeout=_timeout(news, "create"))
         queued = client.get_queued_resource(name=id_, retry=transient_retry())
-        return dyn.UpdateResult(_outputs(client, news, queued))
-
-    def _requeue(self, client: Any, id_: str, news: dict[str, Any]) -> dict[str, Any]:
-        force_delete(client, id_, _timeout(news, "delete"), _poll(news))
-        try:
-            queued = _enqueue(client, id_, news)
-        except Exception as error:
-            raise _cleaned_up(client, id_, news, error) from error
-        return _outputs(client, news, queued)
+        return dyn.UpdateResult(_outputs(client, applied, queued))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         # One call ends the request in any state, WAITING_FOR_RESOURCES, PROVISIONING
@@ -382,6 +389,7 @@ def _outputs(client: Any, props: dict[str, Any], queued: Any) -> dict[str, Any]:
         "state": _state_name(queued),
         "queued_resource_name": queued.name,
         "node_name": "",
+        "held": list(props.get("held") or []),
     }
     outs["node_state"] = ""
     try:
@@ -392,6 +400,15 @@ def _outputs(client: Any, props: dict[str, Any], queued: Any) -> dict[str, Any]:
     for key in MAPS:  # drift in the keys we manage; keys others added are not ours
         outs[key] = {k: v for k, v in getattr(node, key).items() if k in (props.get(key) or {})}
     return outs
+
+
+def _in_place_changes(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
+    return [key for key in IN_PLACE if _normal(olds.get(key)) != _normal(news.get(key))]
+
+
+def _held(olds: dict[str, Any], news: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """`news`, but with the in-place fields the request still carries, and which wait."""
+    return {**news, **{key: olds.get(key) for key in IN_PLACE}, "held": sorted(paths)}
 
 
 def _merged(current: Any, olds: Any, news: Any) -> dict[str, str]:
@@ -413,7 +430,8 @@ def _poll(props: dict[str, Any]) -> float:
 
 
 def _input_keys(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
-    outputs_only = {"state", "node_name", "node_state", "queued_resource_name", "__provider"}
+    outputs_only = {"state", "node_name", "node_state", "queued_resource_name", "held",
+                    "__provider"}
     return sorted((set(olds) | set(news)) - outputs_only)
 
 
@@ -425,7 +443,8 @@ def _normal(value: Any) -> Any:
 class QueuedTpu(dyn.Resource, module="tpu", name="QueuedTpu"):
     """A TPU node requested through a queued resource, carrying the agent's metadata.
 
-    Outputs: state (queued-resource state), queued_resource_name, node_name, node_state;
+    Outputs: state (queued-resource state), queued_resource_name, node_name, node_state,
+    held (in-place fields changed while the request waits: applied once the node exists);
     `up` returns once the request is queued, `pulumi refresh` updates them.
     """
 
@@ -433,6 +452,7 @@ class QueuedTpu(dyn.Resource, module="tpu", name="QueuedTpu"):
     queued_resource_name: pulumi.Output[str]
     node_name: pulumi.Output[str]
     node_state: pulumi.Output[str]
+    held: pulumi.Output[list[str]]
 
     def __init__(
         self,
@@ -469,5 +489,6 @@ class QueuedTpu(dyn.Resource, module="tpu", name="QueuedTpu"):
             for key, value in locals().items()
             if not key.startswith("_") and key not in {"self", "resource_name", "opts"}
         }
-        inputs.update(state=None, queued_resource_name=None, node_name=None, node_state=None)
+        inputs.update(state=None, queued_resource_name=None, node_name=None, node_state=None,
+                      held=None)
         super().__init__(QueuedTpuProvider(), resource_name, inputs, opts)

@@ -22,7 +22,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.alias_generators import to_camel
 
-from components import catalog
+from components import catalog, subnets
 from components.naming import (
     LOGICAL_NAME_RE,
     LOGICAL_NAME_RULE,
@@ -82,6 +82,9 @@ class NetworkSettings(_Model):
 
     subnet_cidr: str = "10.128.0.0/20"
     ssh_through_iap: bool = True
+    # Ranges pinned as they are (region → CIDR), e.g. a stack's ranges from before
+    # the fixed slots (components/subnets.py); other regions take their slot.
+    subnets: dict[str, str] = Field(default_factory=dict)
 
 
 class StorageSettings(_Model):
@@ -551,18 +554,62 @@ def _labels_problems(key: str, labels: Mapping[str, str]) -> Problems:
 
 
 def _network_problems(s: StackSettings) -> Problems:
-    key = f"{NAMESPACE}:network.subnetCidr"
-    try:
-        network = ipaddress.IPv4Network(s.network.subnet_cidr)
-    except ValueError:
-        yield (key, f"{s.network.subnet_cidr!r} is not an IPv4 CIDR range, e.g. 10.128.0.0/20")
+    key = f"{NAMESPACE}:network"
+    grid = s.network.subnet_cidr
+    problem = _range_problem(grid)
+    if problem:
+        yield (f"{key}.subnetCidr", problem)
         return
-    # cloud.google.com/vpc/docs/subnets#valid-ranges: private ranges, /29 or larger.
-    if not network.is_private or network.prefixlen > 29:
-        yield (key, f"{network} must be a private range of /29 or larger")
-    if len(s.regions) > 1 and network.prefixlen > 24:
-        yield (key, f"{network} is split into one subnet per region ({len(s.regions)}); "
-                    f"use /24 or larger")
+    regions = sorted({catalog.region_of(zone) for zone in catalog.all_zones()})
+    pinned, bad = {}, set()
+    for region, cidr in s.network.subnets.items():
+        problem = (_range_problem(cidr) if region in regions else
+                   f"{region!r} is not a region with TPUs ({', '.join(regions)})")
+        if problem:
+            bad.add(region)
+            yield (f"{key}.subnets.{region}", problem)
+        else:
+            pinned[region] = str(ipaddress.IPv4Network(cidr))
+    # Pins first: an overlap is the slot's fault, not the range the stack already has.
+    ranges: dict[str, ipaddress.IPv4Network] = {}
+    for region in [*sorted(pinned), *sorted(set(s.regions) - set(pinned) - bad)]:
+        where = f"{key}.subnets.{region}" if region in pinned else f"{key}.subnetCidr"
+        try:
+            cidr = pinned.get(region) or subnets.slot_range(grid, region)
+        except subnets.SubnetRangeError as error:
+            yield (where, str(error))
+            continue
+        problem = None if region in pinned else _range_problem(cidr)
+        clash = next((f"{other}'s {net}" for other, net in ranges.items()
+                      if net.overlaps(ipaddress.IPv4Network(cidr))), None)
+        if problem:
+            yield (where, f"{region}'s slot range {cidr}: {problem}; pin {region} to a range "
+                          f"in {key}.subnets")
+        elif clash:
+            whose = f"{region}'s range {cidr}" if region in pinned else \
+                f"{region}'s slot range {cidr}"
+            yield (where, f"{whose} overlaps {clash}; pin {region} to a free range in "
+                          f"{key}.subnets")
+        else:
+            ranges[region] = ipaddress.IPv4Network(cidr)
+
+
+# RFC 1918's private IPv4 space; cloud.google.com/vpc/docs/subnets#valid-ranges:
+# a subnet's primary range is /29 or larger.
+_RFC1918 = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12",
+                                                    "192.168.0.0/16"))
+
+
+def _range_problem(cidr: str) -> str | None:
+    """Why `cidr` cannot be a subnet's primary range, or None."""
+    try:
+        network = ipaddress.IPv4Network(cidr)
+    except ValueError:
+        return f"{cidr!r} is not an IPv4 CIDR range, e.g. 10.128.0.0/20"
+    if not any(network.subnet_of(block) for block in _RFC1918) or network.prefixlen > 29:
+        return (f"{network} must be a private range (RFC 1918: 10.0.0.0/8, 172.16.0.0/12, "
+                f"192.168.0.0/16) of /29 or larger")
+    return None
 
 
 def _job_configs(jobs: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[str, JobConfig]]:

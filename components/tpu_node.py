@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
 
-from components import agent
+from components import agent, catalog
+from components.package import HASH_IN_NAME
 from components.queued_tpu import QueuedTpu
 from components.settings import NodeSettings, QueueSettings
 from tpu_training.config import JobConfig
@@ -33,6 +35,11 @@ OS_LOGIN_KEY = "enable-oslogin"
 # added, components/queued_tpu.py.)
 SSH_KEYS_KEY = "ssh-keys"
 IGNORED_METADATA = [f'metadata["{SSH_KEYS_KEY}"]']  # Pulumi property-path syntax
+# Contract C1 (docs/design.md): the node's one pointer to what it runs, a prefix that
+# never changes, so a code or job change never touches the node (nor a queued
+# request's place). C2: becomes node_agent.contract.RELEASE_KEY when node_agent lands.
+RELEASE_KEY = "tpu-stack-release"
+RELEASES_PREFIX = "releases/"
 
 
 @dataclass(frozen=True)
@@ -65,18 +72,44 @@ class TpuNodeArgs:
     depends_on: list[pulumi.Resource] = field(default_factory=list)
     queued_resource_id: str | None = None  # provisioning: queued; default: the node id
 
+    @property
+    def artifacts_bucket(self) -> str:
+        """The bucket the package lives in, which the node's account reads: the
+        stack's artifacts bucket, or a team stack's own."""
+        return self.package_uri.removeprefix("gs://").split("/", 1)[0]
+
+
+def resolved_job(args: TpuNodeArgs) -> JobConfig:
+    """The node's job: every location absolute, and the stop notice its save must fit."""
+    loc = args.locations
+    return args.job.resolve(data_root=loc.data_root, checkpoint_dir=loc.checkpoint_dir,
+                            export_dir=loc.export_dir, tensorboard_dir=loc.tensorboard_dir,
+                            notice_seconds=catalog.stop_notice_seconds(spot=args.settings.spot))
+
+
+def release_prefix(args: TpuNodeArgs) -> str:
+    """`tpu-stack-release`: where the node's releases are, for the node's whole life."""
+    return f"gs://{args.artifacts_bucket}/{RELEASES_PREFIX}{args.node_id}/"
+
+
+def release_content(args: TpuNodeArgs) -> str:
+    """One release (C1): compact JSON, keys sorted, so equal releases are equal bytes."""
+    release = {"job": resolved_job(args).to_dict(), "package": args.package_uri,
+               "sha256": args.package_sha256}
+    return json.dumps(release, sort_keys=True, separators=(",", ":"))
+
+
+def release_digest(content: str) -> str:
+    return hashlib.sha256(content.encode()).hexdigest()[:HASH_IN_NAME]
+
 
 def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
-    """Every metadata key of the agent's contract (docs/design.md). All of them
-    update in place (docs/tpu-facts.md), so a code or job change never replaces a node."""
+    """Every metadata key of the agent's contract (docs/design.md). None of them
+    changes with the code or the job: those are releases under `tpu-stack-release`."""
     loc = args.locations
-    job = args.job.resolve(data_root=loc.data_root, checkpoint_dir=loc.checkpoint_dir,
-                           export_dir=loc.export_dir, tensorboard_dir=loc.tensorboard_dir)
     return {
         agent.STARTUP_SCRIPT_KEY: agent.startup_script(),
-        agent.PACKAGE_KEY: args.package_uri,
-        agent.PACKAGE_SHA256_KEY: args.package_sha256,
-        agent.JOB_KEY: json.dumps(job.to_dict(), sort_keys=True),
+        RELEASE_KEY: release_prefix(args),
         agent.WORKERS_KEY: args.settings.workers,
         agent.STATUS_KEY: loc.status_prefix,
         agent.NODE_KEY: args.node_id,  # the node's id: instance/name is a worker VM's
@@ -166,7 +199,8 @@ def v2_vm(name: str, args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> gcp.tpu
 
 
 def description(node: NodeSettings) -> str:
-    return f"tpu-stack node {node.name}: job {node.job}"
+    # No job name: pointing a node at another job is a new release, not a node update.
+    return f"tpu-stack node {node.name}"
 
 
 class TpuNode(pulumi.ComponentResource):
@@ -174,6 +208,7 @@ class TpuNode(pulumi.ComponentResource):
     the stack's labels and every metadata key the node agent reads."""
 
     node_id: str
+    release: gcp.storage.BucketObject
     vm: gcp.tpu.V2Vm | QueuedTpu
 
     def __init__(self, name: str, args: TpuNodeArgs,
@@ -182,11 +217,29 @@ class TpuNode(pulumi.ComponentResource):
         self.node_id = args.node_id
         # Child names carry the component's: a URN holds the parent's type but
         # not its name, so two nodes' "vm" children would collide.
+        self.release = self._release(name, args)
         # docs/tpu-facts.md: with an explicit name a replacement must delete first.
         child = pulumi.ResourceOptions(parent=self, delete_before_replace=True,
-                                       depends_on=args.depends_on)
+                                       depends_on=[*args.depends_on, self.release])
         if args.settings.provisioning == "queued":
             self.vm = queued_node(f"{name}-queued", args, child)
         else:
             self.vm = v2_vm(f"{name}-vm", args, child)
         self.register_outputs({"nodeId": self.node_id})
+
+    def _release(self, name: str, args: TpuNodeArgs) -> gcp.storage.BucketObject:
+        """This release's object, under a logical name with its content hash: a new
+        release is a new resource, created before the old one's delete (the engine
+        deletes what left the program after every create and update, components/
+        package.py), never a replacement, which would delete the explicitly named
+        object first. It waits for the package it names (in `depends_on`)."""
+        content = release_content(args)
+        digest = release_digest(content)
+        return gcp.storage.BucketObject(
+            f"{name}-release-{digest}",
+            bucket=args.artifacts_bucket,
+            name=f"{RELEASES_PREFIX}{args.node_id}/release-{digest}.json",
+            content=content,
+            content_type="application/json",
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
+        )

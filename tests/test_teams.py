@@ -352,10 +352,13 @@ def test_team_nodes_run_as_their_team_and_write_to_its_buckets(three_teams) -> N
     teams = three_teams.outputs["teams"]
     vms = three_teams.of_type(V2VM)
     assert len(vms) == 6
+    releases = {o.inputs["name"].split("/")[1]: o.inputs["content"]["value"]
+                for o in three_teams.of_type("gcp:storage/bucketObject:BucketObject")
+                if "-release-" in o.name}  # the job is in the node's release (C1)
     for vm in vms:
         name = vm.inputs["labels"]["team"]
         assert vm.inputs["serviceAccount"]["email"] == teams[name]["serviceAccount"]
-        job_config = vm.inputs["metadata"]["tpu-stack-job"]
+        job_config = releases[vm.inputs["name"]]
         assert teams[name]["buckets"]["checkpoints"] + "/ckpt/" in job_config
         assert three_teams.outputs["sharedData"] + "/datasets/" in job_config
         assert vm.inputs["name"].startswith(f"shared-{name}-")

@@ -6,7 +6,12 @@ the deployer."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +19,18 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stacks_module() -> Any:
+    """.github/stacks.py, the workflows' stack and variable logic (not a package)."""
+    spec = importlib.util.spec_from_file_location("ci_stacks", ROOT / ".github" / "stacks.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ci_stacks"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+stacks = _stacks_module()
 WORKFLOWS = ROOT / ".github" / "workflows"
 DOC = (ROOT / "docs" / "pr-previews.md").read_text()
 PULUMI_ACTION = "pulumi/actions@"
@@ -58,13 +75,14 @@ def documented_names() -> set[str]:
 
 def used_variables() -> set[str]:
     """`vars.NAME` and `secrets.NAME` read anywhere, and the per-stack names
-    preview.yml builds (`f"{prefix}_GCP_…"`) for the stacks deploy.yml deploys."""
+    .github/stacks.py builds, for the stacks deploy.yml deploys."""
     names: set[str] = set()
     for path in WORKFLOWS.glob("*.yml"):
         text = path.read_text()
         names |= set(re.findall(r"\b(?:vars|secrets)\.([A-Za-z_][A-Za-z0-9_]*)", text))
-        for suffix in re.findall(r'f"\{prefix\}(_[A-Z0-9_]+)"', text):
-            names |= {f"DEV{suffix}", f"PROD{suffix}"}
+    for stack in stacks.DEPLOYED:
+        for role in ("DEPLOYER", "PREVIEW"):
+            names |= set(stacks.variable_names(stack, role))
     return names
 
 
@@ -85,24 +103,153 @@ def test_every_identity_variable_is_per_stack() -> None:
 def test_pull_requests_get_only_the_preview_account() -> None:
     for name, workflow in all_workflows().items():
         text = (WORKFLOWS / name).read_text()
-        on = workflow.get(True, workflow.get("on"))
-        triggers = set(on) if isinstance(on, dict) else {on} if isinstance(on, str) else set(on)
-        if triggers & {"pull_request", "pull_request_target"}:
-            assert "DEPLOYER" not in text, name
+        if triggers(workflow) & {"pull_request", "pull_request_target"}:
+            assert "DEPLOYER" not in text and "stacks.py deploy" not in text, name
     preview = (WORKFLOWS / "preview.yml").read_text()
-    assert "_GCP_PREVIEW_SERVICE_ACCOUNT" in preview
-    for name in ("deploy.yml", "self-heal.yml"):
+    assert "python3 .github/stacks.py preview" in preview
+    assert stacks.preview_matrix({"PROD_GCP_WORKLOAD_IDENTITY_PROVIDER": "p",
+                                  "PROD_GCP_PREVIEW_SERVICE_ACCOUNT": "a",
+                                  "DEV_GCP_DEPLOYER_SERVICE_ACCOUNT": "d"}) == [
+        {"stack": "prod", "provider": "p", "account": "a"}]
+    for name, command in (("deploy.yml", "stacks.py deploy"), ("self-heal.yml", "stacks.py heal")):
         text = (WORKFLOWS / name).read_text()
-        assert "PREVIEW" not in text and "_GCP_DEPLOYER_SERVICE_ACCOUNT" in text, name
+        assert "PREVIEW" not in text and command in text, name
+
+
+def triggers(workflow: dict[str, Any]) -> set[str]:
+    on = workflow.get(True, workflow.get("on"))
+    return set(on) if isinstance(on, dict) else {on} if isinstance(on, str) else set(on)
 
 
 def test_each_deploy_runs_in_the_environment_its_deployer_trusts() -> None:
     """The deployer trusts only jobs in `deployEnvironment`, by default the stack's
-    name (components/ci.py): a job in another environment could not deploy."""
-    for job in load("deploy.yml")["jobs"].values():
-        assert job["with"]["environment"] == job["with"]["stack"]
+    name (components/ci.py): the job enters the environment stacks.py names."""
+    jobs = load("deploy.yml")["jobs"]
+    for stack in stacks.DEPLOYED:
+        args = jobs[stack]["with"]
+        assert args["stack"] == stack
+        assert args["environment"] == (
+            f"${{{{ fromJSON(needs.stacks.outputs.plan).{stack}.environment }}}}")
     heal = load("self-heal.yml")["jobs"]["heal"]
-    assert heal["environment"] == heal["env"]["STACK"]
+    assert heal["environment"] == "${{ needs.gate.outputs.environment }}"
+    assert load("pulumi-up.yml")["jobs"]["up"]["environment"] == "${{ inputs.environment }}"
+
+
+# ---- credentials: deploy secrets only inside the protected environments ---------------
+
+DEPLOY_SECRETS = ("PULUMI_ACCESS_TOKEN", "PULUMI_CONFIG_PASSPHRASE")
+
+
+def secret_reads(job: dict[str, Any]) -> set[str]:
+    return set(re.findall(r"\bsecrets\.([A-Za-z_][A-Za-z0-9_]*)", yaml.safe_dump(job)))
+
+
+def test_deploy_secrets_are_read_only_by_jobs_in_an_environment() -> None:
+    """Environment secrets reach only a job that sets `environment` (a caller of a
+    reusable workflow passes them by name; the callee's job in the environment gets
+    the values: docs.github.com, "Reusing workflows"). dev and prod admit main only."""
+    for name, workflow in all_workflows().items():
+        for job_name, job in workflow["jobs"].items():
+            read = secret_reads(job) & set(DEPLOY_SECRETS)
+            if not read:
+                continue
+            if "uses" in job:  # a caller: the called job must run in the environment
+                called = load(job["uses"].rsplit("/", 1)[1])
+                assert all("environment" in j for j in called["jobs"].values()), (name, job_name)
+            else:
+                assert "environment" in job, (name, job_name, read)
+
+
+def test_pull_requests_read_no_deploy_secret_and_a_read_only_token() -> None:
+    preview = load("preview.yml")["jobs"]["preview"]
+    assert preview["env"]["PULUMI_ACCESS_TOKEN"] == "${{ secrets.PULUMI_PREVIEW_ACCESS_TOKEN }}"
+    for name, workflow in all_workflows().items():
+        if triggers(workflow) & {"pull_request", "pull_request_target"}:
+            text = (WORKFLOWS / name).read_text()
+            for secret in DEPLOY_SECRETS:
+                assert f"secrets.{secret}" not in text, (name, secret)
+            assert all("environment" not in job for job in workflow["jobs"].values()), name
+
+
+# ---- which stacks deploy: .github/stacks.py against the shipped stacks ----------------
+
+SHIPPED_ID = "712345678"  # Pulumi.prod.yaml's tpu-stack:ci.githubRepositoryId
+PROD_VARS = {"PROD_GCP_WORKLOAD_IDENTITY_PROVIDER": "projects/1/locations/global/"
+             "workloadIdentityPools/prod-github/providers/github",
+             "PROD_GCP_DEPLOYER_SERVICE_ACCOUNT":
+                 "prod-deployer@acme-ml-prod.iam.gserviceaccount.com"}
+
+
+def run_stacks(*args: str, variables: dict[str, str], repository_id: str = SHIPPED_ID,
+               branch: str = "main") -> subprocess.CompletedProcess[str]:
+    """.github/stacks.py as the workflows run it, on the shipped stack files."""
+    env = {**os.environ, "VARS": json.dumps(variables), "REPOSITORY_ID": repository_id,
+           "BRANCH": branch}
+    return subprocess.run([sys.executable, str(ROOT / ".github" / "stacks.py"), *args],
+                          env=env, capture_output=True, text=True, cwd=ROOT, check=False)
+
+
+def outputs(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in result.stdout.splitlines())
+
+
+def test_the_shipped_stacks_deploy_only_what_declares_ci() -> None:
+    """dev declares no tpu-stack:ci: it is skipped, not failed, and prod no longer
+    waits for a dev that cannot deploy (issue 19 item 4)."""
+    assert not stacks.ci_of("dev") and stacks.ci_of("prod")
+    result = run_stacks("deploy", variables=PROD_VARS)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(outputs(result)["plan"])
+    assert plan["dev"]["act"] is False
+    assert plan["prod"] == {"stack": "prod", "act": True, "environment": "prod",
+                            "provider": PROD_VARS["PROD_GCP_WORKLOAD_IDENTITY_PROVIDER"],
+                            "account": PROD_VARS["PROD_GCP_DEPLOYER_SERVICE_ACCOUNT"]}
+    assert "::notice::dev is not deployed by CI: Pulumi.dev.yaml declares no tpu-stack:ci" in (
+        result.stderr)
+
+
+def test_a_missing_variable_fails_with_one_message_naming_it() -> None:
+    result = run_stacks("deploy", variables={
+        "PROD_GCP_WORKLOAD_IDENTITY_PROVIDER": "x"})
+    assert result.returncode == 1 and result.stdout == ""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("::error::")]
+    assert errors == ["::error::set the repository variables PROD_GCP_DEPLOYER_SERVICE_ACCOUNT "
+                      "(docs/pr-previews.md, 'Repository variables and secrets')"]
+    both = run_stacks("heal", "prod", variables={})
+    assert both.returncode == 1
+    assert "PROD_GCP_WORKLOAD_IDENTITY_PROVIDER, PROD_GCP_DEPLOYER_SERVICE_ACCOUNT" in both.stderr
+
+
+def test_another_repository_or_branch_deploys_nothing() -> None:
+    """A clone keeps the shipped ids: its first push to main deploys nothing and
+    says why, instead of failing in google-github-actions/auth."""
+    for result in (run_stacks("deploy", variables={}, repository_id="1"),
+                   run_stacks("deploy", variables=PROD_VARS, branch="release")):
+        assert result.returncode == 0, result.stderr
+        assert not any(t["act"] for t in json.loads(outputs(result)["plan"]).values())
+        assert "prod is not deployed by CI" in result.stderr
+
+
+def test_the_scheduled_heal_of_a_stack_without_ci_does_nothing() -> None:
+    result = run_stacks("heal", "dev", variables={})
+    assert result.returncode == 0, result.stderr
+    assert outputs(result)["heal"] == "false"
+    healed = outputs(run_stacks("heal", "prod", variables=PROD_VARS))
+    assert healed["heal"] == "true" and healed["environment"] == "prod"
+    assert healed["account"] == PROD_VARS["PROD_GCP_DEPLOYER_SERVICE_ACCOUNT"]
+
+
+def test_deploy_yml_has_one_job_per_deployed_stack_in_order() -> None:
+    jobs = load("deploy.yml")["jobs"]
+    assert set(jobs) == {"stacks", *stacks.DEPLOYED}
+    plan = "\n".join(step.get("run", "") for step in jobs["stacks"]["steps"])
+    assert "python .github/stacks.py deploy" in plan and "--require-hashes" in plan
+    assert jobs["dev"]["if"] == "fromJSON(needs.stacks.outputs.plan).dev.act"
+    assert jobs["prod"]["needs"] == ["stacks", "dev"]
+    condition = jobs["prod"]["if"]
+    assert "!cancelled()" in condition and "needs.dev.result == 'skipped'" in condition
+    heal = load("self-heal.yml")["jobs"]
+    assert heal["heal"]["if"].startswith("needs.gate.outputs.heal == 'true'")
 
 
 # ---- the Pulumi CLI version ------------------------------------------------------
@@ -177,7 +324,8 @@ def test_a_heal_gives_way_to_deploys_and_a_deploy_waits_for_a_running_heal() -> 
     gate = "\n".join(step.get("run", "") for step in heal["gate"]["steps"])
     assert "--workflow deploy.yml" in gate and 'select(.status != "completed")' in gate
     assert heal["heal"]["needs"] == "gate"
-    assert heal["heal"]["if"] == "needs.gate.outputs.deploying == 'false'"
+    assert heal["heal"]["if"] == (
+        "needs.gate.outputs.heal == 'true' && needs.gate.outputs.deploying == 'false'")
     # Checked again just before anything changes: the job may have waited in its group.
     heal_steps = heal["heal"]["steps"]
     recheck = next(i for i, step in enumerate(heal_steps) if step.get("id") == "recheck")
@@ -194,7 +342,8 @@ def test_a_heal_gives_way_to_deploys_and_a_deploy_waits_for_a_running_heal() -> 
     assert "--workflow self-heal.yml" in up["steps"][wait]["run"]
     assert wait < next(i for i, n in enumerate(names) if n.startswith(PULUMI_ACTION))
     assert up["permissions"]["actions"] == "read"
-    for job in load("deploy.yml")["jobs"].values():  # a caller grants what the callee asks
+    callers = (load("deploy.yml")["jobs"][stack] for stack in stacks.DEPLOYED)
+    for job in callers:  # a caller grants what the callee asks
         assert job["permissions"]["actions"] == "read"
 
 

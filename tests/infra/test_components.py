@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from dataclasses import dataclass
@@ -94,10 +95,38 @@ def test_firewall_allows_internal_traffic_and_ssh_only_from_iap() -> None:
                                    .of_type("gcp:compute/firewall:Firewall")}
 
 
-def test_one_subnet_per_region_without_overlap() -> None:
+def test_each_region_has_its_own_slot_of_the_grid() -> None:
     ranges = subnet_ranges("10.128.0.0/20", ["us-central1", "us-central2", "europe-west4"])
-    assert ranges == {"us-central1": "10.128.0.0/22", "us-central2": "10.128.4.0/22",
-                      "europe-west4": "10.128.8.0/22"}
+    assert ranges == {"us-central1": "10.128.0.0/20", "us-central2": "10.128.16.0/20",
+                      "europe-west4": "10.128.32.0/20"}
+
+
+def test_adding_or_removing_a_region_moves_no_range() -> None:
+    """The old rule split the grid between the regions present: a second region
+    shrank the first one's range, which replaces its subnet and its nodes."""
+    regions = ["us-central1"]
+    before = subnet_ranges("10.128.0.0/20", regions)
+    for added in ("europe-west4", "asia-northeast1", "us-central2"):
+        regions = [*regions, added]
+        after = subnet_ranges("10.128.0.0/20", regions)
+        assert {r: after[r] for r in before} == before
+        before = after
+    assert subnet_ranges("10.128.0.0/20", regions[1:]) == {r: before[r] for r in regions[1:]}
+
+
+def test_pinned_ranges_win_over_slots() -> None:
+    pinned = {"us-central1": "10.128.0.0/21", "us-central2": "10.128.8.0/21"}
+    ranges = subnet_ranges("10.128.0.0/20", ["us-central1", "us-central2", "europe-west4"],
+                           pinned)
+    assert ranges == {**pinned, "europe-west4": "10.128.32.0/20"}
+
+
+def test_every_catalog_region_has_a_slot() -> None:
+    from components import catalog
+    from components.subnets import REGION_SLOTS
+
+    assert {catalog.region_of(z) for z in catalog.all_zones()} <= set(REGION_SLOTS)
+    assert len(set(REGION_SLOTS)) == len(REGION_SLOTS)
 
 
 # ---- storage ---------------------------------------------------------------
@@ -233,6 +262,8 @@ def test_package_object_is_named_by_its_sha256(tmp_path) -> None:
 
     run = declare(build)
     obj = only(run, "gcp:storage/bucketObject:BucketObject")
+    # A new package is a new logical name: created before the old one is deleted.
+    assert obj.name == f"archive-{'ab' * 8}"
     assert obj.inputs["name"] == f"packages/tpu_training-{'ab' * 32}.tar.gz"
     assert obj.inputs["bucket"] == "acme-ml-test-test-artifacts"
     assert obj.inputs["metadata"] == {"sha256": "ab" * 32}
@@ -293,21 +324,48 @@ def test_node_runs_as_the_runtime_account_without_external_ips() -> None:
 def test_node_carries_every_metadata_key_of_the_contract() -> None:
     run, args = node_run()
     metadata = only(run, "gcp:tpu/v2Vm:V2Vm").inputs["metadata"]
-    assert set(metadata) == {agent.STARTUP_SCRIPT_KEY, agent.PACKAGE_KEY,
-                             agent.PACKAGE_SHA256_KEY, agent.JOB_KEY, agent.WORKERS_KEY,
+    assert set(metadata) == {agent.STARTUP_SCRIPT_KEY, "tpu-stack-release", agent.WORKERS_KEY,
                              agent.STATUS_KEY, agent.RUNTIME_KEY, "enable-guest-attributes",
                              "tpu-stack-node", "enable-oslogin"}
     assert metadata["enable-guest-attributes"] == "TRUE"
     assert metadata["tpu-stack-node"] == "test-trainer"  # the node id, not a worker's name
     assert metadata[agent.RUNTIME_KEY] == args.settings.runtime
     assert metadata[agent.STARTUP_SCRIPT_KEY] == agent.startup_script()
-    assert metadata[agent.PACKAGE_KEY] == args.package_uri
+    assert metadata["tpu-stack-release"] == "gs://a/releases/test-trainer/"
     assert metadata[agent.WORKERS_KEY] == "all"
-    job = json.loads(metadata[agent.JOB_KEY])
+
+
+def release_of(run: ProgramRun) -> tuple[Registration, dict]:
+    (release,) = [o for o in run.of_type("gcp:storage/bucketObject:BucketObject")
+                  if "-release-" in o.name]
+    content = release.inputs["content"]
+    return release, json.loads(content["value"] if isinstance(content, dict) else content)
+
+
+def test_each_release_is_an_object_named_by_its_content_under_the_pointer() -> None:
+    """Contract C1: releases/<node>/release-<sha16 of the content>.json in the package's
+    bucket; compact JSON with sorted keys: the resolved job, the package and its sha256."""
+    run, args = node_run()
+    release, content = release_of(run)
+    raw = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:16]
+    assert release.name == f"node-trainer-release-{digest}"
+    assert release.inputs["name"] == f"releases/test-trainer/release-{digest}.json"
+    assert release.inputs["bucket"] == "a"
+    assert parent_type(run, release) == "tpu-stack:index:TpuNode"
+    assert content["package"] == args.package_uri and content["sha256"] == "00"
+    job = content["job"]
     assert job["trainData"] == "gs://d/datasets/mnist/train-*.tfrecord"
     assert job["checkpointDir"] == "gs://c/ckpt/test-trainer/"
     assert job["exportDir"] == "gs://c/export/test-trainer/"
     assert job["tensorboardDir"] == "gs://l/tb/test-trainer/"
+    assert job["noticeSeconds"] == 30  # a spot node's notice (contract C3)
+    vm = only(run, "gcp:tpu/v2Vm:V2Vm")
+    assert release.urn in vm.dependencies  # the first boot finds its release
+
+
+def test_an_on_demand_node_gets_the_standard_notice() -> None:
+    assert release_of(node_run(provisioning="on-demand")[0])[1]["job"]["noticeSeconds"] == 120
 
 
 @pytest.mark.parametrize(("provisioning", "expected"), [
@@ -329,18 +387,24 @@ def test_accelerator_type_or_config_as_the_user_wrote_it() -> None:
     assert by_shape["metadata"][agent.WORKERS_KEY] == "0"
 
 
-def test_a_code_change_only_changes_metadata() -> None:
-    """Only metadata, labels, tags, description and data disks update a V2Vm in
-    place (docs/tpu-facts.md); a new package must leave every other input alone."""
-    run_a, args = node_run()
+@pytest.mark.parametrize("change", [
+    {"package_uri": "gs://a/packages/tpu_training-11.tar.gz", "package_sha256": "11"},
+    {"job": "a hyperparameter, and the node pointed at another job"}])
+def test_a_code_or_job_change_is_a_new_release_and_leaves_the_node_alone(change: dict) -> None:
+    """Only the release object changes (a new logical name: created, then the old one
+    deleted); the node's inputs, metadata included, stay exactly as they were, so no
+    node is updated and a waiting queued request keeps its place."""
     import dataclasses
-    changed = dataclasses.replace(args, package_uri="gs://a/packages/tpu_training-11.tar.gz",
-                                  package_sha256="11")
-    run_b = declare(lambda: TpuNode("node-trainer", changed))
+    run_a, args = node_run()
+    if change.get("job"):
+        change = {"job": dataclasses.replace(args.job, learningRate=0.5),
+                  "settings": args.settings.model_copy(update={"job": "other"})}
+    run_b = declare(lambda: TpuNode("node-trainer", dataclasses.replace(args, **change)))
     a = only(run_a, "gcp:tpu/v2Vm:V2Vm").inputs
     b = only(run_b, "gcp:tpu/v2Vm:V2Vm").inputs
-    differing = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
-    assert differing == {"metadata"}
+    assert a == b
+    (old, _), (new, _) = release_of(run_a), release_of(run_b)
+    assert old.name != new.name and old.inputs["name"] != new.inputs["name"]
 
 
 def test_component_options_are_visible_to_the_recording_monitor() -> None:

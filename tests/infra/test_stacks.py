@@ -51,10 +51,16 @@ def test_single_team_stack_outputs(stack: str) -> None:
                                               ".tar.gz")
     vms = run.of_type("gcp:tpu/v2Vm:V2Vm")
     assert len(vms) == len(outputs["nodes"])
+    releases = {o.inputs["name"].split("/")[1]: o for o in run.of_type(
+        "gcp:storage/bucketObject:BucketObject") if "-release-" in o.name}
     for vm in vms:
         metadata = vm.inputs["metadata"]
-        assert metadata[agent.PACKAGE_KEY] == outputs["package"]["uri"]
-        job = json.loads(metadata[agent.JOB_KEY])
+        node_id = vm.inputs["name"]
+        assert metadata["tpu-stack-release"] == (f"{outputs['buckets']['artifacts']}/releases/"
+                                                 f"{node_id}/")
+        release = json.loads(releases[node_id].inputs["content"]["value"])
+        assert release["package"] == outputs["package"]["uri"]
+        job = release["job"]
         assert job["trainData"].startswith(outputs["buckets"]["data"] + "/")
         assert job["checkpointDir"].startswith(outputs["buckets"]["checkpoints"] + "/")
         assert vm.inputs["serviceAccount"]["email"] == outputs["runtimeServiceAccount"]
@@ -298,3 +304,104 @@ def test_a_cloud_stack_reference_fails_the_program_on_a_self_managed_backend() -
         run_program(file_config("team-vision"), "team-vision", organization="organization")
     assert "tpu-stack:platformStack: 'acme/tpu-stack/platform' does not name a stack on " \
            "this stack's backend, a self-managed backend" in str(caught.value)
+
+
+# ---- subnet ranges never move (issue 18) ------------------------------------
+
+SHIPPED_RANGES = {
+    "dev": {"us-central1": "10.128.0.0/20"},
+    "prod": {"us-central2": "10.128.0.0/20"},
+    "platform": {"us-central1": "10.128.0.0/21", "us-central2": "10.128.8.0/21"},
+}
+
+
+def subnet_ranges_of(config: dict, stack: str) -> dict[str, str]:
+    run = run_program(config, stack)
+    return {s.inputs["region"]: s.inputs["ipCidrRange"]
+            for s in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+
+
+@pytest.mark.parametrize("stack", sorted(SHIPPED_RANGES))
+def test_shipped_stacks_keep_the_ranges_they_were_deployed_with(stack: str) -> None:
+    assert subnet_ranges_of(file_config(stack), stack) == SHIPPED_RANGES[stack]
+
+
+def _with_node_in(stack: str, zone: str, accelerator: str) -> dict:
+    config = file_config(stack)
+    nodes = json.loads(config["tpu-stack:nodes"])
+    job = nodes[0]["job"] if nodes else None
+    if job is None:  # the platform's nodes are its teams'
+        teams = json.loads(config["tpu-stack:teams"])
+        team = teams["nlp"]
+        team["nodes"].append({"name": "extra", "zone": zone, "acceleratorType": accelerator,
+                              "job": "sweep"})
+        team["quota"]["v5e"]["onDemand"] = 8
+        config["tpu-stack:teams"] = json.dumps(teams)
+        quota = json.loads(config["tpu-stack:quota"])
+        quota.setdefault("v5e", {})[zone.rsplit("-", 1)[0]] = {"onDemand": 8}
+        config["tpu-stack:quota"] = json.dumps(quota)
+        return config
+    nodes.append({"name": "extra", "zone": zone, "acceleratorType": accelerator, "job": job})
+    config["tpu-stack:nodes"] = json.dumps(nodes)
+    return config
+
+
+@pytest.mark.parametrize("stack", sorted(SHIPPED_RANGES))
+def test_a_node_in_a_new_region_adds_a_subnet_and_moves_none(stack: str) -> None:
+    ranges = subnet_ranges_of(_with_node_in(stack, "europe-west4-b", "v5litepod-8"), stack)
+    assert {r: ranges[r] for r in SHIPPED_RANGES[stack]} == SHIPPED_RANGES[stack]
+    assert ranges["europe-west4"] == "10.128.32.0/20"
+
+
+# ---- code and job changes never touch a node (issue 18, contract C1) ---------
+
+def _plan_nodes_and_releases(config: dict, stack: str) -> tuple[dict, dict, dict]:
+    run = run_program(config, stack)
+    nodes = {r.name: r.inputs for r in run.registrations
+             if r.type == "gcp:tpu/v2Vm:V2Vm" or "QueuedTpu" in r.type}
+    objects = {r.name: r.inputs for r in run.of_type("gcp:storage/bucketObject:BucketObject")}
+    releases = {n: o for n, o in objects.items() if "-release-" in n}
+    archives = {n: o for n, o in objects.items() if n.startswith("archive-")}
+    return nodes, releases, archives
+
+
+def _new_code(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import components.package
+    from components.archive import Archive
+    stage = components.package.stage
+    monkeypatch.setattr(components.package, "build_archive",
+                        lambda: Archive(data=b"other code", sha256="cd" * 32))
+    monkeypatch.setattr(components.package, "stage", lambda archive, _: stage(archive, tmp_path))
+
+
+def _queued(stack: str) -> dict:
+    config = file_config(stack)
+    nodes = json.loads(config["tpu-stack:nodes"])
+    for entry in nodes:
+        entry.update(provisioning="queued", queue={"spot": True})
+    config["tpu-stack:nodes"] = json.dumps(nodes)
+    return config
+
+
+def _other_hyperparameter(config: dict) -> dict:
+    jobs = json.loads(config["tpu-stack:jobs"])
+    for job in jobs.values():
+        job["learningRate"] = 0.05
+    return {**config, "tpu-stack:jobs": json.dumps(jobs)}
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["v2vm", "queued"])
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_a_code_or_job_change_leaves_every_node_input_as_it_was(
+        stack: str, queued: bool, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    config = _queued(stack) if queued else file_config(stack)
+    nodes, releases, archives = _plan_nodes_and_releases(config, stack)
+    after_job = _plan_nodes_and_releases(_other_hyperparameter(config), stack)
+    _new_code(monkeypatch, tmp_path)
+    after_code = _plan_nodes_and_releases(config, stack)
+    for after_nodes, after_releases, _ in (after_job, after_code):
+        assert after_nodes == nodes
+        assert after_releases.keys().isdisjoint(releases)  # new ones; the old ones go last
+        assert len(after_releases) == len(releases) == len(nodes)
+    assert list(after_job[2]) == list(archives)
+    assert list(after_code[2]) == [f"archive-{'cd' * 8}"] != list(archives)

@@ -224,18 +224,53 @@ def test_the_fake_refuses_a_plain_delete_of_a_waiting_request(fake_tpu: FakeTpuA
     assert fake_tpu.queued_resource(ZONE, "dev-w-qr") is not None
 
 
-def test_a_metadata_change_before_provisioning_queues_the_new_spec(fake_tpu: FakeTpuApi) -> None:
+def test_a_waiting_request_keeps_its_place_and_gets_a_label_change_once_its_node_exists(
+    fake_tpu: FakeTpuApi,
+) -> None:
+    """A label change while the request waits (e.g. a new cost-centre) used to queue
+    it again with the new spec. Now it is held: the request stays as it is, the outputs
+    keep what it carries, and the next `up` after the node exists patches the node."""
     fake_tpu.script_queued("dev-trainer", "WAITING_FOR_RESOURCES")
     provider = QueuedTpuProvider()
-    provider.create(props())
+    created = provider.create(props()).outs
+    news = props(labels={**STACK_LABELS, "cost-centre": "cc-2"})
+
+    held = provider.update(QR_NAME, created, news).outs
+
+    assert fake_tpu.count("create", "queuedResources") == 1
+    assert fake_tpu.count("delete", "queuedResources") == 0
+    assert held["state"] == "WAITING_FOR_RESOURCES" and held["held"] == ["labels"]
+    assert held["labels"] == dict(STACK_LABELS)
+    sent = fake_tpu.queued_resource(ZONE, "dev-trainer").tpu.node_spec[0].node
+    assert "cost-centre" not in sent.labels
+    # The next preview still shows the change (olds are the outputs), still in place.
+    pending = provider.diff(QR_NAME, held, news)
+    assert (pending.changes, pending.replaces) == (True, [])
+
+    fake_tpu.set_queued_states(ZONE, "dev-trainer", "WAITING_FOR_RESOURCES", "ACTIVE")
+    refreshed = provider.read(QR_NAME, held).outs  # `up --refresh`: the node is up
+    assert refreshed["node_state"] == "READY" and "cost-centre" not in refreshed["labels"]
+    assert provider.diff(QR_NAME, refreshed, news).changes
+
+    applied = provider.update(QR_NAME, refreshed, news).outs
+
+    assert fake_tpu.node(ZONE, "dev-trainer").labels["cost-centre"] == "cc-2"
+    assert applied["labels"]["cost-centre"] == "cc-2" and applied["held"] == []
+    assert provider.diff(QR_NAME, applied, news).changes is False
+    assert fake_tpu.count("create", "queuedResources") == 1
+
+
+def test_a_held_metadata_change_still_waits_on_the_next_up(fake_tpu: FakeTpuApi) -> None:
+    fake_tpu.script_queued("dev-trainer", "WAITING_FOR_RESOURCES")
+    provider = QueuedTpuProvider()
+    created = provider.create(props()).outs
     news = props(metadata={"startup-script": "#!/bin/bash\necho v2"})
 
-    outs = provider.update(QR_NAME, props(), news).outs
+    again = provider.update(QR_NAME, provider.update(QR_NAME, created, news).outs, news).outs
 
-    sent = fake_tpu.queued_resource(ZONE, "dev-trainer").tpu.node_spec[0].node
-    assert dict(sent.metadata) == {"startup-script": "#!/bin/bash\necho v2"}
-    assert outs["state"] in {"WAITING_FOR_RESOURCES", "ACTIVE"}
-    assert fake_tpu.count("create", "queuedResources") == 2
+    assert again["metadata"] == props()["metadata"] and again["held"] == ["metadata"]
+    assert fake_tpu.count("create", "queuedResources") == 1
+    assert fake_tpu.count("patch") == 0
 
 
 def test_check_names_each_bad_input() -> None:

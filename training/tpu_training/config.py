@@ -80,6 +80,7 @@ class JobConfig:
     checkpointDir: str | None = None
     exportDir: str | None = None
     tensorboardDir: str | None = None
+    noticeSeconds: float | None = None  # the node's stop notice (resolved jobs only)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, resolved: bool = True) -> JobConfig:
@@ -94,7 +95,7 @@ class JobConfig:
         return dataclasses.asdict(self)
 
     def resolve(self, *, data_root: str, checkpoint_dir: str, export_dir: str,
-                tensorboard_dir: str) -> JobConfig:
+                tensorboard_dir: str, notice_seconds: float | None = None) -> JobConfig:
         """The node's job: data made absolute under `data_root`, locations set."""
         return dataclasses.replace(
             self,
@@ -103,6 +104,7 @@ class JobConfig:
             checkpointDir=checkpoint_dir,
             exportDir=export_dir,
             tensorboardDir=tensorboard_dir,
+            noticeSeconds=notice_seconds,
         )
 
 
@@ -130,7 +132,7 @@ _REQUIRED = tuple(name for name, f in _FIELDS.items()
                   if f.default is dataclasses.MISSING)
 _INTS = ("globalBatchSize", "trainSteps", "stepsPerExecution", "checkpointEverySteps",
          "warmupSteps", "imageSize", "numClasses")
-_NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes")
+_NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes", "noticeSeconds")
 _MIN_IMAGE_SIZE = 32  # ResNet downsamples by 32 before its pooling layer
 _MAX_WIDTH = 4
 
@@ -139,7 +141,8 @@ def _problems(data: Mapping[str, Any], *, resolved: bool) -> list[tuple[str, str
     if not isinstance(data, Mapping):
         return [("", f"must be a mapping of job settings, got {type(data).__name__}")]
     problems: list[tuple[str, str]] = []
-    allowed = sorted(_FIELDS) if resolved else sorted(set(_FIELDS) - set(LOCATION_KEYS))
+    allowed = (sorted(_FIELDS) if resolved else
+               sorted(set(_FIELDS) - set(LOCATION_KEYS) - {"noticeSeconds"}))
     for key in data:
         if key not in allowed:
             problems.append((str(key), f"unknown key; allowed: {', '.join(allowed)}"))
