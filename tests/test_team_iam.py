@@ -150,7 +150,7 @@ def test_each_team_has_a_project_of_its_own_in_the_folder(repo_runs) -> None:
     for t in teams.values():
         assert model.parents[t.project] == "folders/246813579024"
         for resource in t.resources:
-            assert model.project_of(resource) in (t.project, None), resource  # buckets: None
+            assert model.project_of(resource) == t.project, resource
 
 
 def test_the_isolation_check_catches_a_leaked_grant(three_teams) -> None:
