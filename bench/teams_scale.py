@@ -63,7 +63,7 @@ def platform_config(teams: int, nodes: int) -> dict[str, str]:
         "tpu-stack:labels": {"cost-centre": "cc-platform"},
         "tpu-stack:storage": {"location": "US", "forceDestroy": True, "protect": False},
         "tpu-stack:quota": {"v5e": {r: {"preemptible": region_chips} for r in regions}},
-        "tpu-stack:teamProjects": {"folderId": "1234567890",
+        "tpu-stack:teamProjects": {"folderId": "1234567890", "quotaContact": "p@acme.example",
                                    "billingAccount": "01AB23-45CD67-89EF01"},
         "tpu-stack:teams": {f"t{i}": team(i, per_team) for i in range(teams)},
     }

@@ -161,6 +161,7 @@ class TpuPlatform(pulumi.ComponentResource):
             team=team, stack=settings.stack, naming=settings.naming,
             folder_id=settings.team_projects.folder_id,
             billing_account=settings.team_billing_account,
+            quota_contact=settings.team_projects.quota_contact,
             labels=self._team_labels("project", team), members=spec.members,
             quota=spec.quota, regions={f: sorted(r) for f, r in settings.quota.items()},
             network=self.host, data_bucket=self.buckets.names["data"], ci=spec.ci,

@@ -257,6 +257,9 @@ class TeamProjectsSettings(_Model):
 
     folder_id: str
     billing_account: str | None = None  # default: tpu-stack:billing.account
+    # Cloud Quotas requires a contact email on a preference above the granted value
+    # (QuotaPreference.contact_email: "required for increase quota preferences").
+    quota_contact: str | None = None
 
 
 class BillingSettings(_Model):
@@ -918,6 +921,7 @@ TEAM_PROJECTS_KEY = f"{NAMESPACE}:teamProjects"
 # cloud.google.com/resource-manager/docs/creating-managing-folders: a folder id is
 # a number (the API names it folders/<number>).
 _FOLDER_RE = re.compile(r"^[0-9]{1,20}$")
+_EMAIL_RE = re.compile(r"^[A-Za-z0-9._%+'-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
 
 
 def _team_projects_problems(s: StackSettings) -> Problems:
@@ -929,6 +933,13 @@ def _team_projects_problems(s: StackSettings) -> Problems:
     if not _FOLDER_RE.match(s.team_projects.folder_id):
         yield (f"{TEAM_PROJECTS_KEY}.folderId", f"{s.team_projects.folder_id!r} is not a folder "
                                                 f"id: the number of folders/<number>")
+    contact = s.team_projects.quota_contact
+    if contact is None:
+        yield (f"{TEAM_PROJECTS_KEY}.quotaContact", "is required: an email Google may contact "
+                                                    "about a team's quota request (Cloud Quotas "
+                                                    "QuotaPreference.contactEmail)")
+    elif not _EMAIL_RE.match(contact):
+        yield (f"{TEAM_PROJECTS_KEY}.quotaContact", f"{contact!r} is not an email address")
     account = s.team_billing_account
     if account is None:
         yield (f"{TEAM_PROJECTS_KEY}.billingAccount", "is required without "

@@ -164,6 +164,7 @@ class TeamProjectArgs:
     regions: dict[str, list[str]]  # family → regions of the platform's quota
     network: HostNetwork
     data_bucket: pulumi.Input[str]  # the platform's shared data, read-only
+    quota_contact: str | None = None  # Cloud Quotas' contact for increase requests
     ci: CiSettings | None = None
     budget: TeamBudget | None = None
     budgets: BudgetsAccess | None = None  # required with a budget
@@ -326,6 +327,7 @@ class TeamProject(pulumi.ComponentResource):
                 quota_config=gcp.cloudquota.SQuotaPreferenceQuotaConfigArgs(
                     preferred_value=str(chips)),
                 justification=f"tpu-stack {args.stack}: team {args.team}'s TPU quota",
+                contact_email=args.quota_contact,
                 opts=after)
 
     def _budget(self, budget: TeamBudget, child: pulumi.ResourceOptions) -> None:

@@ -183,6 +183,9 @@ def test_a_team_s_tpu_quota_is_capped_in_its_project(repo_runs) -> None:
     assert preferences[(nlp, "TPUV4sPodPerProjectPerRegionForTPUAPI", "us-central2")] == "32"
     assert preferences[(nlp, v5e_spot, "us-central1")] == "16"
     assert {parent for parent, _, _ in preferences} == {vision, nlp}
+    # An increase is a request Google answers: it needs a contact.
+    assert {p.inputs["contactEmail"] for p in repo_runs[0].of_type(QUOTA_PREFERENCE)} == {
+        "ml-platform@acme.example"}
 
 
 def test_no_team_principal_can_raise_quota_or_grant_outside_its_team(repo_runs) -> None:

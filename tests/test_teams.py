@@ -29,7 +29,8 @@ PROJECT_GRANT = "gcp:projects/iAMMember:IAMMember"
 READ_ROLES = {"roles/storage.objectViewer", "roles/storage.legacyBucketReader"}
 QUOTA = {"v5e": {"us-central1": {"onDemand": 16, "preemptible": 32}},
          "v4": {"us-central2": {"onDemand": 32}}}
-TEAM_PROJECTS = {"folderId": "1234567890", "billingAccount": "01AB23-45CD67-89EF01"}
+TEAM_PROJECTS = {"folderId": "1234567890", "billingAccount": "01AB23-45CD67-89EF01",
+                 "quotaContact": "platform@acme.example"}
 
 
 def team(name: str, *nodes: dict, **changes: Any) -> dict:
@@ -175,6 +176,9 @@ BAD_TEAM_CONFIGS: list[tuple[str, dict, str, str]] = [
     ("team projects without a billing account", {**platform(vision=team("vision")),
                                                  "tpu-stack:teamProjects": {"folderId": "12"}},
      "tpu-stack:teamProjects.billingAccount", "is required without tpu-stack:billing"),
+    ("team projects without a quota contact", {**platform(vision=team("vision")),
+                                               "tpu-stack:teamProjects": {"folderId": "12"}},
+     "tpu-stack:teamProjects.quotaContact", "is required: an email Google may contact"),
     ("team ci by repository name only", platform(vision=team("vision", ci={
         "githubRepository": "acme/vision", "githubRepositoryId": "acme",
         "githubRepositoryOwnerId": "1"})),
