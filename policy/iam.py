@@ -52,6 +52,7 @@ SET_IAM_POLICY = {
     "serviceAccounts": "iam.serviceAccounts.setIamPolicy",
     "subnetworks": "compute.subnetworks.setIamPolicy",
 }
+QUEUED_TPU = "pulumi-python:dynamic/tpu:QueuedTpu"
 # Where modifiedGrantsByRole is set (setting-limits-on-granting-roles).
 _LIMITABLE = ("projects", "folders", "organizations")
 
@@ -195,6 +196,8 @@ def _resource_name(kind: str, inputs: Mapping[str, Any],
         return outputs.get("name") or None
     if kind == "gcp:tpu/v2Vm:V2Vm":
         return f"projects/{project}/locations/{inputs['zone']}/nodes/{inputs['name']}"
+    if kind == QUEUED_TPU:  # components/queued_tpu.py: the node its request becomes
+        return f"projects/{project}/locations/{inputs['zone']}/nodes/{inputs['node_id']}"
     if kind == "gcp:compute/subnetwork:Subnetwork":
         return f"projects/{project}/regions/{inputs['region']}/subnetworks/{inputs['name']}"
     return None

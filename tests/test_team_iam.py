@@ -14,7 +14,7 @@ import pytest
 from components.ci import DEPLOYER_ROLES
 from components.stack_config import file_config
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
-from policy.iam import IamModel, predefined_roles
+from policy.iam import QUEUED_TPU, IamModel, predefined_roles
 from tests.infra.stack_fixtures import as_cli
 from tests.test_teams import platform, pod, spot, team
 
@@ -42,7 +42,8 @@ class Team:
 
 
 def node_name(r: Registration) -> str:
-    return f"projects/{r.inputs['project']}/locations/{r.inputs['zone']}/nodes/{r.inputs['name']}"
+    node_id = r.inputs.get("name") or r.inputs["node_id"]  # a V2Vm, or a queued node
+    return f"projects/{r.inputs['project']}/locations/{r.inputs['zone']}/nodes/{node_id}"
 
 
 def account_name(email: str) -> str:
@@ -71,7 +72,7 @@ def teams_of(runs: list[ProgramRun]) -> dict[str, Team]:
             t.resources.add(account_name(deployer))
         t.project = f"projects/{entry['projectId']}" if "projectId" in entry else None
     for run in runs:
-        for r in run.of_type(V2VM):
+        for r in run.of_type(V2VM) + run.of_type(QUEUED_TPU):
             teams[r.inputs["labels"]["team"]].resources.add(node_name(r))
         for r in run.of_type(BUCKET):
             if r.inputs["labels"]["team"] in teams:

@@ -90,6 +90,15 @@ def test_a_resource_name_condition_and_an_erring_one() -> None:
     assert not model.can(BOB, "tpu.nodes.get", NODE)  # no `request` here: an error denies
 
 
+def test_a_queued_node_is_in_its_project() -> None:
+    model = plan({"type": "pulumi-python:dynamic/tpu:QueuedTpu",
+                  "inputs": {"project": "p1", "zone": "us-central1-a", "node_id": "q1"}},
+                 member("gcp:projects/iAMMember:IAMMember", "roles/tpu.admin", project="p1"))
+    assert model.kinds("nodes") == ["projects/p1/locations/us-central1-a/nodes/n1",
+                                    "projects/p1/locations/us-central1-a/nodes/q1"]
+    assert model.can(ANA, "tpu.nodes.delete", "projects/p1/locations/us-central1-a/nodes/q1")
+
+
 def test_public_members_reach_everyone_and_unknown_roles_are_refused() -> None:
     model = plan(member("gcp:storage/bucketIAMMember:BucketIAMMember", "roles/storage.objectViewer",
                         who="allUsers", bucket="b1"),
