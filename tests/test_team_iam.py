@@ -118,6 +118,7 @@ def repo_runs() -> list[ProgramRun]:
 def three_teams() -> ProgramRun:
     """A platform that declares three teams' nodes, each team with a deployer."""
     teams = {name: team(name, spot(), pod(), ci=CI) for name in ("vision", "nlp", "speech")}
+    teams["vision"]["nodes"].append(spot("queue", provisioning="queued", queue={"spot": True}))
     data = platform(**teams)
     data["tpu-stack:quota"] = {"v5e": {"us-central1": {"preemptible": 64}},
                                "v4": {"us-central2": {"onDemand": 64}}}
@@ -139,6 +140,9 @@ def test_no_principal_of_a_team_reaches_another_team_in_the_repo_stacks(repo_run
 def test_no_principal_of_a_team_reaches_another_of_three(three_teams) -> None:
     teams = teams_of([three_teams])
     assert all("deployer" in t.principals for t in teams.values())
+    # A queued node is in its team's project like the others.
+    assert "projects/acme-ml-test-vision/locations/us-central1-a/nodes/shared-vision-queue" in (
+        teams["vision"].resources)
     assert crossings(model_of([three_teams]), teams) == []
 
 
