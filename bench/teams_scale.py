@@ -29,9 +29,10 @@ from ops.plan.offline import offline_plan
 BASELINE = (2, 20)
 SCALED = (20, 200)
 LIMIT = 1.2
-# v5e zones in four regions (components/catalog.py), so nodes spread over
+# v5e zones in four US regions (components/catalog.py; the data bucket is in US,
+# so no node reads across regions), so nodes spread over
 # subnets as a shared project's would.
-ZONES = ("us-central1-a", "us-west4-a", "us-south1-a", "europe-west4-b")
+ZONES = ("us-central1-a", "us-west4-a", "us-south1-a", "us-west1-c")
 CHIPS_PER_NODE = 8  # v5litepod-8
 
 
@@ -63,6 +64,8 @@ def platform_config(teams: int, nodes: int) -> dict[str, str]:
         "tpu-stack:labels": {"cost-centre": "cc-platform"},
         "tpu-stack:storage": {"location": "US", "forceDestroy": True, "protect": False},
         "tpu-stack:quota": {"v5e": {r: {"preemptible": region_chips} for r in regions}},
+        "tpu-stack:teamProjects": {"folderId": "1234567890", "quotaContact": "p@acme.example",
+                                   "billingAccount": "01AB23-45CD67-89EF01"},
         "tpu-stack:teams": {f"t{i}": team(i, per_team) for i in range(teams)},
     }
     return {key: cli_value(value) for key, value in config.items()}

@@ -394,3 +394,24 @@ STOP_SAVE_SHARE_OF_NOTICE = 0.5
 def stop_notice_seconds(*, spot: bool) -> int:
     """How long a node has between its stop notice and power-off."""
     return SPOT_NOTICE_SECONDS if spot else STANDARD_NOTICE_SECONDS
+
+
+# ---- Cloud Quotas ids (components/teams.py caps each team's project) ---------
+# The tpu.googleapis.com quota of one family's chips in a region, by quota type
+# (settings.QuotaType), as `gcloud beta quotas info list --service=tpu.googleapis.com`
+# names them. Google's quota page (cloud.google.com/tpu/docs/quota) names the
+# quotas but not their ids; these come from public listings and quota errors
+# (read 2026-12): v5e and v6e from `quotas info` listings, v4 preemptible
+# ("Quota limit 'TPUV4sPreemptiblePodPerProjectPerRegionForTPUAPI' has been
+# exceeded") and v5p on-demand from quota errors. v4 on-demand is unconfirmed (by
+# analogy with its preemptible id). A family without an id here gets no cap in its
+# team's project; its quota is then checked at preview only (a warning says so).
+TPU_QUOTA_IDS: dict[tuple[str, str], str] = {
+    ("v5e", "onDemand"): "TPUV5sLitepodPerProjectPerRegionForTPUAPI",
+    ("v5e", "preemptible"): "TPUV5sPreemptibleLitepodPerProjectPerRegionForTPUAPI",
+    ("v6e", "onDemand"): "TPUV6EPerProjectPerRegionForTPUAPI",
+    ("v6e", "preemptible"): "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI",
+    ("v4", "onDemand"): "TPUV4sPodPerProjectPerRegionForTPUAPI",  # unconfirmed
+    ("v4", "preemptible"): "TPUV4sPreemptiblePodPerProjectPerRegionForTPUAPI",
+    ("v5p", "onDemand"): "TPUV5PPerProjectPerRegionForTPUAPI",
+}

@@ -71,19 +71,70 @@ def attribute_condition(ci: CiSettings) -> str:
 CI_APIS = ("sts.googleapis.com",)
 
 # Project roles of the deployer: exactly what `pulumi up` of this stack
-# creates, reads and deletes (components/*.py), each with its reason.
+# creates, reads and deletes (components/*.py), each with its reason. Two of
+# them are limited by an IAM condition (CiIdentity._conditions), and actAs is
+# granted on the runtime account alone (DEPLOYER_ACCOUNT_ROLE), so the deployer
+# is not owner in effect: it grants only the roles the stack grants, and
+# administers and acts as only the stack's runtime accounts.
 DEPLOYER_ROLES = {
     "roles/serviceusage.serviceUsageAdmin": "project.py turns the stack's APIs on",
     "roles/compute.networkAdmin": "network.py creates the network and subnetwork",
     "roles/compute.securityAdmin": "network.py creates the firewall rules",
     "roles/tpu.admin": "tpu_node.py / queued_tpu.py create, update, delete TPU nodes; "
                        "tpuctl preflight lists the zone's offers",
-    "roles/iam.serviceAccountAdmin": "identity.py and ci.py manage accounts and their IAM",
-    "roles/iam.serviceAccountUser": "a TPU node runs as the runtime account (actAs)",
-    "roles/resourcemanager.projectIamAdmin": "identity.py grants the runtime account project roles",
-    "roles/iam.workloadIdentityPoolAdmin": "ci.py manages this pool and provider",
-    "roles/iam.roleAdmin": "ci.py manages the storage deployer custom role",
+    "roles/iam.serviceAccountAdmin": "identity.py manages the runtime account and its IAM "
+                                     "(condition: that account only)",
+    "roles/resourcemanager.projectIamAdmin": "identity.py grants the runtime account project "
+                                             "roles (condition: only the roles the stack grants)",
 }
+# What the deployer no longer holds, and why: whoever runs the first `up` (an
+# admin, docs/pr-previews.md) creates these protected resources; a later change
+# to them is an admin's `up` again.
+# - roles/iam.roleAdmin: a custom role's permissions cannot be limited by a
+#   condition (modifiedGrantsByRole limits setIamPolicy, not iam.roles.update), and
+#   with it the deployer could widen its own storage role.
+# - roles/iam.workloadIdentityPoolAdmin: with it the deployer could rewrite the
+#   provider's attribute condition and mapping, i.e. who may act as the deployer.
+BOOTSTRAP_ROLES = {
+    "roles/iam.roleAdmin": "creates the storage deployer custom role (ci.py)",
+    "roles/iam.workloadIdentityPoolAdmin": "creates the pool and its GitHub provider (ci.py)",
+    "roles/iam.serviceAccountAdmin": "creates the deployer and preview accounts and who may "
+                                     "impersonate them (ci.py)",
+    "roles/resourcemanager.projectIamAdmin": "grants the deployer and preview accounts "
+                                             "their roles (ci.py)",
+}
+# A team's deployer (components/teams.py declares it in the team's project): TPU
+# nodes and, through the team's storage role, buckets of its own project; actAs on
+# the team's runtime account and use of the platform's subnets are granted on
+# those resources alone (teams.py). No IAM administration at project level.
+TEAM_DEPLOYER_ROLES = {
+    "roles/tpu.admin": "the team stack's TPU nodes, in the team's project only",
+}
+# A TPU node runs as the runtime account: the deployer needs actAs on it, granted
+# on that account's own allow policy, never project-wide (where it would reach
+# every account of the project, the Compute Engine default one included).
+DEPLOYER_ACCOUNT_ROLE = "roles/iam.serviceAccountUser"
+MODIFIED_GRANTS = "iam.googleapis.com/modifiedGrantsByRole"
+
+
+def grants_only(roles: list[str]) -> str:
+    """An IAM condition on projectIamAdmin: the request changes only `roles`
+    (cloud.google.com/iam/docs/setting-limits-on-granting-roles; the attribute is
+    the roles a setIamPolicy call adds or removes, conditions-attribute-reference)."""
+    listed = ", ".join(f"'{role}'" for role in sorted(roles))
+    return f"api.getAttribute('{MODIFIED_GRANTS}', []).hasOnly([{listed}])"
+
+
+def only_accounts(project: str, emails: list[str]) -> str:
+    """An IAM condition on serviceAccountAdmin: the request is
+    about one of `emails` (or the project itself, where accounts are created).
+    Unconfirmed: that IAM sets resource.name for iam.googleapis.com (the resource
+    attributes page lists the services that do); a condition IAM cannot evaluate
+    denies, so the grant fails closed, never wider."""
+    accounts = " || ".join(f"resource.name.endsWith('/serviceAccounts/{email}')"
+                           for email in sorted(emails))
+    return f"resource.name == 'projects/{project}' || {accounts}"
+
 
 # Project roles of the preview account. `pulumi preview` reads the state from
 # the backend, not from GCP, and changes nothing: the diy backend takes no lock
@@ -92,8 +143,8 @@ DEPLOYER_ROLES = {
 # DryRun). What the program itself reads from GCP while it runs is all that
 # needs a grant.
 PREVIEW_ROLES = {
-    "roles/browser": "platform.py reads the project (get_project: resourcemanager.projects.get) "
-                     "for team budgets' project number",
+    "roles/browser": "reads the project and its folder (resourcemanager.projects.get), "
+                     "nothing else",
 }
 
 # storage.py and package.py need bucket creation; the only predefined role
@@ -118,14 +169,26 @@ STORAGE_ROLE = "tpuStackStorageDeployer"
 
 
 @dataclass(frozen=True)
+class DeployerScope:
+    """What the deployer's conditions allow: the project roles the stack grants
+    (never the deployer's own) and the runtime accounts it runs nodes as."""
+
+    granted_roles: list[str]
+    accounts: list[pulumi.Input[str]]  # emails
+
+
+@dataclass(frozen=True)
 class CiArgs:
     settings: CiSettings
     project_id: pulumi.Input[str]
     naming: Naming
+    scope: DeployerScope | None = None  # None: a team's deployer (TEAM_DEPLOYER_ROLES)
+    team: str | None = None
 
     @property
     def deploy_environment(self) -> str:
-        return self.settings.deploy_environment or self.naming.stack
+        default = f"team-{self.team}" if self.team else self.naming.stack
+        return self.settings.deploy_environment or default
 
 
 # Principal identifiers of a pool (cloud.google.com/iam/docs/reference/rest/v1/
@@ -157,12 +220,14 @@ class CiIdentity(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
         ci = args.settings
+        # Pulumi URNs leave out the parent's name: a team's children carry the team.
+        self.prefix = p = f"{args.team}-" if args.team else ""
         # Pools and providers are soft-deleted: recreating the same id after a
         # destroy fails with 409 for 30 days (pulumi-gcp issue 1149, docs/tpu-facts.md),
         # and so are custom roles (7 days). No command deletes them.
         kept = pulumi.ResourceOptions(parent=self, protect=True)
         self.pool = gcp.iam.WorkloadIdentityPool(
-            "pool",
+            f"{p}pool",
             workload_identity_pool_id=args.naming.pool_id(ci.pool_id),
             display_name=f"tpu-stack CI {args.naming.stack}"[:32],
             description=f"GitHub Actions of {ci.github_repository}",
@@ -170,7 +235,7 @@ class CiIdentity(pulumi.ComponentResource):
             opts=kept,
         )
         self.provider = gcp.iam.WorkloadIdentityPoolProvider(
-            "github",
+            f"{p}github",
             workload_identity_pool_id=self.pool.workload_identity_pool_id,
             workload_identity_pool_provider_id=ci.provider_id,
             display_name="GitHub Actions",
@@ -196,9 +261,9 @@ class CiIdentity(pulumi.ComponentResource):
                                "previewEmail": self.preview_email})
 
     def _account(self, args: CiArgs, logical: str, purpose: str) -> gcp.serviceaccount.Account:
-        account_id = args.naming.account_id(logical)
+        account_id = args.naming.account_id(logical, args.team)
         return gcp.serviceaccount.Account(
-            logical,
+            f"{self.prefix}{logical}",
             account_id=account_id,
             display_name=f"tpu-stack {logical} ({account_id})",
             description=f"{purpose} from GitHub Actions of {args.settings.github_repository}",
@@ -209,7 +274,7 @@ class CiIdentity(pulumi.ComponentResource):
     def _impersonation(self, logical: str, account: gcp.serviceaccount.Account,
                        attribute: str, value: str) -> None:
         gcp.serviceaccount.IAMMember(
-            f"github-impersonates-{logical}",
+            f"{self.prefix}github-impersonates-{logical}",
             service_account_id=account.name,
             role="roles/iam.workloadIdentityUser",
             member=self.pool.name.apply(lambda pool: attribute_principal(pool, attribute, value)),
@@ -217,16 +282,21 @@ class CiIdentity(pulumi.ComponentResource):
         )
 
     def _grant(self, account: gcp.serviceaccount.Account, logical: str,
-               roles: list[tuple[str, pulumi.Input[str]]], args: CiArgs) -> None:
+               roles: list[tuple[str, pulumi.Input[str]]], args: CiArgs,
+               conditions: dict[str, pulumi.Output[str]] | None = None) -> None:
         member = account.email.apply(lambda email: f"serviceAccount:{email}")
         for name, role in roles:
+            expression = (conditions or {}).get(role) if isinstance(role, str) else None
+            condition = None if expression is None else gcp.projects.IAMMemberConditionArgs(
+                title=f"tpu-stack {name}"[:100], expression=expression,
+                description="limits the deployer to what this stack manages (components/ci.py)")
             gcp.projects.IAMMember(
-                f"{logical}-{name}", project=args.project_id, role=role, member=member,
-                opts=pulumi.ResourceOptions(parent=self))
+                f"{self.prefix}{logical}-{name}", project=args.project_id, role=role, member=member,
+                condition=condition, opts=pulumi.ResourceOptions(parent=self))
 
     def _grant_deployer_roles(self, args: CiArgs, kept: pulumi.ResourceOptions) -> None:
         storage_role = gcp.projects.IAMCustomRole(
-            "storage-deployer",
+            f"{self.prefix}storage-deployer",
             role_id=args.naming.custom_role_id(STORAGE_ROLE),
             title="tpu-stack storage deployer",
             description="Create and manage tpu-stack buckets and their objects",
@@ -234,8 +304,33 @@ class CiIdentity(pulumi.ComponentResource):
             project=args.project_id,
             opts=kept,
         )
-        roles = [*_logical_roles(DEPLOYER_ROLES), ("storage-deployer", storage_role.name)]
-        self._grant(self.deployer, "deployer", roles, args)
+        # The role's name as IAM writes it (projects/<p>/roles/<id>), known at preview.
+        role_name = pulumi.Output.all(storage_role.project, storage_role.role_id).apply(
+            lambda parts: f"projects/{parts[0]}/roles/{parts[1]}")
+        profile = DEPLOYER_ROLES if args.scope else TEAM_DEPLOYER_ROLES
+        roles = [*_logical_roles(profile), ("storage-deployer", role_name)]
+        self._grant(self.deployer, "deployer", roles, args, self._conditions(args))
+        for index, email in enumerate(args.scope.accounts if args.scope else []):
+            account = pulumi.Output.all(args.project_id, email).apply(
+                lambda parts: f"projects/{parts[0]}/serviceAccounts/{parts[1]}")
+            gcp.serviceaccount.IAMMember(
+                f"{self.prefix}deployer-acts-as-{index}", service_account_id=account,
+                role=DEPLOYER_ACCOUNT_ROLE,
+                member=self.deployer.email.apply(lambda e: f"serviceAccount:{e}"),
+                opts=pulumi.ResourceOptions(parent=self))
+
+    @staticmethod
+    def _conditions(args: CiArgs) -> dict[str, pulumi.Output[str]]:
+        scope = args.scope
+        if scope is None:
+            return {}
+        accounts = pulumi.Output.all(args.project_id, *scope.accounts).apply(
+            lambda values: only_accounts(values[0], list(values[1:])))
+        return {
+            "roles/resourcemanager.projectIamAdmin": pulumi.Output.from_input(
+                grants_only(scope.granted_roles)),
+            "roles/iam.serviceAccountAdmin": accounts,
+        }
 
 
 def _logical_roles(roles: dict[str, str]) -> list[tuple[str, pulumi.Input[str]]]:

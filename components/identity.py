@@ -47,6 +47,10 @@ class IdentityArgs:
     team: str | None = None
     # A team's members (group:…, user:…); a list, or a platform stack's output.
     members: pulumi.Input[Sequence[str]] | None = None
+    # A team's account, which the platform declares in the team's project with its
+    # project roles and who may act as it (components/teams.py, TeamProject): here
+    # only its grants on the buckets.
+    email: pulumi.Input[str] | None = None
 
 
 class RuntimeIdentity(pulumi.ComponentResource):
@@ -64,15 +68,18 @@ class RuntimeIdentity(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         # Pulumi URNs leave out the parent's name: a team's children carry the team.
         prefix = f"{args.team}-" if args.team else ""
-        account_id = args.naming.account_id("runtime", args.team)
-        self.account = gcp.serviceaccount.Account(
-            f"{prefix}runtime",
-            account_id=account_id,
-            display_name=f"tpu-stack runtime ({account_id})",
-            project=args.project_id,
-            opts=child,
-        )
-        self.email = self.account.email
+        if args.email is None:
+            account_id = args.naming.account_id("runtime", args.team)
+            self.account = gcp.serviceaccount.Account(
+                f"{prefix}runtime",
+                account_id=account_id,
+                display_name=f"tpu-stack runtime ({account_id})",
+                project=args.project_id,
+                opts=child,
+            )
+            self.email = self.account.email
+        else:
+            self.email = pulumi.Output.from_input(args.email)
         self.member = self.email.apply(lambda email: f"serviceAccount:{email}")
         # What a node's job needs before it boots: it waits for these, not for
         # the whole component.
@@ -86,7 +93,7 @@ class RuntimeIdentity(pulumi.ComponentResource):
                     member=self.member,
                     opts=child,
                 ))
-        for role in PROJECT_ROLES:
+        for role in PROJECT_ROLES if args.email is None else ():
             self.grants.append(gcp.projects.IAMMember(
                 prefix + role.split("/", 1)[1].replace(".", "-"),
                 project=args.project_id,
@@ -100,15 +107,9 @@ class RuntimeIdentity(pulumi.ComponentResource):
 
     def _grant_members(self, args: IdentityArgs, prefix: str,
                        child: pulumi.ResourceOptions) -> None:
-        """Authoritative bindings: the stack owns this account and these
-        buckets, so the listed members are exactly who holds these roles."""
-        gcp.serviceaccount.IAMBinding(
-            f"{prefix}members-act-as",
-            service_account_id=self.account.name,
-            role=ACT_AS_ROLE,
-            members=args.members,
-            opts=child,
-        )
+        """Authoritative bindings: the stack owns these buckets, so the listed
+        members are exactly who holds these roles (who may act as a team's account
+        the platform's TeamProject binds)."""
         for purpose, role in MEMBER_BUCKET_ROLES.items():
             gcp.storage.BucketIAMBinding(
                 f"{prefix}members-{purpose}-{role.rsplit('.', 1)[-1]}",

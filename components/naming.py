@@ -37,6 +37,7 @@ _POOL_ID_MIN, _POOL_ID_MAX = 4, 32
 _ROLE_ID_MIN, _ROLE_ID_MAX = 3, 64
 _ROLE_ID_BAD = re.compile(r"[^A-Za-z0-9_.]")
 _HASH_LEN = 6
+_PROJECT_MAX = 30
 
 MANAGED_BY = "pulumi"
 PROJECT_NAME = "tpu-stack"
@@ -91,6 +92,11 @@ class Naming:
         if name.startswith("goog"):
             name = "b-" + name
         return fit(name, _BUCKET_MAX)
+
+    def team_project(self, team: str) -> str:
+        """A team's project id: `<platform project>-<team>`, 6-30 characters
+        (cloud.google.com/resource-manager/docs/creating-managing-projects)."""
+        return fit(f"{self.project}-{team}", _PROJECT_MAX)
 
     def account_id(self, logical: str, team: str | None = None) -> str:
         """Service account id: 6-30 chars, `<stack>[-<team>]-<logical>`."""

@@ -3,11 +3,12 @@
 Three shapes, one program (docs/teams.md):
 - a single-team stack (dev, prod): project, network, buckets, one runtime
   account, the package and the nodes;
-- a platform stack (`tpu-stack:teams`): the same shared parts, plus for every
-  team its members' project roles and budget, and, for a team whose nodes the
-  platform declares, the team's own space (account, buckets) and nodes;
-- a team stack (`tpu-stack:platformStack`): only the team's space, package and
-  nodes, on the platform stack's project and network (a StackReference).
+- a platform stack (`tpu-stack:teams`): the same shared parts as a Shared VPC
+  host, plus for every team a project of its own (TeamProject: account, quota,
+  members, deployer, budget), and, for a team whose nodes the platform declares,
+  the team's buckets and nodes there;
+- a team stack (`tpu-stack:platformStack`): only the team's buckets, package and
+  nodes, in the team's project on the platform's network (a StackReference).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components import catalog, cost
-from components.ci import CI_APIS, CiArgs, CiIdentity
-from components.identity import IdentityArgs, RuntimeIdentity
+from components.ci import CI_APIS, PREVIEW_ROLES, CiArgs, CiIdentity, DeployerScope
+from components.identity import PROJECT_ROLES, IdentityArgs, RuntimeIdentity
 from components.locality import cross_region_warning
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
@@ -32,10 +33,12 @@ from components.team_stack import PlatformReference
 from components.teams import (
     OWN_PURPOSES,
     TEAM_STACK_PURPOSES,
+    TPU_XPN_AGENT_ROLE,
     BudgetsAccess,
-    TeamAccess,
-    TeamAccessArgs,
+    HostNetwork,
     TeamBudget,
+    TeamProject,
+    TeamProjectArgs,
     TeamSpace,
     TeamSpaceArgs,
     budgets_provider,
@@ -57,6 +60,7 @@ class Placement:
     service_account_email: pulumi.Input[str]
     labels: dict[str, str]
     depends_on: list[pulumi.Resource] = field(default_factory=list)
+    project_id: pulumi.Input[str] | None = None  # a team's project; None: the stack's
 
 
 @dataclass(frozen=True)
@@ -126,36 +130,50 @@ class TpuPlatform(pulumi.ComponentResource):
             labels=self._labels("tpu-node"),
             depends_on=self._node_dependencies(self.identity))
         self.nodes = [self._node(node, settings.job(node.job), own) for node in settings.nodes]
-        if settings.ci:
-            self.ci = CiIdentity("ci", CiArgs(settings.ci, project_id, naming), opts=after_apis)
         if settings.teams:
-            # Budgets filter by project number (projects/<number>): a created
-            # project's own, else a lookup of the adopted one.
-            number = self.project.number or gcp.organizations.get_project_output(
-                project_id=project_id).number
+            # The platform's project shares its network with the teams' projects
+            # (Shared VPC; docs/teams.md).
+            self.host = HostNetwork(project_id, gcp.compute.SharedVPCHostProject(
+                "shared-vpc-host", project=project_id, opts=after_apis), self.network.subnets)
+        if settings.ci:
+            self.ci = CiIdentity("ci", CiArgs(settings.ci, project_id, naming, scope=DeployerScope(
+                granted_roles=self._granted_project_roles(),
+                accounts=[self.identity.email])), opts=after_apis)
         self.budgets = BudgetsAccess(
             budgets_provider(project_id, self._child()),
             self.project.by_api[BUDGETS_API]) if self._has_budgets else None
         for team in settings.teams:
-            self._declare_team(team, number, after_apis)
+            self._declare_team(team, after_apis)
 
-    def _declare_team(self, team: str, project_number: pulumi.Input[str],
-                      after_apis: pulumi.ResourceOptions) -> None:
-        """The platform's part for every team; a team whose nodes the platform
-        declares also gets its space and nodes here."""
+    def _granted_project_roles(self) -> list[str]:
+        """Roles the stack grants on its own project, the deployer's own excepted:
+        what its deployer's projectIamAdmin is limited to (components/ci.py)."""
+        roles = {*PROJECT_ROLES, *PREVIEW_ROLES}
+        return sorted(roles | ({TPU_XPN_AGENT_ROLE} if self.settings.teams else set()))
+
+    def _declare_team(self, team: str, after_apis: pulumi.ResourceOptions) -> None:
+        """The platform's part for every team: its project; a team whose nodes
+        the platform declares also gets its buckets and nodes there."""
         settings = self.settings
         spec = settings.teams[team]
-        self.access[team] = TeamAccess(f"access-{team}", TeamAccessArgs(
-            team=team, stack=settings.stack, project_id=self.project.project_id,
-            project_number=project_number, members=spec.members,
+        assert settings.team_projects and settings.team_billing_account, "settings check"
+        access = self.access[team] = TeamProject(f"team-project-{team}", TeamProjectArgs(
+            team=team, stack=settings.stack, naming=settings.naming,
+            folder_id=settings.team_projects.folder_id,
+            billing_account=settings.team_billing_account,
+            quota_contact=settings.team_projects.quota_contact,
+            labels=self._team_labels("project", team), members=spec.members,
+            quota=spec.quota, regions={f: sorted(r) for f, r in settings.quota.items()},
+            network=self.host, data_bucket=self.buckets.names["data"], ci=spec.ci,
             budget=self._budget(team), budgets=self.budgets), opts=after_apis)
         if not spec.nodes:
             return
-        shared = {p: self.buckets.buckets[p].name for p in ("data", "artifacts")}
-        space = self._team_space(team, shared, spec.members, after_apis)
+        shared = {"artifacts": self.buckets.buckets["artifacts"].name}
+        space = self._team_space(team, shared, spec.members, after_apis, access)
         placement = self._team_placement(
             team, space, self.buckets.uri("data"),
-            self._node_dependencies(space.identity))
+            [access.tpu_api, *access.grants, *space.identity.grants, self.package.object],
+            access.project_id)
         self.team_nodes[team] = [self._node(node, spec.job(node.job), placement)
                                  for node in spec.nodes]
 
@@ -192,17 +210,19 @@ class TpuPlatform(pulumi.ComponentResource):
         # grants, package, nodes), not only the nodes: Pulumi registers a resource
         # only once its inputs resolve, and a failed apply fails its dependants.
         platform = self.platform = PlatformReference(settings, opts=self._child())
-        shared = {"data": settings.platform_naming.bucket("data")}
-        space = self._team_space(team, shared, platform.members, self._child(),
+        # The platform declared the team's project and runtime account and lets it
+        # read the shared data (TeamProject); the team's own buckets are here.
+        space = self._team_space(team, {}, platform.members, self._child(),
                                  purposes=TEAM_STACK_PURPOSES)
         self.package = TrainingPackage("package", PackageArgs(
             bucket=space.buckets.names["artifacts"]),
             opts=self._child(depends_on=[space.buckets.buckets["artifacts"]]))
         self.placement_network = NodeNetwork(
-            project_id=platform.checked_project_id, network=platform.network_id,
+            project_id=platform.team_project_id, network=platform.network_id,
             subnets=platform.subnet, tag=settings.platform_naming.network_resource("tpu-node"),
             package=self.package)
-        placement = self._team_placement(team, space, f"gs://{shared['data']}",
+        self.data_uri = f"gs://{settings.platform_naming.bucket('data')}"
+        placement = self._team_placement(team, space, self.data_uri,
                                          [*space.identity.grants, self.package.object])
         self.nodes = [self._node(node, settings.job(node.job), placement)
                       for node in settings.nodes]
@@ -211,19 +231,22 @@ class TpuPlatform(pulumi.ComponentResource):
 
     def _team_space(self, team: str, shared: dict[str, pulumi.Input[str]],
                     members: pulumi.Input[list[str]], opts: pulumi.ResourceOptions,
+                    access: TeamProject | None = None,
                     purposes: tuple[str, ...] = OWN_PURPOSES) -> TeamSpace:
+        """The team's buckets in its project: the platform's TeamProject (`access`)
+        or, in a team stack, the platform's outputs name the project and account."""
         settings = self.settings
+        if access is not None:
+            project_id, email = access.project_id, access.account.email
+        else:
+            project_id, email = self.platform.team_project_id, self.platform.account_email
         space = TeamSpace(f"team-{team}", TeamSpaceArgs(
-            team=team, project_id=self._project_id(), naming=settings.naming,
+            team=team, project_id=project_id, naming=settings.naming,
             storage=settings.storage, labels=self._team_labels("storage", team),
-            members=members, shared_buckets=shared, own_purposes=purposes), opts=opts)
+            members=members, shared_buckets=shared, account_email=email,
+            own_purposes=purposes), opts=opts)
         self.teams[team] = space
         return space
-
-    def _project_id(self) -> pulumi.Input[str]:
-        if self.settings.is_team_stack:
-            return self.platform.checked_project_id
-        return self.project.project_id
 
     def _team_labels(self, component: str, team: str) -> dict[str, str]:
         settings = self.settings
@@ -231,12 +254,14 @@ class TpuPlatform(pulumi.ComponentResource):
         return settings.naming.labels(component, team, extra)
 
     def _team_placement(self, team: str, space: TeamSpace, data_uri: str,
-                        depends_on: list[pulumi.Resource]) -> Placement:
+                        depends_on: list[pulumi.Resource],
+                        project_id: pulumi.Input[str] | None = None) -> Placement:
         uri = space.buckets.uri
         return Placement(
             team=team, data_uri=data_uri, checkpoints_uri=uri("checkpoints"),
             logs_uri=uri("logs"), service_account_email=space.identity.email,
-            labels=self._team_labels("tpu-node", team), depends_on=depends_on)
+            labels=self._team_labels("tpu-node", team), depends_on=depends_on,
+            project_id=project_id)
 
     def _node(self, node: NodeSettings, job: JobConfig, placement: Placement) -> TpuNode:
         prefix = f"node-{placement.team}-" if placement.team else "node-"
@@ -259,7 +284,7 @@ class TpuPlatform(pulumi.ComponentResource):
         net = self.placement_network
         node_id = self.settings.naming.tpu_node(node.name, placement.team)
         return TpuNodeArgs(
-            project_id=net.project_id,
+            project_id=placement.project_id or net.project_id,
             node_id=node_id,
             queued_resource_id=self.settings.naming.queued_resource(node.name, placement.team),
             settings=node,
@@ -328,15 +353,21 @@ class TpuPlatform(pulumi.ComponentResource):
 
     def _team_outputs(self, team: str) -> dict[str, object]:
         spec = self.settings.teams[team]
+        access = self.access[team]
         result: dict[str, object] = {
             "members": spec.members,
             "quota": spec.quota.model_dump(by_alias=True, exclude_defaults=True),
             "labels": self.settings.team_labels(team),
             "usdPerHour": self.team_costs[team].usd_per_hour if team in self.team_costs else 0,
+            "projectId": access.project_id,
+            "serviceAccount": access.account.email,
         }
+        if access.ci is not None:
+            result["deployer"] = {"serviceAccount": access.ci.deployer_email,
+                                  "previewServiceAccount": access.ci.preview_email,
+                                  "workloadIdentityProvider": access.ci.provider_name}
         space = self.teams.get(team)
         if space is not None:
-            result["serviceAccount"] = space.identity.email
             result["buckets"] = space.bucket_uris()
             result["nodes"] = _node_outputs(spec.nodes, self.team_nodes[team],
                                             self.team_costs[team])
@@ -348,7 +379,8 @@ class TpuPlatform(pulumi.ComponentResource):
         return {
             "team": settings.team,
             "platformStack": settings.platform_stack,
-            "buckets": {**space.bucket_uris(), "data": f"gs://{space.shared['data']}"},
+            "projectId": self.platform.team_project_id,
+            "buckets": {**space.bucket_uris(), "data": self.data_uri},
             "runtimeServiceAccount": space.identity.email,
             "package": {"uri": self.package.uri, "sha256": self.package.sha256},
             "nodes": _node_outputs(settings.nodes, self.nodes, self.cost),

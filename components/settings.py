@@ -244,9 +244,22 @@ class TeamSettings(_Model):
     quota: TeamQuota = Field(default_factory=TeamQuota)  # type: ignore[valid-type]
     labels: dict[str, str] = Field(default_factory=dict)
     budget_usd_per_month: float | None = Field(default=None, gt=0)
+    # The team's keyless deployer (its own repository's CI), declared by the platform
+    # in the team's project (docs/teams.md); None: the team has no CI deployer.
+    ci: CiSettings | None = None
 
     def job(self, name: str) -> JobConfig:
         return JobConfig.from_dict(self.jobs[name], resolved=False)
+
+
+class TeamProjectsSettings(_Model):
+    """`tpu-stack:teamProjects`: where the platform creates each team's project."""
+
+    folder_id: str
+    billing_account: str | None = None  # default: tpu-stack:billing.account
+    # Cloud Quotas requires a contact email on a preference above the granted value
+    # (QuotaPreference.contact_email: "required for increase quota preferences").
+    quota_contact: str | None = None
 
 
 class BillingSettings(_Model):
@@ -278,6 +291,7 @@ class StackSettings(_Model):
     quota: dict[str, dict[str, ProjectChips]] = Field(default_factory=dict)
     teams: dict[str, TeamSettings] = Field(default_factory=dict)
     billing: BillingSettings | None = None
+    team_projects: TeamProjectsSettings | None = None
     platform_stack: str | None = None
 
     @field_validator("platform_stack", mode="before")
@@ -304,6 +318,12 @@ class StackSettings(_Model):
     def billing_account(self) -> str | None:
         return self.billing.account if self.billing else self.project.billing_account
 
+    @property
+    def team_billing_account(self) -> str | None:
+        """The billing account of the teams' projects."""
+        explicit = self.team_projects.billing_account if self.team_projects else None
+        return explicit or (self.billing.account if self.billing else None)
+
     def team_labels(self, team: str) -> dict[str, str]:
         """A team's extra labels: the stack's, overridden by the team's own."""
         return {**self.labels, **self.teams[team].labels}
@@ -325,6 +345,11 @@ class StackSettings(_Model):
 
     def job(self, name: str) -> JobConfig:
         return JobConfig.from_dict(self.jobs[name], resolved=False)
+
+    def node_project(self, team: str | None) -> str:
+        """The project a node lives in, for `named_nodes`' team: a team's nodes are
+        in the team's own project (docs/teams.md), the stack's own in gcp:project."""
+        return self.naming.team_project(team) if team is not None else self.gcp_project
 
     @property
     def regions(self) -> list[str]:
@@ -730,8 +755,7 @@ _ENVIRONMENT_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _POOL_ID_RE = re.compile(r"^[a-z0-9-]{4,32}$")
 
 
-def _ci_problems(ci: CiSettings) -> Problems:
-    key = f"{NAMESPACE}:ci"
+def _ci_problems(ci: CiSettings, key: str = f"{NAMESPACE}:ci") -> Problems:
     if not _GITHUB_REPO_RE.match(ci.github_repository):
         yield (f"{key}.githubRepository", f"{ci.github_repository!r} is not owner/name")
     for field in ("github_repository_id", "github_repository_owner_id"):
@@ -785,6 +809,8 @@ def team_problems(s: StackSettings) -> Problems:
     yield from _quota_declaration_problems(s.quota)
     if s.billing:
         yield from _billing_problems(s.billing)
+    if s.teams:
+        yield from _team_projects_problems(s)
     if s.teams and COST_CENTRE not in s.labels:
         yield (f"{NAMESPACE}:labels.{COST_CENTRE}", f"is required with {TEAMS_KEY}: the "
                                                     f"platform's own resources carry one too")
@@ -807,6 +833,8 @@ def _team_problems(s: StackSettings, name: str, team: TeamSettings) -> Problems:
             yield (f"{key}.members[{index}]", f"{member!r} is not a Google group or user: "
                                               f"group:name@domain or user:name@domain")
     yield from _labels_problems(f"{key}.labels", team.labels)
+    if team.ci:
+        yield from _ci_problems(team.ci, f"{key}.ci")
     yield from _jobs_problems(f"{key}.jobs", team.jobs)
     yield from _node_list_problems(f"{key}.nodes", team.nodes, team.jobs, f"{key}.jobs")
     yield from team_quota_problems(f"{key}.quota", name, team.nodes, team.quota)
@@ -889,6 +917,39 @@ def _quota_declaration_problems(quota: Mapping[str, Mapping[str, ProjectChips]])
                                                          f"(regions: {', '.join(offered)})")
 
 
+TEAM_PROJECTS_KEY = f"{NAMESPACE}:teamProjects"
+# cloud.google.com/resource-manager/docs/creating-managing-folders: a folder id is
+# a number (the API names it folders/<number>).
+_FOLDER_RE = re.compile(r"^[0-9]{1,20}$")
+_EMAIL_RE = re.compile(r"^[A-Za-z0-9._%+'-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
+
+
+def _team_projects_problems(s: StackSettings) -> Problems:
+    """Every team gets a project of its own under a folder (docs/teams.md)."""
+    if s.team_projects is None:
+        yield (TEAM_PROJECTS_KEY, f"is required with {TEAMS_KEY}: {{folderId: <number>}}, the "
+                                  f"folder the platform creates each team's project in")
+        return
+    if not _FOLDER_RE.match(s.team_projects.folder_id):
+        yield (f"{TEAM_PROJECTS_KEY}.folderId", f"{s.team_projects.folder_id!r} is not a folder "
+                                                f"id: the number of folders/<number>")
+    contact = s.team_projects.quota_contact
+    if contact is None:
+        yield (f"{TEAM_PROJECTS_KEY}.quotaContact", "is required: an email Google may contact "
+                                                    "about a team's quota request (Cloud Quotas "
+                                                    "QuotaPreference.contactEmail)")
+    elif not _EMAIL_RE.match(contact):
+        yield (f"{TEAM_PROJECTS_KEY}.quotaContact", f"{contact!r} is not an email address")
+    account = s.team_billing_account
+    if account is None:
+        yield (f"{TEAM_PROJECTS_KEY}.billingAccount", "is required without "
+                                                      f"{NAMESPACE}:billing: the teams' projects "
+                                                      "need a billing account")
+    elif not _BILLING_RE.match(account):
+        yield (f"{TEAM_PROJECTS_KEY}.billingAccount", f"{account!r} is not a billing account "
+                                                      f"id (XXXXXX-XXXXXX-XXXXXX, hex digits)")
+
+
 def _billing_problems(billing: BillingSettings) -> Problems:
     key = f"{NAMESPACE}:billing"
     if not _BILLING_RE.match(billing.account):
@@ -918,9 +979,9 @@ def _team_stack_problems(s: StackSettings) -> Problems:
     if s.team == DEFAULT_TEAM or not LOGICAL_NAME_RE.match(s.team):
         yield (f"{NAMESPACE}:team", f"{s.team!r}: a team stack names its team, a key of the "
                                     f"platform stack's {TEAMS_KEY} ({LOGICAL_NAME_RULE})")
-    for field in ("teams", "quota", "billing"):
+    for field in ("teams", "quota", "billing", "team_projects"):
         if getattr(s, field):
-            yield (f"{NAMESPACE}:{field}", f"belongs to the platform stack ({ref}), "
+            yield (f"{NAMESPACE}:{to_camel(field)}", f"belongs to the platform stack ({ref}), "
                                            f"not to a team stack")
     if s.project.create:
         yield (f"{NAMESPACE}:project.create", f"the platform stack ({ref}) owns the project")

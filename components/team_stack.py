@@ -4,9 +4,9 @@ The platform stack (docs/teams.md) exports its project, network and, per team,
 members, quota and labels. A team stack reads them here and checks, before any
 node is declared, that the platform serves this team in this project, that its
 nodes fit the quota the platform granted it and that every node's region has
-a platform subnet. Everything of the team stack (buckets, account, grants,
-package, nodes) takes its project id from that check
-(TpuPlatform._project_id), so a failed check stops all of it at preview.
+a platform subnet. Everything of the team stack (buckets, grants, package,
+nodes) takes the team's project id and runtime account from that check, so a
+failed check stops all of it at preview.
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ def contract_problems(settings: StackSettings, outputs: dict[str, Any]) -> list[
         known = ", ".join(sorted(outputs["teams"])) or "none"
         return [*problems, ("tpu-stack:team", f"{team!r} is not a team of {ref} "
                                               f"({TEAMS_KEY}: {known})")]
+    for key in ("projectId", "serviceAccount"):
+        if entry.get(key) is None:
+            problems.append((f"{TEAMS_KEY}.{team}", f"{ref} has no output teams.{team}.{key}: "
+                                                   f"it predates team projects; run its `pulumi "
+                                                   f"up` first (docs/teams.md, Migrating)"))
     theirs, ours = entry.get("labels", {}).get(COST_CENTRE), settings.labels.get(COST_CENTRE)
     if theirs != ours:
         problems.append((f"tpu-stack:labels.{COST_CENTRE}", f"{ours!r} is not team {team}'s cost "
@@ -84,6 +89,12 @@ class PlatformReference:
         outputs = self.reference.outputs
         checked = self._checked = outputs.apply(self._check)
         self.checked_project_id: pulumi.Output[str] = checked.apply(lambda o: o["projectId"])
+        team = settings.team
+        # The team's own project and runtime account, which the platform declares.
+        self.team_project_id: pulumi.Output[str] = checked.apply(
+            lambda o: o["teams"][team]["projectId"])
+        self.account_email: pulumi.Output[str] = checked.apply(
+            lambda o: o["teams"][team]["serviceAccount"])
         self.checked_usage = checked.apply(lambda _: usage(settings))
         self.network_id: pulumi.Output[str] = checked.apply(lambda o: o["network"]["id"])
         self.members: pulumi.Output[list[str]] = checked.apply(

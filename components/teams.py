@@ -1,13 +1,15 @@
-"""Teams in a shared TPU project (docs/teams.md).
+"""Teams of a platform, each fenced in by GCP's own boundaries (docs/teams.md).
 
-`TeamSpace`: what fences one team in: its runtime service account, its own
-buckets, and its members' grants on exactly those. It reads the platform's
-shared buckets (data, and the code archive unless the team ships its own)
-and nothing else.
+`TeamProject`: what the platform stack declares for every team it serves, even
+one that deploys from its own stack: a project of the team's own under a folder,
+attached as a Shared VPC service project to the platform's project, its TPU quota
+capped in that project (Cloud Quotas), the team's runtime account and who may
+act as it, its members' and its keyless deployer's rights (on that project and
+the platform's subnets only), and a budget on the project.
 
-`TeamAccess`: what the platform stack declares for every team it serves, even
-one that deploys from its own stack: its members' project roles and a budget
-filtered by the team's label.
+`TeamSpace`: the team's own buckets in its project and the runtime account's
+and members' grants on exactly those. It reads the platform's shared buckets
+(data, and the code archive unless the team ships its own) and nothing else.
 """
 
 from __future__ import annotations
@@ -18,13 +20,23 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from components.identity import IdentityArgs, RuntimeIdentity
+from components import catalog
+from components.ci import CI_APIS, CiArgs, CiIdentity
+from components.identity import (
+    ACT_AS_ROLE,
+    BUCKET_METADATA_ROLE,
+    BUCKET_ROLES,
+    PROJECT_ROLES,
+    IdentityArgs,
+    RuntimeIdentity,
+)
 from components.naming import Naming, fit, label_value
-from components.settings import StorageSettings
+from components.project import APIS, TPU_API
+from components.settings import CiSettings, StorageSettings, TeamQuota
 from components.storage import BucketsArgs, TrainingBuckets
 
 SPACE_TYPE = "tpu-stack:index:TeamSpace"
-ACCESS_TYPE = "tpu-stack:index:TeamAccess"
+PROJECT_TYPE = "tpu-stack:index:TeamProject"
 
 # A team's own buckets in the platform stack; data and code stay the platform's.
 OWN_PURPOSES = ("checkpoints", "logs")
@@ -34,6 +46,21 @@ TEAM_STACK_PURPOSES = ("artifacts", "checkpoints", "logs")
 # state, health). Logs are the team's logs bucket (RuntimeIdentity grants it):
 # roles/logging.viewer would show every team's logs.
 MEMBER_PROJECT_ROLES = ("roles/tpu.viewer",)
+# Shared VPC (cloud.google.com/vpc/docs/shared-vpc): a service project's
+# principals use the host's subnets through roles/compute.networkUser, granted
+# here per subnet, not on the host project. The Cloud TPU service agent of the
+# service project (service-<number>@gcp-sa-tpu.iam.gserviceaccount.com,
+# cloud.google.com/iam/docs/service-agents, "TPU Service Agent (v2)") needs it to
+# place a node in a host subnet, and roles/tpu.xpnAgent on the host project
+# (terraform-google-modules/terraform-google-project-factory
+# modules/shared_vpc_access/main.tf, "Required for Cloud TPU API").
+NETWORK_USER_ROLE = "roles/compute.networkUser"
+TPU_XPN_AGENT_ROLE = "roles/tpu.xpnAgent"
+TPU_AGENT_DOMAIN = "gcp-sa-tpu.iam.gserviceaccount.com"
+# A team's QuotaPreferences go through the Cloud Quotas API
+# (cloud.google.com/docs/quotas/api-overview), enabled in the team's project.
+QUOTAS_API = "cloudquotas.googleapis.com"
+TEAM_APIS = (*APIS, QUOTAS_API)
 # cloud.google.com/billing/docs/reference/budget/rest/v1/billingAccounts.budgets:
 # displayName is at most 60 characters.
 BUDGET_NAME_MAX = 60
@@ -48,6 +75,7 @@ class TeamSpaceArgs:
     labels: dict[str, str]  # the team's resource labels (team, cost-centre, …)
     members: pulumi.Input[Sequence[str]]
     shared_buckets: dict[str, pulumi.Input[str]]  # purpose → bucket name, read-only
+    account_email: pulumi.Input[str]  # the team's runtime account (TeamProject's)
     own_purposes: tuple[str, ...] = OWN_PURPOSES
 
 
@@ -68,7 +96,7 @@ class TeamSpace(pulumi.ComponentResource):
         readable = {**self.shared, **{p: b.name for p, b in self.buckets.buckets.items()}}
         self.identity = RuntimeIdentity(f"{args.team}-identity", IdentityArgs(
             project_id=args.project_id, naming=args.naming, buckets=readable,
-            team=args.team, members=args.members), opts=child)
+            team=args.team, members=args.members, email=args.account_email), opts=child)
         self.register_outputs({"buckets": self.bucket_uris(),
                                "serviceAccount": self.identity.email})
 
@@ -105,17 +133,6 @@ def budgets_provider(project_id: pulumi.Input[str],
                         user_project_override=True, opts=opts)
 
 
-@dataclass(frozen=True)
-class TeamAccessArgs:
-    team: str
-    stack: str
-    project_id: pulumi.Input[str]
-    project_number: pulumi.Input[str]
-    members: list[str]
-    budget: TeamBudget | None
-    budgets: BudgetsAccess | None = None  # required with a budget
-
-
 def budget_amount(usd_per_month: float | None) -> gcp.billing.BudgetAmountArgs:
     if usd_per_month is None:
         return gcp.billing.BudgetAmountArgs(last_period_amount=True)
@@ -124,37 +141,206 @@ def budget_amount(usd_per_month: float | None) -> gcp.billing.BudgetAmountArgs:
     return gcp.billing.BudgetAmountArgs(specified_amount=amount)
 
 
-class TeamAccess(pulumi.ComponentResource):
-    """A team's members' project roles, and its budget when billing is configured."""
+@dataclass(frozen=True)
+class HostNetwork:
+    """The platform's project as Shared VPC host: its id, the host resource and
+    its subnets by region."""
 
-    def __init__(self, name: str, args: TeamAccessArgs,
+    project_id: pulumi.Input[str]
+    host: gcp.compute.SharedVPCHostProject
+    subnets: dict[str, gcp.compute.Subnetwork]
+
+
+@dataclass(frozen=True)
+class TeamProjectArgs:
+    team: str
+    stack: str
+    naming: Naming
+    folder_id: str
+    billing_account: str
+    labels: dict[str, str]  # the project's labels (team, cost-centre, …)
+    members: list[str]
+    quota: TeamQuota
+    regions: dict[str, list[str]]  # family → regions of the platform's quota
+    network: HostNetwork
+    data_bucket: pulumi.Input[str]  # the platform's shared data, read-only
+    quota_contact: str | None = None  # Cloud Quotas' contact for increase requests
+    ci: CiSettings | None = None
+    budget: TeamBudget | None = None
+    budgets: BudgetsAccess | None = None  # required with a budget
+
+
+def quota_caps(quota: TeamQuota, regions: dict[str, list[str]]) -> list[tuple[str, str, str, int]]:
+    """(family, quota type, region, chips): the team's chips as a per-region cap in
+    every region of the platform's quota for the family. GCP counts TPU quota per
+    region, a team's quota is per family: each region gets the whole figure, and
+    the preview check (settings.team_quota_problems) still counts the sum."""
+    caps = []
+    for family, family_regions in sorted(regions.items()):
+        chips = quota.chips(family)
+        by_type = {"onDemand": chips.on_demand + chips.reserved, "preemptible": chips.spot}
+        for quota_type, count in by_type.items():
+            caps += [(family, quota_type, region, count) for region in sorted(family_regions)]
+    return caps
+
+
+class TeamProject(pulumi.ComponentResource):
+    """A team's own project, attached to the platform's Shared VPC, capped to the
+    team's quota, with its runtime account, members, deployer and budget."""
+
+    project_id: pulumi.Output[str]
+    account: gcp.serviceaccount.Account
+    tpu_api: gcp.projects.Service  # what the team's nodes wait for, with `grants`
+    ci: CiIdentity | None
+    grants: list[pulumi.Resource]  # what the team's nodes wait for
+
+    def __init__(self, name: str, args: TeamProjectArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(ACCESS_TYPE, name, None, opts)
+        super().__init__(PROJECT_TYPE, name, None, opts)
+        self.args, t = args, f"{args.team}-"
         child = pulumi.ResourceOptions(parent=self)
-        for role in MEMBER_PROJECT_ROLES:
-            role_name = role.split("/", 1)[1].replace(".", "-")
-            for member in args.members:
-                gcp.projects.IAMMember(
-                    f"{args.team}-{role_name}-{member.replace(':', '-')}",
-                    project=args.project_id, role=role, member=member, opts=child)
+        project_id = args.naming.team_project(args.team)
+        self.project = gcp.organizations.Project(
+            f"{t}project", project_id=project_id, name=project_id,
+            folder_id=args.folder_id, billing_account=args.billing_account,
+            auto_create_network=False,  # its nodes use the platform's subnets
+            labels=args.labels, deletion_policy="PREVENT",
+            opts=child.merge(pulumi.ResourceOptions(protect=True)))
+        self.project_id = self.project.project_id
+        apis = (*TEAM_APIS, *(CI_APIS if args.ci else ()))
+        services = [gcp.projects.Service(
+            f"{t}api-{api.split('.')[0]}", project=self.project_id, service=api,
+            disable_on_destroy=False, disable_dependent_services=False, opts=child)
+            for api in apis]
+        self.tpu_api = services[apis.index(TPU_API)]
+        after = child.merge(pulumi.ResourceOptions(depends_on=services))
+        attached = gcp.compute.SharedVPCServiceProject(
+            f"{t}shared-vpc", host_project=args.network.host.project,
+            service_project=self.project_id, opts=after)
+        self.account = gcp.serviceaccount.Account(
+            f"{t}runtime", account_id=args.naming.account_id("runtime", args.team),
+            display_name=f"tpu-stack runtime of team {args.team}"[:100],
+            project=self.project_id, opts=after)
+        self.member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
+        self.grants = [attached, *self._runtime_grants(child), *self._tpu_agent(after)]
+        self._members(child)
+        self.ci = self._deployer(after)
+        self._quota(after)
         if args.budget:
             if args.budgets is None:
-                raise ValueError("TeamAccessArgs.budgets is required with a budget")
-            self._budget(args, args.budget, child.merge(pulumi.ResourceOptions(
+                raise ValueError("TeamProjectArgs.budgets is required with a budget")
+            self._budget(args.budget, child.merge(pulumi.ResourceOptions(
                 provider=args.budgets.provider, depends_on=[args.budgets.api])))
-        self.register_outputs({})
+        self.register_outputs({"projectId": self.project_id,
+                               "serviceAccount": self.account.email})
 
-    def _budget(self, args: TeamAccessArgs, budget: TeamBudget,
-                child: pulumi.ResourceOptions) -> None:
+    def _project_grant(self, logical: str, role: str, member: pulumi.Input[str],
+                       opts: pulumi.ResourceOptions,
+                       project: pulumi.Input[str] | None = None) -> gcp.projects.IAMMember:
+        return gcp.projects.IAMMember(
+            f"{self.args.team}-{logical}", project=project or self.project_id, role=role,
+            member=member, opts=opts)
+
+    def _runtime_grants(self, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+        """Its project roles in the team's project, and reading the shared data."""
+        grants: list[pulumi.Resource] = [
+            self._project_grant(role.split("/", 1)[1].replace(".", "-"), role, self.member, child)
+            for role in PROJECT_ROLES]
+        for role in (BUCKET_ROLES["data"], BUCKET_METADATA_ROLE):
+            grants.append(gcp.storage.BucketIAMMember(
+                f"{self.args.team}-data-{role.rsplit('.', 1)[-1]}", bucket=self.args.data_bucket,
+                role=role, member=self.member, opts=child))
+        return grants
+
+    def _tpu_agent(self, after: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+        """The project's TPU service agent may place nodes in the host's subnets.
+        gcp.projects.ServiceIdentity creates it before its first node (`gcloud compute
+        tpus tpu-vm service-identity create` does the same); its email is derived from
+        the project number (unconfirmed that serviceusage's generateServiceIdentity
+        serves tpu.googleapis.com; the TPU API's own generateServiceIdentity does)."""
+        t = self.args.team
+        identity = gcp.projects.ServiceIdentity(
+            f"{t}tpu-agent", project=self.project_id, service=TPU_API, opts=after)
+        agent = pulumi.Output.concat("serviceAccount:service-", self.project.number, "@",
+                                     TPU_AGENT_DOMAIN)
+        after_agent = pulumi.ResourceOptions(parent=self, depends_on=[identity])
+        grants: list[pulumi.Resource] = [self._project_grant(
+            "tpu-agent-xpn", TPU_XPN_AGENT_ROLE, agent, after_agent,
+            project=self.args.network.project_id)]
+        grants += self._network_users("tpu-agent", agent, after_agent)
+        return grants
+
+    def _network_users(self, logical: str, member: pulumi.Input[str],
+                       opts: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+        network = self.args.network
+        return [gcp.compute.SubnetworkIAMMember(
+            f"{self.args.team}-{logical}-network-user-{region}", project=network.project_id,
+            region=region, subnetwork=subnet.name, role=NETWORK_USER_ROLE, member=member,
+            opts=opts) for region, subnet in sorted(network.subnets.items())]
+
+    def _members(self, child: pulumi.ResourceOptions) -> None:
+        """Members see their project's TPU nodes and may act as the team's account
+        (authoritative: exactly the listed members)."""
+        for role in MEMBER_PROJECT_ROLES:
+            role_name = role.split("/", 1)[1].replace(".", "-")
+            for member in self.args.members:
+                self._project_grant(f"{role_name}-{member.replace(':', '-')}", role, member, child)
+        gcp.serviceaccount.IAMBinding(
+            f"{self.args.team}-members-act-as", service_account_id=self.account.name,
+            role=ACT_AS_ROLE, members=self.args.members, opts=child)
+
+    def _deployer(self, after: pulumi.ResourceOptions) -> CiIdentity | None:
+        """The team's keyless deployer, like the stack's own CI, in the team's project:
+        TPU and bucket rights there (ci.TEAM_DEPLOYER_ROLES), acting as the team's
+        account and using the host's subnets, nothing more."""
+        args = self.args
+        if args.ci is None:
+            return None
+        ci = CiIdentity(f"ci-{args.team}", CiArgs(args.ci, self.project_id, args.naming,
+                                                   team=args.team), opts=after)
+        member = ci.deployer_email.apply(lambda email: f"serviceAccount:{email}")
+        child = pulumi.ResourceOptions(parent=self)
+        gcp.serviceaccount.IAMMember(
+            f"{args.team}-deployer-act-as", service_account_id=self.account.name,
+            role=ACT_AS_ROLE, member=member, opts=child)
+        self._network_users("deployer", member, child)
+        return ci
+
+    def _quota(self, after: pulumi.ResourceOptions) -> None:
+        """The team's chips as its project's TPU quota (Cloud Quotas QuotaPreference,
+        pulumi-gcp `cloudquota.SQuotaPreference`): GCP refuses a node beyond it,
+        whoever creates it. A preference above what Google granted is a request that
+        Google approves or not; below, it applies at once."""
+        args = self.args
+        for family, quota_type, region, chips in quota_caps(args.quota, args.regions):
+            quota_id = catalog.TPU_QUOTA_IDS.get((family, quota_type))
+            if quota_id is None:
+                pulumi.log.warn(f"team {args.team}: no Cloud Quotas id is known for {family} "
+                                f"{quota_type} chips (components/catalog.py); its quota there "
+                                f"is checked at preview only", resource=self)
+                continue
+            gcp.cloudquota.SQuotaPreference(
+                f"{args.team}-quota-{family}-{quota_type}-{region}",
+                parent=pulumi.Output.concat("projects/", self.project_id),
+                name=f"tpu-{family}-{quota_type.lower()}-{region}",
+                service=TPU_API, quota_id=quota_id, dimensions={"region": region},
+                quota_config=gcp.cloudquota.SQuotaPreferenceQuotaConfigArgs(
+                    preferred_value=str(chips)),
+                justification=f"tpu-stack {args.stack}: team {args.team}'s TPU quota",
+                contact_email=args.quota_contact,
+                opts=after)
+
+    def _budget(self, budget: TeamBudget, child: pulumi.ResourceOptions) -> None:
+        args = self.args
         gcp.billing.Budget(
             f"{args.team}-budget",
             billing_account=budget.billing_account,
             display_name=fit(f"tpu-stack {args.stack} {args.team}", BUDGET_NAME_MAX),
             amount=budget_amount(budget.usd_per_month),
-            # The team's spend: resources of this project carrying its label
-            # (every billable resource does, naming.labels).
+            # The team's spend: its own project (every billable resource there
+            # carries its label too, naming.labels).
             budget_filter=gcp.billing.BudgetBudgetFilterArgs(
-                projects=[pulumi.Output.concat("projects/", args.project_number)],
+                projects=[pulumi.Output.concat("projects/", self.project.number)],
                 labels={"team": label_value(args.team)},
                 calendar_period="MONTH",
             ),

@@ -1,5 +1,5 @@
 """CiIdentity under Pulumi's mock engine: inputs, the options Mocks cannot see, and
-GitHub tokens run through the declared provider and bindings (tests/cel_subset.py)."""
+GitHub tokens run through the declared provider and bindings (policy/cel.py)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,22 @@ from pulumi.runtime import mocks
 from pulumi.runtime.stack import wait_for_rpcs
 
 from components.archive import REPO_ROOT
-from components.ci import DEPLOYER_ROLES, GITHUB_ISSUER, PREVIEW_ROLES, CiArgs, CiIdentity
+from components.ci import (
+    DEPLOYER_ROLES,
+    GITHUB_ISSUER,
+    PREVIEW_ROLES,
+    TEAM_DEPLOYER_ROLES,
+    CiArgs,
+    CiIdentity,
+    DeployerScope,
+)
 from components.naming import Naming
 from components.settings import CiSettings
 from components.stack_config import file_config
 from ops.plan.mock_engine import run_program
+from policy.cel import CelError
+from policy.cel import evaluate as cel
 from policy.evaluate import evaluate, load_config
-from tests.cel_subset import CelError
-from tests.cel_subset import evaluate as cel
 
 REPO = "acme/tpu-platform"
 REPO_ID, OWNER_ID = "260064828", "1342004"
@@ -71,8 +79,12 @@ class GcpMocks(mocks.Mocks):
         return {}
 
 
-@pytest.fixture
-def registered() -> Iterator[dict[str, Registered]]:
+RUNTIME = "prod-runtime@acme-ml-prod.iam.gserviceaccount.com"
+SCOPE = DeployerScope(granted_roles=["roles/logging.logWriter", "roles/tpu.viewer"],
+                      accounts=[RUNTIME])
+
+
+def register(scope: DeployerScope | None, team: str | None = None) -> dict[str, Registered]:
     """The resources a CiIdentity registers, on its own event loop."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -81,13 +93,18 @@ def registered() -> Iterator[dict[str, Registered]]:
     try:
         settings = CiSettings(github_repository=REPO, github_repository_id=REPO_ID,
                               github_repository_owner_id=OWNER_ID)
-        args = CiArgs(settings, "acme-ml-prod", Naming("acme-ml-prod", "prod"))
+        args = CiArgs(settings, "acme-ml-prod", Naming("acme-ml-prod", "prod"), scope, team)
         CiIdentity("ci", args)
         loop.run_until_complete(wait_for_rpcs())
-        yield monitor.registered
+        return monitor.registered
     finally:
         loop.close()
         asyncio.set_event_loop(None)
+
+
+@pytest.fixture
+def registered() -> Iterator[dict[str, Registered]]:
+    yield register(SCOPE)
 
 
 # ---- GitHub tokens against the declared trust -------------------------------
@@ -231,8 +248,42 @@ def test_deployer_gets_exactly_its_roles(registered):
     roles = sorted(r.inputs["role"] for r in grants)
     storage_role = "projects/acme-ml-prod/roles/prod_tpuStackStorageDeployer"
     assert roles == sorted([*DEPLOYER_ROLES, storage_role])
-    assert not {"roles/editor", "roles/owner", "roles/storage.admin"} & set(roles)
+    assert not {"roles/editor", "roles/owner", "roles/storage.admin", "roles/iam.roleAdmin",
+                "roles/iam.workloadIdentityPoolAdmin"} & set(roles)
     assert "storage.buckets.create" in registered["storage-deployer"].inputs["permissions"]
+
+
+def test_the_deployer_s_iam_administration_is_conditioned(registered):
+    conditions = {r.inputs["role"]: r.inputs.get("condition", {}).get("expression")
+                  for r in registered.values() if r.type == "gcp:projects/iAMMember:IAMMember"
+                  and r.inputs["member"] == f"serviceAccount:{DEPLOYER}"}
+    assert conditions["roles/resourcemanager.projectIamAdmin"] == (
+        "api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
+        ".hasOnly(['roles/logging.logWriter', 'roles/tpu.viewer'])")
+    accounts = ("resource.name == 'projects/acme-ml-prod' || "
+                f"resource.name.endsWith('/serviceAccounts/{RUNTIME}')")
+    assert conditions["roles/iam.serviceAccountAdmin"] == accounts
+    assert "roles/iam.serviceAccountUser" not in conditions  # on the account, below
+    (acts_as,) = [r.inputs for r in registered.values()
+                  if r.type == "gcp:serviceaccount/iAMMember:IAMMember"
+                  and r.inputs["role"] == "roles/iam.serviceAccountUser"]
+    assert acts_as == {"serviceAccountId": f"projects/acme-ml-prod/serviceAccounts/{RUNTIME}",
+                       "role": "roles/iam.serviceAccountUser",
+                       "member": f"serviceAccount:{DEPLOYER}"}
+    unconditioned = {role for role, expression in conditions.items() if expression is None}
+    assert unconditioned == {"roles/serviceusage.serviceUsageAdmin", "roles/compute.networkAdmin",
+                             "roles/compute.securityAdmin", "roles/tpu.admin",
+                             "projects/acme-ml-prod/roles/prod_tpuStackStorageDeployer"}
+
+
+def test_a_team_deployer_holds_tpu_and_its_storage_role_only():
+    team = register(None, team="vision")
+    grants = {r.inputs["role"] for r in team.values()
+              if r.type == "gcp:projects/iAMMember:IAMMember"
+              and r.inputs["member"].startswith("serviceAccount:prod-vision-deployer@")}
+    assert grants == {*TEAM_DEPLOYER_ROLES,
+                      "projects/acme-ml-prod/roles/prod_tpuStackStorageDeployer"}
+    assert {r.name for r in team.values()} >= {"vision-pool", "vision-github", "vision-deployer"}
 
 
 def test_soft_deleted_resources_are_protected_and_all_are_children(registered):

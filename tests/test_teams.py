@@ -29,6 +29,8 @@ PROJECT_GRANT = "gcp:projects/iAMMember:IAMMember"
 READ_ROLES = {"roles/storage.objectViewer", "roles/storage.legacyBucketReader"}
 QUOTA = {"v5e": {"us-central1": {"onDemand": 16, "preemptible": 32}},
          "v4": {"us-central2": {"onDemand": 32}}}
+TEAM_PROJECTS = {"folderId": "1234567890", "billingAccount": "01AB23-45CD67-89EF01",
+                 "quotaContact": "platform@acme.example"}
 
 
 def team(name: str, *nodes: dict, **changes: Any) -> dict:
@@ -44,7 +46,7 @@ def team(name: str, *nodes: dict, **changes: Any) -> dict:
 def platform(**teams: dict) -> dict:
     """A platform stack (dev, so buckets stay unprotected) serving `teams`."""
     return config(tpu_stack_labels={"cost-centre": "cc-platform"}, tpu_stack_quota=QUOTA,
-                  tpu_stack_nodes=[], tpu_stack_teams=teams)
+                  tpu_stack_nodes=[], tpu_stack_teams=teams, tpu_stack_teamProjects=TEAM_PROJECTS)
 
 
 def spot(name: str = "trainer", **changes: Any) -> dict:
@@ -165,6 +167,22 @@ BAD_TEAM_CONFIGS: list[tuple[str, dict, str, str]] = [
      "tpu-stack:quota.v4.us-central1", "v4 is not offered in us-central1 (regions: us-central2)"),
     ("bad billing account", {**platform(), "tpu-stack:billing": {"account": "123"}},
      "tpu-stack:billing.account", "XXXXXX-XXXXXX-XXXXXX"),
+    ("teams without team projects", {**platform(vision=team("vision")),
+                                     "tpu-stack:teamProjects": {}},
+     "tpu-stack:teamProjects", "is required with tpu-stack:teams: {folderId: <number>}"),
+    ("folder id not a number", {**platform(vision=team("vision")),
+                                "tpu-stack:teamProjects": {"folderId": "folders/12"}},
+     "tpu-stack:teamProjects.folderId", "'folders/12' is not a folder id"),
+    ("team projects without a billing account", {**platform(vision=team("vision")),
+                                                 "tpu-stack:teamProjects": {"folderId": "12"}},
+     "tpu-stack:teamProjects.billingAccount", "is required without tpu-stack:billing"),
+    ("team projects without a quota contact", {**platform(vision=team("vision")),
+                                               "tpu-stack:teamProjects": {"folderId": "12"}},
+     "tpu-stack:teamProjects.quotaContact", "is required: an email Google may contact"),
+    ("team ci by repository name only", platform(vision=team("vision", ci={
+        "githubRepository": "acme/vision", "githubRepositoryId": "acme",
+        "githubRepositoryOwnerId": "1"})),
+     f"{T}.ci.githubRepositoryId", "is not a number"),
     ("zero threshold", {**platform(), "tpu-stack:billing": {
         "account": "01AB23-45CD67-89EF01", "alertThresholds": [0, 1.0]}},
      "tpu-stack:billing.alertThresholds[0]", "must be above 0"),
@@ -193,6 +211,8 @@ def team_stack(**changes: Any) -> dict:
     ({"tpu-stack:team": "platform"}, "tpu-stack:team", "a team stack names its team"),
     ({"tpu-stack:teams": {"x": team("x")}}, "tpu-stack:teams", "belongs to the platform stack"),
     ({"tpu-stack:quota": QUOTA}, "tpu-stack:quota", "belongs to the platform stack"),
+    ({"tpu-stack:teamProjects": TEAM_PROJECTS}, "tpu-stack:teamProjects",
+     "belongs to the platform stack"),
     ({"tpu-stack:labels": {}}, "tpu-stack:labels.cost-centre", "required in a team stack"),
     ({"tpu-stack:network": {"subnetCidr": "10.8.0.0/20"}}, "tpu-stack:network",
      "the platform stack (acme/tpu-stack/platform) owns the network"),
@@ -395,7 +415,15 @@ def test_the_platform_exports_what_team_stacks_consume(repo_stacks) -> None:
     assert set(outputs["network"]["subnets"]) == {"us-central1", "us-central2"}
     assert outputs["teams"]["vision"]["quota"] == {"usdPerHour": 60.0,
                                                    "v5e": {"spot": 64, "onDemand": 16}}
-    assert "serviceAccount" not in outputs["teams"]["vision"]  # vision deploys its own
+    vision = outputs["teams"]["vision"]
+    assert "nodes" not in vision and "buckets" not in vision  # vision deploys its own
+    # Its project, runtime account and deployer are the platform's (TeamProject).
+    assert vision["projectId"] == "acme-ml-shared-vision"
+    assert vision["serviceAccount"] == (
+        "platform-vision-runtime@acme-ml-shared-vision.iam.gserviceaccount.com")
+    assert vision["deployer"]["serviceAccount"].endswith(
+        "@acme-ml-shared-vision.iam.gserviceaccount.com")
+    assert "deployer" not in outputs["teams"]["nlp"]  # nlp declares no CI of its own
 
 
 def test_a_team_stack_declares_only_its_own_parts(repo_stacks) -> None:

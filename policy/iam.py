@@ -1,0 +1,241 @@
+"""Who may do what, from the IAM a plan declares: "can principal P use permission X
+on resource R?".
+
+Pure: it reads resources as the offline plan records them (type, inputs,
+outputs; ops/plan/mock_engine.py) and knows nothing of Pulumi. It collects the
+allow bindings the plan declares at organization, folder, project, bucket,
+service-account and subnetwork level (IAMMember, IAMBinding, IAMPolicy), and
+the custom roles it defines; predefined roles map to permissions through the
+vendored table policy/iam_roles.json (sources there). A binding on an ancestor
+applies to its descendants (cloud.google.com/iam/docs/resource-hierarchy-access-
+control): a bucket, service account, subnetwork or TPU node is in its project,
+a project in its folder or organization.
+
+Conditions are evaluated with policy/cel.py against the request: `resource.name`
+is the name of the resource the request is about, and `api.getAttribute(
+'iam.googleapis.com/modifiedGrantsByRole', [])` the roles a setIamPolicy request
+on a project, folder or organization adds or removes (cloud.google.com/iam/docs/
+setting-limits-on-granting-roles; elsewhere the attribute is absent and the
+default is returned). A condition whose evaluation errs grants nothing, as in IAM.
+
+Resource names follow IAM Conditions (cloud.google.com/iam/docs/conditions-
+resource-attributes): `projects/_/buckets/<bucket>`,
+`projects/<p>/serviceAccounts/<email>`, `projects/<p>/locations/<zone>/nodes/<id>`,
+`projects/<p>/regions/<r>/subnetworks/<name>`, `projects/<p>`, `folders/<id>`.
+Deny policies, principal access boundaries, groups' membership and what GCP
+grants outside the plan (a project's creator, service agents' own roles) are not
+modelled: a check here shows what the plan grants, not more.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from policy.cel import CelError, evaluate
+
+ROLES_FILE = Path(__file__).with_name("iam_roles.json")
+MODIFIED_GRANTS = "iam.googleapis.com/modifiedGrantsByRole"
+PUBLIC = frozenset({"allUsers", "allAuthenticatedUsers"})
+
+# The permission that changes a resource's allow policy, by resource kind; a TPU
+# node has no allow policy of its own (its project's governs it).
+SET_IAM_POLICY = {
+    "projects": "resourcemanager.projects.setIamPolicy",
+    "folders": "resourcemanager.folders.setIamPolicy",
+    "organizations": "resourcemanager.organizations.setIamPolicy",
+    "buckets": "storage.buckets.setIamPolicy",
+    "serviceAccounts": "iam.serviceAccounts.setIamPolicy",
+    "subnetworks": "compute.subnetworks.setIamPolicy",
+}
+QUEUED_TPU = "pulumi-python:dynamic/tpu:QueuedTpu"
+# Where modifiedGrantsByRole is set (setting-limits-on-granting-roles).
+_LIMITABLE = ("projects", "folders", "organizations")
+
+
+class UnknownRoleError(KeyError):
+    """A role the plan grants that neither the table nor the plan's custom roles know."""
+
+
+@cache
+def predefined_roles() -> dict[str, frozenset[str]]:
+    roles = json.loads(ROLES_FILE.read_text())["roles"]
+    return {name: frozenset(entry["permissions"]) for name, entry in roles.items()}
+
+
+@dataclass(frozen=True)
+class Binding:
+    resource: str
+    role: str
+    members: frozenset[str]
+    condition: str | None = None
+
+
+@dataclass
+class IamModel:
+    bindings: dict[str, list[Binding]] = field(default_factory=dict)  # resource → bindings
+    parents: dict[str, str] = field(default_factory=dict)  # resource → its parent
+    custom_roles: dict[str, frozenset[str]] = field(default_factory=dict)
+    # Grants whose role the plan cannot know yet (an output of another resource the
+    # offline engine does not compute): they grant nothing here, so a check on a
+    # model with any should fail.
+    unresolved: list[Mapping[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, resources: Iterable[Any]) -> IamModel:
+        """From plan resources: Registrations, or dicts with type, inputs and outputs."""
+        model = cls()
+        for resource in resources:
+            kind, inputs, outputs = _fields(resource)
+            model._add(kind, inputs, outputs)
+        return model
+
+    def kinds(self, kind: str) -> list[str]:
+        """Every resource of a kind (`buckets`, `serviceAccounts`, `nodes`, `projects`…)."""
+        names = set(self.parents) | set(self.bindings)
+        return sorted(n for n in names if kind_of(n) == kind)
+
+    def project_of(self, resource: str) -> str | None:
+        for name in self.ancestry(resource):
+            if kind_of(name) == "projects":
+                return name
+        return None
+
+    def ancestry(self, resource: str) -> list[str]:
+        chain = [resource]
+        while chain[-1] in self.parents and len(chain) < 10:
+            chain.append(self.parents[chain[-1]])
+        return chain
+
+    def can(self, principal: str, permission: str, resource: str,
+            modified_roles: Iterable[str] = ()) -> bool:
+        """Whether a binding on `resource` or an ancestor lets `principal` use
+        `permission` on it (a setIamPolicy request changing `modified_roles`)."""
+        modified = list(modified_roles)
+        attributes = {MODIFIED_GRANTS: modified} if kind_of(resource) in _LIMITABLE else {}
+        variables = {"resource": {"name": resource},
+                     "api": {"getAttribute": lambda name, default: attributes.get(name, default)}}
+        for name in self.ancestry(resource):
+            for binding in self.bindings.get(name, ()):
+                if not (principal in binding.members or binding.members & PUBLIC):
+                    continue
+                if not self._grants(binding.role, permission):
+                    continue
+                if binding.condition is None or _holds(binding.condition, variables):
+                    return True
+        return False
+
+    def can_grant(self, principal: str, role: str, resource: str) -> bool:
+        """Whether `principal` may add a binding of `role` to `resource`'s allow policy."""
+        permission = SET_IAM_POLICY.get(kind_of(resource))
+        return permission is not None and self.can(principal, permission, resource, [role])
+
+    def roles(self) -> set[str]:
+        return {b.role for bindings in self.bindings.values() for b in bindings}
+
+    def _grants(self, role: str, permission: str) -> bool:
+        permissions = self.custom_roles.get(role) or predefined_roles().get(role)
+        if permissions is None:
+            raise UnknownRoleError(f"{role}: not in policy/iam_roles.json nor a custom role "
+                                   f"of the plan; add it with its source")
+        return permission in permissions or "*" in permissions
+
+    # ---- reading the plan ---------------------------------------------------
+
+    def _add(self, kind: str, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> None:
+        module, _, name = kind.partition(":")[2].partition("/")
+        name = name.split(":", 1)[0].lower()
+        if kind == "gcp:organizations/project:Project":
+            self._project(inputs)
+        elif kind == "gcp:projects/iAMCustomRole:IAMCustomRole":
+            role = outputs.get("name") or f"projects/{inputs['project']}/roles/{inputs['roleId']}"
+            self.custom_roles[role] = frozenset(inputs.get("permissions") or ())
+        elif name.endswith(("iammember", "iambinding", "iampolicy")):
+            target = _binding_target(module, inputs)
+            if target is not None and "role" not in inputs and "policyData" not in inputs:
+                self.unresolved.append(inputs)
+            elif target is not None:
+                for binding in _bindings(target, inputs):
+                    self.bindings.setdefault(target, []).append(binding)
+        else:
+            child = _resource_name(kind, inputs, outputs)
+            if child is not None and inputs.get("project"):
+                self.parents.setdefault(child, f"projects/{inputs['project']}")
+
+    def _project(self, inputs: Mapping[str, Any]) -> None:
+        project = f"projects/{inputs['projectId']}"
+        if inputs.get("folderId"):
+            folder = str(inputs["folderId"])
+            self.parents[project] = folder if folder.startswith("folders/") else f"folders/{folder}"
+        elif inputs.get("orgId"):
+            self.parents[project] = f"organizations/{inputs['orgId']}"
+
+
+def kind_of(resource: str) -> str:
+    """`projects/p/serviceAccounts/x` → serviceAccounts; `projects/p` → projects."""
+    parts = resource.split("/")
+    return parts[-2] if len(parts) >= 2 else ""
+
+
+def _fields(resource: Any) -> tuple[str, Mapping[str, Any], Mapping[str, Any]]:
+    if isinstance(resource, Mapping):
+        return resource["type"], resource.get("inputs") or {}, resource.get("outputs") or {}
+    return resource.type, resource.inputs, getattr(resource, "outputs", {}) or {}
+
+
+def _resource_name(kind: str, inputs: Mapping[str, Any],
+                   outputs: Mapping[str, Any]) -> str | None:
+    project = inputs.get("project")
+    if kind == "gcp:storage/bucket:Bucket":
+        return f"projects/_/buckets/{inputs['name']}"
+    if kind == "gcp:serviceaccount/account:Account":
+        return outputs.get("name") or None
+    if kind == "gcp:tpu/v2Vm:V2Vm":
+        return f"projects/{project}/locations/{inputs['zone']}/nodes/{inputs['name']}"
+    if kind == QUEUED_TPU:  # components/queued_tpu.py: the node its request becomes
+        return f"projects/{project}/locations/{inputs['zone']}/nodes/{inputs['node_id']}"
+    if kind == "gcp:compute/subnetwork:Subnetwork":
+        return f"projects/{project}/regions/{inputs['region']}/subnetworks/{inputs['name']}"
+    return None
+
+
+def _binding_target(module: str, inputs: Mapping[str, Any]) -> str | None:
+    if module == "projects":
+        return f"projects/{inputs['project']}"
+    if module == "folder":
+        folder = str(inputs["folder"])
+        return folder if folder.startswith("folders/") else f"folders/{folder}"
+    if module == "organizations":
+        return f"organizations/{inputs['orgId']}"
+    if module == "storage" and "bucket" in inputs:
+        return f"projects/_/buckets/{str(inputs['bucket']).removeprefix('b/')}"
+    if module == "serviceaccount":
+        return str(inputs["serviceAccountId"])
+    if module == "compute" and "subnetwork" in inputs:
+        subnet = str(inputs["subnetwork"])
+        if subnet.startswith("projects/"):
+            return subnet
+        return f"projects/{inputs['project']}/regions/{inputs['region']}/subnetworks/{subnet}"
+    return None
+
+
+def _bindings(target: str, inputs: Mapping[str, Any]) -> list[Binding]:
+    if "policyData" in inputs:
+        policy = json.loads(inputs["policyData"])
+        return [Binding(target, b["role"], frozenset(b.get("members", ())),
+                        (b.get("condition") or {}).get("expression"))
+                for b in policy.get("bindings", [])]
+    members = [inputs["member"]] if "member" in inputs else list(inputs.get("members") or ())
+    condition = (inputs.get("condition") or {}).get("expression")
+    return [Binding(target, inputs["role"], frozenset(members), condition)]
+
+
+def _holds(condition: str, variables: dict[str, Any]) -> bool:
+    try:
+        return evaluate(condition, variables) is True
+    except CelError:
+        return False

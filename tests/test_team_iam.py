@@ -1,0 +1,287 @@
+"""Trust boundaries GCP enforces, shown by the IAM evaluator (policy/iam.py) on the
+plans of the repo's stacks: teams cannot touch each other's nodes, data, accounts
+or quota, and no deployer can make itself owner (issue 19, docs/teams.md)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from components.ci import DEPLOYER_ROLES
+from components.stack_config import file_config
+from ops.plan.mock_engine import ProgramRun, Registration, run_program
+from policy.iam import QUEUED_TPU, IamModel, predefined_roles
+from tests.infra.stack_fixtures import as_cli
+from tests.test_teams import platform, pod, spot, team
+
+V2VM = "gcp:tpu/v2Vm:V2Vm"
+BUCKET = "gcp:storage/bucket:Bucket"
+QUOTA_PREFERENCE = "gcp:cloudquota/sQuotaPreference:SQuotaPreference"
+NODE_PERMISSIONS = ("tpu.nodes.update", "tpu.nodes.delete")
+BUCKET_PERMISSIONS = ("storage.objects.get", "storage.objects.create")
+QUOTA_PERMISSIONS = ("cloudquotas.quotas.update", "serviceusage.quotas.update")
+# Roles no deployer may hand out, and a sample of powerful ones besides.
+ESCALATION_ROLES = ("roles/owner", "roles/editor", "roles/iam.serviceAccountAdmin",
+                    "roles/resourcemanager.projectIamAdmin", "roles/storage.admin",
+                    "roles/iam.serviceAccountTokenCreator", "roles/cloudquotas.admin")
+CI = {"githubRepository": "acme/models", "githubRepositoryId": "1", "githubRepositoryOwnerId": "2"}
+
+
+@dataclass
+class Team:
+    """A team's principals and the resources that are its own, from the plans."""
+
+    name: str
+    principals: dict[str, str] = field(default_factory=dict)  # what → principal
+    resources: set[str] = field(default_factory=set)
+    project: str | None = None
+
+
+def node_name(r: Registration) -> str:
+    node_id = r.inputs.get("name") or r.inputs["node_id"]  # a V2Vm, or a queued node
+    return f"projects/{r.inputs['project']}/locations/{r.inputs['zone']}/nodes/{node_id}"
+
+
+def account_name(email: str) -> str:
+    return f"projects/{email.split('@')[1].split('.')[0]}/serviceAccounts/{email}"
+
+
+def teams_of(runs: list[ProgramRun]) -> dict[str, Team]:
+    """Every team of the platform run (the first): members, runtime account and
+    deployer, with the nodes and buckets labelled with its name, its accounts and
+    its project."""
+    platform_outputs = runs[0].outputs
+    team_stacks = {run.outputs["team"]: run.outputs for run in runs[1:]}
+    teams: dict[str, Team] = {}
+    for name, entry in platform_outputs["teams"].items():
+        t = teams[name] = Team(name)
+        for index, member in enumerate(entry["members"]):
+            t.principals[f"member {index}"] = member
+        runtime = entry.get("serviceAccount") or team_stacks[name]["runtimeServiceAccount"]
+        t.principals["runtime"] = f"serviceAccount:{runtime}"
+        t.resources.add(account_name(runtime))
+        assert "deployer" in entry or "nodes" in entry, (
+            f"team {name} deploys from its own stack without a deployer the platform declares")
+        if "deployer" in entry:
+            deployer = entry["deployer"]["serviceAccount"]
+            t.principals["deployer"] = f"serviceAccount:{deployer}"
+            t.resources.add(account_name(deployer))
+        t.project = f"projects/{entry['projectId']}" if "projectId" in entry else None
+    for run in runs:
+        for r in run.of_type(V2VM) + run.of_type(QUEUED_TPU):
+            teams[r.inputs["labels"]["team"]].resources.add(node_name(r))
+        for r in run.of_type(BUCKET):
+            if r.inputs["labels"]["team"] in teams:
+                teams[r.inputs["labels"]["team"]].resources.add(f"projects/_/buckets/"
+                                                                f"{r.inputs['name']}")
+    return teams
+
+
+def crossings(model: IamModel, teams: dict[str, Team]) -> list[tuple[str, str, str, str]]:
+    """(team, principal, permission, resource of another team) that IAM would allow."""
+    found = []
+    for a, b in itertools.permutations(teams.values(), 2):
+        targets = set(b.resources)
+        if b.project and b.project != a.project:
+            targets.add(b.project)
+        for what, principal in a.principals.items():
+            for resource in sorted(targets):
+                for permission in _permissions(resource):
+                    if model.can(principal, permission, resource):
+                        found.append((a.name, what, permission, resource))
+                if any(model.can_grant(principal, role, resource) for role in ESCALATION_ROLES):
+                    found.append((a.name, what, "setIamPolicy", resource))
+    return found
+
+
+def _permissions(resource: str) -> tuple[str, ...]:
+    if "/nodes/" in resource:
+        return NODE_PERMISSIONS
+    if "/buckets/" in resource:
+        return BUCKET_PERMISSIONS
+    if "/serviceAccounts/" in resource:
+        return ("iam.serviceAccounts.actAs", "iam.serviceAccounts.getAccessToken")
+    return NODE_PERMISSIONS + BUCKET_PERMISSIONS + QUOTA_PERMISSIONS
+
+
+@pytest.fixture(scope="module")
+def repo_runs() -> list[ProgramRun]:
+    """This repo's platform stack (nlp's nodes) and vision's own team stack."""
+    return [run_program(file_config(stack), stack) for stack in ("platform", "team-vision")]
+
+
+@pytest.fixture(scope="module")
+def three_teams() -> ProgramRun:
+    """A platform that declares three teams' nodes, each team with a deployer."""
+    teams = {name: team(name, spot(), pod(), ci=CI) for name in ("vision", "nlp", "speech")}
+    teams["vision"]["nodes"].append(spot("queue", provisioning="queued", queue={"spot": True}))
+    data = platform(**teams)
+    data["tpu-stack:quota"] = {"v5e": {"us-central1": {"preemptible": 64}},
+                               "v4": {"us-central2": {"onDemand": 64}}}
+    return run_program(as_cli(data), "shared")
+
+
+def model_of(runs: list[ProgramRun]) -> IamModel:
+    return IamModel.of(r for run in runs for r in run.registrations)
+
+
+# ---- teams cannot touch each other ------------------------------------------------
+
+def test_no_principal_of_a_team_reaches_another_team_in_the_repo_stacks(repo_runs) -> None:
+    teams = teams_of(repo_runs)
+    assert set(teams) == {"vision", "nlp"}
+    assert crossings(model_of(repo_runs), teams) == []
+
+
+def test_no_principal_of_a_team_reaches_another_of_three(three_teams) -> None:
+    teams = teams_of([three_teams])
+    assert all("deployer" in t.principals for t in teams.values())
+    # A queued node is in its team's project like the others.
+    assert "projects/acme-ml-test-vision/locations/us-central1-a/nodes/shared-vision-queue" in (
+        teams["vision"].resources)
+    assert crossings(model_of([three_teams]), teams) == []
+
+
+def test_each_team_has_a_project_of_its_own_in_the_folder(repo_runs) -> None:
+    teams = teams_of(repo_runs)
+    model = model_of(repo_runs)
+    projects = {t.project for t in teams.values()}
+    assert len(projects) == len(teams) and None not in projects
+    assert "projects/acme-ml-shared" not in projects
+    for t in teams.values():
+        assert model.parents[t.project] == "folders/246813579024"
+        for resource in t.resources:
+            assert model.project_of(resource) == t.project, resource
+
+
+def test_the_isolation_check_catches_a_leaked_grant(three_teams) -> None:
+    """The check can fail: nlp's deployer given TPU Admin on vision's project."""
+    teams = teams_of([three_teams])
+    leak = copy.deepcopy(three_teams.of_type("gcp:projects/iAMMember:IAMMember")[0])
+    leak.inputs.update(project=teams["vision"].project.removeprefix("projects/"),
+                       role="roles/tpu.admin", member=teams["nlp"].principals["deployer"])
+    leak.inputs.pop("condition", None)
+    leaky = IamModel.of([*three_teams.registrations, leak])
+    found = crossings(leaky, teams)
+    assert ("nlp", "deployer", "tpu.nodes.update") in {f[:3] for f in found}
+    assert {f[3] for f in found} >= {r for r in teams["vision"].resources if "/nodes/" in r}
+
+
+# ---- quota in the team's own project ---------------------------------------------
+
+def test_a_team_s_tpu_quota_is_capped_in_its_project(repo_runs) -> None:
+    preferences = {(p.inputs["parent"], p.inputs["quotaId"], p.inputs["dimensions"]["region"]):
+                   p.inputs["quotaConfig"]["preferredValue"]
+                   for p in repo_runs[0].of_type(QUOTA_PREFERENCE)}
+    vision, nlp = "projects/acme-ml-shared-vision", "projects/acme-ml-shared-nlp"
+    v5e_spot = "TPUV5sPreemptibleLitepodPerProjectPerRegionForTPUAPI"
+    v5e_on_demand = "TPUV5sLitepodPerProjectPerRegionForTPUAPI"
+    assert preferences[(vision, v5e_spot, "us-central1")] == "64"
+    assert preferences[(vision, v5e_on_demand, "us-central1")] == "16"
+    # A family the team has no quota in is capped at zero, not left at GCP's default.
+    assert preferences[(vision, "TPUV4sPodPerProjectPerRegionForTPUAPI", "us-central2")] == "0"
+    # Reserved nodes draw on on-demand quota (docs/teams.md, "Quota").
+    assert preferences[(nlp, "TPUV4sPodPerProjectPerRegionForTPUAPI", "us-central2")] == "32"
+    assert preferences[(nlp, v5e_spot, "us-central1")] == "16"
+    assert {parent for parent, _, _ in preferences} == {vision, nlp}
+    # An increase is a request Google answers: it needs a contact.
+    assert {p.inputs["contactEmail"] for p in repo_runs[0].of_type(QUOTA_PREFERENCE)} == {
+        "ml-platform@acme.example"}
+
+
+def test_no_team_principal_can_raise_quota_or_grant_outside_its_team(repo_runs) -> None:
+    model = model_of(repo_runs)
+    teams = teams_of(repo_runs)
+    everything = {name for names in (model.parents, model.bindings) for name in names}
+    everything |= {p for name in list(everything) for p in model.ancestry(name)}
+    for t in teams.values():
+        for what, principal in t.principals.items():
+            for permission in QUOTA_PERMISSIONS:
+                assert not model.can(principal, permission, t.project), (t.name, what)
+            for resource in sorted(everything - t.resources - {t.project}):
+                for role in (*ESCALATION_ROLES, *predefined_roles()):
+                    assert not model.can_grant(principal, role, resource), (
+                        t.name, what, role, resource)
+            # Nor in its own project: IAM there is the platform's.
+            assert not model.can_grant(principal, "roles/owner", t.project)
+
+
+def test_a_team_deployer_deploys_its_team_only(repo_runs) -> None:
+    """What the team stack needs: nodes and buckets in its project, the platform's
+    subnets, acting as its runtime account."""
+    model = model_of(repo_runs)
+    vision = teams_of(repo_runs)["vision"]
+    deployer = vision.principals["deployer"]
+    nodes = [r for r in vision.resources if "/nodes/" in r]
+    assert nodes and all(model.can(deployer, "tpu.nodes.update", n) for n in nodes)
+    assert model.can(deployer, "storage.buckets.create", vision.project)
+    runtime = account_name(vision.principals["runtime"].removeprefix("serviceAccount:"))
+    assert model.can(deployer, "iam.serviceAccounts.actAs", runtime)
+    subnets = [s for s in model.kinds("subnetworks")]
+    assert subnets and all(model.can(deployer, "compute.subnetworks.use", s) for s in subnets)
+    assert not model.can(deployer, "compute.subnetworks.use", "projects/acme-ml-shared")
+
+
+# ---- a deployer that is not owner -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def prod() -> tuple[IamModel, dict[str, Any]]:
+    run = run_program(file_config("prod"), "prod")
+    return model_of([run]), run.outputs
+
+
+def test_the_ci_deployer_cannot_grant_owner_editor_or_any_unlisted_role(prod) -> None:
+    model, outputs = prod
+    deployer = f"serviceAccount:{outputs['ciDeployerServiceAccount']}"
+    project = "projects/acme-ml-prod"
+    for role in ("roles/owner", "roles/editor", *DEPLOYER_ROLES, "roles/iam.roleAdmin",
+                 "roles/iam.workloadIdentityPoolAdmin", "roles/storage.admin"):
+        assert not model.can_grant(deployer, role, project), role
+    # Exactly the roles the stack grants (the runtime account's and the preview's).
+    allowed = [r for r in predefined_roles() if model.can_grant(deployer, r, project)]
+    assert sorted(allowed) == ["roles/browser", "roles/logging.logWriter",
+                               "roles/monitoring.metricWriter", "roles/tpu.viewer"]
+    assert not model.can(deployer, "resourcemanager.projects.setIamPolicy", project,
+                         ["roles/tpu.viewer", "roles/owner"])  # one bad role spoils a request
+
+
+def test_the_ci_deployer_administers_and_acts_as_the_runtime_account_only(prod) -> None:
+    model, outputs = prod
+    deployer = f"serviceAccount:{outputs['ciDeployerServiceAccount']}"
+    runtime = account_name(outputs["runtimeServiceAccount"])
+    assert model.can(deployer, "iam.serviceAccounts.actAs", runtime)
+    assert model.can(deployer, "iam.serviceAccounts.setIamPolicy", runtime)
+    others = [account_name(outputs["ciDeployerServiceAccount"]),
+              account_name(outputs["ciPreviewServiceAccount"]),
+              # The Compute Engine default account (Editor in many projects).
+              "projects/acme-ml-prod/serviceAccounts/"
+              "123456789012-compute@developer.gserviceaccount.com"]
+    for account in others:
+        for permission in ("iam.serviceAccounts.actAs", "iam.serviceAccounts.setIamPolicy"):
+            assert not model.can(deployer, permission, account), (permission, account)
+    assert not model.can(deployer, "iam.roles.update", "projects/acme-ml-prod")
+    assert not model.can(deployer, "iam.workloadIdentityPoolProviders.update",
+                         "projects/acme-ml-prod")
+
+
+def test_every_role_the_stacks_grant_is_named_and_in_the_table(repo_runs, prod) -> None:
+    table = set(predefined_roles())
+    for model in (model_of([*repo_runs, run_program(file_config("dev"), "dev")]), prod[0]):
+        assert not model.unresolved, model.unresolved  # a grant whose role is unknown
+        assert model.roles() - set(model.custom_roles) <= table
+
+
+def test_settings_name_the_project_each_planned_node_is_in(repo_runs) -> None:
+    """What tpuctl needs to find nodes: settings.node_project agrees with the plan."""
+    from components.settings import load_settings
+
+    for stack, run in zip(("platform", "team-vision"), repo_runs, strict=True):
+        settings = load_settings(file_config(stack), stack)
+        expected = {(settings.naming.tpu_node(node.name, team), settings.node_project(team))
+                    for team, node in settings.named_nodes}
+        planned = {(r.inputs["name"], r.inputs["project"]) for r in run.of_type(V2VM)}
+        assert planned == expected and planned, stack
