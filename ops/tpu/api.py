@@ -22,6 +22,8 @@ from components.naming import MANAGED_BY, label_value
 from components.queued_tpu import tpu_client, transient_retry
 
 STATUS_NAMESPACE = "tpu-stack"  # docs/design.md: the agent's guest attributes live under tpu-stack/
+# Nodes whose guest attributes can be read (a stopped or preempted VM publishes none).
+READABLE_STATES = {"READY", "STOPPING"}
 STATUS_KEYS = ("state", "step", "package", "message", "updated", "node", "goodput", "lastSave",
                "stopSave")
 
@@ -222,8 +224,14 @@ class TpuApi:
         return parse_guest_attributes(response)
 
     def with_job_status(self, nodes: list[NodeStatus], workers: int = 8) -> list[NodeStatus]:
-        """Nodes with `job` filled in; guest attributes are per node, so fetched concurrently."""
-        readable = [n for n in nodes if n.state in {"READY", "STOPPING"}]
+        """Nodes with `job` filled in; guest attributes are per node, so fetched concurrently.
+
+        At most `workers` calls in flight: the TPU API limits requests per minute per
+        project (cloud.google.com/tpu/docs/quota; the default figure for
+        tpu.googleapis.com is shown on the console's Quotas page, not on that page:
+        unconfirmed), and every user of the project shares it. status.py asks here
+        only for nodes whose status the logs bucket's one listing lacks."""
+        readable = [n for n in nodes if n.state in READABLE_STATES]
         with ThreadPoolExecutor(max_workers=workers) as pool:
             statuses = dict(
                 zip(

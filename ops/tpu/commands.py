@@ -26,7 +26,7 @@ from ops.tpu import actions as node_actions
 from ops.tpu import logs as agent_logs
 from ops.tpu import preflight
 from ops.tpu import status as node_status
-from ops.tpu.api import NodeStatus, TpuApi, TpuApiError
+from ops.tpu.api import NoCredentialsError, NodeStatus, TpuApi, TpuApiError
 from ops.tpu.target import StackTarget, TargetError, load_target
 
 console = make_console()
@@ -101,14 +101,21 @@ def status_cmd(
     stack: str = StackOption,
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
     interval: str = typer.Option("15s", "--interval", help="Refresh period with --watch."),
+    offline: bool = typer.Option(
+        False, "--offline",
+        help="Show the stack's last `tpuctl rehearse` here, no API calls (also the fallback "
+             "without Google credentials)."),
 ) -> None:
     """One row per node: state, health, symptoms and the agent's job status."""
     period = seconds(interval, "--interval")
     with clear_errors():
         target = load_target(stack)
+        if offline:
+            console.print(_rehearsal_view(target))
+            return
         api = _api(target)
         if not watch:
-            console.print(_status_now(api, target))
+            console.print(_status_or_rehearsal(api, target))
             return
         with Live(console=console, auto_refresh=False) as live:
             try:
@@ -122,6 +129,28 @@ def status_cmd(
 def _status_now(api: TpuApi, target: StackTarget) -> Table:
     nodes = node_status.collect(api, target)
     return node_status.status_table(target, nodes, node_status.collect_queued(api, target))
+
+
+def _status_or_rehearsal(api: TpuApi, target: StackTarget) -> Table:
+    """Live status; without credentials, the stack's last rehearsal if there is one."""
+    try:
+        return _status_now(api, target)
+    except NoCredentialsError as error:
+        if not node_status.rehearsed(target):
+            raise NoCredentialsError(f"{error} (or `tpuctl rehearse --stack {target.stack}` "
+                                     "first, then `tpuctl status --offline`)") from None
+        make_console(stderr=True).print(f"{error}: showing the last rehearsal (offline)",
+                                        markup=False)
+        return _rehearsal_view(target)
+
+
+def _rehearsal_view(target: StackTarget) -> Table:
+    nodes = node_status.rehearsed(target)
+    path = node_status.rehearsal_status(target.stack)
+    if not nodes:
+        raise TargetError(f"stack {target.stack} has no rehearsal here ({path} is missing): "
+                          f"run `tpuctl rehearse --stack {target.stack}`")
+    return node_status.status_table(target, nodes, rehearsal=path.parents[2])
 
 
 def wait_cmd(

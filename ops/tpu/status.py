@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 from rich.table import Table
 from rich.text import Text
 
-from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi
+from components.archive import REPO_ROOT
+from ops.tpu import logs as agent_logs
+from ops.tpu.api import READABLE_STATES, STATUS_KEYS, NodeStatus, QueuedStatus, TpuApi
 from ops.tpu.target import StackTarget
 
 Until = Literal["ready", "running", "done"]
@@ -19,12 +22,51 @@ UNTIL_CHOICES: tuple[Until, ...] = ("ready", "running", "done")
 # The agent's job states (docs/design.md, "The training package").
 FINISHED = "succeeded"
 ACTIVE_JOB = {"installing", "running", "retrying", "waiting-for-data"}
-STATE_STYLE = {"READY": "green", "CREATING": "yellow", "PREEMPTED": "red", "TERMINATED": "red"}
+# `tpuctl rehearse --stack <s>` keeps the emulator's status objects here (ops/local/rehearse.py,
+# keep_status): status-objects/worker-<n>/status.json, as under the node's status prefix.
+REHEARSAL_ROOT = REPO_ROOT / ".cache" / "rehearse"
+REHEARSED = "REHEARSED"
+STATE_STYLE = {"READY": "green", REHEARSED: "cyan", "CREATING": "yellow", "PREEMPTED": "red",
+               "TERMINATED": "red"}
 
 
-def collect(api: TpuApi, target: StackTarget) -> list[NodeStatus]:
-    """Every node of the stack (one list per zone) with its agent's job status."""
-    return api.with_job_status(api.stack_nodes(target.zones, target.stack))
+def collect(
+    api: TpuApi, target: StackTarget, logs: agent_logs.AgentLogs | None = None
+) -> list[NodeStatus]:
+    """Every node of the stack (one list per zone) with its agent's job status.
+
+    The status comes from one listing of the logs bucket (the agents' status.json
+    metadata) where it is there, else from the node's guest attributes: one call per
+    node, so only for the nodes the listing lacks (an older agent, no storage access).
+    """
+    nodes = api.stack_nodes(target.zones, target.stack)
+    readable = [n for n in nodes if n.state in READABLE_STATES]
+    listed = agent_logs.published_jobs(logs or agent_logs.AgentLogs(target.project), readable) \
+        if readable else {}
+    asked = api.with_job_status([n for n in readable if (n.zone, n.node_id) not in listed])
+    jobs = listed | {(n.zone, n.node_id): n.job for n in asked}
+    return [replace(n, job=jobs.get((n.zone, n.node_id), {})) for n in nodes]
+
+
+def rehearsal_status(stack: str, root: Path | None = None) -> Path:
+    return (root or REHEARSAL_ROOT) / stack / "status-objects" / agent_logs.WORKER0_STATUS
+
+
+def rehearsed(target: StackTarget, root: Path | None = None) -> list[NodeStatus]:
+    """Offline: the node the stack's last rehearsal booted, with the status its agent
+    left in the emulator; [] when the stack was never rehearsed here."""
+    path = rehearsal_status(target.stack, root)
+    try:
+        fields = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    node = target.expected(str(fields.get("node", "")))
+    if node is None:
+        return []
+    job = {key: value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+           for key, value in fields.items() if key in STATUS_KEYS}
+    return [NodeStatus(node.zone, node.node_id, REHEARSED, "", node.tpu.accelerator_type,
+                       node.runtime_version, node.spot, {}, {}, "", job=job)]
 
 
 def collect_queued(api: TpuApi, target: StackTarget) -> list[QueuedStatus]:
@@ -42,9 +84,15 @@ def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
 
 
 def status_table(
-    target: StackTarget, nodes: list[NodeStatus], queued: Sequence[QueuedStatus] = ()
+    target: StackTarget,
+    nodes: list[NodeStatus],
+    queued: Sequence[QueuedStatus] = (),
+    rehearsal: Path | None = None,
 ) -> Table:
-    table = Table(title=f"stack {target.stack} ({target.project})")
+    """One row per node; with `rehearsal`, the offline view of that rehearsal's state."""
+    source = f"rehearsal, offline: {rehearsal}" if rehearsal else target.project
+    missing = "not rehearsed" if rehearsal else "[red]ABSENT[/]"
+    table = Table(title=f"stack {target.stack} ({source})")
     columns = ("node", "zone", "type", "state", "health", "job", "step", "goodput", "message",
                "updated")
     for column in columns:
@@ -67,7 +115,7 @@ def status_table(
         )
     requests = {node_id: q.state for q in queued for node_id in q.node_ids}
     for node_id in absent(target, nodes):
-        state = f"QUEUED {requests[node_id]}" if node_id in requests else "[red]ABSENT[/]"
+        state = f"QUEUED {requests[node_id]}" if node_id in requests else missing
         table.add_row(node_id, target.expected(node_id).zone, "", state, "", "-", "", "", "", "")
     return table
 
