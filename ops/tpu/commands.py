@@ -31,7 +31,10 @@ from ops.tpu.target import StackTarget, TargetError, load_target
 
 console = make_console()
 
-StackOption = typer.Option(..., "--stack", "-s", help="Stack name (Pulumi.<stack>.yaml).")
+# Every verb defaults to the dev stack, as `plan` and `rehearse` do: the sandbox is the
+# cheap guess, every table names the stack it shows, and nothing changes without --apply.
+StackOption = typer.Option("dev", "--stack", "-s", metavar="NAME",
+                           help="Stack name (Pulumi.<stack>.yaml).")
 ApplyOption = typer.Option(False, "--apply", help="Make the changes (default: dry run).")
 _DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smh]?)$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
@@ -100,7 +103,8 @@ def preflight_cmd(
 def status_cmd(
     stack: str = StackOption,
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
-    interval: str = typer.Option("15s", "--interval", help="Refresh period with --watch."),
+    interval: str = typer.Option("15s", "--interval", metavar="DURATION",
+                                 help="Refresh period with --watch."),
     offline: bool = typer.Option(
         False, "--offline",
         help="Show the stack's last `tpuctl rehearse` here, no API calls (also the fallback "
@@ -156,8 +160,9 @@ def _rehearsal_view(target: StackTarget) -> Table:
 def wait_cmd(
     stack: str = StackOption,
     until: str = typer.Option("ready", "--until", help="ready | running | done"),
-    timeout: str = typer.Option("30m", "--timeout", help="Give up after this long (e.g. 45m)."),
-    poll: str = typer.Option("15s", "--poll", help="Time between checks."),
+    timeout: str = typer.Option("30m", "--timeout", metavar="DURATION",
+                                help="Give up after this long (e.g. 45m)."),
+    poll: str = typer.Option("15s", "--poll", metavar="DURATION", help="Time between checks."),
 ) -> None:
     """Wait until every node is READY, its job running, or its job done."""
     if until not in node_status.UNTIL_CHOICES:
@@ -259,7 +264,8 @@ def logs_cmd(
     ),
     worker: int = typer.Option(0, "--worker", min=0, help="Worker number."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
-    poll: str = typer.Option("5s", "--poll", help="Time between reads with --follow."),
+    poll: str = typer.Option("5s", "--poll", metavar="DURATION",
+                             help="Time between reads with --follow."),
 ) -> None:
     """The agent's job.log for one worker of one node, from GCS."""
     period = seconds(poll, "--poll")
