@@ -9,8 +9,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from rich.console import RenderableType
 from rich.table import Table
-from rich.text import Text
+from rich.text import Span, Text
 
 from components.archive import REPO_ROOT
 from ops.tpu import logs as agent_logs
@@ -83,41 +84,74 @@ def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
     return [node.node_id for node in target.nodes if node.node_id not in present]
 
 
+COLUMNS = ("node", "zone", "type", "state", "health", "job", "step", "goodput", "message",
+           "updated")
+# Up to this many rows a boxed rich Table; past it aligned plain columns, because rich
+# measures and renders every cell on its own (2,000 rows took seconds, bench/status_scale.py).
+BOXED_ROWS = 200
+Row = tuple[tuple[str, ...], str]  # the cells and the style of the state cell
+GAP = "  "
+
+
 def status_table(
     target: StackTarget,
     nodes: list[NodeStatus],
     queued: Sequence[QueuedStatus] = (),
     rehearsal: Path | None = None,
-) -> Table:
-    """One row per node; with `rehearsal`, the offline view of that rehearsal's state."""
+) -> RenderableType:
+    """One row per node; with `rehearsal`, the offline view of that rehearsal's state.
+    Every cell is text as it is: a job's message `[line 3 ...]` is no markup."""
     source = f"rehearsal, offline: {rehearsal}" if rehearsal else target.project
-    missing = "not rehearsed" if rehearsal else "[red]ABSENT[/]"
-    table = Table(title=f"stack {target.stack} ({source})")
-    columns = ("node", "zone", "type", "state", "health", "job", "step", "goodput", "message",
-               "updated")
-    for column in columns:
+    title = f"stack {target.stack} ({source})"
+    rows = status_rows(target, nodes, queued, "not rehearsed" if rehearsal else "ABSENT")
+    if len(rows) > BOXED_ROWS:
+        return plain_columns(title, rows)
+    table = Table(title=title)
+    for column in COLUMNS:
         table.add_column(column)
+    for cells, style in rows:
+        table.add_row(*(Text(cell, style=style if i == 3 else "") for i, cell in enumerate(cells)))
+    return table
+
+
+def status_rows(
+    target: StackTarget, nodes: list[NodeStatus], queued: Sequence[QueuedStatus], missing: str
+) -> list[Row]:
+    rows = []
     for node in nodes:
         job = node.job
-        style = STATE_STYLE.get(node.state, "")
         health = "; ".join((node.health, *node.symptoms)).strip("; ")
-        table.add_row(
-            node.node_id,
-            node.zone,
-            node.accelerator_type,
-            f"[{style}]{node.state}[/]" if style else node.state,
-            Text(health),
-            job.get("state", "-"),
-            job.get("step", ""),
-            goodput_percent(job),
-            Text(job.get("message", "")),  # the job's own words: `[line 3 ...]` is no markup
-            job.get("updated", ""),
-        )
+        cells = (node.node_id, node.zone, node.accelerator_type, node.state, health,
+                 job.get("state", "-"), job.get("step", ""), goodput_percent(job),
+                 job.get("message", ""), job.get("updated", ""))
+        rows.append((cells, STATE_STYLE.get(node.state, "")))
     requests = {node_id: q.state for q in queued for node_id in q.node_ids}
+    zones = {node.node_id: node.zone for node in target.nodes}
     for node_id in absent(target, nodes):
         state = f"QUEUED {requests[node_id]}" if node_id in requests else missing
-        table.add_row(node_id, target.expected(node_id).zone, "", state, "", "-", "", "", "", "")
-    return table
+        cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "")
+        rows.append((cells, "" if node_id in requests else "red"))
+    return rows
+
+
+def plain_columns(title: str, rows: list[Row]) -> Text:
+    """The rows as left-aligned columns under a bold header, lines never wrapped."""
+    widths = [max(len(column), *(len(cells[i]) for cells, _ in rows))
+              for i, column in enumerate(COLUMNS)]
+    state_at = sum(widths[:3]) + 3 * len(GAP)
+
+    def line(cells: tuple[str, ...]) -> str:
+        return GAP.join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    lines = [title, line(COLUMNS)]
+    spans = [Span(len(title) + 1, len(title) + 1 + len(lines[1]), "bold")]
+    offset = len(title) + len(lines[1]) + 2
+    for cells, style in rows:
+        lines.append(line(cells))
+        if style:
+            spans.append(Span(offset + state_at, offset + state_at + len(cells[3]), style))
+        offset += len(lines[-1]) + 1
+    return Text("\n".join(lines), spans=spans, no_wrap=True, overflow="ellipsis")
 
 
 def goodput_percent(job: dict[str, str]) -> str:

@@ -487,9 +487,10 @@ class FakeTpuApi:
 
     @staticmethod
     def _read(scripted: _Scripted) -> object:
+        if not scripted.upcoming:  # answered under the lock before anything changes it
+            return scripted.message
         snapshot = type(scripted.message)(scripted.message)
-        if scripted.upcoming:
-            scripted.message.state = scripted.upcoming.pop(0)
+        scripted.message.state = scripted.upcoming.pop(0)
         return snapshot
 
     def _read_queued(self, zone: str, scripted: _Scripted) -> tpu_v2.QueuedResource:
