@@ -240,10 +240,11 @@ def _problem_3d(gen: Generation, shape: tuple[int, ...]) -> str | None:
     large = all(d % 4 == 0 for d in shape)
     whole_hosts = chips % gen.chips_per_host == 0
     if not ordered or not (small or large) or not whole_hosts or chips > gen.max_chips:
-        return (f"{'x'.join(map(str, shape))} is not a {gen.name} topology: AxBxC with "
-                f"A<=B<=C, every side 2 or 4 or every side a multiple of 4, whole "
-                f"{gen.chips_per_host}-chip hosts, at most {gen.max_chips} chips "
-                f"(e.g. {', '.join(example_topologies(gen))})")
+        one_host = "x".join(map(str, SINGLE_HOST_3D))
+        return (f"{'x'.join(map(str, shape))} is not a {gen.name} topology: one host is "
+                f"{one_host}; a larger slice is AxBxC with A<=B<=C, every side 2 or 4 or "
+                f"every side a multiple of 4, whole {gen.chips_per_host}-chip hosts, at most "
+                f"{gen.max_chips} chips (e.g. {', '.join(example_topologies(gen))})")
     return None
 
 
@@ -361,6 +362,15 @@ def documented_tf(gen: Generation) -> tuple[tuple[int, int, int], ...]:
 
 def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
+
+
+def zone_suggestion(gen: Generation, place: str) -> str:
+    """The zones to offer someone who wrote `place` (a region, or a typo) for `gen`."""
+    nearby = [zone for zone in gen.zones if region_of(zone) == place]
+    if nearby:
+        zones = "zone" if len(nearby) == 1 else "zones"
+        return f"{place} is a region; TPU {gen.name} is in its {zones} {', '.join(nearby)}"
+    return f"TPU {gen.name} is in {', '.join(gen.zones)}"
 
 
 def all_zones() -> tuple[str, ...]:

@@ -133,3 +133,11 @@ def test_every_accepted_runtime_is_documented(tpu: Slice) -> None:
         runtime = f"tpu-vm-tf-{version}-{'pod-' if tpu.multi_host else ''}pjrt"
         if catalog.runtime_problem(tpu, runtime) is None:
             assert tuple(map(int, version.split("."))) in catalog.DOCUMENTED_TF
+
+
+def test_the_3d_rule_text_agrees_with_the_one_host_shape() -> None:
+    v4, v5p = catalog.generation("v4"), catalog.generation("v5p")
+
+    assert catalog.topology_problem(v4, "2x2x1") is None
+    assert catalog.topology_problem(v5p, "2x2x1") is None
+    assert "one host is 2x2x1; a larger slice is AxBxC" in catalog.topology_problem(v4, "1x2x2")
