@@ -234,9 +234,12 @@ def _where(error: yaml.YAMLError) -> str:
 
 
 def _what(error: yaml.YAMLError) -> str:
-    if isinstance(error, yaml.MarkedYAMLError):
-        return "; ".join(part for part in (error.context, error.problem) if part)
-    return str(error)
+    """The problem, then the line with a caret under it (PyYAML's snippet)."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return str(error)
+    what = "; ".join(part for part in (error.context, error.problem) if part)
+    snippet = error.problem_mark.get_snippet() if error.problem_mark else None
+    return f"{what}\n{snippet}" if snippet else what
 
 
 def merge_config(stack: str, declarations: dict[str, dict[str, Any]],
