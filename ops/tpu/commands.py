@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import cast
 
 import typer
+from rich.console import RenderableType
 from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -130,12 +131,12 @@ def status_cmd(
                 return
 
 
-def _status_now(api: TpuApi, target: StackTarget) -> Table:
+def _status_now(api: TpuApi, target: StackTarget) -> RenderableType:
     nodes = node_status.collect(api, target)
     return node_status.status_table(target, nodes, node_status.collect_queued(api, target))
 
 
-def _status_or_rehearsal(api: TpuApi, target: StackTarget) -> Table:
+def _status_or_rehearsal(api: TpuApi, target: StackTarget) -> RenderableType:
     """Live status; without credentials, the stack's last rehearsal if there is one."""
     try:
         return _status_now(api, target)
@@ -148,7 +149,7 @@ def _status_or_rehearsal(api: TpuApi, target: StackTarget) -> Table:
         return _rehearsal_view(target)
 
 
-def _rehearsal_view(target: StackTarget) -> Table:
+def _rehearsal_view(target: StackTarget) -> RenderableType:
     nodes = node_status.rehearsed(target)
     path = node_status.rehearsal_status(target.stack)
     if not nodes:

@@ -42,8 +42,8 @@ def collect(
     """
     nodes = api.stack_nodes(target.zones, target.stack)
     readable = [n for n in nodes if n.state in READABLE_STATES]
-    listed = agent_logs.published_jobs(logs or agent_logs.AgentLogs(target.project), readable) \
-        if readable else {}
+    listed = (agent_logs.published_jobs(logs or agent_logs.AgentLogs(target.project), readable)
+              if readable else {})
     asked = api.with_job_status([n for n in readable if (n.zone, n.node_id) not in listed])
     jobs = listed | {(n.zone, n.node_id): n.job for n in asked}
     return [replace(n, job=jobs.get((n.zone, n.node_id), {})) for n in nodes]
@@ -130,7 +130,7 @@ def status_rows(
     for node_id in absent(target, nodes):
         state = f"QUEUED {requests[node_id]}" if node_id in requests else missing
         cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "")
-        rows.append((cells, "" if node_id in requests else "red"))
+        rows.append((cells, "red" if state == "ABSENT" else ""))
     return rows
 
 
