@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cache, cached_property
 
+from components.archive import read_lock
+
 
 class Naming(Enum):
     """What the number in an accelerator type counts (docs/tpu-facts.md, "Generations";
@@ -69,17 +71,46 @@ class Generation:
 # Newest documented TensorFlow TPU VM image (cloud.google.com/tpu/docs/runtimes,
 # via docs/tpu-facts.md): tpu-vm-tf-2.18.0-pjrt, and -pod-pjrt for multi-host slices.
 TF_RUNTIME = "tpu-vm-tf-2.18.0"
-# The TensorFlow versions the training package supports (training/wheels.lock).
-SUPPORTED_TF = ((2, 18), (2, 19), (2, 20))
-# TensorFlow versions (from 2.15, where -pjrt images begin) whose TPU VM images
-# cloud.google.com/tpu/docs/runtimes lists (docs/tpu-facts.md, "Runtime
-# versions"): 2.15.0, 2.15.1 and 2.16.1 in its version list, 2.18.0 the newest
-# row. 2.19 and 2.20 images appear in no Google doc, so a node asking for one
-# is refused: its replacement (old node deleted first) would fail to create.
-DOCUMENTED_TF = ((2, 15, 0), (2, 15, 1), (2, 16, 1), (2, 18, 0))
+
+
+def _carried_tf() -> tuple[tuple[int, int], ...]:
+    """TensorFlow minors the training package can run on: those whose tf-keras
+    training/wheels.lock pins (the archive carries it; the agent installs the match)."""
+    versions = (pin.requirement.split("==")[1] for pin in read_lock()
+                if pin.requirement.startswith("tf-keras=="))
+    return tuple(sorted({(int(v.split(".")[0]), int(v.split(".")[1])) for v in versions}))
+
+
+SUPPORTED_TF = _carried_tf()
+# TensorFlow versions (from 2.15, where -pjrt images begin) with a TPU VM image a
+# Google source names (docs/tpu-facts.md, "Runtime versions"): 2.15.0, 2.15.1, 2.16.1
+# and 2.18.0 on cloud.google.com/tpu/docs/runtimes; 2.17.1 on /tpu/docs/preemptible
+# (`tpu-vm-tf-2.17.1-pjrt`); 2.17.0 in GoogleCloudPlatform/python-docs-samples
+# tpu/create_tpu_test.py (a v5litepod-1 in us-south1-a). 2.19 and 2.20 images appear
+# in no Google source, so a node asking for one is refused: its replacement (old
+# node deleted first) would fail to create.
+DOCUMENTED_TF = ((2, 15, 0), (2, 15, 1), (2, 16, 1), (2, 17, 0), (2, 17, 1), (2, 18, 0))
 # The runtimes page: "TPU v6e, v5e and v5p support TensorFlow 2.15.0 and newer";
 # v4 from TF 2.10.1 and v2/v3 use the same images.
 MIN_TF_V5_ON = (2, 15, 0)
+# Image names with a generation suffix, seen only in secondary sources (users' notes
+# in public repositories: tpu-vm-tf-2.18.0-pjrt-v5e-and-v6 on a v5litepod-8,
+# tpu-vm-tf-2.18.0-pjrt-v5p-and-below on a v2-8; docs/tpu-facts.md). Accepted for the
+# generations the suffix names, with a note: whether a zone offers one is for
+# `tpuctl preflight --live` (the zone's list_runtime_versions) to decide.
+GENERATION_SUFFIXES = {"-v5e-and-v6": ("v5e", "v6e"), "-v5p-and-below": ("v2", "v3", "v4", "v5p")}
+# TensorFlow's own TPU worker server (tensorflow/python/tools/grpc_tpu_worker.py,
+# setup_env_vars) sets host bounds from a table of v2 and v3 types, leaves v4 and
+# v5* to libtpu, and fails (KeyError) for any other type: a v6e pod slice's workers
+# cannot serve a TensorFlow client. Unconfirmed that the image's tpu-runtime runs
+# that script; no Google page shows TensorFlow on a multi-host v6e.
+TF_WORKER_SERVER_GENERATIONS = ("v2", "v3", "v4", "v5e", "v5p")
+# v6e single host: documented (the runtimes page) but untested by any Google sample
+# found; tensorflow/tensorflow issue 82208 reports `import tensorflow` crashing on
+# tpu-vm-tf-2.17.1 and 2.18.0 pod images (generation not given). A note, not a refusal.
+TF_V6E_NOTE = ("TensorFlow on v6e is documented (cloud.google.com/tpu/docs/runtimes) but "
+               "no Google sample runs it, and tensorflow/tensorflow issue 82208 reports TF "
+               "2.17.1/2.18 images crashing on import: rehearse it on one node first")
 
 _V5E_V6E_TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 
@@ -242,10 +273,11 @@ def _problem_3d(gen: Generation, shape: tuple[int, ...]) -> str | None:
     large = all(d % 4 == 0 for d in shape)
     whole_hosts = chips % gen.chips_per_host == 0
     if not ordered or not (small or large) or not whole_hosts or chips > gen.max_chips:
-        return (f"{'x'.join(map(str, shape))} is not a {gen.name} topology: AxBxC with "
-                f"A<=B<=C, every side 2 or 4 or every side a multiple of 4, whole "
-                f"{gen.chips_per_host}-chip hosts, at most {gen.max_chips} chips "
-                f"(e.g. {', '.join(example_topologies(gen))})")
+        one_host = "x".join(map(str, SINGLE_HOST_3D))
+        return (f"{'x'.join(map(str, shape))} is not a {gen.name} topology: one host is "
+                f"{one_host}; a larger slice is AxBxC with A<=B<=C, every side 2 or 4 or "
+                f"every side a multiple of 4, whole {gen.chips_per_host}-chip hosts, at most "
+                f"{gen.max_chips} chips (e.g. {', '.join(example_topologies(gen))})")
     return None
 
 
@@ -314,38 +346,59 @@ def _cubeness(shape: tuple[int, ...]) -> tuple[int, int]:
 
 
 def runtime_for(tpu: Slice) -> str | None:
-    """The TensorFlow image for a slice, or None where none is documented."""
+    """The TensorFlow image for a slice, or None where TensorFlow cannot run there."""
     base = tpu.generation.tf_runtime
-    if base is None:
+    if base is None or tf_problem(tpu):
         return None
     return f"{base}-pod-pjrt" if tpu.multi_host else f"{base}-pjrt"
 
 
-_TF_RUNTIME_RE = re.compile(
-    r"^tpu-vm-tf-(?P<major>\d+)\.(?P<minor>\d+)\.(?P<patch>\d+)(?P<pod>-pod)?(?P<api>-pjrt|-se)?$")
-
-
-def runtime_problem(tpu: Slice, runtime: str) -> str | None:
-    """Why `runtime` cannot run the TensorFlow job on `tpu`, or None."""
+def tf_problem(tpu: Slice) -> str | None:
+    """Why no TensorFlow image can run the job on `tpu`, whatever its version."""
     gen = tpu.generation
     if gen.tf_runtime is None:
         return (f"no TensorFlow runtime image is documented for {gen.name} "
                 f"(cloud.google.com/tpu/docs/runtimes); the TensorFlow job cannot run "
                 f"there: choose v2, v3, v4, v5e or v5p")
+    if tpu.multi_host and gen.name not in TF_WORKER_SERVER_GENERATIONS:
+        return (f"TensorFlow cannot drive a multi-host {gen.name} slice: its TPU worker "
+                f"server (tensorflow/python/tools/grpc_tpu_worker.py) knows host bounds "
+                f"for {', '.join(TF_WORKER_SERVER_GENERATIONS)} only; use a single-host "
+                f"{gen.name} (at most {gen.max_single_host_chips} chips) or a v5e/v5p pod")
+    return None
+
+
+_TF_RUNTIME_RE = re.compile(
+    r"^tpu-vm-tf-(?P<major>\d+)\.(?P<minor>\d+)\.(?P<patch>\d+)(?P<pod>-pod)?(?P<api>-pjrt|-se)?"
+    r"(?P<suffix>-v5e-and-v6|-v5p-and-below)?$")
+
+
+def runtime_problem(tpu: Slice, runtime: str) -> str | None:
+    """Why `runtime` cannot run the TensorFlow job on `tpu`, or None."""
+    gen = tpu.generation
+    problem = tf_problem(tpu)
+    if problem:
+        return problem
     match = _TF_RUNTIME_RE.match(runtime)
     if not match:
         return (f"{runtime} is not a TensorFlow TPU VM image: "
                 f"tpu-vm-tf-X.Y.Z[-pod]-pjrt, e.g. {runtime_for(tpu)}")
     version = (int(match["major"]), int(match["minor"]), int(match["patch"]))
     if version not in documented_tf(gen):
-        why = ("the training package does not support it" if version in DOCUMENTED_TF
-               else "cloud.google.com/tpu/docs/runtimes lists no such image")
+        carried = f"{'.'.join(map(str, SUPPORTED_TF[0]))} to {'.'.join(map(str, SUPPORTED_TF[-1]))}"
+        why = (f"the training package carries tf-keras for TensorFlow {carried} only "
+               f"(training/wheels.lock)" if version[:2] not in SUPPORTED_TF else
+               "no Google source names such an image (cloud.google.com/tpu/docs/runtimes)")
         usable = ", ".join(".".join(map(str, v)) for v in documented_tf(gen))
         return (f"{runtime} carries TensorFlow {'.'.join(map(str, version))}: {why}; "
                 f"documented and supported on {gen.name}: {usable} "
                 f"(e.g. {runtime_for(tpu)})")
     if match["api"] != "-pjrt":
         return f"{runtime}: from TensorFlow 2.15 use the -pjrt image, e.g. {runtime_for(tpu)}"
+    if match["suffix"] and gen.name not in GENERATION_SUFFIXES[match["suffix"]]:
+        return (f"{runtime} is an image for "
+                f"{', '.join(GENERATION_SUFFIXES[match['suffix']])}, not {gen.name}: "
+                f"e.g. {runtime_for(tpu)}")
     if tpu.multi_host and not match["pod"]:
         return (f"{runtime} is a single-host image but {tpu.accelerator_type} spans "
                 f"{tpu.hosts} hosts: use a -pod image, e.g. {runtime_for(tpu)}")
@@ -353,6 +406,21 @@ def runtime_problem(tpu: Slice, runtime: str) -> str | None:
         return (f"{runtime} is a multi-host (-pod) image but {tpu.accelerator_type} is "
                 f"one host: use e.g. {runtime_for(tpu)}")
     return None
+
+
+def runtime_note(tpu: Slice, runtime: str) -> str | None:
+    """What to know about an accepted runtime before relying on it, or None."""
+    if runtime_problem(tpu, runtime):
+        return None
+    match = _TF_RUNTIME_RE.match(runtime)
+    notes = []
+    if match and match["suffix"]:
+        notes.append(f"{match['suffix'].removeprefix('-')} images have only secondary "
+                     f"sources (docs/tpu-facts.md): `tpuctl preflight --live` checks that "
+                     f"the zone offers {runtime}")
+    if tpu.generation.name == "v6e":
+        notes.append(TF_V6E_NOTE)
+    return "; ".join(notes) or None
 
 
 def documented_tf(gen: Generation) -> tuple[tuple[int, int, int], ...]:
@@ -363,6 +431,15 @@ def documented_tf(gen: Generation) -> tuple[tuple[int, int, int], ...]:
 
 def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
+
+
+def zone_suggestion(gen: Generation, place: str) -> str:
+    """The zones to offer someone who wrote `place` (a region, or a typo) for `gen`."""
+    nearby = [zone for zone in gen.zones if region_of(zone) == place]
+    if nearby:
+        zones = "zone" if len(nearby) == 1 else "zones"
+        return f"{place} is a region; TPU {gen.name} is in its {zones} {', '.join(nearby)}"
+    return f"TPU {gen.name} is in {', '.join(gen.zones)}"
 
 
 def all_zones() -> tuple[str, ...]:

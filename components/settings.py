@@ -416,7 +416,7 @@ def with_suggestions(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
                 message = f"unknown key; did you mean {match[0]}? allowed: {', '.join(allowed)}"
         out.append((key, message))
     return [(key, message) for key, message in out
-            if not (key in suggested and message == "is required")]
+            if not (key in suggested and message.startswith("is required"))]
 
 
 def _gather(raw: Mapping[str, Any], stack: str) -> tuple[dict[str, Any], list]:
@@ -463,7 +463,7 @@ def _pydantic_problems(error: ValidationError) -> list[tuple[str, str]]:
         if item["type"] == "extra_forbidden":
             message = f"unknown key; allowed: {_allowed_keys(loc[:-1])}"
         elif item["type"] == "missing":
-            message = "is required"
+            message = f"is required{_required_inside(loc)}"
         else:
             message = f"{item['msg']}, got {item.get('input')!r}"
         problems.append((_key_path(loc), message))
@@ -471,14 +471,28 @@ def _pydantic_problems(error: ValidationError) -> list[tuple[str, str]]:
 
 
 def _allowed_keys(parent: tuple[int | str, ...]) -> str:
+    model = _model_at(parent)
+    return ", ".join(_key_of(n, f) for n, f in model.model_fields.items())
+
+
+def _required_inside(loc: tuple[int | str, ...]) -> str:
+    """', with location' for a missing block that has keys of its own to give."""
+    model = _model_at(loc)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return ""
+    required = [_key_of(n, f) for n, f in model.model_fields.items() if f.is_required()]
+    return f", with at least {', '.join(required)}" if required else ""
+
+
+def _model_at(path: tuple[int | str, ...]) -> Any:
     model: Any = StackSettings
-    for part in parent:
-        if isinstance(part, int):
+    for part in path:
+        if isinstance(part, int) or not hasattr(model, "model_fields"):
             continue
         field = next((f for n, f in model.model_fields.items() if _key_of(n, f) == part), None)
         if field is not None:  # else a key of a dict (a team or family name)
             model = _model_of(field.annotation)
-    return ", ".join(_key_of(n, f) for n, f in model.model_fields.items())
+    return model
 
 
 def _key_of(name: str, field: Any) -> str:
@@ -704,7 +718,8 @@ def _slice_problems(key: str, node: NodeSettings) -> Problems:
 def _zone_problems(key: str, node: NodeSettings, tpu: catalog.Slice) -> Problems:
     gen = tpu.generation
     if not _ZONE_RE.match(node.zone):
-        yield (f"{key}.zone", f"{node.zone!r} is not a zone name, e.g. us-central1-b")
+        yield (f"{key}.zone", f"{node.zone!r} is not a zone name: "
+                              f"{catalog.zone_suggestion(gen, node.zone)}")
     elif node.zone not in gen.zones:
         yield (f"{key}.zone", f"{node.zone} does not offer TPU {gen.name} "
                               f"({', '.join(gen.zones)})")

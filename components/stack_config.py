@@ -145,7 +145,8 @@ def _read(path: Path) -> dict[str, Any]:
     try:
         data = load_yaml(path.read_text())
     except yaml.YAMLError as error:
-        raise StackFileError(f"{path.name} is not valid YAML: {error}") from None
+        raise StackFileError(f"{path.name}{_where(error)}: not valid YAML: "
+                             f"{_what(error)}") from None
     except OSError as error:
         raise StackFileError(f"cannot read {path.name}: {error.strerror}") from None
     if data is not None and not isinstance(data, dict):
@@ -225,6 +226,22 @@ def stack_file_config(stack: str, root: Path = REPO_ROOT) -> dict[str, Any]:
     return dict(values)
 
 
+def _where(error: yaml.YAMLError) -> str:
+    """', line 3, column 20' (PyYAML counts from 0); PyYAML's own text names the file
+    "<unicode string>", so the message is ours."""
+    mark = getattr(error, "problem_mark", None)
+    return f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+
+
+def _what(error: yaml.YAMLError) -> str:
+    """The problem, then the line with a caret under it (PyYAML's snippet)."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return str(error)
+    what = "; ".join(part for part in (error.context, error.problem) if part)
+    snippet = error.problem_mark.get_snippet() if error.problem_mark else None
+    return f"{what}\n{snippet}" if snippet else what
+
+
 def merge_config(stack: str, declarations: dict[str, dict[str, Any]],
                  stack_values: dict[str, Any]) -> dict[str, Any]:
     """The CLI's merge of project config under a stack's config.
@@ -254,7 +271,7 @@ def merge_config(stack: str, declarations: dict[str, dict[str, Any]],
         values = "values" if len(missing) > 1 else "value"
         raise StackFileError(f"Stack '{stack}' is missing configuration {values} "
                              f"{_format_missing(missing)}"
-                             f"{_misspelt_hint(missing, stack_values, declarations)}")
+                             f"{_missing_hint(stack, missing, stack_values, declarations)}")
     for key in sorted(declarations):
         declared = declarations[key]
         if "type" in declared and not _has_type(declared, _as_cli_sees(merged[_full_key(key)])):
@@ -263,16 +280,20 @@ def merge_config(stack: str, declarations: dict[str, dict[str, Any]],
     return merged
 
 
-def _misspelt_hint(missing: list[str], stack_values: dict[str, Any],
-                   declarations: dict[str, dict[str, Any]]) -> str:
-    """Ours, not the CLI's: the stack's undeclared keys that look like a missing one."""
+def _missing_hint(stack: str, missing: list[str], stack_values: dict[str, Any],
+                  declarations: dict[str, dict[str, Any]]) -> str:
+    """Ours, not the CLI's, one per missing key: the stack's undeclared key that looks
+    like it, else the full key to set and what Pulumi.yaml says it holds."""
     declared = {_full_key(key) for key in declarations}
     strays = [key for key in stack_values if key.startswith(f"{NAMESPACE}:")
               and key not in declared]
-    hints = [f"{match[0]} in the stack file: did you mean {_full_key(key)}?"
-             for key in sorted(missing)
-             if (match := difflib.get_close_matches(_full_key(key), strays, n=1))]
-    return f" ({'; '.join(hints)})" if hints else ""
+    hints = []
+    for key in sorted(missing):
+        full, about = _full_key(key), declarations[key].get("description")
+        match = difflib.get_close_matches(full, strays, n=1)
+        hints.append(f"{match[0]} in the stack file: did you mean {full}?" if match
+                     else f"set {full} in Pulumi.{stack}.yaml" + (f": {about}" if about else ""))
+    return f" ({'; '.join(hints)})"
 
 
 def _format_missing(keys: list[str]) -> str:

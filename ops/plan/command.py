@@ -40,7 +40,9 @@ def register(app: typer.Typer) -> None:
         stack: str = typer.Option("dev", "--stack", "-s", help="Stack name (Pulumi.<stack>.yaml)."),
         out: Path | None = typer.Option(None, "--out", help="Also write the plan as JSON here."),
         fmt: str | None = typer.Option(
-            None, "--format", help="markdown | table | json, with policy results (PR comment)."),
+            None, "--format", metavar="FORMAT",
+            help="table | markdown | json, with policy results (PR comment); default table, "
+                 "markdown with --against."),
         against: Path | None = typer.Option(
             None, "--against",
             help="The engine's steps from this saved plan (`--format json` of the base)."),

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from google.api_core import exceptions as gexc
@@ -22,6 +22,8 @@ from components.naming import MANAGED_BY, label_value
 from components.queued_tpu import tpu_client, transient_retry
 
 STATUS_NAMESPACE = "tpu-stack"  # docs/design.md: the agent's guest attributes live under tpu-stack/
+# Nodes whose guest attributes can be read (a stopped or preempted VM publishes none).
+READABLE_STATES = {"READY", "STOPPING"}
 STATUS_KEYS = ("state", "step", "package", "message", "updated", "node", "goodput", "lastSave",
                "stopSave")
 
@@ -71,23 +73,28 @@ class NodeStatus:
 
     @classmethod
     def from_node(cls, node: tpu_v2.Node) -> NodeStatus:
-        zone, node_id = _zone_and_id(node.name)
-        scheduling = node.scheduling_config
+        # Read from the raw protobuf: proto-plus converts on every attribute read, which
+        # cost more than the request itself for a 2,000-node list (bench/status_scale.py).
+        pb = tpu_v2.Node.pb(node)
+        zone, node_id = _zone_and_id(pb.name)
+        scheduling = pb.scheduling_config
         return cls(
             zone=zone,
             node_id=node_id,
-            state=node.state.name,
-            health=node.health.name if node.health else "",
-            accelerator_type=node.accelerator_type,
-            runtime_version=node.runtime_version,
+            state=tpu_v2.Node.State(pb.state).name,
+            health=tpu_v2.Node.Health(pb.health).name if pb.health else "",
+            accelerator_type=pb.accelerator_type,
+            runtime_version=pb.runtime_version,
             spot=bool(scheduling.spot or scheduling.preemptible),
-            labels=dict(node.labels),
-            metadata=dict(node.metadata),
-            queued_resource=node.queued_resource,
+            labels=dict(pb.labels),
+            metadata=dict(pb.metadata),
+            queued_resource=pb.queued_resource,
             symptoms=tuple(
-                f"{s.symptom_type.name}: {s.details}".strip(": ") for s in node.symptoms
+                f"{tpu_v2.Symptom.SymptomType(s.symptom_type).name}: {s.details}".strip(": ")
+                for s in pb.symptoms
             ),
-            created=node.create_time,
+            created=pb.create_time.ToDatetime(timezone.utc) if pb.HasField("create_time")
+            else None,
         )
 
 
@@ -222,8 +229,14 @@ class TpuApi:
         return parse_guest_attributes(response)
 
     def with_job_status(self, nodes: list[NodeStatus], workers: int = 8) -> list[NodeStatus]:
-        """Nodes with `job` filled in; guest attributes are per node, so fetched concurrently."""
-        readable = [n for n in nodes if n.state in {"READY", "STOPPING"}]
+        """Nodes with `job` filled in; guest attributes are per node, so fetched concurrently.
+
+        At most `workers` calls in flight: the TPU API limits requests per minute per
+        project (cloud.google.com/tpu/docs/quota; the default figure for
+        tpu.googleapis.com is shown on the console's Quotas page, not on that page:
+        unconfirmed), and every user of the project shares it. status.py asks here
+        only for nodes whose status the logs bucket's one listing lacks."""
+        readable = [n for n in nodes if n.state in READABLE_STATES]
         with ThreadPoolExecutor(max_workers=workers) as pool:
             statuses = dict(
                 zip(

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import cast
 
 import typer
+from rich.console import RenderableType
 from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -26,12 +27,15 @@ from ops.tpu import actions as node_actions
 from ops.tpu import logs as agent_logs
 from ops.tpu import preflight
 from ops.tpu import status as node_status
-from ops.tpu.api import NodeStatus, TpuApi, TpuApiError
+from ops.tpu.api import NoCredentialsError, NodeStatus, TpuApi, TpuApiError
 from ops.tpu.target import StackTarget, TargetError, load_target
 
 console = make_console()
 
-StackOption = typer.Option(..., "--stack", "-s", help="Stack name (Pulumi.<stack>.yaml).")
+# Every verb defaults to the dev stack, as `plan` and `rehearse` do: the sandbox is the
+# cheap guess, every table names the stack it shows, and nothing changes without --apply.
+StackOption = typer.Option("dev", "--stack", "-s", metavar="NAME",
+                           help="Stack name (Pulumi.<stack>.yaml).")
 ApplyOption = typer.Option(False, "--apply", help="Make the changes (default: dry run).")
 _DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smh]?)$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
@@ -100,15 +104,23 @@ def preflight_cmd(
 def status_cmd(
     stack: str = StackOption,
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
-    interval: str = typer.Option("15s", "--interval", help="Refresh period with --watch."),
+    interval: str = typer.Option("15s", "--interval", metavar="DURATION",
+                                 help="Refresh period with --watch."),
+    offline: bool = typer.Option(
+        False, "--offline",
+        help="Show the stack's last `tpuctl rehearse` here, no API calls (also the fallback "
+             "without Google credentials)."),
 ) -> None:
     """One row per node: state, health, symptoms and the agent's job status."""
     period = seconds(interval, "--interval")
     with clear_errors():
         target = load_target(stack)
+        if offline:
+            console.print(_rehearsal_view(target))
+            return
         api = _api(target)
         if not watch:
-            console.print(_status_now(api, target))
+            console.print(_status_or_rehearsal(api, target))
             return
         with Live(console=console, auto_refresh=False) as live:
             try:
@@ -119,16 +131,39 @@ def status_cmd(
                 return
 
 
-def _status_now(api: TpuApi, target: StackTarget) -> Table:
+def _status_now(api: TpuApi, target: StackTarget) -> RenderableType:
     nodes = node_status.collect(api, target)
     return node_status.status_table(target, nodes, node_status.collect_queued(api, target))
+
+
+def _status_or_rehearsal(api: TpuApi, target: StackTarget) -> RenderableType:
+    """Live status; without credentials, the stack's last rehearsal if there is one."""
+    try:
+        return _status_now(api, target)
+    except NoCredentialsError as error:
+        if not node_status.rehearsed(target):
+            raise NoCredentialsError(f"{error} (or `tpuctl rehearse --stack {target.stack}` "
+                                     "first, then `tpuctl status --offline`)") from None
+        make_console(stderr=True).print(f"{error}: showing the last rehearsal (offline)",
+                                        markup=False)
+        return _rehearsal_view(target)
+
+
+def _rehearsal_view(target: StackTarget) -> RenderableType:
+    nodes = node_status.rehearsed(target)
+    path = node_status.rehearsal_status(target.stack)
+    if not nodes:
+        raise TargetError(f"stack {target.stack} has no rehearsal here ({path} is missing): "
+                          f"run `tpuctl rehearse --stack {target.stack}`")
+    return node_status.status_table(target, nodes, rehearsal=path.parents[2])
 
 
 def wait_cmd(
     stack: str = StackOption,
     until: str = typer.Option("ready", "--until", help="ready | running | done"),
-    timeout: str = typer.Option("30m", "--timeout", help="Give up after this long (e.g. 45m)."),
-    poll: str = typer.Option("15s", "--poll", help="Time between checks."),
+    timeout: str = typer.Option("30m", "--timeout", metavar="DURATION",
+                                help="Give up after this long (e.g. 45m)."),
+    poll: str = typer.Option("15s", "--poll", metavar="DURATION", help="Time between checks."),
 ) -> None:
     """Wait until every node is READY, its job running, or its job done."""
     if until not in node_status.UNTIL_CHOICES:
@@ -230,7 +265,8 @@ def logs_cmd(
     ),
     worker: int = typer.Option(0, "--worker", min=0, help="Worker number."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
-    poll: str = typer.Option("5s", "--poll", help="Time between reads with --follow."),
+    poll: str = typer.Option("5s", "--poll", metavar="DURATION",
+                             help="Time between reads with --follow."),
 ) -> None:
     """The agent's job.log for one worker of one node, from GCS."""
     period = seconds(poll, "--poll")

@@ -2,8 +2,10 @@
 
 The node's `tpu-stack-status` metadata value is `gs://<logs bucket>/status/<node>/`;
 the agent uploads `worker-<n>/job.log` and `worker-<n>/status.json` there (docs/design.md,
-"What a TPU node carries in metadata"). google-cloud-storage honours
-STORAGE_EMULATOR_HOST, so tests aim this at a local emulator.
+"What a TPU node carries in metadata"). status.json also carries the status fields as
+the object's custom metadata, so one listing of the bucket gives every node's status
+(`published_jobs`). google-cloud-storage honours STORAGE_EMULATOR_HOST, so tests aim
+this at a local emulator.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from components.agent import STATUS_KEY
-from ops.tpu.api import NodeStatus
+from ops.tpu.api import STATUS_KEYS, NodeStatus
 
 JOB_ENDED = {"succeeded", "failed"}
+WORKER0_STATUS = "worker-0/status.json"  # worker 0 runs the job, as with guest attributes
 
 
 class LogsError(RuntimeError):
@@ -33,6 +36,11 @@ def status_prefix(node: NodeStatus) -> str:
 def split_gs(uri: str) -> tuple[str, str]:
     bucket, _, path = uri.removeprefix("gs://").partition("/")
     return bucket, path
+
+
+def parent_of(path: str) -> str:
+    """`status/dev-a/` -> `status/`: the folder every node's status prefix sits in."""
+    return path[: path.rstrip("/").rfind("/") + 1]
 
 
 class AgentLogs:
@@ -69,6 +77,47 @@ class AgentLogs:
     def status(self, prefix: str, worker: int) -> dict[str, Any] | None:
         raw = self._read(prefix, worker, "status.json")
         return None if raw is None else json.loads(raw)
+
+    def published(self, bucket: str, parent: str) -> dict[str, dict[str, str]]:
+        """{`<parent><node>/`: worker 0's status fields} from the custom metadata of every
+        `<parent>*/worker-0/status.json`: one objects.list (1,000 objects a page) for any
+        number of nodes. {} when the bucket cannot be listed: the caller asks the nodes.
+        """
+        from google.api_core import exceptions as gexc
+        from google.auth import exceptions as auth_exceptions
+
+        try:
+            blobs = list(self.client.list_blobs(
+                bucket, prefix=parent, match_glob=f"{parent}*/{WORKER0_STATUS}",
+                fields="items(name,metadata),nextPageToken"))
+        except (gexc.GoogleAPICallError, auth_exceptions.GoogleAuthError):
+            return {}
+        return {
+            blob.name.removesuffix(WORKER0_STATUS): fields
+            for blob in blobs
+            if blob.name.endswith(f"/{WORKER0_STATUS}")
+            and (fields := {k: v for k, v in (blob.metadata or {}).items() if k in STATUS_KEYS})
+        }
+
+
+NodeKey = tuple[str, str]  # (zone, node id)
+
+
+def published_jobs(logs: AgentLogs, nodes: list[NodeStatus]) -> dict[NodeKey, dict[str, str]]:
+    """{(zone, node id): job status} for the nodes whose agent publishes its status as
+    object metadata: one listing per logs bucket, not one request per node."""
+    wanted: dict[tuple[str, str], dict[str, NodeStatus]] = {}
+    for node in nodes:
+        prefix = node.metadata.get(STATUS_KEY, "")
+        if prefix.startswith("gs://"):
+            bucket, path = split_gs(prefix if prefix.endswith("/") else prefix + "/")
+            wanted.setdefault((bucket, parent_of(path)), {})[path] = node
+    found = {}
+    for (bucket, parent), by_path in wanted.items():
+        for path, fields in logs.published(bucket, parent).items():
+            if path in by_path:
+                found[(by_path[path].zone, by_path[path].node_id)] = fields
+    return found
 
 
 def follow(

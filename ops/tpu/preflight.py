@@ -57,7 +57,7 @@ def catalog_checks(node: ExpectedNode) -> list[Check]:
             node.node_id,
             f"catalog: runtime {node.runtime_version}",
             "fail" if problem else "ok",
-            problem or "",
+            problem or catalog.runtime_note(node.tpu, node.runtime_version) or "",
         ),
     ]
 

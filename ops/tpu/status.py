@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
+from rich.console import RenderableType
 from rich.table import Table
-from rich.text import Text
+from rich.text import Span, Text
 
-from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi
+from components.archive import REPO_ROOT
+from ops.tpu import logs as agent_logs
+from ops.tpu.api import READABLE_STATES, STATUS_KEYS, NodeStatus, QueuedStatus, TpuApi
 from ops.tpu.target import StackTarget
 
 Until = Literal["ready", "running", "done"]
@@ -19,12 +23,51 @@ UNTIL_CHOICES: tuple[Until, ...] = ("ready", "running", "done")
 # The agent's job states (docs/design.md, "The training package").
 FINISHED = "succeeded"
 ACTIVE_JOB = {"installing", "running", "retrying", "waiting-for-data"}
-STATE_STYLE = {"READY": "green", "CREATING": "yellow", "PREEMPTED": "red", "TERMINATED": "red"}
+# `tpuctl rehearse --stack <s>` keeps the emulator's status objects here (ops/local/rehearse.py,
+# keep_status): status-objects/worker-<n>/status.json, as under the node's status prefix.
+REHEARSAL_ROOT = REPO_ROOT / ".cache" / "rehearse"
+REHEARSED = "REHEARSED"
+STATE_STYLE = {"READY": "green", REHEARSED: "cyan", "CREATING": "yellow", "PREEMPTED": "red",
+               "TERMINATED": "red"}
 
 
-def collect(api: TpuApi, target: StackTarget) -> list[NodeStatus]:
-    """Every node of the stack (one list per zone) with its agent's job status."""
-    return api.with_job_status(api.stack_nodes(target.zones, target.stack))
+def collect(
+    api: TpuApi, target: StackTarget, logs: agent_logs.AgentLogs | None = None
+) -> list[NodeStatus]:
+    """Every node of the stack (one list per zone) with its agent's job status.
+
+    The status comes from one listing of the logs bucket (the agents' status.json
+    metadata) where it is there, else from the node's guest attributes: one call per
+    node, so only for the nodes the listing lacks (an older agent, no storage access).
+    """
+    nodes = api.stack_nodes(target.zones, target.stack)
+    readable = [n for n in nodes if n.state in READABLE_STATES]
+    listed = (agent_logs.published_jobs(logs or agent_logs.AgentLogs(target.project), readable)
+              if readable else {})
+    asked = api.with_job_status([n for n in readable if (n.zone, n.node_id) not in listed])
+    jobs = listed | {(n.zone, n.node_id): n.job for n in asked}
+    return [replace(n, job=jobs.get((n.zone, n.node_id), {})) for n in nodes]
+
+
+def rehearsal_status(stack: str, root: Path | None = None) -> Path:
+    return (root or REHEARSAL_ROOT) / stack / "status-objects" / agent_logs.WORKER0_STATUS
+
+
+def rehearsed(target: StackTarget, root: Path | None = None) -> list[NodeStatus]:
+    """Offline: the node the stack's last rehearsal booted, with the status its agent
+    left in the emulator; [] when the stack was never rehearsed here."""
+    path = rehearsal_status(target.stack, root)
+    try:
+        fields = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    node = target.expected(str(fields.get("node", "")))
+    if node is None:
+        return []
+    job = {key: value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+           for key, value in fields.items() if key in STATUS_KEYS}
+    return [NodeStatus(node.zone, node.node_id, REHEARSED, "", node.tpu.accelerator_type,
+                       node.runtime_version, node.spot, {}, {}, "", job=job)]
 
 
 def collect_queued(api: TpuApi, target: StackTarget) -> list[QueuedStatus]:
@@ -41,35 +84,74 @@ def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
     return [node.node_id for node in target.nodes if node.node_id not in present]
 
 
+COLUMNS = ("node", "zone", "type", "state", "health", "job", "step", "goodput", "message",
+           "updated")
+# Up to this many rows a boxed rich Table; past it aligned plain columns, because rich
+# measures and renders every cell on its own (2,000 rows took seconds, bench/status_scale.py).
+BOXED_ROWS = 200
+Row = tuple[tuple[str, ...], str]  # the cells and the style of the state cell
+GAP = "  "
+
+
 def status_table(
-    target: StackTarget, nodes: list[NodeStatus], queued: Sequence[QueuedStatus] = ()
-) -> Table:
-    table = Table(title=f"stack {target.stack} ({target.project})")
-    columns = ("node", "zone", "type", "state", "health", "job", "step", "goodput", "message",
-               "updated")
-    for column in columns:
+    target: StackTarget,
+    nodes: list[NodeStatus],
+    queued: Sequence[QueuedStatus] = (),
+    rehearsal: Path | None = None,
+) -> RenderableType:
+    """One row per node; with `rehearsal`, the offline view of that rehearsal's state.
+    Every cell is text as it is: a job's message `[line 3 ...]` is no markup."""
+    source = f"rehearsal, offline: {rehearsal}" if rehearsal else target.project
+    title = f"stack {target.stack} ({source})"
+    rows = status_rows(target, nodes, queued, "not rehearsed" if rehearsal else "ABSENT")
+    if len(rows) > BOXED_ROWS:
+        return plain_columns(title, rows)
+    table = Table(title=title)
+    for column in COLUMNS:
         table.add_column(column)
+    for cells, style in rows:
+        table.add_row(*(Text(cell, style=style if i == 3 else "") for i, cell in enumerate(cells)))
+    return table
+
+
+def status_rows(
+    target: StackTarget, nodes: list[NodeStatus], queued: Sequence[QueuedStatus], missing: str
+) -> list[Row]:
+    rows = []
     for node in nodes:
         job = node.job
-        style = STATE_STYLE.get(node.state, "")
         health = "; ".join((node.health, *node.symptoms)).strip("; ")
-        table.add_row(
-            node.node_id,
-            node.zone,
-            node.accelerator_type,
-            f"[{style}]{node.state}[/]" if style else node.state,
-            Text(health),
-            job.get("state", "-"),
-            job.get("step", ""),
-            goodput_percent(job),
-            Text(job.get("message", "")),  # the job's own words: `[line 3 ...]` is no markup
-            job.get("updated", ""),
-        )
+        cells = (node.node_id, node.zone, node.accelerator_type, node.state, health,
+                 job.get("state", "-"), job.get("step", ""), goodput_percent(job),
+                 job.get("message", ""), job.get("updated", ""))
+        rows.append((cells, STATE_STYLE.get(node.state, "")))
     requests = {node_id: q.state for q in queued for node_id in q.node_ids}
+    zones = {node.node_id: node.zone for node in target.nodes}
     for node_id in absent(target, nodes):
-        state = f"QUEUED {requests[node_id]}" if node_id in requests else "[red]ABSENT[/]"
-        table.add_row(node_id, target.expected(node_id).zone, "", state, "", "-", "", "", "", "")
-    return table
+        state = f"QUEUED {requests[node_id]}" if node_id in requests else missing
+        cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "")
+        rows.append((cells, "red" if state == "ABSENT" else ""))
+    return rows
+
+
+def plain_columns(title: str, rows: list[Row]) -> Text:
+    """The rows as left-aligned columns under a bold header, lines never wrapped."""
+    widths = [max(len(column), *(len(cells[i]) for cells, _ in rows))
+              for i, column in enumerate(COLUMNS)]
+    state_at = sum(widths[:3]) + 3 * len(GAP)
+
+    def line(cells: tuple[str, ...]) -> str:
+        return GAP.join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    lines = [title, line(COLUMNS)]
+    spans = [Span(len(title) + 1, len(title) + 1 + len(lines[1]), "bold")]
+    offset = len(title) + len(lines[1]) + 2
+    for cells, style in rows:
+        lines.append(line(cells))
+        if style:
+            spans.append(Span(offset + state_at, offset + state_at + len(cells[3]), style))
+        offset += len(lines[-1]) + 1
+    return Text("\n".join(lines), spans=spans, no_wrap=True, overflow="ellipsis")
 
 
 def goodput_percent(job: dict[str, str]) -> str:

@@ -10,7 +10,9 @@ come back already done. State is scripted per resource: every read of a node
 or queued resource (get or list) returns its current state, then moves it to
 the next scripted one, so "CREATING, READY, PREEMPTED" is three polls.
 Every request is logged in `calls` so tests can assert that a dry run changed
-nothing.
+nothing. `latency` (seconds, 0 unless a test or bench sets it) delays every
+answer as a round trip to tpu.googleapis.com would; requests in flight at once
+wait side by side, as they do on the real API.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -93,6 +96,7 @@ class FakeTpuApi:
     accelerator_types: dict[str, list[str]] = field(default_factory=dict)
     runtime_versions: dict[str, list[str]] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
+    latency: float = 0.0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -483,9 +487,10 @@ class FakeTpuApi:
 
     @staticmethod
     def _read(scripted: _Scripted) -> object:
+        if not scripted.upcoming:  # answered under the lock before anything changes it
+            return scripted.message
         snapshot = type(scripted.message)(scripted.message)
-        if scripted.upcoming:
-            scripted.message.state = scripted.upcoming.pop(0)
+        scripted.message.state = scripted.upcoming.pop(0)
         return snapshot
 
     def _read_queued(self, zone: str, scripted: _Scripted) -> tpu_v2.QueuedResource:
@@ -541,6 +546,8 @@ def _handler_for(api: FakeTpuApi) -> type[BaseHTTPRequestHandler]:
 
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
+            if api.latency:
+                time.sleep(api.latency)  # outside the fake's lock: concurrent calls overlap
             status, text = api.handle(self.command, self.path, self.rfile.read(length))
             payload = text.encode()
             self.send_response(status)

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from components import catalog
+from components.archive import read_lock
 from components.catalog import CatalogError, Naming, Slice
 
 GENERATIONS = list(catalog.GENERATIONS.values())
@@ -44,9 +45,9 @@ def test_topology_is_valid_and_fills_whole_hosts(tpu: Slice) -> None:
 @given(slices)
 def test_runtime_matches_host_count(tpu: Slice) -> None:
     runtime = catalog.runtime_for(tpu)
-    if tpu.generation.tf_runtime is None:
+    if catalog.tf_problem(tpu):
         assert runtime is None
-        assert "no TensorFlow runtime image" in (catalog.runtime_problem(tpu, "x") or "")
+        assert catalog.runtime_problem(tpu, "x") == catalog.tf_problem(tpu)
         return
     assert runtime is not None
     assert catalog.runtime_problem(tpu, runtime) is None
@@ -105,31 +106,100 @@ def test_every_zone_names_its_region() -> None:
 
 @pytest.mark.parametrize("accelerator", ["v2-8", "v3-8", "v4-8", "v5litepod-8", "v5p-8",
                                          "v6e-8"])
-@pytest.mark.parametrize("version", ["2.19.0", "2.20.0", "2.17.0"])
-def test_runtimes_the_runtimes_page_does_not_list_are_refused(accelerator: str,
-                                                               version: str) -> None:
+@pytest.mark.parametrize("version", ["2.19.0", "2.20.0", "2.17.2", "2.16.0"])
+def test_runtimes_no_google_source_names_are_refused(accelerator: str, version: str) -> None:
     tpu = catalog.parse_accelerator_type(accelerator)
     problem = catalog.runtime_problem(tpu, f"tpu-vm-tf-{version}-pjrt") or ""
-    assert "cloud.google.com/tpu/docs/runtimes lists no such image" in problem
-    assert "documented and supported on" in problem and "2.18.0" in problem
+    assert "no Google source names such an image" in problem
+    assert "documented and supported on" in problem and "2.17.1, 2.18.0" in problem
 
 
-def test_a_documented_image_of_a_tf_the_package_does_not_support_is_refused() -> None:
+def test_an_image_older_than_the_carried_tf_keras_is_refused() -> None:
     problem = catalog.runtime_problem(catalog.parse_accelerator_type("v2-8"),
-                                      "tpu-vm-tf-2.16.1-pjrt") or ""
-    assert "the training package does not support it" in problem
+                                      "tpu-vm-tf-2.14.1") or ""
+    assert ("the training package carries tf-keras for TensorFlow 2.15 to 2.20 only "
+            "(training/wheels.lock)") in problem
 
 
-def test_v6e_runs_the_documented_tensorflow_images() -> None:
+DOCUMENTED = [".".join(map(str, v)) for v in catalog.DOCUMENTED_TF]
+
+
+@pytest.mark.parametrize("version", DOCUMENTED)
+@pytest.mark.parametrize("accelerator", ["v2-8", "v3-32", "v4-8", "v4-32", "v5litepod-4",
+                                         "v5litepod-16", "v5p-8", "v5p-16", "v6e-8"])
+def test_the_documented_convention_is_accepted_for_every_carried_version(
+        accelerator: str, version: str) -> None:
+    tpu = catalog.parse_accelerator_type(accelerator)
+    pod = "-pod" if tpu.multi_host else ""
+
+    assert catalog.runtime_problem(tpu, f"tpu-vm-tf-{version}{pod}-pjrt") is None
+    assert "-pjrt image" in (catalog.runtime_problem(tpu, f"tpu-vm-tf-{version}{pod}-se") or "")
+
+
+def test_every_documented_tensorflow_has_its_tf_keras_in_the_package() -> None:
+    carried = {tuple(map(int, pin.requirement.split("==")[1].split(".")[:2]))
+               for pin in read_lock() if pin.requirement.startswith("tf-keras==")}
+
+    assert {v[:2] for v in catalog.DOCUMENTED_TF} <= carried
+    assert tuple(sorted(carried)) == catalog.SUPPORTED_TF
+
+
+def test_the_tf_2_17_images_google_uses_are_accepted() -> None:
+    # cloud.google.com/tpu/docs/preemptible (v3-8); python-docs-samples tpu/ (v5litepod-1)
+    assert catalog.runtime_problem(catalog.parse_accelerator_type("v3-8"),
+                                   "tpu-vm-tf-2.17.1-pjrt") is None
+    assert catalog.runtime_problem(catalog.parse_accelerator_type("v5litepod-1"),
+                                   "tpu-vm-tf-2.17.0-pjrt") is None
+
+
+@pytest.mark.parametrize(("accelerator", "runtime"), [
+    ("v5litepod-8", "tpu-vm-tf-2.18.0-pjrt-v5e-and-v6"),
+    ("v6e-4", "tpu-vm-tf-2.18.0-pjrt-v5e-and-v6"),
+    ("v2-8", "tpu-vm-tf-2.18.0-pjrt-v5p-and-below"),
+    ("v5p-16", "tpu-vm-tf-2.18.0-pod-pjrt-v5p-and-below"),
+])
+def test_generation_suffixed_images_are_accepted_with_a_note(accelerator: str,
+                                                            runtime: str) -> None:
+    tpu = catalog.parse_accelerator_type(accelerator)
+
+    assert catalog.runtime_problem(tpu, runtime) is None
+    assert "images have only secondary sources (docs/tpu-facts.md): `tpuctl preflight " \
+           f"--live` checks that the zone offers {runtime}" in (catalog.runtime_note(tpu, runtime)
+                                                               or "")
+
+
+def test_a_generation_suffix_for_another_generation_is_refused() -> None:
+    problem = catalog.runtime_problem(catalog.parse_accelerator_type("v2-8"),
+                                      "tpu-vm-tf-2.18.0-pjrt-v5e-and-v6")
+    assert problem == ("tpu-vm-tf-2.18.0-pjrt-v5e-and-v6 is an image for v5e, v6e, not v2: "
+                       "e.g. tpu-vm-tf-2.18.0-pjrt")
+
+
+def test_v6e_single_host_runs_tensorflow_with_a_note_and_pods_are_refused() -> None:
     single, pod = (catalog.parse_accelerator_type(t) for t in ("v6e-8", "v6e-16"))
+
     assert catalog.runtime_for(single) == "tpu-vm-tf-2.18.0-pjrt"
-    assert catalog.runtime_for(pod) == "tpu-vm-tf-2.18.0-pod-pjrt"
     assert catalog.runtime_problem(single, "tpu-vm-tf-2.18.0-pjrt") is None
+    assert "tensorflow/tensorflow issue 82208" in (
+        catalog.runtime_note(single, "tpu-vm-tf-2.18.0-pjrt") or "")
+    assert catalog.runtime_for(pod) is None
+    assert catalog.runtime_problem(pod, "tpu-vm-tf-2.18.0-pod-pjrt") == (
+        "TensorFlow cannot drive a multi-host v6e slice: its TPU worker server "
+        "(tensorflow/python/tools/grpc_tpu_worker.py) knows host bounds for v2, v3, v4, v5e, "
+        "v5p only; use a single-host v6e (at most 8 chips) or a v5e/v5p pod")
 
 
 @given(slices)
 def test_every_accepted_runtime_is_documented(tpu: Slice) -> None:
-    for version in ("2.15.0", "2.16.1", "2.18.0", "2.18.1", "2.19.0", "2.20.0"):
+    for version in ("2.14.1", "2.15.0", "2.16.1", "2.17.1", "2.18.0", "2.18.1", "2.19.0"):
         runtime = f"tpu-vm-tf-{version}-{'pod-' if tpu.multi_host else ''}pjrt"
         if catalog.runtime_problem(tpu, runtime) is None:
             assert tuple(map(int, version.split("."))) in catalog.DOCUMENTED_TF
+
+
+def test_the_3d_rule_text_agrees_with_the_one_host_shape() -> None:
+    v4, v5p = catalog.generation("v4"), catalog.generation("v5p")
+
+    assert catalog.topology_problem(v4, "2x2x1") is None
+    assert catalog.topology_problem(v5p, "2x2x1") is None
+    assert "one host is 2x2x1; a larger slice is AxBxC" in catalog.topology_problem(v4, "1x2x2")

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
+from components.archive import REPO_ROOT
 from components.settings import SettingsError, load_settings
+from components.stack_config import StackFileError, file_config
 from tests.infra.stack_fixtures import as_cli, config, job, node
 
 
@@ -40,7 +42,8 @@ BAD_CONFIGS: list[tuple[str, dict, str, str]] = [
     ("missing gcp project", {"gcp_project": None}, "gcp:project", "required"),
     ("bad project id", {"gcp_project": "Acme_ML"}, "gcp:project", "not a project id"),
     ("short project id", {"gcp_project": "ab"}, "gcp:project", "6-30"),
-    ("missing storage", {"tpu_stack_storage": None}, "tpu-stack:storage", "required"),
+    ("missing storage", {"tpu_stack_storage": None}, "tpu-stack:storage",
+     "is required, with at least location"),
     ("missing storage location", {"tpu_stack_storage": {"forceDestroy": True}},
      "tpu-stack:storage.location", "required"),
     ("bad storage location", {"tpu_stack_storage": {"location": "us central"}},
@@ -133,7 +136,7 @@ BAD_CONFIGS: list[tuple[str, dict, str, str]] = [
      "does not offer TPU v5e"),
     ("malformed zone", nodes(node(zone="uscentral1")), f"{N0}.zone", "not a zone name"),
     ("undocumented TF image", nodes(node(runtimeVersion="tpu-vm-tf-2.19.0-pjrt")),
-     f"{N0}.runtimeVersion", "cloud.google.com/tpu/docs/runtimes lists no such image"),
+     f"{N0}.runtimeVersion", "no Google source names such an image"),
     ("pod slice on single-host image",
      nodes(node(acceleratorType="v4-32", zone="us-central2-b",
                 runtimeVersion="tpu-vm-tf-2.18.0-pjrt")),
@@ -142,8 +145,10 @@ BAD_CONFIGS: list[tuple[str, dict, str, str]] = [
      f"{N0}.runtimeVersion", "is one host"),
     ("stream executor image", nodes(node(runtimeVersion="tpu-vm-tf-2.18.0-se")),
      f"{N0}.runtimeVersion", "-pjrt"),
-    ("unsupported TF", nodes(node(runtimeVersion="tpu-vm-tf-2.16.1-pjrt")),
-     f"{N0}.runtimeVersion", "the training package does not support it"),
+    ("unsupported TF", nodes(node(runtimeVersion="tpu-vm-tf-2.14.1")),
+     f"{N0}.runtimeVersion", "the training package carries tf-keras for TensorFlow 2.15 to"),
+    ("v6e pod with TensorFlow", nodes(node(acceleratorType="v6e-16", zone="us-east1-d")),
+     f"{N0}.runtimeVersion", "tensorflow/python/tools/grpc_tpu_worker.py"),
     ("framework-free image", nodes(node(runtimeVersion="v2-alpha-tpuv5-lite")),
      f"{N0}.runtimeVersion", "not a TensorFlow TPU VM image"),
     ("unknown job", nodes(node(job="bert")), f"{N0}.job", "not a key of tpu-stack:jobs"),
@@ -344,3 +349,56 @@ def test_checkpoint_every_minutes_is_checked_by_the_job_schema():
         (f"{J}.checkpointEveryMinutes", "must be a number of minutes more than 0, got 0")]
     settings = load(config(**jobs(mnist=job(checkpointEveryMinutes=5))))
     assert settings.job("mnist").checkpointEveryMinutes == 5
+
+
+def test_a_region_for_a_zone_gets_the_zones_that_offer_the_generation() -> None:
+    v5e = problems_of(config(**nodes(node(zone="us-central1"))))
+    v6e = problems_of(config(**nodes(node(acceleratorType="v6e-8", zone="us-east1"))))
+    nowhere = problems_of(config(**nodes(node(zone="asia-east1"))))
+
+    assert v5e == [(f"{N0}.zone", "'us-central1' is not a zone name: us-central1 is a region; "
+                                  "TPU v5e is in its zone us-central1-a")]
+    assert v6e == [(f"{N0}.zone", "'us-east1' is not a zone name: us-east1 is a region; "
+                                  "TPU v6e is in its zone us-east1-d")]
+    assert nowhere == [(f"{N0}.zone", "'asia-east1' is not a zone name: TPU v5e is in "
+                                      "us-central1-a, us-south1-a, us-west1-c, us-west4-a, "
+                                      "europe-west4-b")]
+
+
+def test_the_v4_rule_text_names_the_one_host_shape_it_accepts() -> None:
+    [(key, message)] = problems_of(config(**nodes(node(
+        acceleratorType=None, generation="v4", topology="2x2x3", zone="us-central2-b"))))
+    accepted = load(config(**nodes(node(acceleratorType=None, generation="v4",
+                                        topology="2x2x1", zone="us-central2-b"))))
+
+    assert key == f"{N0}.topology"
+    assert message.startswith("2x2x3 is not a v4 topology: one host is 2x2x1; a larger slice "
+                              "is AxBxC with A<=B<=C, every side 2 or 4 or every side a "
+                              "multiple of 4, whole 4-chip hosts")
+    assert accepted.nodes[0].tpu.topology == "2x2x1"
+
+
+def test_a_missing_storage_block_names_its_full_key_and_location(tmp_path) -> None:
+    (tmp_path / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.mine.yaml").write_text("config:\n  gcp:project: acme-ml-mine\n")
+
+    with pytest.raises(StackFileError) as caught:
+        file_config("mine", tmp_path)
+
+    assert str(caught.value).startswith(
+        "Stack 'mine' is missing configuration value 'storage' (set tpu-stack:storage in "
+        "Pulumi.mine.yaml: Buckets: {location (required),")
+
+
+def test_a_yaml_error_names_the_file_line_and_column(tmp_path) -> None:
+    (tmp_path / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.mine.yaml").write_text("config:\n  tpu-stack:nodes: [a, b\n")
+
+    with pytest.raises(StackFileError) as caught:
+        file_config("mine", tmp_path)
+
+    first, *snippet = str(caught.value).splitlines()
+    assert first == ("Pulumi.mine.yaml, line 3, column 1: not valid YAML: while parsing a flow "
+                     "sequence; expected ',' or ']', but got '<stream end>'")
+    assert snippet[-1].strip() == "^"
+    assert "<unicode string>" not in str(caught.value)

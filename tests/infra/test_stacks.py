@@ -120,11 +120,15 @@ def _project(tmp_path, config: dict, stack: dict) -> None:
 
 
 @pytest.mark.parametrize(("declared", "message"), [
-    ({"storage": {"description": "d"}}, "Stack 's' is missing configuration value 'storage'"),
+    ({"storage": {"description": "d"}},
+     "Stack 's' is missing configuration value 'storage' (set tpu-stack:storage in "
+     "Pulumi.s.yaml: d)"),
     ({"storage": {}, "nodes": {}},
-     "Stack 's' is missing configuration values 'nodes' and 'storage'"),
+     "Stack 's' is missing configuration values 'nodes' and 'storage' (set tpu-stack:nodes "
+     "in Pulumi.s.yaml; set tpu-stack:storage in Pulumi.s.yaml)"),
     ({"c": {}, "a": {}, "b": {"default": None}},
-     "Stack 's' is missing configuration values 'a', 'b' and 'c'"),
+     "Stack 's' is missing configuration values 'a', 'b' and 'c' (set tpu-stack:a in "
+     "Pulumi.s.yaml; set tpu-stack:b in Pulumi.s.yaml; set tpu-stack:c in Pulumi.s.yaml)"),
 ])
 def test_a_key_without_default_or_value_left_unset_fails_as_the_cli_fails(
         tmp_path, declared: dict, message: str) -> None:
@@ -188,7 +192,8 @@ def test_tpuctl_plan_of_a_stack_missing_a_required_key_fails_with_the_clis_messa
     monkeypatch.setattr(ops.plan.offline, "file_config", lambda stack: file_config(stack, tmp_path))
     result = CliRunner().invoke(app, ["plan", "--stack", "nostore"])
     assert result.exit_code == 2
-    assert "Stack 'nostore' is missing configuration value 'storage'" in result.output
+    assert ("Stack 'nostore' is missing configuration value 'storage' (set tpu-stack:storage "
+            "in Pulumi.nostore.yaml: Buckets: {location (required)") in result.output
 
 
 # yaml.v3 (the CLI's YAML library) against PyYAML's YAML 1.1 on the same text.

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from ops.cli import app
 from ops.local.storage_emulator import StorageEmulator
 from ops.tpu import commands as tpu_cmds
+from ops.tpu import status as node_status
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import STACK_LABELS, ZONE, expected_node, target
 
@@ -211,3 +212,58 @@ def test_wait_for_done_fails_fast_on_a_failed_job(tpuctl, fake_tpu: FakeTpuApi) 
 
     assert run.code == 1
     assert f"{NODE}: job failed: exit 1" in run.out
+
+
+def rehearse_here(root, node: str = NODE) -> None:
+    """What `tpuctl rehearse --stack dev` leaves: the emulator's status objects."""
+    status = root / "dev" / "status-objects" / "worker-0" / "status.json"
+    status.parent.mkdir(parents=True)
+    fields = {"node": node, "state": "succeeded", "step": "40", "worker": 0,
+              "goodput": {"percent": 91.5, "productive": 915, "total": 1000}}
+    status.write_text(json.dumps(fields))
+
+
+def test_status_offline_shows_the_last_rehearsal_without_a_call(
+    tpuctl, fake_tpu: FakeTpuApi, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.setattr(node_status, "REHEARSAL_ROOT", tmp_path)
+    rehearse_here(tmp_path)
+
+    run = tpuctl("status", "--stack", "dev", "--offline")
+
+    assert run.code == 0, run.err
+    row = next(line for line in run.out.splitlines() if NODE in line)
+    assert "REHEARSED" in row and "succeeded" in row and "40" in row and "91.5%" in row
+    assert f"stack dev (rehearsal, offline: {tmp_path / 'dev'})" in run.out
+    assert fake_tpu.calls == []
+
+
+def test_status_without_credentials_falls_back_to_the_rehearsal_and_says_so(
+    tpuctl, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.delenv("TPU_STACK_TPU_ENDPOINT", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "absent.json"))
+    monkeypatch.setattr(node_status, "REHEARSAL_ROOT", tmp_path)
+
+    never = tpuctl("status", "--stack", "dev")
+    assert never.code == 2
+    assert never.err.strip().endswith(
+        "(or `tpuctl rehearse --stack dev` first, then `tpuctl status --offline`)")
+
+    rehearse_here(tmp_path)
+    run = tpuctl("status", "--stack", "dev")
+    assert run.code == 0
+    assert "no Google credentials" in run.err and "showing the last rehearsal (offline)" in run.err
+    assert "REHEARSED" in next(line for line in run.out.splitlines() if NODE in line)
+
+
+def test_status_offline_without_a_rehearsal_says_what_to_run(
+    tpuctl, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.setattr(node_status, "REHEARSAL_ROOT", tmp_path)
+
+    run = tpuctl("status", "--stack", "dev", "--offline")
+
+    assert run.code == 2
+    assert "stack dev has no rehearsal here" in run.err
+    assert "run `tpuctl rehearse --stack dev`" in run.err

@@ -97,3 +97,20 @@ def test_offline_preflight_still_lists_the_chips_each_quota_must_allow() -> None
     quota = [c for c in report.checks if c.what.startswith("quota")]
     assert [(c.subject, c.what, c.outcome) for c in quota] == [
         ("v2 on-demand in us-central1", "quota for 8 chips", "not checked")]
+
+
+def test_a_generation_suffixed_runtime_passes_the_catalog_with_its_note_and_live_decides(
+    fake_tpu: FakeTpuApi, tpu: TpuApi
+) -> None:
+    runtime = "tpu-vm-tf-2.18.0-pjrt-v5p-and-below"
+    stack = target(expected_node("dev-a", runtime_version=runtime))
+
+    offline = {c.what: c for c in preflight(stack, None).checks}
+    live = {c.what: c for c in preflight(stack, tpu).checks}
+
+    check = offline[f"catalog: runtime {runtime}"]
+    assert check.outcome == "ok"
+    assert check.detail == ("v5p-and-below images have only secondary sources "
+                            "(docs/tpu-facts.md): `tpuctl preflight --live` checks that the "
+                            f"zone offers {runtime}")
+    assert live[f"zone offers {runtime}"].outcome == "fail"  # this zone lists no such image

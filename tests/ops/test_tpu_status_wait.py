@@ -8,7 +8,7 @@ from io import StringIO
 
 from rich.console import Console
 
-from ops.tpu.api import TpuApi
+from ops.tpu.api import NodeStatus, TpuApi
 from ops.tpu.status import collect, collect_queued, status_table, wait_until
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import OTHER_ZONE, STACK_LABELS, ZONE, expected_node, target
@@ -169,3 +169,22 @@ def test_status_of_200_nodes_lists_each_zone_once_and_never_gets_a_node(
     assert len(nodes) == 200
     assert (fake_tpu.count("list"), fake_tpu.count("get")) == (2, 0)
     assert fake_tpu.count("getGuestAttributes") == 200
+
+
+def test_a_large_stack_is_shown_as_plain_columns_with_every_row() -> None:
+    nodes = [expected_node(f"dev-n{i:03d}") for i in range(250)]
+    statuses = [
+        NodeStatus(ZONE, n.node_id, "READY", "HEALTHY", "v2-8", "r", False, {}, {}, "",
+                   job={"state": "running", "step": str(i), "message": "[line 3] as is"})
+        for i, n in enumerate(nodes[:-1])
+    ]
+
+    lines = render(status_table(target(*nodes), statuses)).splitlines()
+
+    assert lines[0] == "stack dev (acme-ml-dev)"
+    assert lines[1].split() == ["node", "zone", "type", "state", "health", "job", "step",
+                                "goodput", "message", "updated"]
+    assert lines[2].split() == ["dev-n000", ZONE, "v2-8", "READY", "HEALTHY", "running", "0",
+                                "[line", "3]", "as", "is"]
+    assert lines[-1].split() == ["dev-n249", ZONE, "ABSENT", "-"]
+    assert len(lines) == 252
