@@ -235,16 +235,29 @@ def test_remove_a_node(stack):
     assert ops(result, "create") == []
 
 
+def object_kind(name: str) -> str:
+    """`archive-<sha16>` (the package) or `<node>-release-<hash16>` (C1), else the name."""
+    return "archive" if name.startswith("archive-") else \
+        "release" if "-release-" in name else name
+
+
+def release_node(name: str) -> str:
+    return name.rsplit("-release-", 1)[0]
+
+
 def assert_new_release_only(result: list[Step], *, package_changes: bool) -> None:
     """Contract C1: new objects beside the old ones, no node touched."""
     assert tpu(result) == set()
     assert_nothing_replaced(result)
     assert {(s.op, s.type) for s in result} == {("create", OBJECT), ("delete", OBJECT)}
-    created = sorted(s.name.split("-", 1)[0] for s in ops(result, "create"))
-    deleted = sorted(s.name.split("-", 1)[0] for s in ops(result, "delete"))
+    created = sorted(object_kind(s.name) for s in ops(result, "create"))
+    deleted = sorted(object_kind(s.name) for s in ops(result, "delete"))
     assert created == deleted
     assert ("archive" in created) is package_changes
-    assert "release" in created
+    assert "release" in created and set(created) <= {"archive", "release"}
+    # One release per node: each node's new object replaces that node's old one.
+    assert sorted(release_node(s.name) for s in ops(result, "create") if "-release-" in s.name) \
+        == sorted(release_node(s.name) for s in ops(result, "delete") if "-release-" in s.name)
     # Created before the old ones go: nothing deletes first.
     assert not any(s.delete_first for s in result)
 
