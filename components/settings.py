@@ -578,37 +578,30 @@ def _network_problems(s: StackSettings) -> Problems:
         yield (f"{key}.subnetCidr", problem)
         return
     regions = sorted({catalog.region_of(zone) for zone in catalog.all_zones()})
-    pinned, bad = {}, set()
-    for region, cidr in s.network.subnets.items():
+    pinned: dict[str, ipaddress.IPv4Network] = {}
+    for region, cidr in sorted(s.network.subnets.items()):
         problem = (_range_problem(cidr) if region in regions else
                    f"{region!r} is not a region with TPUs ({', '.join(regions)})")
-        if problem:
-            bad.add(region)
-            yield (f"{key}.subnets.{region}", problem)
+        net = None if problem else ipaddress.IPv4Network(cidr)
+        clash = net and next((f"{other}'s {pin}" for other, pin in pinned.items()
+                              if pin.overlaps(net)), None)
+        if problem or clash:
+            yield (f"{key}.subnets.{region}", problem or f"{region}'s range {net} overlaps "
+                                                         f"{clash}")
         else:
-            pinned[region] = str(ipaddress.IPv4Network(cidr))
-    # Pins first: an overlap is the slot's fault, not the range the stack already has.
-    ranges: dict[str, ipaddress.IPv4Network] = {}
-    for region in [*sorted(pinned), *sorted(set(s.regions) - set(pinned) - bad)]:
-        where = f"{key}.subnets.{region}" if region in pinned else f"{key}.subnetCidr"
+            pinned[region] = net
+    # The others take grid blocks, which overlap no pin (components/subnets.py).
+    pins = {region: str(net) for region, net in pinned.items()}
+    for region in sorted(set(s.regions) - set(s.network.subnets)):
         try:
-            cidr = pinned.get(region) or subnets.slot_range(grid, region)
+            cidr = subnets.subnet_ranges(grid, [region], pins)[region]
         except subnets.SubnetRangeError as error:
-            yield (where, str(error))
+            yield (f"{key}.subnetCidr", str(error))
             continue
-        problem = None if region in pinned else _range_problem(cidr)
-        clash = next((f"{other}'s {net}" for other, net in ranges.items()
-                      if net.overlaps(ipaddress.IPv4Network(cidr))), None)
+        problem = _range_problem(cidr)
         if problem:
-            yield (where, f"{region}'s slot range {cidr}: {problem}; pin {region} to a range "
-                          f"in {key}.subnets")
-        elif clash:
-            whose = f"{region}'s range {cidr}" if region in pinned else \
-                f"{region}'s slot range {cidr}"
-            yield (where, f"{whose} overlaps {clash}; pin {region} to a free range in "
-                          f"{key}.subnets")
-        else:
-            ranges[region] = ipaddress.IPv4Network(cidr)
+            yield (f"{key}.subnetCidr", f"{region}'s slot range {cidr}: {problem}; pin "
+                                        f"{region} to a range in {key}.subnets")
 
 
 # RFC 1918's private IPv4 space; cloud.google.com/vpc/docs/subnets#valid-ranges:

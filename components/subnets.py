@@ -9,14 +9,14 @@ from __future__ import annotations
 import ipaddress
 
 # Each region's fixed slot in the stack's address grid: slot k is the k-th block of
-# `subnetCidr`'s size from `subnetCidr` on (slot 0 is `subnetCidr` itself). Append
-# only: a region's slot, and so its range, must never move. A range that moves is a
-# new subnet: the google provider forces a replacement unless the new range contains
-# the old one (terraform-provider-google google/services/compute/
-# resource_compute_subnetwork.go: customdiff.ForceNewIfChange("ip_cidr_range",
-# IsShrinkageIpCidr)), and the nodes on it follow (a V2Vm's networkConfig is
-# immutable, magic-modules mmv1/products/tpuv2/Vm.yaml). tests/infra holds every
-# catalog region to a slot.
+# `subnetCidr`'s size from `subnetCidr` on (slot 0 is `subnetCidr` itself), where the
+# region's search for a free block starts (grid_ranges). Append only: a region's
+# slot, and so its range, must never move. A range that moves is a new subnet: the
+# google provider forces a replacement unless the new range holds the old one
+# (terraform-provider-google google/services/compute/resource_compute_subnetwork.go:
+# customdiff.ForceNewIfChange("ip_cidr_range", IsShrinkageIpCidr)), and the nodes on
+# it follow (a V2Vm's networkConfig is immutable, magic-modules
+# mmv1/products/tpuv2/Vm.yaml). tests/infra holds every catalog region to a slot.
 REGION_SLOTS: tuple[str, ...] = (
     "us-central1", "us-central2", "europe-west4", "us-east1", "us-east5", "us-south1",
     "us-west1", "us-west4", "asia-northeast1",
@@ -24,26 +24,48 @@ REGION_SLOTS: tuple[str, ...] = (
 
 
 class SubnetRangeError(ValueError):
-    """A region without a slot, or a slot outside IPv4."""
+    """A region without a slot, or no free block left for it in IPv4."""
 
 
-def slot_range(cidr: str, region: str) -> str:
-    """`region`'s own block of the grid that starts at `cidr` (REGION_SLOTS)."""
-    if region not in REGION_SLOTS:
-        raise SubnetRangeError(f"{region} has no subnet slot; pin its range in "
-                               f"tpu-stack:network.subnets")
+def grid_ranges(cidr: str, pinned: dict[str, str] | None = None) -> dict[str, str]:
+    """Every slotted region's range, whether the stack uses it or not: its pinned one,
+    else the first block of `cidr`'s size at or after its own slot that overlaps no pin
+    and no earlier region's block. It depends on `cidr` and the pins only, never on
+    which regions are in use, and a pin never moves, so no range moves. A region with
+    no free block before the end of IPv4 is left out."""
+    pinned = pinned or {}
     base = ipaddress.IPv4Network(cidr)
-    start = int(base.network_address) + REGION_SLOTS.index(region) * base.num_addresses
-    try:
-        return str(ipaddress.IPv4Network((start, base.prefixlen)))
-    except ValueError:
-        raise SubnetRangeError(f"{region}'s slot is past the end of IPv4; pin its range "
-                               f"in tpu-stack:network.subnets") from None
+    taken = [ipaddress.IPv4Network(p) for p in pinned.values()]
+    ranges = dict(pinned)
+    for slot, region in enumerate(REGION_SLOTS):
+        if region in pinned:
+            continue
+        block = _first_free(base, slot, taken)
+        if block is not None:
+            taken.append(block)
+            ranges[region] = str(block)
+    return ranges
+
+
+def _first_free(base: ipaddress.IPv4Network, slot: int,
+                taken: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Network | None:
+    start = int(base.network_address) + slot * base.num_addresses
+    while start + base.num_addresses <= 2 ** 32:
+        block = ipaddress.IPv4Network((start, base.prefixlen))
+        if not any(block.overlaps(other) for other in taken):
+            return block
+        start += base.num_addresses
+    return None
 
 
 def subnet_ranges(cidr: str, regions: list[str],
                   pinned: dict[str, str] | None = None) -> dict[str, str]:
-    """Every region's range: its pinned one, else its slot's. No range depends on
-    which other regions exist, so adding or removing a region moves none."""
-    pinned = pinned or {}
-    return {region: pinned.get(region) or slot_range(cidr, region) for region in regions}
+    """The range of each of `regions` (grid_ranges): adding or removing a region
+    moves none."""
+    grid = grid_ranges(cidr, pinned)
+    missing = next((region for region in regions if region not in grid), None)
+    if missing is not None:
+        why = "has no subnet slot" if missing not in REGION_SLOTS else \
+            "has no free block before the end of IPv4"
+        raise SubnetRangeError(f"{missing} {why}; pin its range in tpu-stack:network.subnets")
+    return {region: grid[region] for region in regions}

@@ -183,14 +183,16 @@ def chain(diff: PlanDiff, step: Step) -> str:
 
 def replacement_warnings(diff: PlanDiff) -> list[str]:
     """One loud line per replacement that ends a chain (nothing replaced takes its
-    outputs), with the chain, and one per TPU node deleted, with what its capacity risks."""
+    outputs), with the chain; one per update a waiting queued node holds; and one per
+    TPU node deleted, with what its capacity risks."""
     sources = {c.unknown_from for s in diff.replacements for c in s.replaced_by}
     lines = [f"{_replaced(s)}: {chain(diff, s)}"
              for s in diff.replacements if s.urn not in sources]
     lines += [f"TPU node {node_name(s.resource)} is queued: if its request is still waiting, "
-              f"this update ({', '.join(s.paths)}) queues it again and it loses its place in "
-              "the queue (components/queued_tpu.py QueuedTpuProvider.update)."
-              for s in diff.steps.steps if s.requeues]
+              f"this update ({', '.join(s.paths)}) is held and applied once the node exists; "
+              "the request keeps its place in the queue (components/queued_tpu.py "
+              "QueuedTpuProvider.update)."
+              for s in diff.steps.steps if s.held_while_waiting]
     lines += [f"TPU node {node_name(r)} will be DELETED; "
               f"{capacity_risk(provisioning_of(r), str(r.get('inputs', {}).get('zone', '')))}."
               for r in diff.removed_tpu_nodes]

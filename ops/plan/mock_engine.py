@@ -207,6 +207,8 @@ _COMPUTED: dict[str, Callable[[GcpMocks, str, str, dict], tuple[str, dict]]] = {
 class ProgramRun:
     registrations: list[Registration]
     outputs: dict[str, Any]
+    # What the program logged through the engine (pulumi.log.warn ...): (level, message).
+    logs: list[tuple[str, str]] = field(default_factory=list)
 
     def of_type(self, type_token: str) -> list[Registration]:
         return [r for r in self.registrations if r.type == type_token]
@@ -295,13 +297,14 @@ def _run(config: dict[str, str], stack: str, program: Callable[[], None],
     gc.disable()
     try:
         monitor = RecordingMonitor(mock)
+        log = _EngineLog()
         mocks.set_mocks(mock, project=PROJECT, stack=stack, preview=False, monitor=monitor,
-                        organization=organization)
+                        organization=organization, logger=log.logger)
         set_all_config(config)
         program()
         loop.run_until_complete(wait_for_rpcs())
         outputs = loop.run_until_complete(_stack_outputs())
-        return ProgramRun(monitor.registrations, outputs)
+        return ProgramRun(monitor.registrations, outputs, log.records)
     except BaseException:
         quiet.failed = True
         raise
@@ -316,6 +319,23 @@ def _run(config: dict[str, str], stack: str, program: Callable[[], None],
         loop.close()
         if collecting:
             gc.enable()
+
+
+class _EngineLog(logging.Handler):
+    """The run's engine log. pulumi's MockEngine logs to the root logger by default
+    (pulumi/runtime/mocks.py, MockEngine.Log), so a program's warnings would reach
+    stderr, in the middle of the CLI's own output, even for a stack a plan only
+    references; they are kept here, on the run, instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple[str, str]] = []
+        self.logger = logging.Logger("tpu-stack.mock-engine")  # unregistered: no parent
+        self.logger.propagate = False
+        self.logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((record.levelname.lower(), record.getMessage()))
 
 
 class _QuietAfterFailure:

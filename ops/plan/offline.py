@@ -12,11 +12,11 @@ from typing import Any
 
 import pulumi
 
+from components import locality, stop_save
 from components.archive import PackageError
 from components.cost import StackCost, settings_cost
 from components.settings import StackSettings, load_settings
 from components.stack_config import file_config
-from components.stop_save import stack_warnings
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
 
 PLAN_FORMAT_VERSION = 1
@@ -54,7 +54,9 @@ class Plan:
                           for r in sorted(self.run.registrations, key=lambda r: r.urn)],
             "outputs": self.run.outputs,
             "cost": cost_json(self.cost),
-            "warnings": stack_warnings(self.settings),
+            # What the program warns on its nodes at preview and up, the same text.
+            "warnings": [*stop_save.stack_warnings(self.settings),
+                         *locality.stack_warnings(self.settings)],
         }
 
     def _resource_json(self, r: Registration) -> dict[str, Any]:

@@ -212,7 +212,8 @@ def duplicates_section(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
 
 
 def warnings_section(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
-    """The plan's warnings (a stop save that may not fit its notice), or nothing."""
+    """The plan's warnings (a stop save that may not fit its notice, a node reading its
+    data across regions), or nothing."""
     warnings = plan.get("warnings", [])
     if not warnings:
         return []

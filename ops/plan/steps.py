@@ -68,10 +68,10 @@ class Step:
         return tuple(c.path for c in self.replaced_by)
 
     @property
-    def requeues(self) -> bool:
-        """An update of a queued node that re-queues its request while it waits
-        (the facts' `requeueWhileWaiting` inputs, components/queued_tpu.py)."""
-        keys = (type_facts(self.type) or {}).get("requeueWhileWaiting", ())
+    def held_while_waiting(self) -> bool:
+        """An update of a queued node that waits for its node while the request waits
+        (the facts' `heldWhileWaiting` inputs, components/queued_tpu.py)."""
+        keys = (type_facts(self.type) or {}).get("heldWhileWaiting", ())
         return self.op == "update" and any(p.split(".", 1)[0] in keys for p in self.paths)
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import itertools
 import json
 from dataclasses import dataclass
@@ -119,6 +120,51 @@ def test_pinned_ranges_win_over_slots() -> None:
     ranges = subnet_ranges("10.128.0.0/20", ["us-central1", "us-central2", "europe-west4"],
                            pinned)
     assert ranges == {**pinned, "europe-west4": "10.128.32.0/20"}
+
+
+def test_a_region_whose_slot_a_pin_holds_takes_the_next_free_block() -> None:
+    """prod pins us-central2 to us-central1's slot: a us-central1 node gets the next
+    free block, and every later region the first free one at or after its own slot."""
+    ranges = subnet_ranges("10.128.0.0/20", ["us-central1", "us-central2", "europe-west4"],
+                           {"us-central2": "10.128.0.0/20"})
+    assert ranges == {"us-central1": "10.128.16.0/20", "us-central2": "10.128.0.0/20",
+                      "europe-west4": "10.128.32.0/20"}
+    pushed = subnet_ranges("10.128.0.0/20", ["us-central1", "us-central2"],
+                           {"europe-west4": "10.128.16.0/20"})
+    assert pushed == {"us-central1": "10.128.0.0/20", "us-central2": "10.128.32.0/20"}
+
+
+def test_ranges_do_not_depend_on_the_regions_in_use() -> None:
+    """Every subset of the regions, in any order, gets the same ranges as the whole
+    grid: which regions a stack uses never moves a range."""
+    from components.subnets import REGION_SLOTS, grid_ranges
+
+    pinned = {"us-central2": "10.128.0.0/20", "us-east1": "10.128.64.0/21"}
+    grid = grid_ranges("10.128.0.0/20", pinned)
+    assert set(grid) == set(REGION_SLOTS)
+    for used in (["us-central1"], ["asia-northeast1", "us-central1"], list(REGION_SLOTS[::-1])):
+        assert subnet_ranges("10.128.0.0/20", used, pinned) == {r: grid[r] for r in used}
+    nets = [ipaddress.IPv4Network(n) for n in grid.values()]
+    assert not any(a.overlaps(b) for i, a in enumerate(nets) for b in nets[i + 1:])
+
+
+def test_pinning_a_region_where_it_is_moves_nothing() -> None:
+    """The upgrade path: pinning the ranges a stack has changes no range."""
+    from components.subnets import grid_ranges
+
+    before = grid_ranges("10.128.0.0/20", {"us-central2": "10.128.0.0/20"})
+    after = grid_ranges("10.128.0.0/20", {"us-central2": "10.128.0.0/20",
+                                          "us-central1": before["us-central1"]})
+    assert after == before
+
+
+def test_a_region_with_no_slot_or_no_block_is_told_to_pin() -> None:
+    from components.subnets import SubnetRangeError
+
+    with pytest.raises(SubnetRangeError, match="mars-north1 has no subnet slot; pin its range"):
+        subnet_ranges("10.128.0.0/20", ["mars-north1"])
+    with pytest.raises(SubnetRangeError, match="us-central2 has no free block"):
+        subnet_ranges("255.255.255.0/24", ["us-central2"])
 
 
 def test_every_catalog_region_has_a_slot() -> None:

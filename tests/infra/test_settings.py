@@ -90,10 +90,6 @@ BAD_CONFIGS: list[tuple[str, dict, str, str]] = [
                                                         "us-central2": "10.0.8.0/21"}}},
      "tpu-stack:network.subnets.us-central2",
      "us-central2's range 10.0.8.0/21 overlaps us-central1's 10.0.0.0/16"),
-    ("slot overlaps a pin", {"tpu_stack_network": {"subnets": {"us-east1": "10.128.0.0/20"}}},
-     "tpu-stack:network.subnetCidr",
-     "us-central1's slot range 10.128.0.0/20 overlaps us-east1's 10.128.0.0/20; pin "
-     "us-central1 to a free range in tpu-stack:network.subnets"),
     ("slot leaves private space",
      {"tpu_stack_network": {"subnetCidr": "192.168.240.0/20"},
       "tpu_stack_nodes": [node(), node(name="b", zone="us-central2-b", acceleratorType="v4-8")]},

@@ -148,6 +148,8 @@ def on_demand(config: Config) -> None:
 NEW_REGION = {"dev": ("europe-west4-b", "v5litepod-8", "spot"),
               "prod": ("us-central1-a", "v5litepod-8", "on-demand"),
               "platform": ("europe-west4-b", "v5litepod-8", "spot")}
+# The subnets a grown grid changes: only an unpinned range at slot 0 widens in place.
+GROWN = {"dev": [("update", "subnet-us-central1")], "prod": [], "platform": []}
 LOCATIONS = {"dev": "US", "prod": "us-central2", "platform": "US"}
 
 
@@ -233,16 +235,29 @@ def test_remove_a_node(stack):
     assert ops(result, "create") == []
 
 
+def object_kind(name: str) -> str:
+    """`archive-<sha16>` (the package) or `<node>-release-<hash16>` (C1), else the name."""
+    return "archive" if name.startswith("archive-") else \
+        "release" if "-release-" in name else name
+
+
+def release_node(name: str) -> str:
+    return name.rsplit("-release-", 1)[0]
+
+
 def assert_new_release_only(result: list[Step], *, package_changes: bool) -> None:
     """Contract C1: new objects beside the old ones, no node touched."""
     assert tpu(result) == set()
     assert_nothing_replaced(result)
     assert {(s.op, s.type) for s in result} == {("create", OBJECT), ("delete", OBJECT)}
-    created = sorted(s.name.split("-", 1)[0] for s in ops(result, "create"))
-    deleted = sorted(s.name.split("-", 1)[0] for s in ops(result, "delete"))
+    created = sorted(object_kind(s.name) for s in ops(result, "create"))
+    deleted = sorted(object_kind(s.name) for s in ops(result, "delete"))
     assert created == deleted
     assert ("archive" in created) is package_changes
-    assert "release" in created
+    assert "release" in created and set(created) <= {"archive", "release"}
+    # One release per node: each node's new object replaces that node's old one.
+    assert sorted(release_node(s.name) for s in ops(result, "create") if "-release-" in s.name) \
+        == sorted(release_node(s.name) for s in ops(result, "delete") if "-release-" in s.name)
     # Created before the old ones go: nothing deletes first.
     assert not any(s.delete_first for s in result)
 
@@ -311,10 +326,52 @@ def test_change_the_bucket_location(stack):
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_grow_the_subnet_range(stack):
+    """`subnetCidr` /20 → /19. dev's us-central1 is slot 0, so its range widens
+    (10.128.0.0/20 → 10.128.0.0/19 holds the old one: IsShrinkageIpCidr is false, an
+    update through expandIpCidrRange); prod's and the platform's regions are pinned,
+    and a pin holds its range whatever the grid: no subnet changes."""
     result = steps(stack, subnet_range)
     assert tpu(result) == set()
     assert_nothing_replaced(result)
-    assert {s.op for s in result if s.type == SUBNET} == {"update"}
+    assert [(s.op, s.name) for s in result if s.type == SUBNET] == GROWN[stack]
+
+
+def test_grow_a_pinned_range_in_place():
+    """prod's pinned us-central2 widened in its pin: an update, nothing replaced."""
+    result = steps("prod", lambda c: edit_json(c, "tpu-stack:network", lambda n: n.update(
+        subnets={"us-central2": "10.128.0.0/19"})))
+    assert [(s.op, s.name) for s in result] == [("update", "allow-internal"),
+                                                ("update", "subnet-us-central2")]
+    assert [(c.path, c.old, c.new) for c in result[1].changes] == [
+        ("ipCidrRange", "10.128.0.0/20", "10.128.0.0/19")]
+
+
+def test_growing_the_grid_moves_a_later_slot_and_the_preview_says_so():
+    """Not a routine change: an unpinned region past slot 0 moves when the grid's block
+    grows (us-central2: slot 1, 10.128.16.0/20 → 10.128.32.0/19), which replaces its
+    subnet first and, through its unknown self link, the node on it. Pinning the
+    regions' ranges before growing the grid keeps them (docs/design.md, "Stack config")."""
+    second = _add("us-central2-b", "v4-8", "spot")
+
+    def grown(config: Config) -> None:
+        second(config)
+        subnet_range(config)
+
+    result = plan_steps(plan("dev", second), plan("dev", grown)).steps
+    replaced = [(s.op, s.name, s.delete_first) for s in result if s.op == "replace"]
+    assert replaced[0] == ("replace", "subnet-us-central2", True)
+    assert [(c.path, c.reason) for c in ops(result, "replace", SUBNET)[0].replaced_by] == [
+        ("ipCidrRange", "shrinks")]
+    assert tpu(result) == {("replace", "extra")}
+    assert [s.name for s in ops(result, "update", SUBNET)] == ["subnet-us-central1"]
+
+    def pinned_first(config: Config) -> None:
+        grown(config)
+        edit_json(config, "tpu-stack:network", lambda n: n.update(
+            subnets={"us-central1": "10.128.0.0/20", "us-central2": "10.128.16.0/20"}))
+
+    kept = plan_steps(plan("dev", second), plan("dev", pinned_first)).steps
+    assert [s for s in kept if s.type == SUBNET or s.op == "replace"] == []
 
 
 def test_a_shrunk_range_is_predicted_with_its_chain():

@@ -209,7 +209,7 @@ def test_secrets_are_masked_and_long_values_shortened(make_plan, node):
     assert "Resources: ~ 1 to update" in text
 
 
-def test_an_update_of_a_waiting_queued_node_warns_that_it_requeues(make_plan):
+def test_an_update_of_a_waiting_queued_node_says_it_is_held(make_plan):
     queued = {"node_id": "dev-q", "zone": "us-central1-a", "metadata": {"k": "1"},
               "accelerator_type": "v5litepod-8"}
     base = make_plan({})
@@ -219,4 +219,5 @@ def test_an_update_of_a_waiting_queued_node_warns_that_it_requeues(make_plan):
     head["resources"][-1]["inputs"]["metadata"]["k"] = "2"
     [warning] = replacement_warnings(diff_plans(base, head))
     assert warning.startswith("TPU node q is queued: if its request is still waiting, this "
-                              "update (metadata.k) queues it again")
+                              "update (metadata.k) is held and applied once the node exists; "
+                              "the request keeps its place in the queue")

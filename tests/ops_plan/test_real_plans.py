@@ -12,7 +12,7 @@ import pytest
 from components.stack_config import file_config
 from ops.plan.diff import diff_plans, render_diff
 from ops.plan.offline import offline_plan
-from ops.plan.report import plain
+from ops.plan.report import plain, render
 from policy.evaluate import evaluate, load_config
 from tests.repo_stacks import repo_stacks
 
@@ -157,3 +157,23 @@ def test_a_stack_configured_to_break_a_rule_fails_with_its_message(policy):
 def test_a_stricter_policy_config_fails_the_stack(plans, policy):
     settings, message = POLICY_CONFIGS[policy]
     _assert_only(evaluate(plans["prod"], {policy: settings}), policy, message)
+
+
+@pytest.mark.parametrize("stack", ["platform", "dev"])
+def test_the_plan_lists_the_warnings_the_program_logs(stack):
+    """The program warns on its nodes at preview and up (stop save, cross-region reads:
+    components/locality.py); the plan lists the same text. The platform's nlp pod in
+    us-central2-b reads its data from the us-central1 data bucket."""
+    plan = offline_plan(stack)
+    warnings = plan.to_json()["warnings"]
+    assert sorted(warnings) == sorted(m for level, m in plan.run.logs if level == "warning")
+    far = [w for w in warnings if "outside its region" in w]
+    if stack == "dev":
+        assert far == []
+        return
+    assert far == [
+        "node pod in us-central2-b reads trainData from gs://acme-ml-shared-platform-data "
+        "(us-central1), outside its region us-central2: GCS charges for data read across "
+        "regions, every epoch (cloud.google.com/storage/pricing, data transfer within Google "
+        "Cloud); keep the data in a bucket in us-central2, or the node in the bucket's region"]
+    assert f"WARNING: {far[0]}" in render(plain(plan.to_json()), "table", [])

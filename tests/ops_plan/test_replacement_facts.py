@@ -75,7 +75,8 @@ def test_the_queued_entry_follows_its_provider():
     assert entry["replaceUnless"] == sorted(queued_tpu.IN_PLACE + queued_tpu.PROVIDER_ONLY), \
         "components/queued_tpu.py changed: regenerate ops/plan/facts/replacement.json"
     assert entry["deleteBeforeReplace"] is True
-    assert entry["requeueWhileWaiting"] == sorted(queued_tpu.IN_PLACE)
+    assert entry["heldWhileWaiting"] == sorted(queued_tpu.IN_PLACE)
+    assert "requeueWhileWaiting" not in entry
 
 
 @pytest.mark.parametrize(("old", "new", "shrunk"), [

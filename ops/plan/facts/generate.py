@@ -332,11 +332,12 @@ def type_entry(token: str, source: TypeSource, provider: Checkout, mm: Checkout,
 def queued_tpu_entry() -> dict[str, Any]:
     """The dynamic provider's own rule (components/queued_tpu.py, QueuedTpuProvider.diff):
     every input but the in-place and provider-only ones replaces, always delete first;
-    an in-place change while the request still waits queues it again (.update)."""
+    an in-place change while the request still waits is held, and applied once the node
+    exists: the request keeps its place in the queue (.update)."""
     from components import queued_tpu
 
     return {"replaceUnless": sorted(queued_tpu.IN_PLACE + queued_tpu.PROVIDER_ONLY),
-            "requeueWhileWaiting": sorted(queued_tpu.IN_PLACE),
+            "heldWhileWaiting": sorted(queued_tpu.IN_PLACE),
             "forceNew": [], "forceNewIf": {}, "deleteBeforeReplace": True, "autoName": None,
             "source": [{"repo": "tpu-stack", "path": "components/queued_tpu.py",
                         "symbol": "QueuedTpuProvider.diff, .update, IN_PLACE, PROVIDER_ONLY"}]}
