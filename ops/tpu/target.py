@@ -1,7 +1,9 @@
 """What tpuctl needs to know about a stack: its project, its nodes, where they live.
 
-Built from the lead's `StackSettings` (components/stack_config.py) so the node ids and
-slices are exactly those `pulumi up` makes; tests build one directly.
+Built from the lead's `StackSettings` (components/stack_config.py) so the node ids,
+slices and projects are exactly those `pulumi up` makes; tests build one directly.
+A team's nodes live in the team's own project (docs/teams.md), so one stack's
+nodes may span several projects: every node carries its own.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class ExpectedNode:
     runtime_version: str
     spot: bool
     queued: bool
+    project: str
 
     @property
     def region(self) -> str:
@@ -43,6 +46,16 @@ class StackTarget:
     @property
     def zones(self) -> list[str]:
         return sorted({node.zone for node in self.nodes})
+
+    @property
+    def places(self) -> list[tuple[str, str]]:
+        """(project, zone) of every node: where the TPU API lists them."""
+        return sorted({(node.project, node.zone) for node in self.nodes})
+
+    @property
+    def projects(self) -> list[str]:
+        """The projects the nodes live in; the stack's own when it has no nodes."""
+        return sorted({node.project for node in self.nodes}) or [self.project]
 
     @property
     def queued_node_ids(self) -> list[str]:
@@ -62,6 +75,7 @@ def target_for(settings: StackSettings) -> StackTarget:
             runtime_version=node.runtime,
             spot=node.spot,
             queued=node.provisioning == "queued",
+            project=settings.node_project(team),
         )
         for team, node in settings.named_nodes
     )
