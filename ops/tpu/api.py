@@ -19,6 +19,7 @@ from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exceptions
 from google.cloud import tpu_v2
 
+from components import gcp_credentials
 from components.naming import MANAGED_BY, label_value
 from components.queued_tpu import tpu_client, transient_retry
 
@@ -152,27 +153,32 @@ class TpuApi:
     """The calls tpuctl makes, each retried and each failing with one clear message.
 
     Not bound to a project: every call names its project (`parent`, `name`), so one
-    client serves a stack whose nodes span the team projects.
+    client serves a stack whose nodes span the team projects. `auth`: the stack's gcp
+    credentials (StackTarget.auth), as its gcp provider uses them.
     """
 
     def __init__(
         self,
         client: tpu_v2.TpuClient | None = None,
         deadline: float = 60.0,
+        auth: gcp_credentials.GcpAuth | None = None,
     ) -> None:
         self._client = client
+        self._auth = auth
         self._retry = transient_retry(deadline)
 
     @property
     def client(self) -> tpu_v2.TpuClient:
         if self._client is None:
             try:
-                self._client = tpu_client()
+                self._client = tpu_client(self._auth)
             except auth_exceptions.DefaultCredentialsError as error:
                 raise NoCredentialsError(
                     "no Google credentials: run `gcloud auth application-default login` "
                     "or set GOOGLE_APPLICATION_CREDENTIALS"
                 ) from error
+            except gcp_credentials.GcpCredentialsError as error:
+                raise TpuApiError(str(error)) from None
         return self._client
 
     def call(self, method: str, target: str, wait: float | None = None, **request: Any) -> Any:

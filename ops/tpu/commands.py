@@ -61,7 +61,7 @@ def clear_errors() -> Iterator[None]:
 
 
 def _api(target: StackTarget) -> TpuApi:
-    return TpuApi()
+    return TpuApi(auth=target.auth())
 
 
 # ---- preflight -----------------------------------------------------------------
@@ -274,7 +274,7 @@ def logs_cmd(
         target = load_target(stack)
         chosen = _pick_node(_api(target).stack_nodes(target.places, target.stack), target, node)
         prefix = agent_logs.status_prefix(chosen)
-        logs = agent_logs.AgentLogs(target.project)
+        logs = agent_logs.AgentLogs(target.project, auth=target.auth())
         if follow:
             state = agent_logs.follow(logs, prefix, worker, _print_raw, poll=period)
             console.print(f"[bold]job {state}[/]")

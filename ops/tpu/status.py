@@ -42,8 +42,8 @@ def collect(
     """
     nodes = api.stack_nodes(target.places, target.stack)
     readable = [n for n in nodes if n.state in READABLE_STATES]
-    listed = (agent_logs.published_jobs(logs or agent_logs.AgentLogs(target.project), readable)
-              if readable else {})
+    logs = logs or agent_logs.AgentLogs(target.project, auth=target.auth())
+    listed = agent_logs.published_jobs(logs, readable) if readable else {}
     asked = api.with_job_status([n for n in readable if (n.zone, n.node_id) not in listed])
     jobs = listed | {(n.zone, n.node_id): n.job for n in asked}
     return [replace(n, job=jobs.get((n.zone, n.node_id), {})) for n in nodes]
