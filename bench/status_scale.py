@@ -80,7 +80,8 @@ def populate(fake: FakeTpuApi, logs: AgentLogs, nodes: int, zones: tuple[str, ..
             fake.set_guest_attributes(zone, node_id, 0, fields)
             pool.submit(publish, node_id, fields)
             expected.append(
-                ExpectedNode(node_id, node_id, zone, v2_8, "tpu-vm-tf-2.18.0-pjrt", True, False)
+                ExpectedNode(node_id, node_id, zone, v2_8, "tpu-vm-tf-2.18.0-pjrt", True, False,
+                             PROJECT)
             )
     return StackTarget(PROJECT, "bench", tuple(expected))
 
@@ -92,7 +93,7 @@ def render(target: StackTarget, nodes: list) -> int:
 
 def naive(api: TpuApi, target: StackTarget, sample: int) -> int:
     """The list per zone, then guest attributes for the first `sample` nodes one by one."""
-    nodes = api.stack_nodes(target.zones, target.stack)
+    nodes = api.stack_nodes(target.places, target.stack)
     start = time.perf_counter()
     asked = [replace(n, job=api.job_status(n)) for n in nodes[:sample]]
     PER_CALL.append((time.perf_counter() - start) / max(sample, 1))
@@ -100,7 +101,7 @@ def naive(api: TpuApi, target: StackTarget, sample: int) -> int:
 
 
 def guest_attributes_pool(api: TpuApi, target: StackTarget) -> int:
-    return render(target, api.with_job_status(api.stack_nodes(target.zones, target.stack)))
+    return render(target, api.with_job_status(api.stack_nodes(target.places, target.stack)))
 
 
 def tpuctl_status(api: TpuApi, target: StackTarget, logs: AgentLogs) -> int:
@@ -136,7 +137,7 @@ def main() -> None:
         from google.cloud import storage
 
         logs = AgentLogs(PROJECT, storage.Client(project=PROJECT, _http=session))
-        api = TpuApi(PROJECT)
+        api = TpuApi()
         tpuctl_status(api, target, logs)  # warm up: clients, connection pools, imports
         fake.latency = args.latency
         sample = min(args.baseline_sample or args.nodes, args.nodes)

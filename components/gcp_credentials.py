@@ -1,5 +1,6 @@
 """The gcp provider's credentials, for code that calls Google APIs beside it (the
-queued-TPU dynamic provider), chosen the way the provider chooses them.
+queued-TPU dynamic provider; tpuctl, from the stack file's gcp: keys,
+ops/tpu/target.py), chosen the way the provider chooses them.
 
 terraform-provider-google (pulumi-gcp bridges it), google/provider/provider.go
 `providerConfigure` and google/transport/config.go `GetCredentials`:

@@ -38,14 +38,17 @@ DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 CONFIG_TYPES = ("V2", "V3", "V4", "V5LITE_POD", "V5P", "V6E")
 
 
-def tpu_client() -> Any:
-    """A TpuClient with the gcp provider's credentials (components/gcp_credentials.py),
-    or anonymous REST against `$TPU_STACK_TPU_ENDPOINT`."""
+def tpu_client(auth: gcp_credentials.GcpAuth | None = None) -> Any:
+    """A TpuClient with the gcp provider's credentials (components/gcp_credentials.py):
+    `auth`'s (tpuctl resolves them from the stack file), else this plugin process's
+    stack's; or anonymous REST against `$TPU_STACK_TPU_ENDPOINT`."""
     from google.cloud import tpu_v2
 
     endpoint = os.environ.get(ENDPOINT_ENV)
     if not endpoint:
-        return tpu_v2.TpuClient(credentials=gcp_credentials.stack_credentials())
+        credentials = (gcp_credentials.build(auth) if auth is not None
+                       else gcp_credentials.stack_credentials())
+        return tpu_v2.TpuClient(credentials=credentials)
     from google.auth.credentials import AnonymousCredentials
 
     return tpu_v2.TpuClient(

@@ -1,4 +1,5 @@
-"""README.md says what the code does: the deployer roles, the Pythons CI proves."""
+"""README.md says what the code does: the deployer roles, the Pythons CI proves, the
+Pulumi CLI it needs."""
 
 from __future__ import annotations
 
@@ -56,3 +57,13 @@ def test_start_your_own_stack_copies_dev_and_inits_the_same_name() -> None:
     assert copied
     assert f"pulumi stack init {copied[1]} " in README
     assert "pulumi config set gcp:project " in README
+
+
+def test_the_pulumi_cli_readme_names_is_the_version_file() -> None:
+    """README's minimum Pulumi CLI, and any other Pulumi 3.NNN.N version it names, is
+    .pulumi-version (Pulumi.yaml's requiredPulumiVersion minimum)."""
+    pinned = (REPO_ROOT / ".pulumi-version").read_text().strip()
+    claims = re.findall(r"Pulumi CLI must be\s+(\d+\.\d+\.\d+) or newer", README)
+    assert claims == [pinned]
+    cli_versions = re.findall(r"\b3\.\d{3}\.\d+\b", README)  # not a Python 3.11.x
+    assert set(cli_versions) <= {pinned}, cli_versions

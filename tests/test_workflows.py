@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from components.ci import BOOTSTRAP_ROLES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -237,6 +240,64 @@ def test_the_scheduled_heal_of_a_stack_without_ci_does_nothing() -> None:
     healed = outputs(run_stacks("heal", "prod", variables=PROD_VARS))
     assert healed["heal"] == "true" and healed["environment"] == "prod"
     assert healed["account"] == PROD_VARS["PROD_GCP_DEPLOYER_SERVICE_ACCOUNT"]
+
+
+TEAM_ID = "723456789"  # Pulumi.platform.yaml's tpu-stack:teams.vision.ci.githubRepositoryId
+TEAM_VARS = {"TEAM_VISION_GCP_WORKLOAD_IDENTITY_PROVIDER": "projects/2/locations/global/"
+             "workloadIdentityPools/team-vision-github/providers/github",
+             "TEAM_VISION_GCP_DEPLOYER_SERVICE_ACCOUNT":
+                 "team-vision-deployer@acme-ml-shared-vision.iam.gserviceaccount.com"}
+
+
+def test_a_team_stack_is_deployed_only_from_the_repository_the_platform_names() -> None:
+    """team-vision declares no tpu-stack:ci: its deployer is the platform's
+    teams.vision.ci, which names vision's repository, not this one."""
+    here = run_stacks("deploy", "team-vision", variables=TEAM_VARS)
+    assert here.returncode == 0, here.stderr
+    assert json.loads(outputs(here)["plan"])["team-vision"]["act"] is False
+    assert ("::notice::team-vision is not deployed by CI: it is deployed from "
+            "acme/vision-models (Pulumi.platform.yaml's tpu-stack:teams.vision.ci: "
+            f"githubRepositoryId '{TEAM_ID}'), this repository's id is '{SHIPPED_ID}'"
+            ) in here.stderr
+
+    theirs = run_stacks("deploy", "team-vision", variables=TEAM_VARS, repository_id=TEAM_ID)
+    assert theirs.returncode == 0, theirs.stderr
+    assert json.loads(outputs(theirs)["plan"])["team-vision"] == {
+        "stack": "team-vision", "act": True, "environment": "team-vision",
+        "provider": TEAM_VARS["TEAM_VISION_GCP_WORKLOAD_IDENTITY_PROVIDER"],
+        "account": TEAM_VARS["TEAM_VISION_GCP_DEPLOYER_SERVICE_ACCOUNT"]}
+
+
+def test_a_team_stacks_missing_variables_name_the_platform_outputs() -> None:
+    result = run_stacks("heal", "team-vision", variables={}, repository_id=TEAM_ID)
+    assert result.returncode == 1
+    assert ("set the repository variables TEAM_VISION_GCP_WORKLOAD_IDENTITY_PROVIDER, "
+            "TEAM_VISION_GCP_DEPLOYER_SERVICE_ACCOUNT (docs/pr-previews.md, 'Repository "
+            "variables and secrets'; TEAM_VISION_GCP_WORKLOAD_IDENTITY_PROVIDER: platform's "
+            "output teams.vision.deployer.workloadIdentityProvider; "
+            "TEAM_VISION_GCP_DEPLOYER_SERVICE_ACCOUNT: platform's output "
+            "teams.vision.deployer.serviceAccount)") in result.stderr
+
+
+def test_a_team_repository_without_the_platform_file_deploys_its_team_stack(
+    tmp_path: Path,
+) -> None:
+    shutil.copy(ROOT / "Pulumi.team-vision.yaml", tmp_path / "Pulumi.team-vision.yaml")
+    chosen = stacks.select(["team-vision"], TEAM_VARS, "1", "main", root=tmp_path)
+    assert chosen.missing == [] and chosen.notes == []
+    assert chosen.targets[0].act and chosen.targets[0].environment == "team-vision"
+
+
+def test_the_doc_names_each_team_variables_platform_output() -> None:
+    doc = (ROOT / "docs" / "pr-previews.md").read_text()
+    for name in stacks.TEAM_OUTPUTS.values():
+        assert f"teams.<team>.deployer.{name}" in doc, name
+
+
+def test_the_doc_lists_exactly_the_bootstrap_roles() -> None:
+    doc = (ROOT / "docs" / "pr-previews.md").read_text()
+    listed = doc.split("<!-- bootstrap-roles -->")[1].split("<!-- /bootstrap-roles -->")[0]
+    assert re.findall(r"`(roles/[^`]+)`", listed) == list(BOOTSTRAP_ROLES)
 
 
 def test_deploy_yml_has_one_job_per_deployed_stack_in_order() -> None:

@@ -30,11 +30,13 @@ class Action:
     zone: str
     subject: str  # the node id, or the queued resource's name for reset-queued
     reason: str
+    name: str  # the resource name the change is made on (it names the project)
 
     @classmethod
     def on(cls, verb: Verb, node: NodeStatus, reason: str) -> Action:
-        subject = node.queued_resource if verb == "reset-queued" else node.node_id
-        return cls(verb, node.zone, subject, reason)
+        if verb == "reset-queued":
+            return cls(verb, node.zone, node.queued_resource, reason, node.queued_resource)
+        return cls(verb, node.zone, node.node_id, reason, node.name)
 
 
 def recovery_plan(nodes: list[NodeStatus], queued: Sequence[QueuedStatus] = ()) -> list[Action]:
@@ -54,7 +56,8 @@ def recovery_plan(nodes: list[NodeStatus], queued: Sequence[QueuedStatus] = ()) 
     for request in queued:
         if request.state in STALLED_QUEUED_STATES and not present & set(request.node_ids):
             reason = f"queued resource {request.state}, node gone: re-queue the request"
-            actions.append(Action("reset-queued", request.zone, request.name, reason))
+            actions.append(Action("reset-queued", request.zone, request.name, reason,
+                                  request.name))
     return actions
 
 
@@ -118,9 +121,9 @@ def apply_actions(
     """Carry out every action but `report`, in order."""
     for action in actions:
         if action.verb == "delete-node":
-            api.delete_node(action.zone, action.subject)
+            api.delete_node(action.name)
         elif action.verb == "reset-queued":
-            api.reset_queued_resource(action.subject)
+            api.reset_queued_resource(action.name)
         elif action.verb == "stop-node":
-            api.stop_node(action.zone, action.subject)
+            api.stop_node(action.name)
         on_done(action)

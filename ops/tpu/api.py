@@ -1,8 +1,9 @@
 """The TPU API as tpuctl sees it: one client, retries, clear errors, a stack's nodes.
 
-A stack's nodes are found with ONE `list_nodes` call per zone the stack uses,
-filtered by the labels every tpu-stack resource carries (`stack`,
-`managed-by=pulumi`, docs/design.md "Labels everywhere"), never one `get` per node.
+A stack's nodes are found with ONE `list_nodes` call per (project, zone) the stack
+uses (a team's nodes live in the team's project, docs/teams.md), filtered by the
+labels every tpu-stack resource carries (`stack`, `managed-by=pulumi`,
+docs/design.md "Labels everywhere"), never one `get` per node.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exceptions
 from google.cloud import tpu_v2
 
+from components import gcp_credentials
 from components.naming import MANAGED_BY, label_value
 from components.queued_tpu import tpu_client, transient_retry
 
@@ -45,6 +47,9 @@ PERMISSIONS = {
 }
 
 
+Place = tuple[str, str]  # (project, zone): where the TPU API lists nodes
+
+
 class TpuApiError(RuntimeError):
     """A TPU API failure reduced to one sentence a person can act on."""
 
@@ -70,13 +75,19 @@ class NodeStatus:
     symptoms: tuple[str, ...] = ()
     created: datetime | None = None
     job: dict[str, str] = field(default_factory=dict)
+    project: str = ""
+
+    @property
+    def name(self) -> str:
+        """The node's resource name, as every call on it takes it."""
+        return node_name(self.project, self.zone, self.node_id)
 
     @classmethod
     def from_node(cls, node: tpu_v2.Node) -> NodeStatus:
         # Read from the raw protobuf: proto-plus converts on every attribute read, which
         # cost more than the request itself for a 2,000-node list (bench/status_scale.py).
         pb = tpu_v2.Node.pb(node)
-        zone, node_id = _zone_and_id(pb.name)
+        project, zone, node_id = _parts(pb.name)
         scheduling = pb.scheduling_config
         return cls(
             zone=zone,
@@ -95,6 +106,7 @@ class NodeStatus:
             ),
             created=pb.create_time.ToDatetime(timezone.utc) if pb.HasField("create_time")
             else None,
+            project=project,
         )
 
 
@@ -110,46 +122,64 @@ class QueuedStatus:
     @classmethod
     def from_queued(cls, queued: tpu_v2.QueuedResource) -> QueuedStatus:
         return cls(
-            zone=_zone_and_id(queued.name)[0],
+            zone=_parts(queued.name)[1],
             name=queued.name,
             state=queued.state.state.name,
             node_ids=tuple(spec.node_id for spec in queued.tpu.node_spec),
         )
 
 
-def _zone_and_id(name: str) -> tuple[str, str]:
-    # projects/<p>/locations/<zone>/nodes/<id>
+def _parts(name: str) -> tuple[str, str, str]:
+    # projects/<p>/locations/<zone>/nodes/<id>: (p, zone, id)
     parts = name.split("/")
-    return parts[3], parts[5]
+    return parts[1], parts[3], parts[5]
+
+
+def parent(project: str, zone: str) -> str:
+    return f"projects/{project}/locations/{zone}"
+
+
+def node_name(project: str, zone: str, node_id: str) -> str:
+    return f"{parent(project, zone)}/nodes/{node_id}"
+
+
+def _project_of(request: dict[str, Any]) -> str:
+    """The project of a request's `parent` or `name` (`projects/<p>/...`), for messages."""
+    parts = str(request.get("parent") or request.get("name") or "").split("/")
+    return parts[1] if len(parts) > 1 and parts[0] == "projects" else "?"
 
 
 class TpuApi:
-    """The calls tpuctl makes, each retried and each failing with one clear message."""
+    """The calls tpuctl makes, each retried and each failing with one clear message.
+
+    Not bound to a project: every call names its project (`parent`, `name`), so one
+    client serves a stack whose nodes span the team projects. `auth`: the stack's gcp
+    credentials (StackTarget.auth), as its gcp provider uses them.
+    """
 
     def __init__(
-        self, project: str, client: tpu_v2.TpuClient | None = None, deadline: float = 60.0
+        self,
+        client: tpu_v2.TpuClient | None = None,
+        deadline: float = 60.0,
+        auth: gcp_credentials.GcpAuth | None = None,
     ) -> None:
-        self.project = project
         self._client = client
+        self._auth = auth
         self._retry = transient_retry(deadline)
 
     @property
     def client(self) -> tpu_v2.TpuClient:
         if self._client is None:
             try:
-                self._client = tpu_client()
+                self._client = tpu_client(self._auth)
             except auth_exceptions.DefaultCredentialsError as error:
                 raise NoCredentialsError(
                     "no Google credentials: run `gcloud auth application-default login` "
                     "or set GOOGLE_APPLICATION_CREDENTIALS"
                 ) from error
+            except gcp_credentials.GcpCredentialsError as error:
+                raise TpuApiError(str(error)) from None
         return self._client
-
-    def parent(self, zone: str) -> str:
-        return f"projects/{self.project}/locations/{zone}"
-
-    def node_name(self, zone: str, node_id: str) -> str:
-        return f"{self.parent(zone)}/nodes/{node_id}"
 
     def call(self, method: str, target: str, wait: float | None = None, **request: Any) -> Any:
         """`client.<method>(**request)`, retried, every failure explained in one sentence.
@@ -158,26 +188,26 @@ class TpuApi:
         operations awaited here (`wait` seconds), so later pages fail the same way.
         """
         function: Callable[..., Any] = getattr(self.client, method)
-        with self._explained(method, target):
+        with self._explained(method, target, _project_of(request)):
             result = function(request=request, retry=self._retry)
             if method.startswith("list_"):
                 return list(result)
             return result.result(timeout=wait) if wait is not None else result
 
     @contextmanager
-    def _explained(self, method: str, target: str) -> Iterator[None]:
+    def _explained(self, method: str, target: str, project: str) -> Iterator[None]:
         try:
             yield
         except (gexc.PermissionDenied, gexc.Forbidden) as error:  # gRPC / REST spelling of 403
             permission = PERMISSIONS.get(method, "a tpu.* permission")
             raise TpuApiError(
-                f"permission denied: {method} on {target} in project {self.project} needs "
+                f"permission denied: {method} on {target} in project {project} needs "
                 f"IAM permission {permission} (e.g. roles/tpu.viewer or roles/tpu.admin)"
             ) from error
         except gexc.NotFound as error:
             if "Location" in str(error.message):
                 raise TpuApiError(
-                    f"zone {target!r} is unknown to the TPU API for project {self.project}: "
+                    f"zone {target!r} is unknown to the TPU API for project {project}: "
                     f"{error.message}"
                 ) from error
             raise TpuApiError(f"{method}: {target} not found ({error.message})") from error
@@ -191,27 +221,27 @@ class TpuApi:
             ) from error
 
     # ---- reads ---------------------------------------------------------------
-    def list_nodes(self, zone: str) -> list[tpu_v2.Node]:
-        return self.call("list_nodes", zone, parent=self.parent(zone))
+    def list_nodes(self, project: str, zone: str) -> list[tpu_v2.Node]:
+        return self.call("list_nodes", zone, parent=parent(project, zone))
 
-    def stack_nodes(self, zones: Iterable[str], stack: str) -> list[NodeStatus]:
-        """Every node of `stack` in `zones`: one list call per zone."""
+    def stack_nodes(self, places: Iterable[Place], stack: str) -> list[NodeStatus]:
+        """Every node of `stack` at `places` (project, zone): one list call per place."""
         found: list[NodeStatus] = []
-        for zone in sorted(set(zones)):
+        for project, zone in sorted(set(places)):
             found += [
                 NodeStatus.from_node(n)
-                for n in self.list_nodes(zone)
+                for n in self.list_nodes(project, zone)
                 if belongs_to(n.labels, stack)
             ]
-        return sorted(found, key=lambda n: (n.zone, n.node_id))
+        return sorted(found, key=lambda n: (n.zone, n.node_id, n.project))
 
-    def stack_queued(self, zones: Iterable[str], node_ids: Iterable[str]) -> list[QueuedStatus]:
+    def stack_queued(self, places: Iterable[Place], node_ids: Iterable[str]) -> list[QueuedStatus]:
         """Queued resources (they carry no labels) that provision any of `node_ids`:
-        one list call per zone."""
+        one list call per (project, zone)."""
         wanted = set(node_ids)
         found = []
-        for zone in sorted(set(zones)):
-            listed = self.call("list_queued_resources", zone, parent=self.parent(zone))
+        for project, zone in sorted(set(places)):
+            listed = self.call("list_queued_resources", zone, parent=parent(project, zone))
             found += [q for q in map(QueuedStatus.from_queued, listed) if wanted & set(q.node_ids)]
         return found
 
@@ -220,7 +250,7 @@ class TpuApi:
         response = self.call(
             "get_guest_attributes",
             node.node_id,
-            name=self.node_name(node.zone, node.node_id),
+            name=node.name,
             query_path=f"{STATUS_NAMESPACE}/",
             # Worker 0 runs the job (a pod's other workers are idle); the API
             # promises no order for all workers (GetGuestAttributesRequest.worker_ids).
@@ -247,20 +277,21 @@ class TpuApi:
             )
         return [replace(n, job=statuses.get((n.node_id, n.zone), {})) for n in nodes]
 
-    def accelerator_types(self, zone: str) -> set[str]:
-        types = self.call("list_accelerator_types", zone, parent=self.parent(zone))
+    def accelerator_types(self, project: str, zone: str) -> set[str]:
+        types = self.call("list_accelerator_types", zone, parent=parent(project, zone))
         return {item.type_ for item in types}
 
-    def runtime_versions(self, zone: str) -> set[str]:
-        versions = self.call("list_runtime_versions", zone, parent=self.parent(zone))
+    def runtime_versions(self, project: str, zone: str) -> set[str]:
+        versions = self.call("list_runtime_versions", zone, parent=parent(project, zone))
         return {item.version for item in versions}
 
     # ---- changes -------------------------------------------------------------
-    def delete_node(self, zone: str, node_id: str, timeout: float = 600.0) -> None:
-        self.call("delete_node", node_id, wait=timeout, name=self.node_name(zone, node_id))
+    def delete_node(self, name: str, timeout: float = 600.0) -> None:
+        """Delete the node `name` (`projects/<p>/locations/<zone>/nodes/<id>`)."""
+        self.call("delete_node", _parts(name)[2], wait=timeout, name=name)
 
-    def stop_node(self, zone: str, node_id: str, timeout: float = 600.0) -> None:
-        self.call("stop_node", node_id, wait=timeout, name=self.node_name(zone, node_id))
+    def stop_node(self, name: str, timeout: float = 600.0) -> None:
+        self.call("stop_node", _parts(name)[2], wait=timeout, name=name)
 
     def reset_queued_resource(self, queued_resource: str, timeout: float = 600.0) -> None:
         self.call("reset_queued_resource", queued_resource, wait=timeout, name=queued_resource)

@@ -61,7 +61,7 @@ def clear_errors() -> Iterator[None]:
 
 
 def _api(target: StackTarget) -> TpuApi:
-    return TpuApi(target.project)
+    return TpuApi(auth=target.auth())
 
 
 # ---- preflight -----------------------------------------------------------------
@@ -79,7 +79,7 @@ def preflight_cmd(
     with clear_errors():
         target = load_target(stack)
         report = preflight.preflight(target, None if offline else _api(target))
-    table = Table(title=f"preflight: stack {stack} ({target.project})")
+    table = Table(title=f"preflight: stack {stack} ({', '.join(target.projects)})")
     for column in ("subject", "check", "result", "detail"):
         table.add_column(column)
     colour = {"ok": "green", "fail": "red", "not checked": "yellow"}
@@ -212,7 +212,7 @@ def recover_cmd(stack: str = StackOption, apply: bool = ApplyOption) -> None:
     with clear_errors():
         target = load_target(stack)
         api = _api(target)
-        nodes = api.stack_nodes(target.zones, target.stack)
+        nodes = api.stack_nodes(target.places, target.stack)
         actions = node_actions.recovery_plan(nodes, node_status.collect_queued(api, target))
         _act(api, actions, apply, "nothing to recover: no PREEMPTED or TERMINATED nodes")
     if actions and apply:
@@ -272,9 +272,9 @@ def logs_cmd(
     period = seconds(poll, "--poll")
     with clear_errors():
         target = load_target(stack)
-        chosen = _pick_node(_api(target).stack_nodes(target.zones, target.stack), target, node)
+        chosen = _pick_node(_api(target).stack_nodes(target.places, target.stack), target, node)
         prefix = agent_logs.status_prefix(chosen)
-        logs = agent_logs.AgentLogs(target.project)
+        logs = agent_logs.AgentLogs(target.project, auth=target.auth())
         if follow:
             state = agent_logs.follow(logs, prefix, worker, _print_raw, poll=period)
             console.print(f"[bold]job {state}[/]")

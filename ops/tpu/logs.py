@@ -11,10 +11,12 @@ this at a local emulator.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
+from components import gcp_credentials
 from components.agent import STATUS_KEY
 from ops.tpu.api import STATUS_KEYS, NodeStatus
 
@@ -44,18 +46,27 @@ def parent_of(path: str) -> str:
 
 
 class AgentLogs:
-    """Reads one worker's job.log and status.json under a status prefix."""
+    """Reads one worker's job.log and status.json under a status prefix, with the
+    stack's gcp credentials (`auth`; without it, the provider's environment variables,
+    then plain ADC)."""
 
-    def __init__(self, project: str, client: Any = None) -> None:
+    def __init__(self, project: str, client: Any = None,
+                 auth: gcp_credentials.GcpAuth | None = None) -> None:
         self.project = project
         self._client = client
+        self._auth = auth
 
     @property
     def client(self) -> Any:
         if self._client is None:
             from google.cloud import storage
 
-            self._client = storage.Client(project=self.project)
+            # Against STORAGE_EMULATOR_HOST the client makes itself anonymous when given
+            # no credentials (google-cloud-storage 3.x, google/cloud/storage/client.py).
+            emulated = bool(os.environ.get("STORAGE_EMULATOR_HOST"))
+            auth = self._auth or gcp_credentials.resolve({}, os.environ)
+            credentials = None if emulated else gcp_credentials.build(auth)
+            self._client = storage.Client(project=self.project, credentials=credentials)
         return self._client
 
     def _read(self, prefix: str, worker: int, name: str) -> bytes | None:

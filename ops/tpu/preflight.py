@@ -2,7 +2,8 @@
 
 Three sources, each reported on its own: the catalog (components/catalog.py, the
 only place tpuctl takes TPU facts from), the live TPU API of each zone (the
-accelerator types and runtime versions it offers), and the project's TPU quota.
+accelerator types and runtime versions it offers), and the TPU quota of each
+project the nodes live in (a team's nodes: the team's project, docs/teams.md).
 """
 
 from __future__ import annotations
@@ -63,13 +64,16 @@ def catalog_checks(node: ExpectedNode) -> list[Check]:
 
 
 def live_checks(api: TpuApi, target: StackTarget) -> list[Check]:
-    """One list of accelerator types and one of runtime versions per zone."""
+    """One list of accelerator types and one of runtime versions per (project, zone):
+    what a zone offers depends on the project asking."""
     offered = {
-        zone: (api.accelerator_types(zone), api.runtime_versions(zone)) for zone in target.zones
+        (project, zone): (api.accelerator_types(project, zone),
+                          api.runtime_versions(project, zone))
+        for project, zone in target.places
     }
     checks = []
     for node in target.nodes:
-        types, runtimes = offered[node.zone]
+        types, runtimes = offered[(node.project, node.zone)]
         wanted = node.tpu.accelerator_type
         checks.append(_offered(node, f"zone offers {wanted}", wanted in types, sorted(types)))
         checks.append(
@@ -89,20 +93,23 @@ def _offered(node: ExpectedNode, what: str, ok: bool, choices: list[str]) -> Che
 
 
 def quota_checks(target: StackTarget, lookup: QuotaLookup | None) -> list[Check]:
-    """Chips the stack needs per (generation, region, spot), against the quota if known.
+    """Chips the stack needs per (project, generation, region, spot), against the quota
+    if known.
 
-    Quota is per TPU family and region, separately for on-demand and preemptible
-    (docs/tpu-facts.md).
+    Quota is per project, TPU family and region, separately for on-demand and
+    preemptible (docs/tpu-facts.md).
     """
-    needed: dict[tuple[catalog.Generation, str, bool], int] = defaultdict(int)
+    needed: dict[tuple[str, catalog.Generation, str, bool], int] = defaultdict(int)
     for node in target.nodes:
-        needed[(node.tpu.generation, node.region, node.spot)] += node.tpu.chips
+        needed[(node.project, node.tpu.generation, node.region, node.spot)] += node.tpu.chips
+    several = len({project for project, *_ in needed}) > 1
     checks = []
-    for (gen, region, spot), chips in sorted(
-        needed.items(), key=lambda item: (item[0][0].name, item[0][1:])
+    for (project, gen, region, spot), chips in sorted(
+        needed.items(), key=lambda item: (item[0][0], item[0][1].name, item[0][2:])
     ):
         subject = f"{gen.name} {'spot' if spot else 'on-demand'} in {region}"
-        allowed = lookup(target.project, region, gen, spot) if lookup else None
+        subject += f" ({project})" if several else ""
+        allowed = lookup(project, region, gen, spot) if lookup else None
         if allowed is None:
             checks.append(Check(subject, f"quota for {chips} chips", "not checked", _QUOTA_UNKNOWN))
         else:

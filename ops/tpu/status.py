@@ -40,10 +40,10 @@ def collect(
     metadata) where it is there, else from the node's guest attributes: one call per
     node, so only for the nodes the listing lacks (an older agent, no storage access).
     """
-    nodes = api.stack_nodes(target.zones, target.stack)
+    nodes = api.stack_nodes(target.places, target.stack)
     readable = [n for n in nodes if n.state in READABLE_STATES]
-    listed = (agent_logs.published_jobs(logs or agent_logs.AgentLogs(target.project), readable)
-              if readable else {})
+    logs = logs or agent_logs.AgentLogs(target.project, auth=target.auth())
+    listed = agent_logs.published_jobs(logs, readable) if readable else {}
     asked = api.with_job_status([n for n in readable if (n.zone, n.node_id) not in listed])
     jobs = listed | {(n.zone, n.node_id): n.job for n in asked}
     return [replace(n, job=jobs.get((n.zone, n.node_id), {})) for n in nodes]
@@ -67,15 +67,16 @@ def rehearsed(target: StackTarget, root: Path | None = None) -> list[NodeStatus]
     job = {key: value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
            for key, value in fields.items() if key in STATUS_KEYS}
     return [NodeStatus(node.zone, node.node_id, REHEARSED, "", node.tpu.accelerator_type,
-                       node.runtime_version, node.spot, {}, {}, "", job=job)]
+                       node.runtime_version, node.spot, {}, {}, "", job=job,
+                       project=node.project)]
 
 
 def collect_queued(api: TpuApi, target: StackTarget) -> list[QueuedStatus]:
     """The stack's queued resources; no call at all for a stack without queued nodes."""
     if not target.queued_node_ids:
         return []
-    zones = {node.zone for node in target.nodes if node.queued}
-    return api.stack_queued(zones, target.queued_node_ids)
+    places = {(node.project, node.zone) for node in target.nodes if node.queued}
+    return api.stack_queued(places, target.queued_node_ids)
 
 
 def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
@@ -101,7 +102,7 @@ def status_table(
 ) -> RenderableType:
     """One row per node; with `rehearsal`, the offline view of that rehearsal's state.
     Every cell is text as it is: a job's message `[line 3 ...]` is no markup."""
-    source = f"rehearsal, offline: {rehearsal}" if rehearsal else target.project
+    source = f"rehearsal, offline: {rehearsal}" if rehearsal else ", ".join(target.projects)
     title = f"stack {target.stack} ({source})"
     rows = status_rows(target, nodes, queued, "not rehearsed" if rehearsal else "ABSENT")
     if len(rows) > BOXED_ROWS:

@@ -1,16 +1,32 @@
 """What tpuctl needs to know about a stack: its project, its nodes, where they live.
 
-Built from the lead's `StackSettings` (components/stack_config.py) so the node ids and
-slices are exactly those `pulumi up` makes; tests build one directly.
+Built from the lead's `StackSettings` (components/stack_config.py) so the node ids,
+slices and projects are exactly those `pulumi up` makes; tests build one directly.
+A team's nodes live in the team's own project (docs/teams.md), so one stack's
+nodes may span several projects: every node carries its own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
-from components import catalog
+from components import catalog, gcp_credentials
+from components.archive import REPO_ROOT
 from components.settings import SettingsError, StackSettings
-from components.stack_config import StackFileError, settings_for
+from components.stack_config import StackFileError, settings_for, stack_file_config
+
+# The stack file's gcp: keys that choose the gcp provider's credentials.
+GCP_AUTH_KEYS = (*gcp_credentials.CONFIG_KEYS.values(), *gcp_credentials.UNSUPPORTED_KEYS)
+# The provider's environment variables that stand for a key tpuctl cannot read: a
+# secret (`secure:`) needs the stack's passphrase or secrets provider to decrypt.
+ENV_FOR_SECRET = {
+    gcp_credentials.CONFIG_KEYS["access_token"]: (gcp_credentials.ACCESS_TOKEN_ENV,),
+    gcp_credentials.CONFIG_KEYS["credentials"]: gcp_credentials.CREDENTIALS_ENV,
+}
 
 
 class TargetError(ValueError):
@@ -28,6 +44,7 @@ class ExpectedNode:
     runtime_version: str
     spot: bool
     queued: bool
+    project: str
 
     @property
     def region(self) -> str:
@@ -39,10 +56,30 @@ class StackTarget:
     project: str
     stack: str
     nodes: tuple[ExpectedNode, ...]
+    # The stack file's gcp: credential keys (GCP_AUTH_KEYS), values as YAML reads them.
+    gcp: Mapping[str, Any] = field(default_factory=dict)
+
+    def auth(self, env: Mapping[str, str] | None = None) -> gcp_credentials.GcpAuth:
+        """The credentials the stack's gcp provider would use (its config, then the
+        environment), so tpuctl acts as the same identity as `pulumi up`."""
+        try:
+            return gcp_credentials.resolve(self.gcp, os.environ if env is None else env)
+        except gcp_credentials.GcpCredentialsError as error:
+            raise TargetError(f"Pulumi.{self.stack}.yaml: {error}") from None
 
     @property
     def zones(self) -> list[str]:
         return sorted({node.zone for node in self.nodes})
+
+    @property
+    def places(self) -> list[tuple[str, str]]:
+        """(project, zone) of every node: where the TPU API lists them."""
+        return sorted({(node.project, node.zone) for node in self.nodes})
+
+    @property
+    def projects(self) -> list[str]:
+        """The projects the nodes live in; the stack's own when it has no nodes."""
+        return sorted({node.project for node in self.nodes}) or [self.project]
 
     @property
     def queued_node_ids(self) -> list[str]:
@@ -62,15 +99,37 @@ def target_for(settings: StackSettings) -> StackTarget:
             runtime_version=node.runtime,
             spot=node.spot,
             queued=node.provisioning == "queued",
+            project=settings.node_project(team),
         )
         for team, node in settings.named_nodes
     )
     return StackTarget(project=settings.gcp_project, stack=settings.stack, nodes=nodes)
 
 
-def load_target(stack: str) -> StackTarget:
+def load_target(stack: str, root: Path = REPO_ROOT,
+                env: Mapping[str, str] | None = None) -> StackTarget:
     """The stack's target from Pulumi.yaml + Pulumi.<stack>.yaml, or one clear TargetError."""
     try:
-        return target_for(settings_for(stack))
+        target = target_for(settings_for(stack, root))
+        return replace(target, gcp=gcp_config(stack, root, os.environ if env is None else env))
     except (SettingsError, StackFileError) as error:
         raise TargetError(str(error)) from None
+
+
+def gcp_config(stack: str, root: Path, env: Mapping[str, str]) -> dict[str, Any]:
+    """The stack file's gcp: credential keys. A secret one is left to the provider's
+    environment variable for it, which tpuctl then needs: it decrypts no secrets."""
+    raw = stack_file_config(stack, root)
+    config = {}
+    for key in GCP_AUTH_KEYS:
+        value = raw.get(key)
+        if not (isinstance(value, dict) and "secure" in value):
+            if value is not None:
+                config[key] = value
+            continue
+        names = ENV_FOR_SECRET.get(key, ())
+        if not any(env.get(name) for name in names):
+            instead = f": set {' or '.join(names)} to its value" if names else ""
+            raise TargetError(f"{key} is a secret in Pulumi.{stack}.yaml, which tpuctl cannot "
+                              f"decrypt{instead}")
+    return config

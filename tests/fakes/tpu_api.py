@@ -10,7 +10,9 @@ come back already done. State is scripted per resource: every read of a node
 or queued resource (get or list) returns its current state, then moves it to
 the next scripted one, so "CREATING, READY, PREEMPTED" is three polls.
 Every request is logged in `calls` so tests can assert that a dry run changed
-nothing. `latency` (seconds, 0 unless a test or bench sets it) delays every
+nothing. A fake serves one project; `add_project` serves another (a team's) at the
+same endpoint with its own nodes, and a request for any other project is refused.
+`latency` (seconds, 0 unless a test or bench sets it) delays every
 answer as a round trip to tpu.googleapis.com would; requests in flight at once
 wait side by side, as they do on the real API.
 """
@@ -97,6 +99,7 @@ class FakeTpuApi:
     runtime_versions: dict[str, list[str]] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     latency: float = 0.0
+    projects: dict[str, FakeTpuApi] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -128,6 +131,12 @@ class FakeTpuApi:
             self._server = None
 
     # ---- scripting ---------------------------------------------------------
+    def add_project(self, project: str) -> FakeTpuApi:
+        """Another project served at this endpoint, offering the same zones."""
+        other = FakeTpuApi(project, dict(self.accelerator_types), dict(self.runtime_versions))
+        self.projects[project] = other
+        return other
+
     def zones(self) -> set[str]:
         return set(self.accelerator_types) | set(self.runtime_versions)
 
@@ -250,6 +259,14 @@ class FakeTpuApi:
         match = PATH.match(parts.path)
         if match is None:
             return _error(404, "NOT_FOUND", f"no such path {parts.path}")
+        if match["project"] != self.project:
+            other = self.projects.get(match["project"])
+            if other is not None:
+                return other.handle(method, url, body)
+            # What Google APIs answer for a project the caller cannot see or that does
+            # not exist (wording as seen from googleapis services; unconfirmed for TPU).
+            return _error(403, "PERMISSION_DENIED",
+                          f"Permission denied on resource project {match['project']}.")
         zone, collection, rid = match["zone"], match["collection"] or "", match["id"]
         action = match["verb"] or _action(method, rid)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}

@@ -32,4 +32,4 @@ def fake_tpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTpuApi]:
 
 @pytest.fixture
 def tpu(fake_tpu: FakeTpuApi) -> TpuApi:
-    return TpuApi(PROJECT, deadline=10.0)
+    return TpuApi(deadline=10.0)

@@ -6,7 +6,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from ops.tpu.actions import apply_actions, janitor_plan, recovery_plan
-from ops.tpu.api import TpuApi
+from ops.tpu.api import TpuApi, node_name
 from ops.tpu.status import collect, collect_queued
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import PROJECT, STACK_LABELS, ZONE, expected_node, target
@@ -26,7 +26,7 @@ def test_recover_deletes_lost_nodes_and_requeues_queued_ones(
     fake_tpu.add_node(ZONE, "dev-old", "TERMINATED", labels=STACK_LABELS)
     fake_tpu.add_queued_node(ZONE, "dev-q", "PREEMPTED", labels=STACK_LABELS, spot=True)
 
-    actions = recovery_plan(tpu.stack_nodes([ZONE], "dev"))
+    actions = recovery_plan(tpu.stack_nodes([(PROJECT, ZONE)], "dev"))
 
     assert plan_of(actions) == [
         ("delete-node", "dev-old"),
@@ -48,12 +48,13 @@ def test_recover_requeues_a_suspended_request_whose_node_is_gone(
     fake_tpu.add_queued_node(ZONE, "dev-q", labels=STACK_LABELS)
     fake_tpu.add_queued_node(ZONE, "other-q", labels={"stack": "other"})
     for node_id in ("dev-q", "other-q"):
-        tpu.delete_node(ZONE, node_id)  # the request goes SUSPENDING, then SUSPENDED
+        # the request goes SUSPENDING, then SUSPENDED
+        tpu.delete_node(node_name(PROJECT, ZONE, node_id))
     stack = target(replace(expected_node("dev-q"), queued=True))
     collect_queued(tpu, stack)  # one read: SUSPENDING -> SUSPENDED
     fake_tpu.calls.clear()
 
-    actions = recovery_plan(tpu.stack_nodes(stack.zones, "dev"), collect_queued(tpu, stack))
+    actions = recovery_plan(tpu.stack_nodes(stack.places, "dev"), collect_queued(tpu, stack))
 
     assert plan_of(actions) == [
         ("reset-queued", f"projects/{PROJECT}/locations/{ZONE}/queuedResources/dev-q-qr")

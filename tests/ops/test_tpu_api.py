@@ -17,7 +17,7 @@ def test_stack_nodes_come_from_one_list_per_zone_filtered_by_labels(
     fake_tpu.add_node(ZONE, "prod-a", labels={**STACK_LABELS, "stack": "prod"})
     fake_tpu.add_node(ZONE, "hand-made", labels={"stack": "dev"})
 
-    nodes = tpu.stack_nodes([ZONE, OTHER_ZONE, ZONE], "dev")
+    nodes = tpu.stack_nodes([(PROJECT, ZONE), (PROJECT, OTHER_ZONE), (PROJECT, ZONE)], "dev")
 
     assert [(n.zone, n.node_id, n.spot) for n in nodes] == [
         (OTHER_ZONE, "dev-b", True),
@@ -29,7 +29,7 @@ def test_stack_nodes_come_from_one_list_per_zone_filtered_by_labels(
 def test_node_states_move_creating_ready_preempted(fake_tpu: FakeTpuApi, tpu: TpuApi) -> None:
     fake_tpu.add_node(ZONE, "dev-a", "CREATING", "READY", "PREEMPTED", labels=STACK_LABELS)
 
-    states = [tpu.stack_nodes([ZONE], "dev")[0].state for _ in range(4)]
+    states = [tpu.stack_nodes([(PROJECT, ZONE)], "dev")[0].state for _ in range(4)]
 
     assert states == ["CREATING", "READY", "PREEMPTED", "PREEMPTED"]
 
@@ -38,7 +38,7 @@ def test_503s_are_retried_until_success(fake_tpu: FakeTpuApi, tpu: TpuApi) -> No
     fake_tpu.add_node(ZONE, "dev-a", labels=STACK_LABELS)
     fake_tpu.fail(503, times=2, action="list")
 
-    assert [n.node_id for n in tpu.stack_nodes([ZONE], "dev")] == ["dev-a"]
+    assert [n.node_id for n in tpu.stack_nodes([(PROJECT, ZONE)], "dev")] == ["dev-a"]
     assert fake_tpu.count("list") == 3
 
 
@@ -46,14 +46,14 @@ def test_endless_503s_end_in_one_message(fake_tpu: FakeTpuApi) -> None:
     fake_tpu.fail(503, times=1000, action="list")
 
     with pytest.raises(TpuApiError, match="list_nodes on us-central1-b: the TPU API kept failing"):
-        TpuApi(PROJECT, deadline=0.5).list_nodes(ZONE)
+        TpuApi(deadline=0.5).list_nodes(PROJECT, ZONE)
 
 
 def test_permission_denied_names_the_missing_permission(fake_tpu: FakeTpuApi, tpu: TpuApi) -> None:
     fake_tpu.fail(403, action="list", message="The caller does not have permission")
 
     with pytest.raises(TpuApiError) as raised:
-        tpu.list_nodes(ZONE)
+        tpu.list_nodes(PROJECT, ZONE)
 
     assert str(raised.value) == (
         "permission denied: list_nodes on us-central1-b in project acme-ml-dev needs IAM "
@@ -64,7 +64,7 @@ def test_permission_denied_names_the_missing_permission(fake_tpu: FakeTpuApi, tp
 
 def test_unknown_zone_is_one_clear_message(fake_tpu: FakeTpuApi, tpu: TpuApi) -> None:
     with pytest.raises(TpuApiError, match="zone 'us-nowhere1-z' is unknown to the TPU API"):
-        tpu.list_nodes("us-nowhere1-z")
+        tpu.list_nodes(PROJECT, "us-nowhere1-z")
 
 
 def test_job_status_reads_worker_0_guest_attributes(fake_tpu: FakeTpuApi, tpu: TpuApi) -> None:
@@ -75,7 +75,7 @@ def test_job_status_reads_worker_0_guest_attributes(fake_tpu: FakeTpuApi, tpu: T
     fake_tpu.set_guest_attributes(ZONE, "dev-a", 1, {"state": "failed"})
     fake_tpu.set_guest_attributes(ZONE, "dev-a", 0, {"other": "x"}, namespace="someone-else")
 
-    nodes = tpu.with_job_status(tpu.stack_nodes([ZONE], "dev"))
+    nodes = tpu.with_job_status(tpu.stack_nodes([(PROJECT, ZONE)], "dev"))
 
     assert [n.job for n in nodes] == [status, {}]
     assert fake_tpu.count("getGuestAttributes") == 1, "only READY nodes are asked"
@@ -88,4 +88,4 @@ def test_missing_credentials_are_reported_without_a_traceback(
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "absent.json"))
 
     with pytest.raises(NoCredentialsError, match="no Google credentials"):
-        TpuApi(PROJECT).list_nodes(ZONE)
+        TpuApi().list_nodes(PROJECT, ZONE)

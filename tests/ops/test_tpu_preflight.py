@@ -84,7 +84,7 @@ def test_without_credentials_preflight_falls_back_to_the_catalog(
     monkeypatch.delenv("TPU_STACK_TPU_ENDPOINT", raising=False)
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "absent.json"))
 
-    report = preflight(target(expected_node("dev-a", ZONE)), TpuApi(PROJECT))
+    report = preflight(target(expected_node("dev-a", ZONE)), TpuApi())
 
     assert not report.live and report.ok
     assert report.credentials_error.startswith("no Google credentials")

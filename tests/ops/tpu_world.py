@@ -24,6 +24,7 @@ def expected_node(
         runtime_version=runtime_version,
         spot=spot,
         queued=False,
+        project=PROJECT,
     )
 
 
