@@ -356,9 +356,12 @@ def test_team_nodes_run_as_their_team_and_write_to_its_buckets(three_teams) -> N
     teams = three_teams.outputs["teams"]
     vms = three_teams.of_type(V2VM)
     assert len(vms) == 6
-    releases = {o.inputs["name"].split("/")[1]: o.inputs["content"]["value"]
-                for o in three_teams.of_type("gcp:storage/bucketObject:BucketObject")
-                if "-release-" in o.name}  # the job is in the node's release (C1)
+    # The job is in the node's release (C1), a secret input: the mock engine records
+    # it unwrapped and names it in `secrets`.
+    objects = [o for o in three_teams.of_type("gcp:storage/bucketObject:BucketObject")
+               if "-release-" in o.name]
+    assert all("content" in o.secrets for o in objects)
+    releases = {o.inputs["name"].split("/")[1]: o.inputs["content"] for o in objects}
     for vm in vms:
         name = vm.inputs["labels"]["team"]
         assert vm.inputs["serviceAccount"]["email"] == teams[name]["serviceAccount"]
