@@ -554,8 +554,9 @@ def test_the_offline_plan_prices_every_team() -> None:
     assert cost["byTeam"] == {"nlp": {"usdPerHour": pytest.approx(56.376),
                                       "usdPerMonth": pytest.approx(56.376 * 730)}}
     assert "- team nlp: $56.38/hour, $41,154.48/month" in cost_summary(plan.to_json()).splitlines()
-    rows = {row[0]: row[4] for row in node_rows(plan.to_json())}
-    assert rows == {"nlp-pod": "$51.52", "nlp-sweep": "$4.86"}
+    # name, GCP name, accelerator, runtime, provisioning, USD/hour, USD/month, spot saving
+    rows = {row[0]: row[5] for row in node_rows(plan.to_json())}
+    assert rows == {"nlp-pod": "~$51.52 (unconfirmed) via reservation", "nlp-sweep": "$4.86"}
     assert "byTeam" not in offline_plan("dev").to_json()["cost"]
 
 
