@@ -590,9 +590,11 @@ def _network_problems(s: StackSettings) -> Problems:
                                                          f"{clash}")
         else:
             pinned[region] = net
-    # The others take grid blocks, which overlap no pin (components/subnets.py).
+    # The others take grid blocks, which overlap no pin (components/subnets.py). A
+    # region with no TPUs comes from a zone or quota region already refused under
+    # its own key: one message for the mistake, not a second about its slot.
     pins = {region: str(net) for region, net in pinned.items()}
-    for region in sorted(set(s.regions) - set(s.network.subnets)):
+    for region in sorted(set(s.regions) & set(regions) - set(s.network.subnets)):
         try:
             cidr = subnets.subnet_ranges(grid, [region], pins)[region]
         except subnets.SubnetRangeError as error:

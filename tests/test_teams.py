@@ -356,9 +356,12 @@ def test_team_nodes_run_as_their_team_and_write_to_its_buckets(three_teams) -> N
     teams = three_teams.outputs["teams"]
     vms = three_teams.of_type(V2VM)
     assert len(vms) == 6
-    releases = {o.inputs["name"].split("/")[1]: o.inputs["content"]["value"]
-                for o in three_teams.of_type("gcp:storage/bucketObject:BucketObject")
-                if "-release-" in o.name}  # the job is in the node's release (C1)
+    # The job is in the node's release (C1), a secret input: the mock engine records
+    # it unwrapped and names it in `secrets`.
+    objects = [o for o in three_teams.of_type("gcp:storage/bucketObject:BucketObject")
+               if "-release-" in o.name]
+    assert all("content" in o.secrets for o in objects)
+    releases = {o.inputs["name"].split("/")[1]: o.inputs["content"] for o in objects}
     for vm in vms:
         name = vm.inputs["labels"]["team"]
         assert vm.inputs["serviceAccount"]["email"] == teams[name]["serviceAccount"]
@@ -551,8 +554,9 @@ def test_the_offline_plan_prices_every_team() -> None:
     assert cost["byTeam"] == {"nlp": {"usdPerHour": pytest.approx(56.376),
                                       "usdPerMonth": pytest.approx(56.376 * 730)}}
     assert "- team nlp: $56.38/hour, $41,154.48/month" in cost_summary(plan.to_json()).splitlines()
-    rows = {row[0]: row[4] for row in node_rows(plan.to_json())}
-    assert rows == {"nlp-pod": "$51.52", "nlp-sweep": "$4.86"}
+    # name, GCP name, accelerator, runtime, provisioning, USD/hour, USD/month, spot saving
+    rows = {row[0]: row[5] for row in node_rows(plan.to_json())}
+    assert rows == {"nlp-pod": "~$51.52 (unconfirmed) via reservation", "nlp-sweep": "$4.86"}
     assert "byTeam" not in offline_plan("dev").to_json()["cost"]
 
 

@@ -49,15 +49,29 @@ TYPES: dict[str, TypeSource] = {
     "gcp:billing/budget:Budget": TypeSource(
         "google_billing_budget", (GO + "billingbudgets/resource_billing_budget.go",), (),
         "mmv1/products/billingbudgets/Budget.yaml"),
+    "gcp:cloudquota/sQuotaPreference:SQuotaPreference": TypeSource(
+        "google_cloud_quotas_quota_preference",
+        (GO + "cloudquotas/resource_cloud_quotas_quota_preference.go",), (),
+        "mmv1/products/cloudquotas/QuotaPreference.yaml"),
     "gcp:compute/firewall:Firewall": TypeSource(
         "google_compute_firewall", (GO + "compute/resource_compute_firewall.go",), (),
         "mmv1/products/compute/Firewall.yaml"),
     "gcp:compute/network:Network": TypeSource(
         "google_compute_network", (GO + "compute/resource_compute_network.go",), (),
         "mmv1/products/compute/Network.yaml"),
+    "gcp:compute/sharedVPCHostProject:SharedVPCHostProject": TypeSource(
+        "google_compute_shared_vpc_host_project",
+        (GO + "compute/resource_compute_shared_vpc_host_project.go",), ()),
+    "gcp:compute/sharedVPCServiceProject:SharedVPCServiceProject": TypeSource(
+        "google_compute_shared_vpc_service_project",
+        (GO + "compute/resource_compute_shared_vpc_service_project.go",), ()),
     "gcp:compute/subnetwork:Subnetwork": TypeSource(
         "google_compute_subnetwork", (GO + "compute/resource_compute_subnetwork.go",), (),
         "mmv1/products/compute/Subnetwork.yaml"),
+    "gcp:compute/subnetworkIAMMember:SubnetworkIAMMember": TypeSource(
+        "google_compute_subnetwork_iam_member",
+        (GO + "compute/iam_compute_subnetwork.go", IAM + "resource_iam_member.go"),
+        ("ComputeSubnetworkIamSchema", "IamMemberBaseSchema")),
     "gcp:iam/workloadIdentityPool:WorkloadIdentityPool": TypeSource(
         "google_iam_workload_identity_pool",
         (GO + "iambeta/resource_iam_workload_identity_pool.go",), (),
@@ -75,6 +89,9 @@ TYPES: dict[str, TypeSource] = {
         "google_project_iam_member",
         (GO + "resourcemanager/iam_project.go", IAM + "resource_iam_member.go"),
         ("IamProjectSchema", "IamMemberBaseSchema")),
+    "gcp:projects/serviceIdentity:ServiceIdentity": TypeSource(
+        "google_project_service_identity",
+        (GO + "resourcemanager/resource_project_service_identity.go",), ()),
     "gcp:projects/service:Service": TypeSource(
         "google_project_service", (GO + "resourcemanager/resource_google_project_service.go",),
         ()),
