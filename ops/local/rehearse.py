@@ -27,16 +27,16 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from components.agent import (
+from components.archive import REPO_ROOT, PackageError, build_archive
+from components.settings import SettingsError
+from components.stack_config import StackFileError
+from node_agent import (
     JOB_KEY,
     PACKAGE_KEY,
     PACKAGE_SHA256_KEY,
     STARTUP_SCRIPT_KEY,
     STATUS_KEY,
 )
-from components.archive import REPO_ROOT, PackageError, build_archive
-from components.settings import SettingsError
-from components.stack_config import StackFileError
 from ops.local.local_node import LocalNode
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator, split

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from components.agent import STATUS_KEY
+from node_agent.contract import STATUS_KEY
 from ops.tpu.api import NodeStatus
 
 JOB_ENDED = {"succeeded", "failed"}

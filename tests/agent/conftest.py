@@ -68,12 +68,13 @@ def installed_package(archive: Archive, tmp_path_factory: pytest.TempPathFactory
     """The real package installed once by the agent's own installer, for tests that
     are about what happens after the install (each node gets a copy)."""
     root = tmp_path_factory.mktemp("installed")
-    code = (f"import sys; sys.path.insert(0, {str(REPO / 'components' / 'agent')!r}); "
-            "import agent, pathlib; root = pathlib.Path(sys.argv[1]); "
+    code = ("import sys, pathlib; from node_agent import install; "
+            "root = pathlib.Path(sys.argv[1]); "
             "(root / 'package.tar.gz').write_bytes(sys.stdin.buffer.read()); "
-            "work = root / 'pkg'; agent.extract(root / 'package.tar.gz', work / 'src'); "
-            "agent.Installer(root, None)._install_wheels(work)")
-    subprocess.run([str(IMAGE_PYTHON), "-c", code, str(root)], input=archive.data, check=True)
+            "work = root / 'pkg'; install.extract(root / 'package.tar.gz', work / 'src'); "
+            "install.install_wheels(work)")
+    subprocess.run([str(IMAGE_PYTHON), "-c", code, str(root)], input=archive.data, check=True,
+                   cwd=REPO)
     return root / "pkg"
 
 

@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from components.agent import JOB_KEY, PACKAGE_KEY, PACKAGE_SHA256_KEY
 from components.archive import Archive, build_archive
+from node_agent import build
+from node_agent.contract import JOB_KEY, PACKAGE_KEY, PACKAGE_SHA256_KEY
 from ops.local.local_node import IMAGE_PYTHON
 from ops.local.storage_emulator import StorageEmulator
 from tests.agent.conftest import BUCKET, Node, job_config, stop, training_copy, upload_package
@@ -27,7 +28,6 @@ from tests.fakes.fault_proxy import FaultProxy
 EXIT_PREEMPTED = 75
 DOWNLOADS = "/o/packages%2F"  # package downloads (the status object is read too)
 LONG_STEPS = 400  # long enough to act while the job trains
-AGENT = Path(__file__).resolve().parents[2] / "components" / "agent" / "agent.py"
 
 
 def resumed_from(log: str) -> list[int]:
@@ -223,7 +223,9 @@ def test_as_a_service_a_finished_node_takes_the_next_job_from_metadata(
         make_node: Callable[..., Node], archive: Archive, package_uri: str, dataset: str,
         tmp_path: Path) -> None:
     node = make_node(package_uri, archive.sha256, job_config(dataset, tmp_path / "a", 8))
-    service = subprocess.Popen([str(IMAGE_PYTHON), str(AGENT), "run", "--stay"], env=node.env,
+    agent = tmp_path / "agent.pyz"
+    agent.write_bytes(build.zipapp())
+    service = subprocess.Popen([str(IMAGE_PYTHON), str(agent), "run", "--stay"], env=node.env,
                                text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         node.wait_for(lambda: "waiting for a metadata change" in node.job_log_path().read_text()

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from components.agent import NODE_KEY, RUNTIME_KEY
-from components.agent.agent import NETWORK_ENDPOINTS_KEY, PJRT_KEYS
 from components.archive import Archive
+from node_agent.contract import NETWORK_ENDPOINTS_KEY, NODE_KEY, RUNTIME_KEY
+from node_agent.environment import PJRT_KEYS
 from tests.agent.conftest import Node, job_config, preinstall, stop
 
 PJRT = "tpu-vm-tf-2.18.0-pjrt"

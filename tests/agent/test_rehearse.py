@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from components.agent import JOB_KEY, PACKAGE_SHA256_KEY, STARTUP_SCRIPT_KEY, startup_script
+from node_agent import JOB_KEY, PACKAGE_SHA256_KEY, STARTUP_SCRIPT_KEY, startup_script
 from ops.local.rehearse import (
     REHEARSAL_IMAGE_SIZE,
     REHEARSAL_WIDTH,
