@@ -1,10 +1,11 @@
 """tpu-stack's node agent: the standard-library program every TPU worker runs at boot.
 
 Modules by concern: `contract` (metadata keys, exit codes: what infra code imports),
-`common` (errors, retries, HTTP), `metadata`, `storage`, `desired` (what to run),
-`install`, `environment` (the job's variables), `job` and `job_lines` (supervision),
-`status` and `goodput`, `watchers`, `agent` (the supervisor loop) and `build` (the
-zipapp inside the startup script; infra side only).
+`common` (errors, retries, HTTP), `metadata`, `storage`, `desired` (the release to
+run), `install`, `environment` (the job's variables), `job` and `job_lines`
+(supervision), `devices` (who holds the TPU), `status` and `goodput`, `watchers`,
+`agent` (the supervisor loop) and `build` (the zipapp inside the startup script;
+infra side only).
 
 `import node_agent` gives the contract's names and, lazily, `startup_script`, so
 `import node_agent as agent; agent.STATUS_KEY, agent.startup_script()` works.

@@ -2,18 +2,19 @@
 
 Runs on every TPU VM worker at every boot (the bootstrap writes the zipapp and starts
 it), with nothing but the image's Python and TensorFlow: standard library only.
-Its only input is the node's metadata (docs/design.md, "What a TPU node carries in
-metadata"); every output goes to guest attributes and to GCS, so nothing is lost
-when a spot node disappears.
+Its inputs are the node's metadata (docs/design.md, "What a TPU node carries in
+metadata") and the releases under its `tpu-stack-release` prefix; every output goes
+to guest attributes and to GCS, so nothing is lost when a spot node disappears.
 
     python3 agent.pyz run            one pass: install, run the job, exit with its outcome
-    python3 agent.pyz run --stay     as a service: after the job ends keep watching metadata
+    python3 agent.pyz run --stay     as a service: after the job ends wait for a new release
 
 Transient failures (TPU not ready or in use, storage 5xx, data not there yet) are
 retried with backoff for as long as the node lives; permanent ones (a bad job
 config, records that do not fit the model, a package whose sha256 differs) stop
 with state `failed` and the job's last error line as the message. A preemption
-or host-maintenance notice stops the job at once so it saves inside the notice.
+or host-maintenance notice stops the job at once so it saves inside the notice; an
+announced maintenance window gets a checkpoint before it starts.
 
 Environment: GCE_METADATA_HOST, STORAGE_EMULATOR_HOST (google-auth and
 google-cloud-storage conventions), TPU_STACK_ROOT (default /opt/tpu-stack).
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from node_agent import devices
 from node_agent.common import AgentError, Backoff, TransientError, log, parse_utc
 from node_agent.contract import (
     EXIT_FAILED,
@@ -47,20 +49,38 @@ from node_agent.contract import (
     STATUS_KEY,
     STOPPED_EXITS,
 )
-from node_agent.desired import Desired
+from node_agent.desired import Desired, node_settings
 from node_agent.environment import grpc_tpu_name, job_environment, read_environment_file
 from node_agent.goodput import Goodput, settle_run
 from node_agent.install import Installer
-from node_agent.job import Job, stop_stale_job
+from node_agent.job import Job, process_start_time, stop_stale_job, terminate
 from node_agent.job_lines import JobRun
 from node_agent.metadata import DEFAULT_METADATA_HOST, Metadata, node_id, worker_number
 from node_agent.status import Status
 from node_agent.storage import Storage, storage_endpoint
-from node_agent.watchers import NoticeWatcher, Watcher
+from node_agent.watchers import (
+    MaintenanceWatcher,
+    NoticeWatcher,
+    ReleaseWatcher,
+    release_poll_seconds,
+)
 
 DEFAULT_ROOT = "/opt/tpu-stack"
 CRASH_RETRIES = 3  # exit 1 or a signal, in a row without progress, before `failed`
 DATA_POLL_CAP_SECONDS = 15.0  # a listing every 15 s costs nothing; data starts soon
+# A pod worker other than 0 waits for worker 0's save at most the notice (the job's
+# `noticeSeconds`, contract C3; else a spot VM's 30 s) less this margin for its own exit.
+DEFAULT_NOTICE_SECONDS = 30.0
+NOTICE_MARGIN_SECONDS = 5.0
+WORKER_0_POLL_SECONDS = 1.0
+# Save this long before a maintenance window starts: the longest notice (120 s on a
+# standard VM, docs/tpu-facts.md) plus room for the save and the job's teardown.
+MAINTENANCE_LEAD_SECONDS = 300.0
+
+
+def maintenance_lead_seconds() -> float:
+    return float(os.environ.get("TPU_STACK_MAINTENANCE_LEAD_SECONDS")
+                 or MAINTENANCE_LEAD_SECONDS)
 
 ACTIVE_STATES = ("installing", "running", "retrying", "waiting-for-data", "preempted")
 
@@ -74,7 +94,7 @@ class Agent:
         self.storage = Storage(self.metadata, storage_endpoint())
         self.installer = Installer(root, self.storage)
         # One request for every attribute: a reboot's time to launch is mostly requests.
-        self.attributes, self.etag = self.metadata.attributes()
+        self.attributes = self.metadata.attributes()
         self.worker = worker_number(self.attributes)
         self.status = Status(self.metadata, self.storage, root, self.worker)
         self.status.prefix = self.attributes.get(STATUS_KEY) or None
@@ -83,8 +103,12 @@ class Agent:
         self.job.on_progress = self._progress
         self.wake = threading.Event()
         self.terminated = threading.Event()
-        self.watcher: Watcher | None = None
+        self.workers = "all"
+        self.releases: ReleaseWatcher | None = None
         self.notices: NoticeWatcher | None = None
+        self.maintenance: MaintenanceWatcher | None = None
+        self._checkpointed_windows: set[str] = set()  # window starts already saved before
+        self._maintenance_stop = False  # the job was stopped to save before a window
         self.goodput = Goodput("")
         self._since = time.monotonic()  # start of the span not yet accounted
 
@@ -93,31 +117,45 @@ class Agent:
         self.wake.set()
 
     def run(self) -> int:
-        """Run what metadata asks for. As a service, an outcome is followed by watching
-        for new metadata (or, after a notice, for the notice to clear); the agent
-        itself exits only when stopped, so systemd restarts only a crashed agent."""
-        attributes = self.attributes
-        self.watcher = Watcher(self.metadata, self.etag, self.wake)
+        """Run the node's current release. As a service, an outcome is followed by
+        watching for a new release (or, after a notice, for the notice to clear); the
+        agent itself exits only when stopped, so systemd restarts only a crashed agent."""
         self.notices = NoticeWatcher(self.metadata, self.wake)
+        self.maintenance = MaintenanceWatcher(self.metadata, self.wake,
+                                              lambda window: self.status.set(maintenance=window))
         try:
-            while True:
-                code = self._run_once(attributes)
+            prefix, self.workers = node_settings(self.attributes)
+        except AgentError as error:
+            self.status.set(state="failed", message=str(error))
+            self.maintenance.stop()
+            self.status.close()
+            return EXIT_FAILED
+        self.releases = ReleaseWatcher(self.storage, prefix, self.wake, self.status.note)
+        try:
+            desired = self._first_release()
+            code = EXIT_PREEMPTED
+            while desired is not None:
+                code = self._run_once(desired)
+                if self.terminated.is_set() and self._serves_worker_0(desired):
+                    self._hold_for_worker_0(desired)
                 if not self.stay or self.terminated.is_set():
                     return code
                 if self._notice():
                     self.status.note("waiting for the notice to clear")
                     if not self._wait_until(lambda: self._notice() is None):
                         return code
-                    attributes = self._changed_attributes() or attributes
+                    desired = self._new_release(desired) or desired
                     continue
-                self.status.note("waiting for a metadata change")
-                next_attributes = self._wait_for_change()
-                if next_attributes is None:
-                    return code
-                attributes = next_attributes
+                self.status.note("waiting for a new release")
+                if (new := self._wait_for_release(desired)) is None and \
+                        self._serves_worker_0(desired):
+                    self._hold_for_worker_0(desired)
+                desired = new
+            return code
         finally:
-            self.watcher.stop()
+            self.releases.stop()
             self.notices.stop()
+            self.maintenance.stop()
             self.status.close()
 
     def _notice(self) -> str | None:
@@ -132,25 +170,64 @@ class Agent:
             self.wake.clear()
         return False
 
-    def _wait_for_change(self) -> dict[str, str] | None:
-        """New attributes, or None on SIGTERM."""
+    def _serves_worker_0(self, desired: Desired) -> bool:
+        return desired.workers == "0" and self.worker != 0
+
+    def _hold_for_worker_0(self, desired: Desired) -> None:
+        """A pod worker other than 0, being stopped: stay until worker 0 reports its stop
+        save (its state leaves `running`), at most the notice less a margin.
+
+        Worker 0's save runs its checkpoint ops on every worker's TPU server
+        (tensorflow/python/eager/remote.py, connect_to_cluster), which the image's
+        tpu-runtime.service runs. The unit is ordered After= it, so systemd stops this
+        agent first and keeps the runtime up while the agent waits (systemd.unit(5):
+        stopping applies the inverse of the start-up order)."""
+        notice = json.loads(desired.job_json).get("noticeSeconds") or DEFAULT_NOTICE_SECONDS
+        bound = max(0.0, float(notice) - NOTICE_MARGIN_SECONDS)
+        self.status.note(f"stopping: keeping this worker's TPU runtime up until worker 0 "
+                         f"reports its save (at most {bound:.0f}s)")
+        deadline = time.monotonic() + bound
+        while time.monotonic() < deadline:
+            state = self.status.read_worker(0).get("state")
+            if state != "running":
+                self.status.note(f"worker 0 reports state {state}; letting the runtime go")
+                return
+            time.sleep(WORKER_0_POLL_SECONDS)
+        self.status.note("worker 0 reported no save within the notice; letting the runtime go")
+
+    def _first_release(self) -> Desired | None:
+        """The current release, once there is one (None on SIGTERM): until then state
+        `retrying`, naming why (none yet, or the listing failed)."""
+        shown = ""
+        while not self.terminated.is_set():
+            if (release := self.releases.take()) is not None:
+                return Desired(release, self.workers)
+            if self.releases.polls and self.releases.problem != shown:
+                shown = self.releases.problem
+                self.status.set(state="retrying", message=f"{shown}; checking every "
+                                f"{release_poll_seconds():.0f}s")
+            self.wake.wait()
+            self.wake.clear()
+        return None
+
+    def _wait_for_release(self, desired: Desired) -> Desired | None:
+        """A release other than `desired`, or None on SIGTERM."""
         while not self.terminated.is_set():
             self.wake.wait()
             self.wake.clear()
-            if (attributes := self._changed_attributes()) is not None:
-                return attributes
+            if (new := self._new_release(desired)) is not None:
+                return new
         return None
 
-    def _changed_attributes(self) -> dict[str, str] | None:
-        return self.watcher.take() if self.watcher else None
+    def _new_release(self, desired: Desired) -> Desired | None:
+        release = self.releases.take() if self.releases else None
+        new = None if release is None else Desired(release, desired.workers)
+        return None if new == desired else new
 
-    def _run_once(self, attributes: dict[str, str]) -> int:
-        """Install and run what `attributes` ask for, following updates; the exit code."""
-        self.attributes = attributes
-        self.status.prefix = attributes.get(STATUS_KEY) or None
+    def _run_once(self, desired: Desired | int) -> int:
+        """Install and run `desired`, following updates; the exit code."""
         backoff = Backoff()
         try:
-            desired: Desired | int = Desired.from_attributes(attributes)
             while isinstance(desired, Desired):
                 try:
                     desired = self._supervise(desired)
@@ -177,6 +254,7 @@ class Agent:
             return EXIT_OK
         self._begin_accounting(desired)
         retry, data_poll, crashes = Backoff(), Backoff(cap=DATA_POLL_CAP_SECONDS), 0
+        tpu_busy = False  # the job said another process holds the TPU
         while True:
             if (interrupted := self._interrupted(desired)) is not None:
                 return interrupted
@@ -194,10 +272,21 @@ class Agent:
                         is not None:
                     return interrupted
                 continue
+            # Once the job found the TPU taken, start it again only when nothing holds it.
+            if tpu_busy and (held := self._tpu_held(desired)):
+                if (interrupted := self._pause(retry, desired, held)) is not None:
+                    return interrupted
+                continue
             code, update = self._run_job(desired, package_dir)
             if update is not None:
                 return update
             run = self.job.run
+            if self._maintenance_stop and not (self.terminated.is_set() or self._notice()):
+                self._maintenance_stop = False
+                self.status.note(f"saved step {run.saved_step} before the maintenance window "
+                                 f"(exit code {code}); starting the job again")
+                retry.reset()
+                continue
             if code == EXIT_OK:
                 return self._succeeded(desired)
             if code in STOPPED_EXITS or self.terminated.is_set() or self._notice():
@@ -219,9 +308,34 @@ class Agent:
                     self.status.set(state="failed", message=self._job_error(code, run) +
                                     f" ({crashes} times in a row without progress)")
                     return EXIT_FAILED
-            if (interrupted := self._pause(retry, desired, self._job_error(code, run))) \
-                    is not None:
+            why = self._job_error(code, run)
+            if code == EXIT_TRANSIENT and run.tpu_busy is not None:
+                tpu_busy = True
+                why = self._tpu_held(desired) or why
+            if (interrupted := self._pause(retry, desired, why)) is not None:
                 return interrupted
+
+    def _tpu_held(self, desired: Desired) -> str | None:
+        """Who holds this host's TPU, as a status message; None when nothing does.
+
+        A leftover of a job this agent started (its session) is stopped: it is ours and
+        stale. Any other holder (a user's session, a foreground run) is only named: it
+        may be doing work someone wants, and a kill cannot be undone. With no holder at
+        all, a lock file libtpu left behind is removed (TensorFlow's own advice)."""
+        if desired.workers == "0":
+            return None  # a pod's client uses no local TPU; the image's runtime serves it
+        found = devices.holders()
+        for holder in [h for h in found if h.session in self.job.sessions]:
+            self.status.note(f"stopping {holder.describe()}, left over from our job")
+            terminate(holder.pid, process_start_time(holder.pid))
+        others = [h for h in found if h.session not in self.job.sessions]
+        if others:
+            return (f"the TPU is held by {', '.join(h.describe() for h in others)}, not "
+                    "started by this agent, so left running: the job starts once it exits")
+        if devices.remove_stale_lockfile():
+            self.status.note(f"no process holds the TPU: removed the stale "
+                             f"{devices.lockfile_path()} (as TensorFlow's message advises)")
+        return None
 
     def _install(self, desired: Desired) -> Path:
         if not self.installer.package_dir(desired.package_sha256).is_dir():
@@ -300,7 +414,8 @@ class Agent:
         self._account("infrastructure_recovery")
         launched = time.monotonic()
         self.job.start(config, env, cwd=package_dir)
-        self.status.set(state="running", package=desired.package_sha256, message="")
+        self.status.set(state="running", package=desired.package_sha256,
+                        release=desired.release.uri, message="")
         code, update = self._follow(desired)
         self.goodput.merge(settle_run(self.job.run, code, time.monotonic() - launched))
         self._since = time.monotonic()
@@ -323,6 +438,11 @@ class Agent:
             if reason := self._notice():
                 self.status.note(f"{reason}: stopping the job so it saves inside the notice")
                 return self.job.stop(), None
+            if window := self._maintenance_due():
+                self.status.note(f"maintenance window from {window['start']} to "
+                                 f"{window.get('end', '?')}: stopping the job so it saves first")
+                self._maintenance_stop = True
+                return self.job.stop(), None
             update = self._update(desired)
             if update is not None:
                 code = self.job.stop()
@@ -330,20 +450,36 @@ class Agent:
                 return code, update
         return self.job.wait(), None
 
-    def _update(self, desired: Desired) -> Desired | None:
-        """A new package or job, installed while the old job still runs; None if none."""
-        attributes = self._changed_attributes()
-        if attributes is None:
+    def _maintenance_due(self) -> dict[str, str] | None:
+        """The announced window, once it starts within MAINTENANCE_LEAD_SECONDS and the
+        job has steps not yet saved; once per window. The job then saves (SIGTERM,
+        exit 75) and starts again at once: the checkpoint is fresh when the host goes
+        down, and training does not wait out a window that may be hours long."""
+        window = self.maintenance.window if self.maintenance else None
+        start = parse_utc(window["start"]) if window else None
+        if window is None or start is None or window["start"] in self._checkpointed_windows:
             return None
-        self.attributes = attributes
-        self.status.prefix = attributes.get(STATUS_KEY) or self.status.prefix
+        run = self.job.run
+        if time.time() < start - maintenance_lead_seconds() or \
+                run.step <= max(run.start_step, run.saved_step or 0):
+            return None  # not yet, or nothing unsaved to keep
+        self._checkpointed_windows.add(window["start"])
+        return window
+
+    def _update(self, desired: Desired) -> Desired | None:
+        """A new release, installed while the old job still runs; None if none."""
+        new = self._new_release(desired)
+        if new is None:
+            return None
         try:
-            new = Desired.from_attributes(attributes)
-            if new == desired:
-                return None
-            self.status.set(message=f"update: installing package {new.package_sha256}")
+            self.status.set(message=f"update: installing release {new.release.uri}")
             self.installer.ensure(new.package_uri, new.package_sha256)
-        except (AgentError, TransientError) as error:
+        except TransientError as error:
+            self.releases.forget(new.release)
+            self.status.set(message=f"update not installed yet, still running the current "
+                                    f"job: {error}")
+            return None
+        except AgentError as error:
             self.status.set(message=f"update refused, still running the current job: {error}")
             return None
         self.status.note("update installed: stopping the job so it checkpoints")

@@ -32,8 +32,15 @@ case $init in
     cat > "$unit_dir/$unit" <<UNIT
 [Unit]
 Description=tpu-stack node agent (training package supervisor)
-After=network-online.target
 Wants=network-online.target
+# Stopped before the image's TPU runtime (tpu-runtime.service, the unit that runs the
+# TPU server container on every worker: GoogleCloudPlatform/ml-auto-solutions
+# dags/solutions_team/configs/tensorflow/common.py edits /etc/systemd/system/
+# tpu-runtime.service). systemd.unit(5): when two units with an ordering dependency
+# are shut down, the inverse of the start-up order applies, so After= makes this unit
+# stop first and the runtime keep serving a pod's stop save while the agent waits.
+# After= alone: no Wants=, so an image without the runtime is not asked to start one.
+After=network-online.target tpu-runtime.service
 # No start limit: a node that stops restarting sits failed and billed until someone
 # reboots it (spot nodes never are). systemd.unit(5): StartLimitIntervalSec=0
 # disables rate limiting. The agent itself retries transient failures with

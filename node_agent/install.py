@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 
 from node_agent.common import AgentError
-from node_agent.contract import PACKAGE_KEY, PACKAGE_SHA256_KEY
 from node_agent.storage import Storage
 
+# How messages name a release's fields (contract C1: {job, package, sha256}).
+PACKAGE_SETTING = "the release's package"
+SHA256_SETTING = "the release's sha256"
 TF_KERAS_WHEEL = re.compile(r"^tf_keras-(\d+)\.(\d+)(?:\.[^-]*)?-.*\.whl$")
 
 
@@ -58,7 +60,7 @@ def extract(archive: Path, destination: Path) -> None:
             parts = Path(member.name).parts
             plain = member.isfile() or member.isdir()
             if member.name.startswith("/") or ".." in parts or not plain:
-                raise AgentError(f"{PACKAGE_KEY}: archive entry {member.name!r} is not a plain "
+                raise AgentError(f"{PACKAGE_SETTING}: archive entry {member.name!r} is not a plain "
                                  "file inside the package; refusing it")
             target = destination.joinpath(*parts)
             if member.isdir():
@@ -100,9 +102,9 @@ class Installer:
 
     def _download(self, package_uri: str, sha256: str, archive: Path) -> None:
         assert self.storage is not None
-        got = self.storage.download(package_uri, archive, PACKAGE_KEY)
+        got = self.storage.download(package_uri, archive, PACKAGE_SETTING)
         if got != sha256:
-            raise AgentError(f"{PACKAGE_SHA256_KEY}: {package_uri} has sha256 {got}, "
+            raise AgentError(f"{SHA256_SETTING}: {package_uri} has sha256 {got}, "
                              f"not {sha256}; refusing to run it")
 
 

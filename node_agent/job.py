@@ -41,6 +41,7 @@ class Job:
         self.status = status
         self.process: subprocess.Popen[bytes] | None = None
         self.run = JobRun()
+        self.sessions: set[int] = set()  # every job started leads a session of its own
         self.on_progress: Callable[[JobRun, str], None] = lambda _run, _what: None
         self._reader: threading.Thread | None = None
 
@@ -50,6 +51,7 @@ class Job:
         self.process = subprocess.Popen(command, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         start_new_session=True)
+        self.sessions.add(self.process.pid)
         self.pid_file.write_text(f"{self.process.pid} {process_start_time(self.process.pid)}\n")
         self._reader = threading.Thread(target=self._read_output, args=(self.process.stdout,),
                                         daemon=True)
@@ -110,15 +112,20 @@ def stop_stale_job(root: Path) -> None:
         pid = int(pid_text)
     except (OSError, ValueError):
         return
-    if process_start_time(pid) != started:
-        pid_file.unlink(missing_ok=True)
+    if process_start_time(pid) == started:
+        log(f"stopping job pid {pid} left by an earlier agent")
+        terminate(pid, started)
+    pid_file.unlink(missing_ok=True)
+
+
+def terminate(pid: int, started: str | None, grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds, to the process `pid` started at
+    `started` (never to a later process that reused the pid)."""
+    if started is None or process_start_time(pid) != started:
         return
-    log(f"stopping job pid {pid} left by an earlier agent")
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    deadline = time.monotonic() + grace
     while process_start_time(pid) == started and time.monotonic() < deadline:
         time.sleep(0.5)
     if process_start_time(pid) == started:
         os.kill(pid, signal.SIGKILL)
-    pid_file.unlink(missing_ok=True)
-

@@ -12,6 +12,8 @@ SAVED_LINE = re.compile(r"^tpu_training saved (.*)$")
 GOODPUT_LINE = re.compile(r"^tpu_training goodput (.*)$")
 WAITING_LINE = re.compile(r"^tpu_training waiting_for_data pattern=(.*)$")
 ERROR_LINE = re.compile(r"^tpu_training: error: (.*)$")
+# Contract C4: the job found the TPU held by another process and exits 69 at once.
+TPU_BUSY_LINE = re.compile(r"^tpu_training tpu_busy holders=(.*)$")
 
 # Google's ML Goodput Measurement categories (docs/design.md, "Goodput"). The job
 # reports the first five for its own process run; the agent owns the last three.
@@ -48,6 +50,7 @@ class JobRun:
     reported_step: int = 0
     waiting_pattern: str | None = None
     error: str | None = None
+    tpu_busy: str | None = None  # `tpu_busy holders=...`: what the job saw holding the TPU
 
     def read(self, line: str) -> str | None:
         """Take in one line; which part changed ("step", "save", "goodput") or None."""
@@ -70,6 +73,8 @@ class JobRun:
             return "goodput"
         if match := WAITING_LINE.match(line):
             self.waiting_pattern = match[1].strip()
+        elif match := TPU_BUSY_LINE.match(line):
+            self.tpu_busy = match[1].strip()
         elif match := ERROR_LINE.match(line):
             self.error = match[1].strip()
         return None

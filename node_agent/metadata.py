@@ -43,10 +43,10 @@ class Metadata:
 
         return retrying(fetch, f"metadata {path}")
 
-    def attributes(self, last_etag: str | None = None) -> tuple[dict[str, str], str]:
-        """Every instance attribute; with `last_etag`, wait until they change."""
-        value, etag = self.watch("instance/attributes/", last_etag, {"recursive": "true"})
-        return json.loads(value or "{}"), etag
+    def attributes(self) -> dict[str, str]:
+        """Every instance attribute, in one request."""
+        value, _ = self.get("instance/attributes/", {"recursive": "true"})
+        return json.loads(value or "{}")
 
     def watch(self, path: str, last_etag: str | None,
               query: Mapping[str, str] | None = None) -> tuple[str | None, str]:

@@ -50,9 +50,22 @@ class Status:
         self._stop = threading.Event()
         threading.Thread(target=self._upload_periodically, daemon=True).start()
 
-    def status_uri(self) -> str | None:
-        return f"{self.prefix.rstrip('/')}/worker-{self.worker}/status.json" \
+    def status_uri(self, worker: int | None = None) -> str | None:
+        """This worker's status object (or another worker's: the prefix is the node's)."""
+        number = self.worker if worker is None else worker
+        return f"{self.prefix.rstrip('/')}/worker-{number}/status.json" \
             if self.prefix else None
+
+    def read_worker(self, worker: int) -> dict[str, object]:
+        """Another worker's published status; {} when absent or unreadable."""
+        uri = self.status_uri(worker)
+        try:
+            value = json.loads(self.storage.read(uri, STATUS_KEY, attempts=1) or b"{}") \
+                if uri else {}
+        except (AgentError, TransientError, ValueError) as error:
+            log(f"worker {worker}'s status: {error}")
+            return {}
+        return value if isinstance(value, dict) else {}
 
     def previous(self) -> dict[str, object]:
         """The status an earlier agent left: the GCS object (it outlives the node's

@@ -1,12 +1,17 @@
-"""Threads that watch metadata and wake the agent: attribute changes, notices."""
+"""Threads that wake the agent: a new release, a notice on the metadata server."""
 
 from __future__ import annotations
 
+import json
+import os
 import threading
-import time
+from collections.abc import Callable
 
 from node_agent.common import RETRY_CAP_SECONDS, AgentError, TransientError, log
+from node_agent.contract import RELEASE_POLL_SECONDS
+from node_agent.desired import Release, current_release
 from node_agent.metadata import Metadata
+from node_agent.storage import Storage
 
 # Compute Engine's notices (cloud.google.com/compute/docs/instances/preemptible#detecting,
 # .../metadata/getting-live-migration-notice): both support wait_for_change.
@@ -18,42 +23,69 @@ MAINTENANCE_PATH = "instance/maintenance-event"  # NONE, or the event about to h
 TERMINATE_EVENT = "TERMINATE_ON_HOST_MAINTENANCE"
 
 
-class Watcher:
-    """Long-polls every attribute (one request covers the package and job keys);
-    `wake` is set when they change. A poll that times out returns the same ETag."""
+def release_poll_seconds() -> float:
+    """Contract C1: every 30 s; TPU_STACK_RELEASE_POLL_SECONDS shortens it for tests."""
+    return float(os.environ.get("TPU_STACK_RELEASE_POLL_SECONDS") or RELEASE_POLL_SECONDS)
 
-    def __init__(self, metadata: Metadata, etag: str, wake: threading.Event):
-        self.metadata = metadata
-        self.etag = etag
+
+class ReleaseWatcher:
+    """Lists the release prefix now and every poll interval (contract C1); `wake` is
+    set when a release appears that the agent has not taken yet, and after every poll
+    until it has taken one. A failed or empty listing changes nothing: what runs
+    keeps running, and the next poll tries again."""
+
+    def __init__(self, storage: Storage, prefix: str, wake: threading.Event,
+                 note: Callable[[str], None] = log):
+        self.storage = storage
+        self.prefix = prefix
         self.wake = wake
-        self.attributes: dict[str, str] | None = None
+        self.note = note
+        self.problem = ""  # why the last poll found nothing ("" when it found one)
+        self.polls = 0
+        self._pending: Release | None = None
+        self._taken: str | None = None  # the uri of the release the agent took last
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         threading.Thread(target=self._watch, daemon=True).start()
 
     def stop(self) -> None:
-        """No new long-poll after the current one."""
         self._stopped.set()
 
-    def take(self) -> dict[str, str] | None:
+    def take(self) -> Release | None:
+        """The newest release not taken yet, or None."""
         with self._lock:
-            attributes, self.attributes = self.attributes, None
-            return attributes
+            release, self._pending = self._pending, None
+            if release is not None:
+                self._taken = release.uri
+            return release
+
+    def forget(self, release: Release) -> None:
+        """Offer `release` again at the next poll (its install failed transiently)."""
+        with self._lock:
+            if self._taken == release.uri:
+                self._taken = None
 
     def _watch(self) -> None:
         while not self._stopped.is_set():
-            try:
-                attributes, etag = self.metadata.attributes(last_etag=self.etag)
-            except (AgentError, TransientError) as error:
-                log(f"watching metadata: {error}")
-                time.sleep(RETRY_CAP_SECONDS)
-                continue
-            if etag == self.etag or self._stopped.is_set():
-                continue
-            self.etag = etag
-            with self._lock:
-                self.attributes = attributes
-            self.wake.set()
+            self._poll()
+            self._stopped.wait(release_poll_seconds())
+
+    def _poll(self) -> None:
+        try:
+            release = current_release(self.storage, self.prefix)
+            problem = "" if release else f"no release under {self.prefix} yet"
+        except (AgentError, TransientError) as error:
+            release, problem = None, f"release listing failed: {error}"
+        if problem and problem != self.problem:
+            self.note(f"{problem}; trying again every {release_poll_seconds():.0f}s")
+        with self._lock:
+            self.problem = problem
+            self.polls += 1
+            fresh = release is not None and release.uri != self._taken
+            if fresh:
+                self._pending = release
+            if fresh or self._taken is None:
+                self.wake.set()
 
 
 class NoticeWatcher:
@@ -99,3 +131,64 @@ class NoticeWatcher:
                 self.values[path] = value.strip()
                 self.wake.set()
 
+
+
+# Compute Engine announces scheduled host maintenance days ahead at this key, as
+# JSON with `window_start_time`, `window_end_time`, `type` (SCHEDULED,
+# UNSCHEDULED), `maintenance_status` (PENDING, ONGOING), ... and answers `NONE` (or
+# an {"error": ...} object) when nothing is scheduled
+# (cloud.google.com/compute/docs/instances/monitor-plan-host-maintenance-event).
+# Whether TPU VMs serve it is unconfirmed (Cloud TPU documents the node's own
+# `upcomingMaintenance` in the TPU API); where it answers 404 the agent stops asking.
+UPCOMING_MAINTENANCE_PATH = "instance/upcoming-maintenance"
+
+
+def parse_maintenance(text: str | None) -> dict[str, str] | None:
+    """The window as the status shows it, {start, end, type, status}, or None."""
+    try:
+        value = json.loads(text or "")
+    except ValueError:
+        return None  # `NONE`, or nothing
+    if not isinstance(value, dict) or not value.get("window_start_time"):
+        return None
+    fields = {"start": "window_start_time", "end": "window_end_time", "type": "type",
+              "status": "maintenance_status"}
+    return {key: str(value[name]) for key, name in fields.items() if value.get(name)}
+
+
+class MaintenanceWatcher:
+    """Long-polls `instance/upcoming-maintenance`; `window` is the announced window
+    (or None) and `wake` is set when it changes."""
+
+    def __init__(self, metadata: Metadata, wake: threading.Event,
+                 on_change: Callable[[dict[str, str] | None], None] = lambda _window: None):
+        self.metadata = metadata
+        self.wake = wake
+        self.on_change = on_change
+        self.window: dict[str, str] | None = None
+        self._stopped = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        etag: str | None = None
+        while not self._stopped.is_set():
+            try:
+                value, new_etag = self.metadata.watch(UPCOMING_MAINTENANCE_PATH, etag,
+                                                      {"alt": "json"})
+            except (AgentError, TransientError) as error:
+                log(f"watching {UPCOMING_MAINTENANCE_PATH}: {error}")
+                self._stopped.wait(RETRY_CAP_SECONDS)
+                continue
+            if value is None:
+                log(f"{UPCOMING_MAINTENANCE_PATH} is not served here; not watching it")
+                return
+            if new_etag != etag:
+                etag = new_etag
+                window = parse_maintenance(value)
+                if window != self.window:
+                    self.window = window
+                    self.on_change(window)
+                self.wake.set()

@@ -32,12 +32,14 @@ from components.settings import SettingsError
 from components.stack_config import StackFileError
 from node_agent import (
     JOB_KEY,
+    NODE_KEY,
     PACKAGE_KEY,
     PACKAGE_SHA256_KEY,
+    RELEASE_KEY,
     STARTUP_SCRIPT_KEY,
     STATUS_KEY,
 )
-from ops.local.local_node import LocalNode
+from ops.local.local_node import LocalNode, publish_release
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator, split
 from ops.plan.offline import Plan, PlanError, offline_plan
@@ -259,7 +261,12 @@ def last_error_line(job_log: Path) -> str | None:
 
 def boot(gcs: StorageEmulator, metadata: dict[str, str], job: dict[str, Any],
          changed: dict[str, tuple[str, str]], workdir: Path, console: Console) -> int:
-    attributes = metadata | {"agent-worker-number": "0"}
+    # The release pointer (contract C1): the job and package reach the node as a release
+    # object under its prefix, uploaded here as the stack uploads it.
+    release = metadata.get(RELEASE_KEY) or (f"gs://{split(metadata[PACKAGE_KEY])[0]}/releases/"
+                                            f"{metadata.get(NODE_KEY) or 'node'}/")
+    publish_release(gcs, release, metadata[PACKAGE_KEY], metadata[PACKAGE_SHA256_KEY], job)
+    attributes = metadata | {"agent-worker-number": "0", RELEASE_KEY: release}
     with MetadataServer(attributes, instance_name="rehearsal") as server, \
             (workdir / "bootstrap.log").open("w") as output:
         node = LocalNode(server, workdir / "node", gcs.host)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from components.archive import TRAINING_DIR, Archive, build_archive, pack
-from ops.local.local_node import IMAGE_PYTHON, LocalNode, node_attributes
+from ops.local.local_node import IMAGE_PYTHON, LocalNode, node_attributes, publish_release
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator
 
@@ -107,6 +107,12 @@ class Node(LocalNode):
 
     gcs: StorageEmulator | None = None
     status_prefix: str = ""
+    release_prefix: str = ""
+
+    def publish(self, package_uri: str, sha256: str, job: dict[str, object]) -> str:
+        """A new release for this node (contract C1): the agent picks it up by polling."""
+        assert self.gcs is not None
+        return publish_release(self.gcs, self.release_prefix, package_uri, sha256, job)
 
     def status_object(self, worker: int = 0) -> dict[str, object] | None:
         assert self.gcs is not None
@@ -129,20 +135,27 @@ class Node(LocalNode):
 @pytest.fixture
 def make_node(gcs: StorageEmulator, tmp_path: Path,
               request: pytest.FixtureRequest) -> Iterator[Callable[..., Node]]:
-    """make_node(package_uri, sha256, job, workers="all", worker=0, storage_host=None)."""
+    """make_node(package_uri, sha256, job, workers="all", worker=0, storage_host=None, ...):
+    a node whose release prefix holds that release (none with publish=False)."""
     servers: list[MetadataServer] = []
 
     def make(package_uri: str, sha256: str, job: dict[str, object], *, workers: str = "all",
              worker: int = 0, storage_host: str | None = None,
-             extra: dict[str, str] | None = None, env: dict[str, str] | None = None) -> Node:
-        prefix = f"gs://{BUCKET}/status/{request.node.name}-{len(servers)}/"
-        attributes = node_attributes(package_uri, sha256, json.dumps(job), prefix,
-                                     workers=workers, worker=worker, extra=extra)
+             extra: dict[str, str] | None = None, env: dict[str, str] | None = None,
+             publish: bool = True) -> Node:
+        name = f"{request.node.name}-{len(servers)}"
+        prefix = f"gs://{BUCKET}/status/{name}/"
+        releases = f"gs://{BUCKET}/releases/{name}/"
+        if publish:
+            publish_release(gcs, releases, package_uri, sha256, job)
+        attributes = node_attributes(releases, prefix, workers=workers, worker=worker,
+                                     extra=extra)
         server = MetadataServer(attributes, instance_name="t1v-n-test-w-0")
         servers.append(server)
         root = tmp_path / f"node-{len(servers)}"
-        return Node(server, root, storage_host or gcs.host, env_extra=env or {}, gcs=gcs,
-                    status_prefix=prefix)
+        env = {"TPU_STACK_RELEASE_POLL_SECONDS": "1"} | (env or {})
+        return Node(server, root, storage_host or gcs.host, env_extra=env, gcs=gcs,
+                    status_prefix=prefix, release_prefix=releases)
 
     yield make
     for server in servers:

@@ -136,8 +136,9 @@ def test_data_uploaded_20s_after_boot_is_trained_on_without_a_reboot(
     booted = time.monotonic()
     boot = node.start()
     try:
-        node.wait_for(lambda: node.guest.get("state") == "waiting-for-data", "waiting-for-data")
-        assert pattern in node.guest["message"]
+        # Guest attributes are written one key at a time: wait for both.
+        node.wait_for(lambda: node.guest.get("state") == "waiting-for-data"
+                      and pattern in node.guest.get("message", ""), "waiting-for-data")
         time.sleep(max(0.0, booted + 20 - time.monotonic()))
         for shard in Path(dataset).parent.glob("*.tfrecord"):
             shutil.copy(shard, data / shard.name)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import re
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -19,6 +21,7 @@ from node_agent import (
     common,
     contract,
     desired,
+    devices,
     environment,
     goodput,
     install,
@@ -36,31 +39,119 @@ from tests.agent.conftest import BUCKET
 REPO = Path(__file__).resolve().parents[2]
 SHELLCHECK = REPO / ".venv" / "infra" / "bin" / "shellcheck"
 SHA = "ab" * 32
-GOOD = {contract.PACKAGE_KEY: f"gs://b/packages/tpu_training-{SHA}.tar.gz",
-        contract.PACKAGE_SHA256_KEY: SHA, contract.JOB_KEY: '{"model": "mnist_cnn"}',
-        contract.WORKERS_KEY: "all"}
+PACKAGE = f"gs://b/packages/tpu_training-{SHA}.tar.gz"
+GOOD = {contract.RELEASE_KEY: "gs://b/releases/dev-trainer/", contract.WORKERS_KEY: "all"}
 WHEELS = ["tf_keras-2.18.0-py3-none-any.whl", "tf_keras-2.19.0-py3-none-any.whl",
           "tf_keras-2.20.1-py3-none-any.whl"]
 
 
-def test_desired_reads_the_metadata_contract() -> None:
-    wanted = desired.Desired.from_attributes(GOOD | {contract.PACKAGE_SHA256_KEY: SHA.upper()})
-    assert wanted.package_sha256 == SHA
-    assert wanted.workers == "all"
-    assert wanted.run_key != desired.Desired.from_attributes(
-        GOOD | {contract.JOB_KEY: '{"model": "resnet18"}'}).run_key
+class FakeStorage:
+    """objects.list and reads of a release prefix, as the JSON API answers them."""
+
+    def __init__(self, objects: dict[str, tuple[str, bytes]] | None = None,
+                 failure: Exception | None = None):
+        self.objects = objects or {}  # name -> (timeCreated, content)
+        self.failure = failure
+        self.listed: list[tuple[str, str]] = []
+
+    def list(self, bucket: str, prefix: str, setting: str, fields: str) -> list[dict[str, str]]:
+        self.listed.append((bucket, prefix))
+        if self.failure:
+            raise self.failure
+        return [{"name": name, "timeCreated": created}
+                for name, (created, _) in self.objects.items() if name.startswith(prefix)]
+
+    def read(self, uri: str, setting: str) -> bytes | None:
+        name = uri.split("/", 3)[3]
+        return self.objects[name][1] if name in self.objects else None
+
+
+def _release(job: dict[str, object], created: str) -> tuple[str, tuple[str, bytes]]:
+    content = desired.release_content(job, PACKAGE, SHA)
+    return f"releases/dev-trainer/{desired.release_name(content)}", (created, content)
+
+
+def test_a_release_object_is_compact_sorted_json_named_by_its_content() -> None:
+    content = desired.release_content({"trainSteps": 5, "model": "m"}, PACKAGE, SHA)
+    assert content == (b'{"job":{"model":"m","trainSteps":5},"package":"' + PACKAGE.encode()
+                       + b'","sha256":"' + SHA.encode() + b'"}')
+    name = desired.release_name(content)
+    assert re.fullmatch(r"release-[0-9a-f]{16}\.json", name)
+    assert name[8:24] == hashlib.sha256(content).hexdigest()[:16]
+
+
+def test_the_current_release_is_the_latest_created_ties_by_the_greatest_name() -> None:
+    old = _release({"model": "old"}, "2026-01-01T00:00:00.000Z")
+    new = _release({"model": "new"}, "2026-01-02T00:00:00.000Z")
+    tie = _release({"model": "tie"}, "2026-01-02T00:00:00.000Z")
+    other = ("releases/dev-trainer/notes.txt", ("2026-02-01T00:00:00.000Z", b"x"))
+    storage = FakeStorage(dict([old, new, other]))
+    current = desired.current_release(storage, "gs://b/releases/dev-trainer/")
+    assert current is not None and '"new"' in current.job_json
+    assert storage.listed == [("b", "releases/dev-trainer/")]
+    storage.objects = dict([old, new, tie])
+    latest = max(new[0], tie[0])
+    current = desired.current_release(storage, "gs://b/releases/dev-trainer/")
+    assert current is not None and current.uri == f"gs://b/{latest}"
+    assert desired.current_release(FakeStorage(), "gs://b/releases/dev-trainer/") is None
+
+
+def test_a_release_that_is_not_one_is_named() -> None:
+    with pytest.raises(common.AgentError, match="tpu-stack-release: gs://b/r/x is not a release"):
+        desired.Release.parse("gs://b/r/x", b'{"job": {}}')
+    with pytest.raises(common.AgentError, match="sha256 '12' is not a hex sha256"):
+        desired.Release.parse("gs://b/r/x", b'{"job": {}, "package": "gs://b/p", "sha256": "12"}')
+
+
+def test_run_key_tells_jobs_and_packages_apart() -> None:
+    first = desired.Release.parse("gs://b/r/1", desired.release_content({"m": 1}, PACKAGE, SHA))
+    second = desired.Release.parse("gs://b/r/2", desired.release_content({"m": 2}, PACKAGE, SHA))
+    assert desired.Desired(first, "all").run_key != desired.Desired(second, "all").run_key
+    assert desired.Desired(first, "all").package_sha256 == SHA
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({contract.PACKAGE_KEY: None}, "lacks tpu-stack-package"),
-    ({contract.PACKAGE_SHA256_KEY: "1234"}, "tpu-stack-package-sha256: '1234' is not a hex sha256"),
+    ({contract.RELEASE_KEY: None}, "lacks tpu-stack-release"),
+    ({contract.RELEASE_KEY: "releases/x"}, "tpu-stack-release: 'releases/x' is not a gs://"),
     ({contract.WORKERS_KEY: "1"}, "tpu-stack-workers: '1' is not allowed; use 'all'"),
-    ({contract.JOB_KEY: "{not json"}, "tpu-stack-job: not valid JSON"),
 ])
-def test_desired_names_the_bad_key(changes: dict[str, str | None], message: str) -> None:
+def test_node_settings_name_the_bad_key(changes: dict[str, str | None], message: str) -> None:
     attributes = {k: v for k, v in (GOOD | changes).items() if v is not None}
     with pytest.raises(common.AgentError, match=message):
-        desired.Desired.from_attributes(attributes)
+        desired.node_settings(attributes)
+
+
+def test_release_watcher_offers_each_new_release_once_and_survives_a_failed_list(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TPU_STACK_RELEASE_POLL_SECONDS", "0.1")
+    storage = FakeStorage(failure=common.TransientError("HTTP 503"))
+    wake, notes = threading.Event(), []
+    watcher = watchers.ReleaseWatcher(storage, "gs://b/releases/dev-trainer/", wake,
+                                      notes.append)  # type: ignore[arg-type]
+    try:
+        assert wake.wait(5)
+        assert watcher.take() is None
+        assert "release listing failed: HTTP 503" in watcher.problem
+        storage.failure = None
+        storage.objects = dict([_release({"model": "a"}, "2026-01-01T00:00:00Z")])
+        deadline = time.monotonic() + 10
+        while (first := watcher.take()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first is not None and '"a"' in first.job_json
+        storage.failure = common.TransientError("HTTP 503")  # what runs keeps running
+        time.sleep(0.5)
+        assert watcher.take() is None
+        storage.failure = None
+        time.sleep(0.5)
+        assert watcher.take() is None  # the same release is not offered twice
+        storage.objects |= dict([_release({"model": "b"}, "2026-01-02T00:00:00Z")])
+        deadline = time.monotonic() + 10
+        while (second := watcher.take()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert second is not None and '"b"' in second.job_json
+    finally:
+        watcher.stop()
+    assert any("release listing failed" in note for note in notes)
 
 
 @pytest.mark.parametrize(("tf_version", "chosen"), [
@@ -353,6 +444,32 @@ def test_under_systemd_the_bootstrap_installs_one_service_and_returns(tmp_path: 
     assert (root / "agent.pyz").read_bytes() == build.zipapp()
 
 
+def stop_order(units: dict[str, dict[str, dict[str, str]]]) -> list[set[str]]:
+    """The order systemd stops `units` in at shutdown, as groups stopped in parallel,
+    after systemd.unit(5): the inverse of the start-up order that After= and Before=
+    define; units with no ordering between them start, and stop, in parallel."""
+    after = {name: set(unit["Unit"].get("After", "").split()) for name, unit in units.items()}
+    for name, unit in units.items():
+        for later in unit["Unit"].get("Before", "").split():
+            after.setdefault(later, set()).add(name)
+    started: list[set[str]] = []
+    while sum(map(len, started)) < len(units):
+        done = set().union(*started)
+        started.append({name for name in units if name not in done
+                        and not (after[name] & set(units)) - done})
+    return started[::-1]
+
+
+def test_at_shutdown_the_agent_stops_before_the_tpu_runtime(tmp_path: Path) -> None:
+    sections, _, _ = _install_unit(tmp_path)
+    # The image's runtime unit orders itself against nothing of ours (ml-auto-solutions
+    # dags/solutions_team/configs/tensorflow/common.py shows only its [Service]).
+    runtime = {"Unit": {"Description": "TPU runtime"}, "Service": {}}
+    order = stop_order({"tpu-stack-agent.service": sections, "tpu-runtime.service": runtime})
+    assert order == [{"tpu-stack-agent.service"}, {"tpu-runtime.service"}]
+    assert "tpu-runtime.service" not in sections["Unit"].get("Wants", "")
+
+
 # systemd's defaults when a unit sets nothing (systemd-system.conf(5):
 # DefaultStartLimitIntervalSec=10s, DefaultStartLimitBurst=5).
 DEFAULT_START_LIMIT = ("10", "5")
@@ -397,23 +514,6 @@ def test_an_unknown_init_is_named(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr == ("TPU_STACK_INIT: 'upstart' is not allowed; "
                              "use auto, systemd or foreground\n")
-
-
-def test_watcher_wakes_on_a_change_and_not_on_a_long_poll_timeout(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metadata, "WATCH_TIMEOUT_SECONDS", 1)
-    with MetadataServer(GOOD) as server:
-        client = metadata.Metadata(server.host)
-        _, etag = client.attributes()
-        wake = threading.Event()
-        watcher = watchers.Watcher(client, etag, wake)
-        assert not wake.wait(2.5)  # two timed-out polls, same ETag
-        server.set_attributes({contract.JOB_KEY: '{"model": "resnet18"}'})
-        assert wake.wait(5)
-        watcher.stop()
-        changed = watcher.take()
-        assert changed is not None
-        assert changed[contract.JOB_KEY] == '{"model": "resnet18"}'
 
 
 class _BrokenStream(io.BytesIO):
@@ -589,3 +689,62 @@ def test_data_is_found_through_a_bucket_listing(gcs: StorageEmulator) -> None:
         assert bucket.any_match(pattern, "trainData")
         assert bucket.read(f"gs://{BUCKET}/units-data/absent", "s") is None
         assert bucket.read(f"gs://{BUCKET}/units-data/train-other.txt", "s") == b"x"
+
+
+HOLD_TPU = ("import fcntl, os, sys, time\ndevice = open(sys.argv[1])\n"
+            "fd = os.open(sys.argv[2], os.O_CREAT | os.O_RDWR)\n"
+            "fcntl.lockf(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(120)\n")
+
+
+def hold_tpu(tmp: Path, device: Path, lock: Path) -> subprocess.Popen[str]:
+    """A user's process holding the TPU as libtpu does: the device open, the lock taken."""
+    script = tmp / "user_notebook.py"
+    script.write_text(HOLD_TPU)
+    user = subprocess.Popen([sys.executable, str(script), str(device), str(lock)],
+                            stdout=subprocess.PIPE, text=True)
+    assert user.stdout is not None and user.stdout.readline() == "held\n"
+    return user
+
+
+def test_holders_of_the_tpu_devices_are_found_with_their_command_line(tmp_path: Path) -> None:
+    device, lock = tmp_path / "accel0", tmp_path / "libtpu_lockfile"
+    device.write_text("")
+    user = hold_tpu(tmp_path, device, lock)
+    try:
+        found = devices.holders([str(device)])
+        assert [holder.pid for holder in found] == [user.pid]
+        assert f"python {tmp_path / 'user_notebook.py'}" in found[0].command
+        assert not devices.remove_stale_lockfile(lock)  # its lock is held: not stale
+        assert lock.exists()
+    finally:
+        user.kill()
+        user.wait()
+    assert devices.holders([str(device)]) == []
+    assert devices.remove_stale_lockfile(lock)  # nobody holds it now
+    assert not lock.exists()
+    assert not devices.remove_stale_lockfile(lock)
+
+
+def test_device_and_lockfile_paths_can_be_overridden(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    for name in ("accel0", "accel1", "other"):
+        (tmp_path / name).write_text("")
+    monkeypatch.setenv("TPU_STACK_TPU_DEVICES", f"{tmp_path}/accel*:{tmp_path}/vfio/*")
+    monkeypatch.setenv("TPU_STACK_LIBTPU_LOCKFILE", str(tmp_path / "lock"))
+    assert devices.device_paths() == {str(tmp_path / "accel0"), str(tmp_path / "accel1")}
+    assert devices.lockfile_path() == tmp_path / "lock"
+
+
+@pytest.mark.parametrize(("answer", "window"), [
+    ("NONE", None),
+    ('{ "error": "no notifications have been received yet, try again later" }', None),
+    ('{"can_reschedule": "true", "latest_window_start_time": "2024-12-01T19:00:01Z", '
+     '"maintenance_status": "PENDING", "type": "SCHEDULED", '
+     '"window_end_time": "2024-12-01T21:00:01Z", "window_start_time": "2024-12-01T19:00:01Z"}',
+     {"start": "2024-12-01T19:00:01Z", "end": "2024-12-01T21:00:01Z", "type": "SCHEDULED",
+      "status": "PENDING"}),
+])
+def test_upcoming_maintenance_is_read_as_documented(answer: str,
+                                                    window: dict[str, str] | None) -> None:
+    # The answers Compute Engine documents (monitor-plan-host-maintenance-event).
+    assert watchers.parse_maintenance(answer) == window
