@@ -188,8 +188,9 @@ class Agent:
                          f"reports its save (at most {bound:.0f}s)")
         deadline = time.monotonic() + bound
         while time.monotonic() < deadline:
-            state = self.status.read_worker(0).get("state")
-            if state != "running":
+            status = self.status.read_worker(0)
+            state = None if status is None else status.get("state")
+            if status is not None and state != "running":
                 self.status.note(f"worker 0 reports state {state}; letting the runtime go")
                 return
             time.sleep(WORKER_0_POLL_SECONDS)

@@ -56,15 +56,16 @@ class Status:
         return f"{self.prefix.rstrip('/')}/worker-{number}/status.json" \
             if self.prefix else None
 
-    def read_worker(self, worker: int) -> dict[str, object]:
-        """Another worker's published status; {} when absent or unreadable."""
+    def read_worker(self, worker: int) -> dict[str, object] | None:
+        """Another worker's published status: {} when there is none, None when it
+        could not be read (try again)."""
         uri = self.status_uri(worker)
         try:
             value = json.loads(self.storage.read(uri, STATUS_KEY, attempts=1) or b"{}") \
                 if uri else {}
         except (AgentError, TransientError, ValueError) as error:
             log(f"worker {worker}'s status: {error}")
-            return {}
+            return None
         return value if isinstance(value, dict) else {}
 
     def previous(self) -> dict[str, object]:
