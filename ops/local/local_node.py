@@ -14,30 +14,40 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components.agent import (
-    JOB_KEY,
-    PACKAGE_KEY,
-    PACKAGE_SHA256_KEY,
+from node_agent import (
+    RELEASE_KEY,
     STARTUP_SCRIPT_KEY,
     STATUS_KEY,
+    WORKER_NUMBER_KEY,
     WORKERS_KEY,
     startup_script,
 )
+from node_agent.desired import release_content, release_name
 from ops.local.metadata_server import MetadataServer
+from ops.local.storage_emulator import StorageEmulator
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_PYTHON = REPO / ".venv" / "image" / "bin" / "python"  # TensorFlow only, like a TPU image
-WORKER_NUMBER_KEY = "agent-worker-number"
 
 
-def node_attributes(package_uri: str, sha256: str, job_json: str, status_prefix: str, *,
-                    workers: str = "all", worker: int = 0,
-                    extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def publish_release(gcs: StorageEmulator, prefix: str, package_uri: str, sha256: str,
+                    job: Mapping[str, object]) -> str:
+    """Upload a release object under the node's release prefix, as the stack's
+    BucketObject does (contract C1); its gs:// URI. The emulator stamps timeCreated,
+    so the latest upload is the current release."""
+    content = release_content(job, package_uri, sha256)
+    uri = f"{prefix.rstrip('/')}/{release_name(content)}"
+    gcs.upload(uri, content)
+    return uri
+
+
+def node_attributes(release_prefix: str, status_prefix: str, *, workers: str = "all",
+                    worker: int = 0, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The metadata a TpuNode declares, plus what the TPU runtime adds per worker
     (`extra`: more of either, e.g. tpu-stack-runtime-version, worker-network-endpoints)."""
-    return {STARTUP_SCRIPT_KEY: startup_script(), PACKAGE_KEY: package_uri,
-            PACKAGE_SHA256_KEY: sha256, JOB_KEY: job_json, WORKERS_KEY: workers,
-            STATUS_KEY: status_prefix, WORKER_NUMBER_KEY: str(worker)} | dict(extra or {})
+    return {STARTUP_SCRIPT_KEY: startup_script(), RELEASE_KEY: release_prefix,
+            WORKERS_KEY: workers, STATUS_KEY: status_prefix,
+            WORKER_NUMBER_KEY: str(worker)} | dict(extra or {})
 
 
 @dataclass

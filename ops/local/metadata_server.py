@@ -10,8 +10,11 @@ ETag differs from `last_etag` (at once when it already differs; without
 then answers the current value with its `ETag` header;
 `instance/attributes/?recursive=true` answers every attribute as one JSON object.
 `instance/preempted` is FALSE until `preempt()` (cloud.google.com/compute/docs/
-instances/preemptible#detecting) and `instance/maintenance-event` NONE until
-`set_maintenance_event()` (.../metadata/getting-live-migration-notice).
+instances/preemptible#detecting), `instance/maintenance-event` NONE until
+`set_maintenance_event()` (.../metadata/getting-live-migration-notice) and
+`instance/upcoming-maintenance` NONE until `set_upcoming_maintenance()` announces a
+window, as JSON with the documented snake_case fields
+(.../instances/monitor-plan-host-maintenance-event).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ GUEST_ATTRIBUTES = "instance/guest-attributes/"
 TOKEN = "instance/service-accounts/default/token"
 PREEMPTED = "instance/preempted"
 MAINTENANCE_EVENT = "instance/maintenance-event"
+UPCOMING_MAINTENANCE = "instance/upcoming-maintenance"
 FAKE_TOKEN = "fake-metadata-token"
 _LONGEST_WAIT = 3600.0
 
@@ -42,7 +46,7 @@ class MetadataServer(LoopbackServer):
         self._lock = threading.Condition()
         self._attributes = dict(attributes)
         self._instance = {"instance/name": instance_name, PREEMPTED: "FALSE",
-                          MAINTENANCE_EVENT: "NONE"}
+                          MAINTENANCE_EVENT: "NONE", UPCOMING_MAINTENANCE: "NONE"}
         self.guest_attributes: dict[str, str] = {}
         self.token_requests = 0
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every GET
@@ -70,6 +74,15 @@ class MetadataServer(LoopbackServer):
     def set_maintenance_event(self, value: str) -> None:
         """e.g. TERMINATE_ON_HOST_MAINTENANCE, then NONE again once it is over."""
         self._set_instance(MAINTENANCE_EVENT, value)
+
+    def set_upcoming_maintenance(self, start: str | None, end: str = "",
+                                 kind: str = "SCHEDULED", status: str = "PENDING") -> None:
+        """Announce a maintenance window (RFC 3339 times), or none with `start=None`."""
+        window = None if start is None else json.dumps({
+            "can_reschedule": False, "latest_window_start_time": start,
+            "maintenance_status": status, "type": kind, "window_end_time": end,
+            "window_start_time": start}, indent=2, sort_keys=True)
+        self._set_instance(UPCOMING_MAINTENANCE, window or "NONE")
 
     def _set_instance(self, path: str, value: str) -> None:
         with self._lock:

@@ -42,13 +42,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from components.agent import (
-    JOB_KEY,
-    PACKAGE_KEY,
-    PACKAGE_SHA256_KEY,
-    STARTUP_SCRIPT_KEY,
-    STATUS_KEY,
-)
 from components.archive import (
     DEFAULT_WHEEL_CACHE,
     REPO_ROOT,
@@ -61,7 +54,8 @@ from components.archive import (
 from components.catalog import CatalogError
 from components.settings import SettingsError
 from components.stack_config import StackFileError
-from ops.local.local_node import IMAGE_PYTHON, WORKER_NUMBER_KEY, LocalNode
+from node_agent.contract import RELEASE_KEY, STARTUP_SCRIPT_KEY, STATUS_KEY
+from ops.local.local_node import IMAGE_PYTHON, WORKER_NUMBER_KEY, LocalNode, publish_release
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator, split
 from ops.plan.offline import Plan, PlanError, offline_plan
@@ -213,15 +207,29 @@ def write_dataset(key: str, job: dict[str, Any], console: Console,
                              f"{out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
 
 
-def serve_package(gcs: StorageEmulator, metadata: dict[str, str]) -> None:
-    """The archive the stack would upload, at the URI the node is told."""
+def planned_release(plan: Plan, metadata: dict[str, str]) -> dict[str, Any]:
+    """The release the stack uploads for this node (contract C1): the BucketObject
+    under the node's `tpu-stack-release` prefix, its content `{job, package, sha256}`."""
+    bucket, prefix = split(metadata[RELEASE_KEY])
+    for resource in plan.run.registrations:
+        inputs = resource.inputs
+        if (resource.type == "gcp:storage/bucketObject:BucketObject"
+                and inputs.get("bucket") == bucket
+                and str(inputs.get("name", "")).startswith(prefix)):
+            return json.loads(inputs["content"])
+    raise RehearsalError(f"the plan has no release object under {metadata[RELEASE_KEY]}")
+
+
+def serve_package(gcs: StorageEmulator, metadata: dict[str, str],
+                  release: dict[str, Any]) -> None:
+    """The archive the stack would upload, at the URI the node's release names."""
     archive = build_archive()
-    if archive.sha256 != metadata[PACKAGE_SHA256_KEY]:
+    if archive.sha256 != release["sha256"]:
         raise RehearsalError("training/ changed while planning; run the rehearsal again")
-    for uri in (metadata[PACKAGE_KEY], metadata[STATUS_KEY]):
+    for uri in (release["package"], metadata[RELEASE_KEY], metadata[STATUS_KEY]):
         bucket, _ = split(uri)
         gcs.create_bucket(bucket)
-    gcs.upload(metadata[PACKAGE_KEY], archive.data)
+    gcs.upload(release["package"], archive.data)
 
 
 def worker_endpoints(hosts: int) -> str:
@@ -460,14 +468,14 @@ def rehearse(stack: str, *, workdir: Path | None, console: Console, node: str | 
     try:
         plan = offline_plan(stack)
         name, (metadata, hosts) = pick_node(planned_slices(plan), node)
+        release = planned_release(plan, metadata)
     except (SettingsError, StackFileError, PlanError, RehearsalError, CatalogError) as error:
         print_error(error)
         return 2
     workdir = workdir or REPO_ROOT / ".cache" / "rehearse" / stack
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    job, changed = rehearsal_job(json.loads(metadata[JOB_KEY]), workdir / "gcs", steps,
-                                 batch)
+    job, changed = rehearsal_job(release["job"], workdir / "gcs", steps, batch)
     console.print(f"rehearsing {name} of stack {stack} in {workdir}", markup=False)
     console.print("The node gets the metadata the stack declares, except what this machine "
                   "cannot do as the VM does: TensorFlow's gs:// filesystem cannot reach a GCS "
@@ -478,9 +486,10 @@ def rehearse(stack: str, *, workdir: Path | None, console: Console, node: str | 
     try:
         write_datasets(job, console)
         with StorageEmulator() as gcs:
-            serve_package(gcs, metadata)
-            code = boot(gcs, metadata | {JOB_KEY: json.dumps(job, sort_keys=True)}, hosts,
-                        job, changed, workdir, console)
+            serve_package(gcs, metadata, release)
+            # The job reaches the node as a release under its prefix, as the stack uploads it.
+            publish_release(gcs, metadata[RELEASE_KEY], release["package"], release["sha256"], job)
+            code = boot(gcs, metadata, hosts, job, changed, workdir, console)
     except (RehearsalError, PackageError) as error:  # PackageError: the wheels cannot be fetched
         print_error(error)
         return 2
@@ -507,8 +516,8 @@ def boot(gcs: StorageEmulator, metadata: dict[str, str], hosts: int, job: dict[s
          changed: dict[str, tuple[str, str]], workdir: Path, console: Console) -> int:
     with Pod(metadata, hosts, workdir, gcs.host) as pod:
         lead = pod.workers[0].node
-        console.print(f"booting {hosts} worker{'s' if hosts > 1 else ''}: package "
-                      f"{metadata[PACKAGE_KEY]} from the emulator, python "
+        console.print(f"booting {hosts} worker{'s' if hosts > 1 else ''}: "
+                      f"release {metadata[RELEASE_KEY]} from the emulator, python "
                       f"{lead.env['TPU_STACK_PYTHON']} (TPU_STACK_STRATEGY=cpu)", markup=False)
         pod.start(workdir)
         try:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from components import gcp_credentials
-from components.agent import STATUS_KEY
+from node_agent.contract import STATUS_KEY
 from ops.tpu.api import STATUS_KEYS, NodeStatus
 
 JOB_ENDED = {"succeeded", "failed"}

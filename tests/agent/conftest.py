@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from components.archive import TRAINING_DIR, Archive, build_archive, pack
-from ops.local.local_node import IMAGE_PYTHON, LocalNode, node_attributes
+from ops.local.local_node import IMAGE_PYTHON, LocalNode, node_attributes, publish_release
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator
 
@@ -68,12 +68,13 @@ def installed_package(archive: Archive, tmp_path_factory: pytest.TempPathFactory
     """The real package installed once by the agent's own installer, for tests that
     are about what happens after the install (each node gets a copy)."""
     root = tmp_path_factory.mktemp("installed")
-    code = (f"import sys; sys.path.insert(0, {str(REPO / 'components' / 'agent')!r}); "
-            "import agent, pathlib; root = pathlib.Path(sys.argv[1]); "
+    code = ("import sys, pathlib; from node_agent import install; "
+            "root = pathlib.Path(sys.argv[1]); "
             "(root / 'package.tar.gz').write_bytes(sys.stdin.buffer.read()); "
-            "work = root / 'pkg'; agent.extract(root / 'package.tar.gz', work / 'src'); "
-            "agent.Installer(root, None)._install_wheels(work)")
-    subprocess.run([str(IMAGE_PYTHON), "-c", code, str(root)], input=archive.data, check=True)
+            "work = root / 'pkg'; install.extract(root / 'package.tar.gz', work / 'src'); "
+            "install.install_wheels(work)")
+    subprocess.run([str(IMAGE_PYTHON), "-c", code, str(root)], input=archive.data, check=True,
+                   cwd=REPO)
     return root / "pkg"
 
 
@@ -106,6 +107,12 @@ class Node(LocalNode):
 
     gcs: StorageEmulator | None = None
     status_prefix: str = ""
+    release_prefix: str = ""
+
+    def publish(self, package_uri: str, sha256: str, job: dict[str, object]) -> str:
+        """A new release for this node (contract C1): the agent picks it up by polling."""
+        assert self.gcs is not None
+        return publish_release(self.gcs, self.release_prefix, package_uri, sha256, job)
 
     def status_object(self, worker: int = 0) -> dict[str, object] | None:
         assert self.gcs is not None
@@ -128,20 +135,27 @@ class Node(LocalNode):
 @pytest.fixture
 def make_node(gcs: StorageEmulator, tmp_path: Path,
               request: pytest.FixtureRequest) -> Iterator[Callable[..., Node]]:
-    """make_node(package_uri, sha256, job, workers="all", worker=0, storage_host=None)."""
+    """make_node(package_uri, sha256, job, workers="all", worker=0, storage_host=None, ...):
+    a node whose release prefix holds that release (none with publish=False)."""
     servers: list[MetadataServer] = []
 
     def make(package_uri: str, sha256: str, job: dict[str, object], *, workers: str = "all",
              worker: int = 0, storage_host: str | None = None,
-             extra: dict[str, str] | None = None, env: dict[str, str] | None = None) -> Node:
-        prefix = f"gs://{BUCKET}/status/{request.node.name}-{len(servers)}/"
-        attributes = node_attributes(package_uri, sha256, json.dumps(job), prefix,
-                                     workers=workers, worker=worker, extra=extra)
+             extra: dict[str, str] | None = None, env: dict[str, str] | None = None,
+             publish: bool = True) -> Node:
+        name = f"{request.node.name}-{len(servers)}"
+        prefix = f"gs://{BUCKET}/status/{name}/"
+        releases = f"gs://{BUCKET}/releases/{name}/"
+        if publish:
+            publish_release(gcs, releases, package_uri, sha256, job)
+        attributes = node_attributes(releases, prefix, workers=workers, worker=worker,
+                                     extra=extra)
         server = MetadataServer(attributes, instance_name="t1v-n-test-w-0")
         servers.append(server)
         root = tmp_path / f"node-{len(servers)}"
-        return Node(server, root, storage_host or gcs.host, env_extra=env or {}, gcs=gcs,
-                    status_prefix=prefix)
+        env = {"TPU_STACK_RELEASE_POLL_SECONDS": "1"} | (env or {})
+        return Node(server, root, storage_host or gcs.host, env_extra=env, gcs=gcs,
+                    status_prefix=prefix, release_prefix=releases)
 
     yield make
     for server in servers:

@@ -8,7 +8,6 @@ training job (mnist_cnn, a few dozen steps on CPU) with the image's Python.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import signal
@@ -17,8 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from components.agent import JOB_KEY, PACKAGE_KEY, PACKAGE_SHA256_KEY
 from components.archive import Archive, build_archive
+from node_agent import build
 from ops.local.local_node import IMAGE_PYTHON
 from ops.local.storage_emulator import StorageEmulator
 from tests.agent.conftest import BUCKET, Node, job_config, stop, training_copy, upload_package
@@ -27,7 +26,6 @@ from tests.fakes.fault_proxy import FaultProxy
 EXIT_PREEMPTED = 75
 DOWNLOADS = "/o/packages%2F"  # package downloads (the status object is read too)
 LONG_STEPS = 400  # long enough to act while the job trains
-AGENT = Path(__file__).resolve().parents[2] / "components" / "agent" / "agent.py"
 
 
 def resumed_from(log: str) -> list[int]:
@@ -99,7 +97,7 @@ def test_missing_package_object_fails_at_once_with_its_uri(
 
     assert result.returncode == 1
     assert node.guest["state"] == "failed"
-    assert node.guest["message"] == f"tpu-stack-package: {missing} does not exist (HTTP 404)"
+    assert node.guest["message"] == f"the release's package: {missing} does not exist (HTTP 404)"
     assert proxy.matched == 1  # a 404 is an answer, not retried
     assert node.installed_packages() == []
 
@@ -132,7 +130,7 @@ def test_package_change_while_training_checkpoints_installs_and_resumes(
         # Freeze the job so the update lands mid-training however fast this machine is.
         job_pid = int((node.root / "run" / "job.pid").read_text().split()[0])
         os.kill(job_pid, signal.SIGSTOP)
-        node.metadata.set_attributes({PACKAGE_KEY: new_uri, PACKAGE_SHA256_KEY: new.sha256})
+        node.publish(new_uri, new.sha256, job_config(dataset, work, 32))
         node.wait_for(lambda: new.sha256 in node.installed_packages(), "the new package")
         os.kill(job_pid, signal.SIGCONT)
         output, _ = boot.communicate(timeout=240)
@@ -185,7 +183,7 @@ def test_a_job_left_by_a_killed_agent_is_stopped_by_pid_before_a_new_one_starts(
         boot.kill()  # the agent dies; its job (own session) keeps the "TPU"
         boot.wait()
         short = job_config(dataset, tmp_path / "short", 8)
-        node.metadata.set_attributes({JOB_KEY: json.dumps(short)})
+        node.publish(package_uri, archive.sha256, short)
         result = node.boot()
     finally:
         stop(boot)
@@ -219,19 +217,21 @@ def test_pod_worker_other_than_0_launches_no_client(
     assert not (node.root / "run" / "job.pid").exists()
 
 
-def test_as_a_service_a_finished_node_takes_the_next_job_from_metadata(
+def test_as_a_service_a_finished_node_takes_the_next_release(
         make_node: Callable[..., Node], archive: Archive, package_uri: str, dataset: str,
         tmp_path: Path) -> None:
     node = make_node(package_uri, archive.sha256, job_config(dataset, tmp_path / "a", 8))
-    service = subprocess.Popen([str(IMAGE_PYTHON), str(AGENT), "run", "--stay"], env=node.env,
+    agent = tmp_path / "agent.pyz"
+    agent.write_bytes(build.zipapp())
+    service = subprocess.Popen([str(IMAGE_PYTHON), str(agent), "run", "--stay"], env=node.env,
                                text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        node.wait_for(lambda: "waiting for a metadata change" in node.job_log_path().read_text()
+        node.wait_for(lambda: "waiting for a new release" in node.job_log_path().read_text()
                       if node.job_log_path().exists() else False, "the first job to finish")
         assert node.guest["state"] == "succeeded"
         second = job_config(dataset, tmp_path / "b", 8)
-        node.metadata.set_attributes({JOB_KEY: json.dumps(second)})
-        node.wait_for(lambda: node.job_log_path().read_text().count("waiting for a metadata")
+        node.publish(package_uri, archive.sha256, second)
+        node.wait_for(lambda: node.job_log_path().read_text().count("waiting for a new release")
                       == 2, "the second job to finish")
         service.send_signal(signal.SIGTERM)
         output, _ = service.communicate(timeout=60)

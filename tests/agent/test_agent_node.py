@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from components.agent import NODE_KEY, RUNTIME_KEY
-from components.agent.agent import NETWORK_ENDPOINTS_KEY, PJRT_KEYS
 from components.archive import Archive
+from node_agent.contract import NETWORK_ENDPOINTS_KEY, NODE_KEY, RUNTIME_KEY
+from node_agent.environment import PJRT_KEYS
 from tests.agent.conftest import Node, job_config, preinstall, stop
 
 PJRT = "tpu-vm-tf-2.18.0-pjrt"
@@ -136,8 +136,9 @@ def test_data_uploaded_20s_after_boot_is_trained_on_without_a_reboot(
     booted = time.monotonic()
     boot = node.start()
     try:
-        node.wait_for(lambda: node.guest.get("state") == "waiting-for-data", "waiting-for-data")
-        assert pattern in node.guest["message"]
+        # Guest attributes are written one key at a time: wait for both.
+        node.wait_for(lambda: node.guest.get("state") == "waiting-for-data"
+                      and pattern in node.guest.get("message", ""), "waiting-for-data")
         time.sleep(max(0.0, booted + 20 - time.monotonic()))
         for shard in Path(dataset).parent.glob("*.tfrecord"):
             shutil.copy(shard, data / shard.name)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from components.agent import JOB_KEY, PACKAGE_SHA256_KEY, STARTUP_SCRIPT_KEY, startup_script
+from node_agent import RELEASE_KEY, STARTUP_SCRIPT_KEY, startup_script
 from ops.local.rehearse import (
     REHEARSAL_IMAGE_SIZE,
     REHEARSAL_WIDTH,
@@ -16,6 +16,7 @@ from ops.local.rehearse import (
     last_error_line,
     pick_node,
     planned_nodes,
+    planned_release,
     rehearsal_job,
     write_datasets,
 )
@@ -28,11 +29,15 @@ JOB = {"model": "mnist_cnn", "trainData": "gs://data/datasets/mnist/train-*.tfre
 
 
 def test_the_dev_stack_serves_its_planned_metadata() -> None:
-    name, metadata = pick_node(planned_nodes(offline_plan("dev")), None)
+    plan = offline_plan("dev")
+    name, metadata = pick_node(planned_nodes(plan), None)
     assert name == "node-trainer"
     assert metadata[STARTUP_SCRIPT_KEY] == startup_script()
-    assert len(metadata[PACKAGE_SHA256_KEY]) == 64
-    assert '"model": "mnist_cnn"' in metadata[JOB_KEY]
+    assert metadata[RELEASE_KEY].endswith("/releases/dev-trainer/")
+    release = planned_release(plan, metadata)  # the release object under that prefix (C1)
+    assert len(release["sha256"]) == 64
+    assert release["package"].endswith(f"tpu_training-{release['sha256']}.tar.gz")
+    assert release["job"]["model"] == "mnist_cnn"
 
 
 def test_an_unknown_node_names_the_stack_nodes() -> None:
@@ -181,20 +186,19 @@ def test_each_worker_sees_its_own_number_and_every_workers_endpoint() -> None:
 def test_a_pod_rehearsal_runs_a_hot_update_a_failed_worker_and_a_notice_to_all(
         gcs, archive, package_uri: str, dataset: str, tmp_path: Path) -> None:
     """Issue 20 item 8, end to end: 4 workers, each its own metadata server and agent."""
-    import json
     import re
     import signal
 
-    from components.agent import PACKAGE_KEY
     from components.archive import build_archive
     from ops.local import rehearse
-    from ops.local.local_node import node_attributes
+    from ops.local.local_node import node_attributes, publish_release
     from tests.agent.conftest import BUCKET, job_config, training_copy, upload_package
 
     job = job_config(dataset, tmp_path / "job", 2000) | {"widthMultiplier": 0.25}
     prefix = f"gs://{BUCKET}/status/pod-{tmp_path.name}/"
-    metadata = node_attributes(package_uri, archive.sha256, json.dumps(job), prefix,
-                               workers="0")
+    releases = f"gs://{BUCKET}/releases/pod-{tmp_path.name}/"
+    publish_release(gcs, releases, package_uri, archive.sha256, job)
+    metadata = node_attributes(releases, prefix, workers="0")
     new = build_archive(training_copy(tmp_path, "v2"))
     new_uri = upload_package(gcs, new)
 
@@ -212,7 +216,7 @@ def test_a_pod_rehearsal_runs_a_hot_update_a_failed_worker_and_a_notice_to_all(
         wait_for(lambda: all(w.guest.get("state") == "idle" for w in others), "idle workers")
         assert all("worker 0 runs the TensorFlow client" in w.guest["message"] for w in others)
 
-        pod.set_attributes({PACKAGE_KEY: new_uri, PACKAGE_SHA256_KEY: new.sha256})
+        publish_release(gcs, releases, new_uri, new.sha256, job)  # a code change: a new release
         wait_for(lambda: all(w.guest.get("package") == new.sha256 for w in pod.workers),
                  "every worker to take the update")
         resumed = re.compile(rf"starting job: package {new.sha256}[\s\S]*^tpu_training step=",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pulumi
 import pytest
 
-from components import agent
+import node_agent as agent
 from components.archive import Archive
 from components.identity import IdentityArgs, RuntimeIdentity
 from components.naming import Naming

@@ -10,7 +10,7 @@ import pulumi
 import pytest
 import yaml
 
-from components import agent
+import node_agent as agent
 from components.archive import REPO_ROOT
 from components.stack_config import (
     StackFileError,

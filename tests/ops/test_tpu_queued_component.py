@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from components import agent
+import node_agent as agent
 from tests.infra.test_components import node_run
 
 QUEUED_TYPE = "pulumi-python:dynamic/tpu:QueuedTpu"

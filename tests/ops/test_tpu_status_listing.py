@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from components.agent import STATUS_KEY
+from node_agent.contract import STATUS_KEY
 from ops.local.storage_emulator import StorageEmulator
 from ops.tpu.api import TpuApi
 from ops.tpu.logs import AgentLogs

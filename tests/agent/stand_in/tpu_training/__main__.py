@@ -8,12 +8,32 @@ this job for those two cases. The config's `standIn` picks the behaviour:
 - `environment`: write the job's environment as JSON to `out`, then finish.
 - `flaky`: exit 69 (TPU initialisation failed) the first `failures` runs, counting
   runs in `out`, then train to step 8 and finish.
+- `busy`: take libtpu's lock as TensorFlow does (lockf F_TLOCK on the lock file,
+  tensorflow/core/tpu/tpu_initializer_helper.cc); when that fails, print contract
+  C4's `tpu_busy` line and exit 69, else train to step 8 and finish. A lock file
+  owned by another user that is not writable fails as open(O_RDWR) fails for a
+  process that is not root (the tests run as root, where it would not).
 """
 
+import fcntl
 import json
 import os
 import sys
 from pathlib import Path
+
+
+def take_tpu() -> bool:
+    path = Path(os.environ["TPU_STACK_LIBTPU_LOCKFILE"])
+    if path.exists():
+        info = path.stat()
+        if info.st_uid != os.getuid() and not info.st_mode & 0o002:
+            return False
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True  # held until this process exits, as libtpu holds it
 
 
 def main() -> int:
@@ -22,6 +42,14 @@ def main() -> int:
     if config["standIn"] == "environment":
         out.write_text(json.dumps(dict(os.environ)))
         print("tpu_training step=1 loss=0.5", flush=True)
+        return 0
+    if config["standIn"] == "busy":
+        if not take_tpu():
+            print("tpu_training tpu_busy holders=unknown", flush=True)
+            print("tpu_training: error: the TPU is in use by another process",
+                  file=sys.stderr, flush=True)
+            return 69
+        print("tpu_training step=8 loss=0.1", flush=True)
         return 0
     runs = int(out.read_text()) if out.exists() else 0
     out.write_text(str(runs + 1))

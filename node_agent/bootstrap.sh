@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # tpu-stack bootstrap: the node's `startup-script`. It runs at every boot on every
-# worker (docs/tpu-facts.md, "On the VM"), writes the agent beside the packages and
-# hands over to it: as a systemd service where systemd runs (restart on failure,
-# SIGTERM with a grace period on stop, one instance), else in the foreground,
-# exiting with the job's outcome. components/agent/startup_script() puts the
-# agent's source where the marker line below stands.
+# worker (docs/tpu-facts.md, "On the VM"), writes the agent (a zipapp) beside the
+# packages and hands over to it: as a systemd service where systemd runs (restart
+# on failure, SIGTERM with a grace period on stop, one instance), else in the
+# foreground, exiting with the job's outcome. node_agent.build.startup_script()
+# puts the zipapp, base64-encoded, where the marker line below stands.
 set -euo pipefail
 
 root=${TPU_STACK_ROOT:-/opt/tpu-stack}
@@ -12,11 +12,11 @@ python=${TPU_STACK_PYTHON:-python3}
 unit=tpu-stack-agent.service
 
 mkdir -p "$root"
-agent_tmp=$(mktemp "$root/.agent.py.XXXXXX")
-cat > "$agent_tmp" <<'TPU_STACK_AGENT_SOURCE'
-@AGENT_SOURCE@
-TPU_STACK_AGENT_SOURCE
-mv -f "$agent_tmp" "$root/agent.py"
+agent_tmp=$(mktemp "$root/.agent.pyz.XXXXXX")
+base64 -d > "$agent_tmp" <<'TPU_STACK_AGENT_ZIPAPP'
+@AGENT_ZIPAPP_BASE64@
+TPU_STACK_AGENT_ZIPAPP
+mv -f "$agent_tmp" "$root/agent.pyz"
 
 # TPU_STACK_INIT: auto (default), systemd or foreground. sd_booted(3): systemd
 # is PID 1 exactly when /run/systemd/system exists.
@@ -32,8 +32,15 @@ case $init in
     cat > "$unit_dir/$unit" <<UNIT
 [Unit]
 Description=tpu-stack node agent (training package supervisor)
-After=network-online.target
 Wants=network-online.target
+# Stopped before the image's TPU runtime (tpu-runtime.service, the unit that runs the
+# TPU server container on every worker: GoogleCloudPlatform/ml-auto-solutions
+# dags/solutions_team/configs/tensorflow/common.py edits /etc/systemd/system/
+# tpu-runtime.service). systemd.unit(5): when two units with an ordering dependency
+# are shut down, the inverse of the start-up order applies, so After= makes this unit
+# stop first and the runtime keep serving a pod's stop save while the agent waits.
+# After= alone: no Wants=, so an image without the runtime is not asked to start one.
+After=network-online.target tpu-runtime.service
 # No start limit: a node that stops restarting sits failed and billed until someone
 # reboots it (spot nodes never are). systemd.unit(5): StartLimitIntervalSec=0
 # disables rate limiting. The agent itself retries transient failures with
@@ -42,7 +49,7 @@ StartLimitIntervalSec=0
 
 [Service]
 Environment=TPU_STACK_ROOT=$root
-ExecStart=$python_path $root/agent.py run --stay
+ExecStart=$python_path $root/agent.pyz run --stay
 Restart=on-failure
 RestartSec=30
 # 75/76: stopped on SIGTERM (with or without a stop save), a clean stop.
@@ -61,7 +68,7 @@ UNIT
     systemctl enable --now "$unit"
     ;;
   foreground)
-    exec "$python" "$root/agent.py" run
+    exec "$python" "$root/agent.pyz" run
     ;;
   *)
     echo "TPU_STACK_INIT: '$init' is not allowed; use auto, systemd or foreground" >&2

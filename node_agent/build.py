@@ -1,0 +1,56 @@
+"""The `startup-script` metadata value: the bootstrap with the agent zipapp embedded.
+
+The agent's modules go into one zip with `__main__.py` at its root, as
+`python -m zipapp` lays one out (docs.python.org/3/library/zipapp.html: the
+interpreter runs a zip whose root holds `__main__.py`). The bytes are
+deterministic, so a node's metadata changes only when the agent's code does:
+names in sorted order, every entry dated 1980-01-01 (the zip format's earliest
+date) with fixed permissions, and stored, not deflated (zlib's output may differ
+between zlib builds; Python's zipfile defaults to ZIP_STORED). The zip travels
+base64-encoded in the bash bootstrap (a metadata value is text).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import zipfile
+from pathlib import Path
+
+from node_agent.contract import MAX_METADATA_VALUE_BYTES
+
+HERE = Path(__file__).resolve().parent
+ZIPAPP_MARKER = "@AGENT_ZIPAPP_BASE64@"
+FIXED_DATE = (1980, 1, 1, 0, 0, 0)
+ENTRY_POINT = b"import sys\n\nfrom node_agent.agent import main\n\nsys.exit(main())\n"
+BASE64_LINE = 76  # base64(1)'s default wrap
+
+
+def modules() -> list[Path]:
+    """The agent's modules: every one but this build step (infra side only)."""
+    return sorted(path for path in HERE.glob("*.py") if path.name != "build.py")
+
+
+def zipapp() -> bytes:
+    """The agent as one zipapp: the same bytes on every machine for the same sources."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        entries = [("__main__.py", ENTRY_POINT)]
+        entries += [(f"node_agent/{path.name}", path.read_bytes()) for path in modules()]
+        for name, data in sorted(entries):
+            info = zipfile.ZipInfo(name, date_time=FIXED_DATE)
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, data)
+    return out.getvalue()
+
+
+def startup_script() -> str:
+    """The bootstrap with the zipapp embedded; refuses to outgrow a metadata value."""
+    encoded = base64.b64encode(zipapp()).decode()
+    lines = "\n".join(encoded[i:i + BASE64_LINE] for i in range(0, len(encoded), BASE64_LINE))
+    script = (HERE / "bootstrap.sh").read_text().replace(ZIPAPP_MARKER, lines, 1)
+    size = len(script.encode())
+    if size > MAX_METADATA_VALUE_BYTES:
+        raise ValueError(f"startup-script is {size} bytes; GCP allows "
+                         f"{MAX_METADATA_VALUE_BYTES} per metadata value")
+    return script

@@ -1,0 +1,46 @@
+"""The node's contract with the infrastructure: metadata keys, notice paths, exit codes.
+
+docs/design.md, "What a TPU node carries in metadata" and "Exit codes". Infra code
+(components/tpu_node.py, ops/) imports the key names from here; the agent reads
+nothing else from the node's metadata.
+"""
+
+from __future__ import annotations
+
+# -- what the TpuNode component sets ----------------------------------------------
+STARTUP_SCRIPT_KEY = "startup-script"
+# gs://<artifacts>/releases/<node-id>/: the prefix under which every release of the
+# node's code lands (contract C1); stable for the node's life.
+RELEASE_KEY = "tpu-stack-release"
+WORKERS_KEY = "tpu-stack-workers"
+STATUS_KEY = "tpu-stack-status"
+NODE_KEY = "tpu-stack-node"  # the TPU node's own id (instance/name is the worker VM's)
+RUNTIME_KEY = "tpu-stack-runtime-version"  # the node's runtimeVersion, e.g. tpu-vm-tf-2.18.0-pjrt
+
+# -- what the TPU runtime puts on every worker --------------------------------------
+WORKER_NUMBER_KEY = "agent-worker-number"
+NETWORK_ENDPOINTS_KEY = "worker-network-endpoints"
+TPU_ENV_KEY = "tpu-env"
+GUEST_NAMESPACE = "tpu-stack"
+
+# -- a release object (contract C1): release-<sha16 of its content>.json ----------
+RELEASE_OBJECT_PREFIX = "release-"
+RELEASE_OBJECT_SUFFIX = ".json"
+RELEASE_POLL_SECONDS = 30.0
+
+# Compute Engine metadata: "the size of each value must be less than or equal to
+# 262144 bytes (256 KiB)" (cloud.google.com/compute/docs/reference/rest/v1/Metadata;
+# docs/tpu-facts.md). The startup script is one value.
+MAX_METADATA_VALUE_BYTES = 262_144
+
+# The job's exit codes (docs/design.md, "The training package").
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2  # a bad setting: permanent
+EXIT_BAD_RECORDS = 65  # records that do not fit the model: permanent
+EXIT_NO_DATA = 66  # trainData matches no file yet: wait for it
+EXIT_TRANSIENT = 69  # TPU not ready or in use, storage 5xx: retry
+EXIT_PREEMPTED = 75  # stopped on SIGTERM after saving a checkpoint
+EXIT_STOP_SAVE_FAILED = 76  # stopped on SIGTERM, the stop save failed (a pod losing hosts)
+PERMANENT_EXITS = (EXIT_USAGE, EXIT_BAD_RECORDS)
+STOPPED_EXITS = (EXIT_PREEMPTED, EXIT_STOP_SAVE_FAILED)

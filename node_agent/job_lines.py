@@ -1,0 +1,95 @@
+"""What the job prints on stdout (docs/design.md, "Job stdout lines"), read into a JobRun."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+STEP_LINE = re.compile(r"^tpu_training step=(\d+)")
+RESUMED_LINE = re.compile(r"^tpu_training resumed_from=(\d+)")
+STOPPED_LINE = re.compile(r"^tpu_training stopped_at=(\d+)")
+SAVED_LINE = re.compile(r"^tpu_training saved (.*)$")
+GOODPUT_LINE = re.compile(r"^tpu_training goodput (.*)$")
+WAITING_LINE = re.compile(r"^tpu_training waiting_for_data pattern=(.*)$")
+ERROR_LINE = re.compile(r"^tpu_training: error: (.*)$")
+# Contract C4: the job found the TPU held by another process and exits 69 at once.
+TPU_BUSY_LINE = re.compile(r"^tpu_training tpu_busy holders=(.*)$")
+
+# Google's ML Goodput Measurement categories (docs/design.md, "Goodput"). The job
+# reports the first five for its own process run; the agent owns the last three.
+JOB_CATEGORIES = ("productive", "tpu_init", "program_startup", "checkpoint_save",
+                  "checkpoint_restore")
+
+
+def key_values(text: str) -> dict[str, str]:
+    """`a=1 b=x` -> {"a": "1", "b": "x"}."""
+    return dict(part.split("=", 1) for part in text.split() if "=" in part)
+
+
+def seconds_fields(text: str) -> dict[str, float]:
+    found = {}
+    for key, value in key_values(text).items():
+        try:
+            found[key] = float(value)
+        except ValueError:
+            continue
+    return found
+
+
+@dataclasses.dataclass
+class JobRun:
+    """What one job process said on stdout: steps, saves, goodput, errors."""
+
+    start_step: int = 0  # resumed_from
+    step: int = 0  # the furthest step reached
+    saved_step: int | None = None  # the last checkpoint this run wrote
+    stopped_at: int | None = None  # `stopped_at=N`: stopped on a signal after saving N
+    last_save: dict[str, object] | None = None
+    stop_save: dict[str, object] | None = None
+    reported: dict[str, float] = dataclasses.field(default_factory=dict)
+    reported_step: int = 0
+    waiting_pattern: str | None = None
+    error: str | None = None
+    tpu_busy: str | None = None  # `tpu_busy holders=...`: what the job saw holding the TPU
+
+    def read(self, line: str) -> str | None:
+        """Take in one line; which part changed ("step", "save", "goodput") or None."""
+        line = line.rstrip("\n")
+        if match := RESUMED_LINE.match(line):
+            self.start_step = self.step = int(match[1])
+            return "step"
+        if match := STOPPED_LINE.match(line):
+            self.stopped_at = int(match[1])
+            self.saved_step = self.stopped_at
+        if match := STEP_LINE.match(line) or STOPPED_LINE.match(line):
+            self.step = max(self.step, int(match[1]))
+            return "step"
+        if match := SAVED_LINE.match(line):
+            return self._saved(key_values(match[1]))
+        if match := GOODPUT_LINE.match(line):
+            values = seconds_fields(match[1])
+            self.reported_step = int(values.pop("step", self.reported_step))
+            self.reported = {k: v for k, v in values.items() if k in JOB_CATEGORIES}
+            return "goodput"
+        if match := WAITING_LINE.match(line):
+            self.waiting_pattern = match[1].strip()
+        elif match := TPU_BUSY_LINE.match(line):
+            self.tpu_busy = match[1].strip()
+        elif match := ERROR_LINE.match(line):
+            self.error = match[1].strip()
+        return None
+
+    def _saved(self, values: dict[str, str]) -> str | None:
+        try:
+            save: dict[str, object] = {"step": int(values["step"]),
+                                       "seconds": float(values.get("seconds", 0)),
+                                       "bytes": int(values.get("bytes", 0)),
+                                       "reason": values.get("reason", "")}
+        except (KeyError, ValueError):
+            return None
+        self.saved_step = int(save["step"])  # type: ignore[arg-type]
+        self.step = max(self.step, self.saved_step)
+        self.last_save = save
+        if save["reason"] == "stop":
+            self.stop_save = {k: save[k] for k in ("step", "seconds", "bytes")}
+        return "save"

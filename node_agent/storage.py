@@ -1,0 +1,142 @@
+"""Cloud Storage through its JSON API, with the metadata server's token."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from node_agent.common import AgentError, open_url, read_body, retrying
+from node_agent.metadata import Metadata
+
+DEFAULT_STORAGE_ENDPOINT = "https://storage.googleapis.com"
+
+
+def split_gs_uri(uri: str, setting: str) -> tuple[str, str]:
+    """("bucket", "object/name") of a gs:// URI; a bad one is an AgentError naming `setting`."""
+    if not uri.startswith("gs://") or "/" not in uri[5:]:
+        raise AgentError(f"{setting}: {uri!r} is not a gs://bucket/object URI")
+    bucket, name = uri[5:].split("/", 1)
+    return bucket, name
+
+
+def storage_endpoint() -> str:
+    host = os.environ.get("STORAGE_EMULATOR_HOST")
+    if not host:
+        return DEFAULT_STORAGE_ENDPOINT
+    return host.rstrip("/") if "://" in host else f"http://{host}"
+
+
+class Storage:
+    """Download, list and upload objects."""
+
+    def __init__(self, metadata: Metadata, endpoint: str):
+        self.metadata = metadata
+        self.endpoint = endpoint
+
+    def _request(self, url: str, data: bytes | None = None,
+                 content_type: str | None = None) -> urllib.request.Request:
+        headers = {"Authorization": f"Bearer {self.metadata.token()}"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        return urllib.request.Request(url, data=data, headers=headers,
+                                      method="POST" if data is not None else "GET")
+
+    def _media_url(self, uri: str, setting: str) -> str:
+        bucket, name = split_gs_uri(uri, setting)
+        return (f"{self.endpoint}/storage/v1/b/{bucket}/o/"
+                f"{urllib.parse.quote(name, safe='')}?alt=media")
+
+    def download(self, uri: str, destination: Path, setting: str) -> str:
+        """Stream `uri` into `destination`; returns the sha256 of what arrived."""
+        url = self._media_url(uri, setting)
+
+        def fetch() -> str:
+            try:
+                with open_url(self._request(url), timeout=60) as response, \
+                        destination.open("wb") as out:
+                    return read_body(response, out)[1]
+            except urllib.error.HTTPError as error:
+                raise AgentError(_download_refusal(uri, setting, error.code)) from None
+
+        return retrying(fetch, f"download {uri}")
+
+    def read(self, uri: str, setting: str, attempts: int = 3) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        url = self._media_url(uri, setting)
+
+        def fetch() -> bytes | None:
+            try:
+                with open_url(self._request(url), timeout=30) as response:
+                    return read_body(response)[0]
+            except urllib.error.HTTPError as error:
+                if error.code == 404:
+                    return None
+                raise AgentError(_download_refusal(uri, setting, error.code)) from None
+
+        return retrying(fetch, f"read {uri}", attempts=attempts)
+
+    def list(self, bucket: str, prefix: str, setting: str, fields: str,
+             attempts: int = 3) -> Iterator[dict]:
+        """Every object resource under `prefix` (objects.list, page by page)."""
+        token = ""
+        while True:
+            query = {"prefix": prefix, "fields": f"items({fields}),nextPageToken"}
+            if token:
+                query["pageToken"] = token
+            url = f"{self.endpoint}/storage/v1/b/{bucket}/o?{urllib.parse.urlencode(query)}"
+
+            def fetch(url: str = url) -> dict:
+                try:
+                    with open_url(self._request(url), timeout=30) as response:
+                        return json.loads(read_body(response)[0] or b"{}")
+                except urllib.error.HTTPError as error:
+                    raise AgentError(f"{setting}: listing gs://{bucket}/{prefix} failed with "
+                                     f"HTTP {error.code}") from None
+
+            page = retrying(fetch, f"list gs://{bucket}/{prefix}", attempts=attempts)
+            yield from page.get("items") or []
+            token = page.get("nextPageToken") or ""
+            if not token:
+                return
+
+    def any_match(self, pattern: str, setting: str) -> bool:
+        """Does any object match the gs:// glob `pattern`? One listing of the prefix
+        before the first wildcard, in pages, stopping at the first match."""
+        bucket, name_glob = split_gs_uri(pattern, setting)
+        prefix = re.split(r"[*?\[]", name_glob, maxsplit=1)[0]
+        return any(fnmatch.fnmatchcase(item.get("name", ""), name_glob)
+                   for item in self.list(bucket, prefix, setting, "name"))
+
+    def upload(self, uri: str, data: bytes, content_type: str, setting: str) -> None:
+        """A multipart upload: the object gets its content type and may be empty."""
+        bucket, name = split_gs_uri(uri, setting)
+        boundary = uuid.uuid4().hex
+        meta = json.dumps({"name": name, "contentType": content_type})
+        body = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n"
+                f"{meta}\r\n--{boundary}\r\nContent-Type: {content_type}\r\n\r\n").encode()
+        body += data + f"\r\n--{boundary}--\r\n".encode()
+        url = f"{self.endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=multipart"
+        request = self._request(url, body, f"multipart/related; boundary={boundary}")
+
+        def send() -> None:
+            with open_url(request, timeout=30) as response:
+                read_body(response)
+
+        retrying(send, f"upload {uri}", attempts=3)
+
+
+def _download_refusal(uri: str, setting: str, code: int) -> str:
+    if code == 404:
+        return f"{setting}: {uri} does not exist (HTTP 404)"
+    if code in (401, 403):
+        return (f"{setting}: the node's service account may not read {uri} "
+                f"(HTTP {code}); it needs storage.objects.get on the bucket")
+    return f"{setting}: downloading {uri} failed with HTTP {code}"
