@@ -226,8 +226,8 @@ def serve_package(gcs: StorageEmulator, metadata: dict[str, str],
     archive = build_archive()
     if archive.sha256 != release["sha256"]:
         raise RehearsalError("training/ changed while planning; run the rehearsal again")
-    for uri in (release["package"], metadata[RELEASE_KEY], metadata[STATUS_KEY]):
-        bucket, _ = split(uri)
+    uris = (release["package"], metadata[RELEASE_KEY], metadata[STATUS_KEY])
+    for bucket in sorted({split(uri)[0] for uri in uris}):
         gcs.create_bucket(bucket)
     gcs.upload(release["package"], archive.data)
 
