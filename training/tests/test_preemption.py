@@ -17,7 +17,8 @@ from tpu_training.tf_env import tf
 
 TIMEOUT = 120  # seconds; TensorFlow's import alone takes several on this machine
 STEP_LINE = re.compile(r"tpu_training step=(\d+) loss=\d+\.\d+")
-SAVED_LINE = re.compile(r"tpu_training saved step=(\d+) seconds=\d+\.\d+ bytes=\d+ reason=stop")
+SAVED_LINE = re.compile(r"tpu_training saved step=(\d+) seconds=\d+\.\d+ bytes=\d+ reason=stop "
+                        r"blocked=\d+\.\d+")
 
 
 class Job:

@@ -41,6 +41,16 @@ IMAGENET_MODELS: tuple[str, ...] = ("resnet18", "resnet50")
 
 # Keys the infra side fills in when it resolves a stack job for a node.
 LOCATION_KEYS: tuple[str, ...] = ("checkpointDir", "exportDir", "tensorboardDir")
+# Keys only a resolved job has: its locations, and the node's stop notice.
+NODE_KEYS: tuple[str, ...] = (*LOCATION_KEYS, "noticeSeconds")
+
+# The time between two stop checks (one execution) may use this share of the node's
+# stop notice (`noticeSeconds`); the stop save may use half of it (components/catalog.py,
+# STOP_SAVE_SHARE_OF_NOTICE); the rest is the agent noticing, the exit and the OS.
+EXECUTION_SHARE_OF_NOTICE = 0.25
+# A save every minute by default: a kill loses about half of it. Saves are asynchronous
+# (tpu_training.train), so training waits only for the copy of the weights to the host.
+DEFAULT_CHECKPOINT_EVERY_MINUTES = 1.0
 
 # Where a location may point: GCS on the VM; local folders and TF's in-memory
 # filesystem off it (TF's gs:// filesystem cannot be pointed at an emulator).
@@ -70,7 +80,8 @@ class JobConfig:
     evalData: str | None = None
     stepsPerExecution: int = 100
     checkpointEverySteps: int = 1000
-    checkpointEveryMinutes: float | None = None  # also save when this much time has passed
+    # Also save when this much time has passed since the last save.
+    checkpointEveryMinutes: float = DEFAULT_CHECKPOINT_EVERY_MINUTES
     learningRate: float | None = None
     warmupSteps: int | None = None
     imageSize: int | None = None
@@ -80,6 +91,7 @@ class JobConfig:
     checkpointDir: str | None = None
     exportDir: str | None = None
     tensorboardDir: str | None = None
+    noticeSeconds: float | None = None  # the node's stop notice; bounds an execution
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, resolved: bool = True) -> JobConfig:
@@ -94,8 +106,9 @@ class JobConfig:
         return dataclasses.asdict(self)
 
     def resolve(self, *, data_root: str, checkpoint_dir: str, export_dir: str,
-                tensorboard_dir: str) -> JobConfig:
-        """The node's job: data made absolute under `data_root`, locations set."""
+                tensorboard_dir: str, notice_seconds: float | None = None) -> JobConfig:
+        """The node's job: data made absolute under `data_root`, locations and the
+        node's stop notice set."""
         return dataclasses.replace(
             self,
             trainData=absolute(self.trainData, data_root),
@@ -103,7 +116,15 @@ class JobConfig:
             checkpointDir=checkpoint_dir,
             exportDir=export_dir,
             tensorboardDir=tensorboard_dir,
+            noticeSeconds=notice_seconds,
         )
+
+    @property
+    def max_execution_seconds(self) -> float | None:
+        """How long one execution may take, so that it and the stop save fit the notice."""
+        if self.noticeSeconds is None:
+            return None
+        return self.noticeSeconds * EXECUTION_SHARE_OF_NOTICE
 
 
 def checkpoint_bytes(job: JobConfig) -> int:
@@ -130,7 +151,7 @@ _REQUIRED = tuple(name for name, f in _FIELDS.items()
                   if f.default is dataclasses.MISSING)
 _INTS = ("globalBatchSize", "trainSteps", "stepsPerExecution", "checkpointEverySteps",
          "warmupSteps", "imageSize", "numClasses")
-_NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes")
+_NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes", "noticeSeconds")
 _MIN_IMAGE_SIZE = 32  # ResNet downsamples by 32 before its pooling layer
 _MAX_WIDTH = 4
 
@@ -139,7 +160,7 @@ def _problems(data: Mapping[str, Any], *, resolved: bool) -> list[tuple[str, str
     if not isinstance(data, Mapping):
         return [("", f"must be a mapping of job settings, got {type(data).__name__}")]
     problems: list[tuple[str, str]] = []
-    allowed = sorted(_FIELDS) if resolved else sorted(set(_FIELDS) - set(LOCATION_KEYS))
+    allowed = sorted(_FIELDS) if resolved else sorted(set(_FIELDS) - set(NODE_KEYS))
     for key in data:
         if key not in allowed:
             problems.append((str(key), f"unknown key; allowed: {', '.join(allowed)}"))
@@ -200,6 +221,9 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     if minutes is not None and not 0 < minutes < float("inf"):
         problems.append(("checkpointEveryMinutes",
                          f"must be a number of minutes more than 0, got {minutes}"))
+    notice = data.get("noticeSeconds")
+    if notice is not None and not 0 < notice < float("inf"):
+        problems.append(("noticeSeconds", f"must be a number of seconds more than 0, got {notice}"))
     rate = data.get("learningRate")
     if rate is not None and not 0 < rate < 10:
         problems.append(("learningRate", f"must be between 0 and 10 (exclusive), got {rate}"))
