@@ -274,3 +274,45 @@ def test_checkpoint_bytes_are_the_files_of_that_checkpoint_only(tmp_path):
     assert files == ["ckpt-1.data-00000-of-00001", "ckpt-1.index"]
     assert train.checkpoint_bytes(first) == sum((directory / f).stat().st_size for f in files)
     assert train.checkpoint_bytes(first) == train.checkpoint_bytes(second) > 4000
+
+
+def steps_of(out: io.StringIO) -> list[int]:
+    return [int(match[1]) for match in re.finditer(r"^tpu_training step=(\d+) ", out.getvalue(),
+                                                   re.M)]
+
+
+def test_a_notice_sizes_executions_from_the_measured_step_time(strategy, job):
+    """One step, one measured step, then doubling up to what fits the notice, never past
+    stepsPerExecution or a checkpoint interval. Without a notice: stepsPerExecution."""
+    roomy = JobConfig.from_dict(job(trainSteps=60, stepsPerExecution=20, noticeSeconds=1e6))
+    out = io.StringIO()
+    train.run(roomy, strategy=strategy, out=out)
+    assert steps_of(out) == [1, 2, 4, 8, 16, 20, 28, 40, 60]
+    tight = JobConfig.from_dict(job(trainSteps=8, stepsPerExecution=4, checkpointEverySteps=4,
+                                    noticeSeconds=1e-3, exportDir="ram://tight/export",
+                                    checkpointDir="ram://tight/ckpt"))
+    out = io.StringIO()
+    train.run(tight, strategy=strategy, out=out)
+    assert steps_of(out) == [1, 2, 3, 4, 5, 6, 7, 8]  # no step fits 0.25 ms: one at a time
+
+
+def test_an_interval_save_does_not_wait_for_its_write(strategy, job, monkeypatch):
+    """Training goes on while a save is written; its line follows once written, and a
+    kill during the write leaves the previous checkpoint the latest."""
+    config = JobConfig.from_dict(job(trainSteps=40, stepsPerExecution=5, checkpointEverySteps=20))
+    options = []
+    save = tf.train.CheckpointManager.save
+
+    def recording(self, checkpoint_number=None, options_=None, **kwargs):
+        options.append(kwargs.get("options", options_))
+        return save(self, checkpoint_number=checkpoint_number, **kwargs)
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", recording)
+    out = io.StringIO()
+    train.run(config, strategy=strategy, out=out)
+    assert [o.experimental_enable_async_checkpoint for o in options] == [True, True]
+    lines = out.getvalue().splitlines()
+    saves = [SAVED_LINE.fullmatch(line) for line in lines if " saved " in line]
+    assert [(int(m[1]), m[4]) for m in saves] == [(20, "steps"), (40, "steps")]
+    assert all(float(m[5]) <= float(m[2]) for m in saves)  # blocked within the write
+    assert tf.train.latest_checkpoint(config.checkpointDir).endswith("ckpt-40")
