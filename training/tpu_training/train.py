@@ -476,7 +476,8 @@ def _dataset_fn(pattern: str, spec: models.ModelSpec, config: JobConfig,
     files = data.list_files(pattern, key=key)
     data.check_records(files, spec, key=key, record_format=config.recordFormat)
     return data.make_dataset_fn(files, spec, config.globalBatchSize, training=training,
-                                record_format=config.recordFormat)
+                                record_format=config.recordFormat,
+                                index=data.RecordIndex(config.checkpointDir))
 
 
 def _require_locations(config: JobConfig) -> None:
