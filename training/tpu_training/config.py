@@ -31,6 +31,11 @@ MODEL_NAMES: tuple[str, ...] = ("mnist_cnn", "resnet18", "resnet50")
 CHECKPOINT_TRUNK_BYTES = {"mnist_cnn": 307_000_738, "resnet18": 89_485_319,
                           "resnet50": 188_367_263}
 HEAD_FEATURES = {"mnist_cnn": 128, "resnet18": 512, "resnet50": 2048}
+# Multiply-adds of one forward pass at widthMultiplier 1 (resnets at imageSize 224; both
+# scale about with width squared, the resnets' with the image's area), counted over the
+# Conv2D and Dense layers of tpu_training.models (TF 2.18); a training step is about
+# three forward passes of two FLOPs per multiply-add. The preview's step-time estimate.
+FORWARD_MACS = {"mnist_cnn": 379_078_912, "resnet18": 1_814_073_344, "resnet50": 4_089_184_256}
 DEFAULT_CLASSES = {"mnist_cnn": 10, "resnet18": 1000, "resnet50": 1000}
 
 # How records are laid out (`tpu_training.data`): `raw`, the package's own uint8 pixels;
@@ -133,6 +138,13 @@ def checkpoint_bytes(job: JobConfig) -> int:
     classes = job.numClasses or DEFAULT_CLASSES[job.model]
     features = max(1, round(HEAD_FEATURES[job.model] * width))
     return round(CHECKPOINT_TRUNK_BYTES[job.model] * width**2) + (features + 1) * classes * 8
+
+
+def train_flops_per_example(job: JobConfig) -> float:
+    """About how many FLOPs one training example of `job` takes (FORWARD_MACS)."""
+    width = job.widthMultiplier or 1.0
+    area = 1.0 if job.model == "mnist_cnn" else ((job.imageSize or 224) / 224) ** 2
+    return 6 * FORWARD_MACS[job.model] * width**2 * area
 
 
 def absolute(path: str, root: str) -> str:
