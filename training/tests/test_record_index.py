@@ -68,3 +68,15 @@ def test_a_torn_index_is_counted_again(strategy, tmp_path):
     (tmp_path / "ckpt").mkdir()
     Path(index.path).write_text('{"counts": {"')
     assert index.records(data.list_files(pattern)) == 12
+
+
+@pytest.mark.parametrize("read_bytes", [7, 8 * 1024 * 1024])
+def test_records_are_counted_from_their_framing(strategy, tmp_path, monkeypatch, read_bytes):
+    """Records of any length, across the pieces the file is read in."""
+    monkeypatch.setattr(data, "COUNT_READ_BYTES", read_bytes)
+    path = str(tmp_path / "mixed.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for size in (0, 1, 11, 12, 5000, 3):
+            writer.write(b"x" * size)
+    read = int(tf.data.TFRecordDataset(path).reduce(0, lambda count, _: count + 1))
+    assert data.records_in(path) == read == 6
