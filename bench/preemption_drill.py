@@ -195,17 +195,19 @@ def agent_percent(runs: list[Run]) -> float | None:
     return totals.view()["percent"]
 
 
-def throughput(root: Path, seconds: float, interval_minutes: float) -> tuple[Run, Run]:
-    """The full-size mnist_cnn for `seconds`, saving every interval (asynchronously),
-    then without a time interval (today's default)."""
+def throughput(root: Path, seconds: float, interval_minutes: float) -> list[tuple[Run, Run]]:
+    """The full-size mnist_cnn for `seconds` a run, saving every interval (asynchronously)
+    and without a time interval (today's default), in the order with, without, without,
+    with, so that a drift of the machine's load cancels out."""
     shape = {"model": "mnist_cnn", "globalBatchSize": 16, "stepsPerExecution": 5}
     data = dataset(root / "throughput-data", **shape)
-    runs = []
-    for name, minutes in (("with", interval_minutes), ("without", 10**6)):
-        config = write_config(root / f"throughput-{name}", data,
+    runs: dict[str, list[Run]] = {"with": [], "without": []}
+    for number, name in enumerate(("with", "without", "without", "with")):
+        minutes = interval_minutes if name == "with" else 10**6
+        config = write_config(root / f"throughput-{number}", data,
                               checkpointEveryMinutes=minutes, **shape)
-        runs.append(launch(config, None, signal.SIGTERM, until_seconds=seconds))
-    return runs[0], runs[1]
+        runs[name].append(launch(config, None, signal.SIGTERM, until_seconds=seconds))
+    return list(zip(runs["with"], runs["without"], strict=True))
 
 
 def report(runs: list[Run], baseline: Run, args: argparse.Namespace,
@@ -257,12 +259,17 @@ def report(runs: list[Run], baseline: Run, args: argparse.Namespace,
         print(f"save {model}: {seconds:.3f} s for {size / 2**20:.1f} MiB (local disk)")
 
 
-def report_throughput(with_saves: Run, without: Run) -> None:
-    blocked = [save["blocked"] for save in with_saves.saves if save["reason"] != "stop"]
-    print(f"full-size mnist_cnn steps/s: with asynchronous saves every interval "
-          f"{with_saves.steps_per_second:.3f} ({len(blocked)} saves, blocked "
-          f"{sum(blocked):.2f} s in all), without {without.steps_per_second:.3f}; ratio "
-          f"{with_saves.steps_per_second / without.steps_per_second:.3f}")
+def report_throughput(pairs: list[tuple[Run, Run]]) -> None:
+    for with_saves, without in pairs:
+        blocked = [save["blocked"] for save in with_saves.saves if save["reason"] != "stop"]
+        print(f"full-size mnist_cnn steps/s: with asynchronous saves every interval "
+              f"{with_saves.steps_per_second:.3f} ({len(blocked)} saves, training blocked "
+              f"{sum(blocked):.2f} s in all), without {without.steps_per_second:.3f}; ratio "
+              f"{with_saves.steps_per_second / without.steps_per_second:.3f}")
+    with_all = sum(pair[0].steps_per_second for pair in pairs)
+    without_all = sum(pair[1].steps_per_second for pair in pairs)
+    print(f"steps/s ratio, with / without, over the {2 * len(pairs)} runs: "
+          f"{with_all / without_all:.3f}")
 
 
 def main() -> None:
@@ -277,11 +284,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-full-models", action="store_true")
     parser.add_argument("--throughput-seconds", type=float, default=0.0)
+    parser.add_argument("--throughput-only", action="store_true")
     args = parser.parse_args()
     if args.intervals is None:
         args.intervals = round(CYCLE_SECONDS / (60 * args.interval_minutes))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        if args.throughput_only:
+            report_throughput(throughput(root, args.throughput_seconds, args.interval_minutes))
+            return
         runs, baseline = drill(root, args)
         saves = {} if args.no_full_models else {
             "mnist_cnn": save_seconds(root, "mnist_cnn"),
