@@ -1,12 +1,13 @@
 """The job through N stop/resume cycles on CPU: goodput, steps lost per disruption, saves.
 
 What is scaled, and how. The target case is one disruption per 30 minutes of training
-with a checkpoint every 5 minutes: a disruption every 6 checkpoint intervals. The
-drill keeps that ratio and scales time by `--scale` (default 60: a 5-minute interval
-becomes 5 s, checkpointEveryMinutes = 5/60): each run trains `--intervals` (6)
-checkpoint intervals of productive time, then gets SIGTERM (the agent's stop on a
-preemption notice) or SIGKILL (no notice: every `--kill-every`-th disruption). A kill
-lands at a uniformly random point of the last interval, so its loss is
+with a checkpoint every `--interval-minutes` (default: the job's default
+checkpointEveryMinutes, 1 minute; saves asynchronous): a disruption every 30 checkpoint
+intervals. The drill keeps that ratio and scales time by `--scale` (default 60: a
+1-minute interval becomes 1 s): each run trains `--intervals` checkpoint intervals of
+productive time, then gets SIGTERM (the agent's stop on a preemption notice) or SIGKILL
+(no notice: every `--kill-every`-th disruption; `--kill-every 1` all of them, `0` none).
+A kill lands at a uniformly random point of the last interval, so its loss is
 representative; a SIGTERM lands where the kill would have.
 
 Restart costs (starting Python, importing TensorFlow, building the model, tracing the
@@ -15,8 +16,14 @@ goodput understates the real one. It prints both:
 
 - measured: productive seconds kept / wall seconds of every run, at the drill's scale,
   and the same for one undisrupted run of the same training time (the baseline);
-- at full scale: the measured absolute restart and save seconds and the measured
-  intervals lost per disruption, put into a 30-minute cycle with 5-minute intervals.
+- at full scale: the measured absolute restart seconds, the seconds training waited for
+  each save (`blocked=`, the copy to host memory of an asynchronous save), and the
+  measured intervals lost per disruption, put into a 30-minute cycle.
+
+`--throughput-seconds S` also trains the full-size mnist_cnn (a 293 MiB checkpoint) for
+S seconds twice, with the new checkpointing (asynchronous, every interval) and without
+(today's: no time interval, no save in that time), and prints steps per second of each
+and their ratio.
 
 Save seconds are also measured for the full-size mnist_cnn and resnet50 (resnet50 at
 imageSize 32: its checkpoint does not depend on the image size, global pooling sits
@@ -51,10 +58,10 @@ from pathlib import Path
 
 from node_agent import goodput as agent  # Goodput, settle_run and (imported there) JobRun
 from tpu_training import models, synth
-from tpu_training.config import JobConfig
+from tpu_training.config import DEFAULT_CHECKPOINT_EVERY_MINUTES, JobConfig
 
-REAL_INTERVAL_SECONDS = 300.0  # a checkpoint every 5 minutes
 TIMEOUT = 300.0
+CYCLE_SECONDS = 1800.0  # one disruption per 30 minutes of training
 SMALL = {"model": "mnist_cnn", "widthMultiplier": 0.125, "globalBatchSize": 16,
          "stepsPerExecution": 5, "learningRate": 0.1}
 
@@ -67,11 +74,22 @@ class Run:
     wall: float = 0.0
     code: int | None = None
     saves: list[dict] = dataclasses.field(default_factory=list)  # every `saved` line
+    step_times: list[tuple[float, int]] = dataclasses.field(default_factory=list)
     seen_by_agent: agent.JobRun = dataclasses.field(default_factory=agent.JobRun)
 
     def read(self, line: str) -> None:
         if self.seen_by_agent.read(line) == "save":
-            self.saves.append(self.seen_by_agent.last_save)
+            blocked = agent.key_values(line).get("blocked")
+            self.saves.append({**self.seen_by_agent.last_save,
+                               "blocked": float(blocked) if blocked else None})
+        if line.startswith("tpu_training step="):
+            self.step_times.append((time.monotonic(), int(line.split("=")[1].split()[0])))
+
+    @property
+    def steps_per_second(self) -> float:
+        """Steps over the time between the first and last step lines (past compilation)."""
+        (start, first), (end, last) = self.step_times[0], self.step_times[-1]
+        return (last - first) / (end - start)
 
     @property
     def resumed_from(self) -> int:
@@ -92,8 +110,10 @@ class Run:
         return self.wall - self.goodput["productive"] - self.goodput["checkpoint_save"]
 
 
-def launch(config: Path, until_productive: float | None, signum: int | None) -> Run:
-    """Run the job; once it has trained `until_productive` seconds, send `signum`."""
+def launch(config: Path, until_productive: float | None, signum: int | None,
+           until_seconds: float | None = None) -> Run:
+    """Run the job; once it has trained `until_productive` seconds (or run
+    `until_seconds` since its first step line), send `signum`."""
     env = {**os.environ, "TPU_STACK_STRATEGY": "cpu", "TPU_STACK_CPU_REPLICAS": "1"}
     started = time.monotonic()
     process = subprocess.Popen([sys.executable, "-m", "tpu_training", "run", "--config",
@@ -106,7 +126,10 @@ def launch(config: Path, until_productive: float | None, signum: int | None) -> 
     while (line := lines.get(timeout=TIMEOUT)) is not None:
         run.read(line.rstrip("\n"))
         trained = run.goodput.get("productive", 0.0)
-        if not sent and until_productive is not None and trained >= until_productive:
+        timed_out = (until_seconds is not None and run.step_times
+                     and time.monotonic() - run.step_times[0][0] >= until_seconds)
+        if not sent and ((until_productive is not None and trained >= until_productive)
+                         or timed_out):
             process.send_signal(signum)
             sent = True
     run.code = process.wait(timeout=TIMEOUT)
@@ -133,14 +156,14 @@ def dataset(root: Path, **job) -> str:
 
 
 def drill(root: Path, args: argparse.Namespace) -> tuple[list[Run], Run]:
-    interval = REAL_INTERVAL_SECONDS / args.scale
+    interval = args.interval_minutes * 60 / args.scale
     period = args.intervals * interval
     data = dataset(root / "data", **SMALL)
     rng = random.Random(args.seed)
     config = write_config(root / "drill", data, checkpointEveryMinutes=interval / 60, **SMALL)
     runs = []
     for cycle in range(1, args.cycles + 1):
-        kill = cycle % args.kill_every == 0
+        kill = bool(args.kill_every) and cycle % args.kill_every == 0
         at = period - rng.uniform(0, interval)
         runs.append(launch(config, at, signal.SIGKILL if kill else signal.SIGTERM))
     runs.append(launch(config, 0.0, signal.SIGTERM))  # the resume after the last disruption
@@ -172,9 +195,25 @@ def agent_percent(runs: list[Run]) -> float | None:
     return totals.view()["percent"]
 
 
+def throughput(root: Path, seconds: float, interval_minutes: float) -> list[tuple[Run, Run]]:
+    """The full-size mnist_cnn for `seconds` a run, saving every interval (asynchronously)
+    and without a time interval (today's default), in the order with, without, without,
+    with, so that a drift of the machine's load cancels out."""
+    shape = {"model": "mnist_cnn", "globalBatchSize": 16, "stepsPerExecution": 5}
+    data = dataset(root / "throughput-data", **shape)
+    runs: dict[str, list[Run]] = {"with": [], "without": []}
+    for number, name in enumerate(("with", "without", "without", "with")):
+        minutes = interval_minutes if name == "with" else 10**6
+        config = write_config(root / f"throughput-{number}", data,
+                              checkpointEveryMinutes=minutes, **shape)
+        runs[name].append(launch(config, None, signal.SIGTERM, until_seconds=seconds))
+    return list(zip(runs["with"], runs["without"], strict=True))
+
+
 def report(runs: list[Run], baseline: Run, args: argparse.Namespace,
            saves: dict[str, tuple[float, int]]) -> None:
-    interval = REAL_INTERVAL_SECONDS / args.scale
+    real_interval = args.interval_minutes * 60
+    interval = real_interval / args.scale
     print(f"scale 1/{args.scale:g}: checkpoint every {interval:g} s, a disruption every "
           f"{args.intervals} intervals ({args.intervals * interval:g} s of training)")
     print("| # | signal | exit | step reached | resumed at | steps lost | intervals lost "
@@ -197,41 +236,70 @@ def report(runs: list[Run], baseline: Run, args: argparse.Namespace,
     print(f"goodput by the node agent's accounting: {agent_percent(runs)}% (baseline "
           f"{agent_percent([baseline])}%)")
     restart = statistics.mean(run.restart_seconds for run in runs)
-    save = statistics.mean(save["seconds"] for run in runs for save in run.saves)
+    interval_saves = [save for run in runs for save in run.saves if save["reason"] != "stop"]
+    save = statistics.mean(save["blocked"] for save in interval_saves)
+    written = statistics.mean(save["seconds"] for save in interval_saves)
     kills = lost_intervals[signal.SIGKILL] or [0.0]
     terms = lost_intervals[signal.SIGTERM] or [0.0]
-    cycle = args.intervals * REAL_INTERVAL_SECONDS
+    cycle = args.intervals * real_interval
 
     def full_scale(kill_share: float) -> float:
         lost = (kill_share * statistics.mean(kills) + (1 - kill_share) * statistics.mean(terms))
-        return (cycle - lost * REAL_INTERVAL_SECONDS) / (cycle + args.intervals * save + restart)
+        return (cycle - lost * real_interval) / (cycle + args.intervals * save + restart)
 
-    print(f"goodput at full scale (30 min per disruption, 5 min intervals, restart "
-          f"{restart:.1f} s and save {save:.3f} s as measured): every disruption a SIGTERM "
-          f"{full_scale(0):.1%}; the drill's mix (1 in {args.kill_every} a SIGKILL) "
-          f"{full_scale(1 / args.kill_every):.1%}; every one a SIGKILL {full_scale(1):.1%}")
+    mix = 1 / args.kill_every if args.kill_every else 0.0
+    print(f"goodput at full scale ({cycle / 60:g} min per disruption, {real_interval:g} s "
+          f"intervals, restart {restart:.1f} s and training blocked {save:.3f} s a save (its "
+          f"write {written:.3f} s) as measured): every disruption a SIGTERM "
+          f"{full_scale(0):.1%}; this drill's mix ({mix:.0%} SIGKILL) {full_scale(mix):.1%}; "
+          f"every one a SIGKILL {full_scale(1):.1%}")
     print(f"steps lost to SIGTERM: max {max(terms):.2f} intervals; to SIGKILL: max "
           f"{max(kills):.2f}, mean {statistics.mean(kills):.2f} intervals")
     for model, (seconds, size) in saves.items():
         print(f"save {model}: {seconds:.3f} s for {size / 2**20:.1f} MiB (local disk)")
 
 
+def report_throughput(pairs: list[tuple[Run, Run]]) -> None:
+    for with_saves, without in pairs:
+        blocked = [save["blocked"] for save in with_saves.saves if save["reason"] != "stop"]
+        print(f"full-size mnist_cnn steps/s: with asynchronous saves every interval "
+              f"{with_saves.steps_per_second:.3f} ({len(blocked)} saves, training blocked "
+              f"{sum(blocked):.2f} s in all), without {without.steps_per_second:.3f}; ratio "
+              f"{with_saves.steps_per_second / without.steps_per_second:.3f}")
+    with_all = sum(pair[0].steps_per_second for pair in pairs)
+    without_all = sum(pair[1].steps_per_second for pair in pairs)
+    print(f"steps/s ratio, with / without, over the {2 * len(pairs)} runs: "
+          f"{with_all / without_all:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--scale", type=float, default=60.0)
-    parser.add_argument("--intervals", type=int, default=6)
+    parser.add_argument("--interval-minutes", type=float,
+                        default=DEFAULT_CHECKPOINT_EVERY_MINUTES)
+    parser.add_argument("--intervals", type=int, default=None,
+                        help="checkpoint intervals per disruption (default: 30 minutes' worth)")
     parser.add_argument("--kill-every", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-full-models", action="store_true")
+    parser.add_argument("--throughput-seconds", type=float, default=0.0)
+    parser.add_argument("--throughput-only", action="store_true")
     args = parser.parse_args()
+    if args.intervals is None:
+        args.intervals = round(CYCLE_SECONDS / (60 * args.interval_minutes))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        if args.throughput_only:
+            report_throughput(throughput(root, args.throughput_seconds, args.interval_minutes))
+            return
         runs, baseline = drill(root, args)
         saves = {} if args.no_full_models else {
             "mnist_cnn": save_seconds(root, "mnist_cnn"),
             "resnet50 (imageSize 32)": save_seconds(root, "resnet50", imageSize=32)}
         report(runs, baseline, args, saves)
+        if args.throughput_seconds:
+            report_throughput(*throughput(root, args.throughput_seconds, args.interval_minutes))
 
 
 if __name__ == "__main__":

@@ -468,6 +468,17 @@ GCS_STREAM_WRITE_BYTES_PER_SECOND = 200 * 2**20
 STOP_SAVE_SHARE_OF_NOTICE = 0.5
 
 
+# Peak bf16 FLOPs per chip, for the preview's step-time estimate: v3 123 T (cloud.google.
+# com/tpu/docs/v3), v5e 197 T (/tpu/docs/v5e), v5p 459 T (/tpu/docs/v5p), v6e 918 T
+# (/tpu/docs/v6e), all "Peak compute per chip (bf16)". v2 45 T and v4 275 T: unconfirmed
+# (their pages were not found in the docs searched, 2026-12-03).
+PEAK_BF16_FLOPS_PER_CHIP = {"v2": 45e12, "v3": 123e12, "v4": 275e12, "v5e": 197e12,
+                            "v5p": 459e12, "v6e": 918e12}
+# The share of that peak a training step reaches. Unconfirmed: an assumption for ResNet-
+# style convolutional training in bfloat16 (no measured TPU step time for these models).
+ASSUMED_FLOPS_UTILIZATION = 0.3
+
+
 def stop_notice_seconds(*, spot: bool) -> int:
     """How long a node has between its stop notice and power-off."""
     return SPOT_NOTICE_SECONDS if spot else STANDARD_NOTICE_SECONDS

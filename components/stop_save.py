@@ -1,15 +1,30 @@
-"""Will a node's stop save fit in its stop notice? A preview warning if not.
+"""Will a node's stop fit in its stop notice? A preview warning if not.
 
-Pure and without TensorFlow: the checkpoint's bytes from the job schema's table
-(training/tpu_training/config.py, `checkpoint_bytes`), the notice from the node's
-provisioning and the GCS write rate from components/catalog.py.
+After the notice the job finishes the execution under way, then saves. Pure and
+without TensorFlow:
+
+- the save: the checkpoint's bytes from the job schema's table (training/tpu_training/
+  config.py, `checkpoint_bytes`) at the GCS write rate of components/catalog.py;
+- the longest execution: the job sizes its executions to a share of the node's notice
+  (`noticeSeconds`, contract C3; `EXECUTION_SHARE_OF_NOTICE`), unless one step takes
+  longer; no longer than `stepsPerExecution` steps either. A step's seconds are estimated
+  from the model's FLOPs per example (`train_flops_per_example`) and the slice's peak
+  FLOPs at an assumed utilisation (catalog, both partly unconfirmed).
+
+The two must fit the shares of the notice they may use; the rest is the agent noticing,
+the process exit and the OS shutting down.
 """
 
 from __future__ import annotations
 
 from components import catalog
 from components.settings import NodeSettings, StackSettings
-from tpu_training.config import JobConfig, checkpoint_bytes
+from tpu_training.config import (
+    EXECUTION_SHARE_OF_NOTICE,
+    JobConfig,
+    checkpoint_bytes,
+    train_flops_per_example,
+)
 
 
 def stop_save_seconds(job: JobConfig) -> float:
@@ -17,19 +32,37 @@ def stop_save_seconds(job: JobConfig) -> float:
     return checkpoint_bytes(job) / catalog.GCS_STREAM_WRITE_BYTES_PER_SECOND
 
 
+def step_seconds(node: NodeSettings, job: JobConfig) -> float:
+    """About how long one training step of `job` takes on `node`'s slice."""
+    tpu = node.tpu
+    flops = catalog.PEAK_BF16_FLOPS_PER_CHIP[tpu.generation.name] * tpu.chips
+    return job.globalBatchSize * train_flops_per_example(job) / (
+        flops * catalog.ASSUMED_FLOPS_UTILIZATION)
+
+
+def longest_execution_seconds(node: NodeSettings, job: JobConfig) -> float:
+    """The longest execution the job runs on `node`: bounded by the notice's share,
+    but never less than one step, nor more than stepsPerExecution steps."""
+    step = step_seconds(node, job)
+    bound = catalog.stop_notice_seconds(spot=node.spot) * EXECUTION_SHARE_OF_NOTICE
+    return min(job.stepsPerExecution * step, max(bound, step))
+
+
 def stop_save_warning(node: NodeSettings, job: JobConfig) -> str | None:
-    """Why `node`'s stop save may not fit its notice, or None when it fits."""
+    """Why `node`'s stop (the execution under way, then the save) may not fit its notice,
+    or None when it fits."""
     notice = catalog.stop_notice_seconds(spot=node.spot)
-    budget = notice * catalog.STOP_SAVE_SHARE_OF_NOTICE
-    seconds = stop_save_seconds(job)
-    if seconds <= budget:
+    budget = notice * (EXECUTION_SHARE_OF_NOTICE + catalog.STOP_SAVE_SHARE_OF_NOTICE)
+    execution, save = longest_execution_seconds(node, job), stop_save_seconds(job)
+    if execution + save <= budget:
         return None
     rate = catalog.GCS_STREAM_WRITE_BYTES_PER_SECOND / 2**20
     return (f"node {node.name}: a checkpoint of job {node.job} ({job.model}) is about "
-            f"{checkpoint_bytes(job) / 2**20:,.0f} MiB, about {seconds:.0f} s to GCS at "
-            f"{rate:.0f} MiB/s; a {'spot' if node.spot else 'standard'} node's stop notice is "
-            f"{notice} s and its save should fit in {budget:.0f} s, so a preemption may lose "
-            f"the work since the last periodic checkpoint (checkpointEveryMinutes bounds it)")
+            f"{checkpoint_bytes(job) / 2**20:,.0f} MiB, about {save:.0f} s to GCS at "
+            f"{rate:.0f} MiB/s, after an execution of up to {execution:.1f} s; a "
+            f"{'spot' if node.spot else 'standard'} node's stop notice is {notice} s and "
+            f"the two should fit in {budget:.1f} s, so a preemption may lose the work since "
+            f"the last periodic checkpoint (checkpointEveryMinutes bounds it)")
 
 
 def stack_warnings(settings: StackSettings) -> list[str]:

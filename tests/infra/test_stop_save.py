@@ -7,7 +7,13 @@ import pytest
 
 from components import catalog
 from components.settings import load_settings
-from components.stop_save import stack_warnings, stop_save_seconds, stop_save_warning
+from components.stop_save import (
+    longest_execution_seconds,
+    stack_warnings,
+    step_seconds,
+    stop_save_seconds,
+    stop_save_warning,
+)
 from ops.plan.offline import offline_plan
 from ops.plan.report import plain, render
 from tests.infra.stack_fixtures import as_cli, config, job, node
@@ -35,13 +41,34 @@ def test_the_shipped_models_fit_every_notice(provisioning, model):
 
 def test_a_wide_model_on_a_spot_node_is_warned_of():
     settings = settings_of("spot", **WIDE_MNIST)
-    seconds = stop_save_seconds(settings.job("mnist"))
-    assert 15 < seconds < 60  # over half of 30 s, within half of 120 s
+    (node,), job_ = settings.nodes, settings.job("mnist")
+    seconds = stop_save_seconds(job_)
+    execution = longest_execution_seconds(node, job_)
+    assert 22.5 < seconds + execution < 90  # over 3/4 of 30 s, within 3/4 of 120 s
     assert stack_warnings(settings) == [
         f"node trainer: a checkpoint of job mnist (mnist_cnn) is about 4,684 MiB, about "
-        f"{seconds:.0f} s to GCS at 200 MiB/s; a spot node's stop notice is 30 s and its save "
-        f"should fit in 15 s, so a preemption may lose the work since the last periodic "
-        f"checkpoint (checkpointEveryMinutes bounds it)"]
+        f"{seconds:.0f} s to GCS at 200 MiB/s, after an execution of up to {execution:.1f} s; "
+        f"a spot node's stop notice is 30 s and the two should fit in 22.5 s, so a "
+        f"preemption may lose the work since the last periodic checkpoint "
+        f"(checkpointEveryMinutes bounds it)"]
+
+
+def test_the_longest_execution_is_the_notices_share_unless_a_step_is_longer():
+    settings = settings_of("spot", model="resnet50", imageSize=224, globalBatchSize=16384,
+                           stepsPerExecution=100, checkpointEverySteps=1000)
+    (node,), job_ = settings.nodes, settings.job("mnist")
+    step = step_seconds(node, job_)
+    peak = catalog.PEAK_BF16_FLOPS_PER_CHIP[node.tpu.generation.name] * node.tpu.chips
+    assert step == pytest.approx(16384 * 6 * 4_089_184_256 / (peak * 0.3))
+    assert 100 * step > 7.5  # 100 steps would outlast the spot notice's share ...
+    assert longest_execution_seconds(node, job_) == 7.5  # ... which the job keeps to
+    assert stack_warnings(settings) == []
+    huge = settings_of("spot", model="resnet50", imageSize=224, globalBatchSize=2**20,
+                       stepsPerExecution=1, checkpointEverySteps=1)
+    (node,), job_ = huge.nodes, huge.job("mnist")
+    assert longest_execution_seconds(node, job_) == step_seconds(node, job_) > 22.5
+    (warning,) = stack_warnings(huge)  # a step cannot be split
+    assert f"after an execution of up to {step_seconds(node, job_):.1f} s" in warning
 
 
 def test_the_same_model_on_a_standard_node_fits():

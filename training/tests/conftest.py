@@ -25,7 +25,8 @@ if importlib.util.find_spec("tensorflow") is None:
 # A job small enough for a 2-core machine: the seed's MNIST CNN at 1/8 width.
 SMALL_MNIST_JOB = {"model": "mnist_cnn", "globalBatchSize": 16, "trainSteps": 60,
                    "stepsPerExecution": 5, "checkpointEverySteps": 20,
-                   "widthMultiplier": 0.125, "learningRate": 0.4}
+                   "widthMultiplier": 0.125, "learningRate": 0.4,
+                   "checkpointEveryMinutes": 60}  # saves by steps only: deterministic
 
 
 @pytest.fixture(scope="session")

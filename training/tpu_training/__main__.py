@@ -4,7 +4,9 @@ Exit codes (tpu_training.exits; docs/design.md, "Exit codes"): 0 finished (or
 already finished); 75 stopped on SIGTERM after saving a checkpoint; 76 stopped on
 SIGTERM but the stop save failed; 2 a bad setting or usage; 65 records that do not
 fit the model; 66 the training data matches no file yet; 69 no TPU initialised
-within the job's retries, or storage unavailable; 1 any other failure. Every
+within the job's retries, at once when another process holds it (after a
+`tpu_training tpu_busy holders=<pids or unknown>` line), or storage unavailable; 1 any
+other failure. Every
 failure is one line on stderr, `tpu_training: error: <message>`.
 """
 
@@ -36,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(error))
         return exits.EXIT_STOP_SAVE_FAILED
     except exits.UnavailableError as error:
+        if isinstance(error, exits.TpuBusyError):
+            print(f"tpu_training {error.line}", flush=True)
         _error(str(error))
         return exits.EXIT_UNAVAILABLE
     except _OneLineError as error:

@@ -31,6 +31,11 @@ MODEL_NAMES: tuple[str, ...] = ("mnist_cnn", "resnet18", "resnet50")
 CHECKPOINT_TRUNK_BYTES = {"mnist_cnn": 307_000_738, "resnet18": 89_485_319,
                           "resnet50": 188_367_263}
 HEAD_FEATURES = {"mnist_cnn": 128, "resnet18": 512, "resnet50": 2048}
+# Multiply-adds of one forward pass at widthMultiplier 1 (resnets at imageSize 224; both
+# scale about with width squared, the resnets' with the image's area), counted over the
+# Conv2D and Dense layers of tpu_training.models (TF 2.18); a training step is about
+# three forward passes of two FLOPs per multiply-add. The preview's step-time estimate.
+FORWARD_MACS = {"mnist_cnn": 379_078_912, "resnet18": 1_814_073_344, "resnet50": 4_089_184_256}
 DEFAULT_CLASSES = {"mnist_cnn": 10, "resnet18": 1000, "resnet50": 1000}
 
 # How records are laid out (`tpu_training.data`): `raw`, the package's own uint8 pixels;
@@ -41,6 +46,16 @@ IMAGENET_MODELS: tuple[str, ...] = ("resnet18", "resnet50")
 
 # Keys the infra side fills in when it resolves a stack job for a node.
 LOCATION_KEYS: tuple[str, ...] = ("checkpointDir", "exportDir", "tensorboardDir")
+# Keys only a resolved job has: its locations, and the node's stop notice.
+NODE_KEYS: tuple[str, ...] = (*LOCATION_KEYS, "noticeSeconds")
+
+# The time between two stop checks (one execution) may use this share of the node's
+# stop notice (`noticeSeconds`); the stop save may use half of it (components/catalog.py,
+# STOP_SAVE_SHARE_OF_NOTICE); the rest is the agent noticing, the exit and the OS.
+EXECUTION_SHARE_OF_NOTICE = 0.25
+# A save every minute by default: a kill loses about half of it. Saves are asynchronous
+# (tpu_training.train), so training waits only for the copy of the weights to the host.
+DEFAULT_CHECKPOINT_EVERY_MINUTES = 1.0
 
 # Where a location may point: GCS on the VM; local folders and TF's in-memory
 # filesystem off it (TF's gs:// filesystem cannot be pointed at an emulator).
@@ -70,7 +85,8 @@ class JobConfig:
     evalData: str | None = None
     stepsPerExecution: int = 100
     checkpointEverySteps: int = 1000
-    checkpointEveryMinutes: float | None = None  # also save when this much time has passed
+    # Also save when this much time has passed since the last save.
+    checkpointEveryMinutes: float = DEFAULT_CHECKPOINT_EVERY_MINUTES
     learningRate: float | None = None
     warmupSteps: int | None = None
     imageSize: int | None = None
@@ -80,7 +96,7 @@ class JobConfig:
     checkpointDir: str | None = None
     exportDir: str | None = None
     tensorboardDir: str | None = None
-    noticeSeconds: float | None = None  # the node's stop notice (resolved jobs only)
+    noticeSeconds: float | None = None  # the node's stop notice; bounds an execution
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, resolved: bool = True) -> JobConfig:
@@ -96,7 +112,8 @@ class JobConfig:
 
     def resolve(self, *, data_root: str, checkpoint_dir: str, export_dir: str,
                 tensorboard_dir: str, notice_seconds: float | None = None) -> JobConfig:
-        """The node's job: data made absolute under `data_root`, locations set."""
+        """The node's job: data made absolute under `data_root`, locations and the
+        node's stop notice set."""
         return dataclasses.replace(
             self,
             trainData=absolute(self.trainData, data_root),
@@ -107,6 +124,13 @@ class JobConfig:
             noticeSeconds=notice_seconds,
         )
 
+    @property
+    def max_execution_seconds(self) -> float | None:
+        """How long one execution may take, so that it and the stop save fit the notice."""
+        if self.noticeSeconds is None:
+            return None
+        return self.noticeSeconds * EXECUTION_SHARE_OF_NOTICE
+
 
 def checkpoint_bytes(job: JobConfig) -> int:
     """About how many bytes one checkpoint of `job` writes (CHECKPOINT_TRUNK_BYTES)."""
@@ -114,6 +138,13 @@ def checkpoint_bytes(job: JobConfig) -> int:
     classes = job.numClasses or DEFAULT_CLASSES[job.model]
     features = max(1, round(HEAD_FEATURES[job.model] * width))
     return round(CHECKPOINT_TRUNK_BYTES[job.model] * width**2) + (features + 1) * classes * 8
+
+
+def train_flops_per_example(job: JobConfig) -> float:
+    """About how many FLOPs one training example of `job` takes (FORWARD_MACS)."""
+    width = job.widthMultiplier or 1.0
+    area = 1.0 if job.model == "mnist_cnn" else ((job.imageSize or 224) / 224) ** 2
+    return 6 * FORWARD_MACS[job.model] * width**2 * area
 
 
 def absolute(path: str, root: str) -> str:
@@ -141,8 +172,7 @@ def _problems(data: Mapping[str, Any], *, resolved: bool) -> list[tuple[str, str
     if not isinstance(data, Mapping):
         return [("", f"must be a mapping of job settings, got {type(data).__name__}")]
     problems: list[tuple[str, str]] = []
-    allowed = (sorted(_FIELDS) if resolved else
-               sorted(set(_FIELDS) - set(LOCATION_KEYS) - {"noticeSeconds"}))
+    allowed = sorted(_FIELDS) if resolved else sorted(set(_FIELDS) - set(NODE_KEYS))
     for key in data:
         if key not in allowed:
             problems.append((str(key), f"unknown key; allowed: {', '.join(allowed)}"))
@@ -203,6 +233,9 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     if minutes is not None and not 0 < minutes < float("inf"):
         problems.append(("checkpointEveryMinutes",
                          f"must be a number of minutes more than 0, got {minutes}"))
+    notice = data.get("noticeSeconds")
+    if notice is not None and not 0 < notice < float("inf"):
+        problems.append(("noticeSeconds", f"must be a number of seconds more than 0, got {notice}"))
     rate = data.get("learningRate")
     if rate is not None and not 0 < rate < 10:
         problems.append(("learningRate", f"must be between 0 and 10 (exclusive), got {rate}"))

@@ -46,15 +46,27 @@ resumed at step N starts at batch N x (replicas per pipeline) of it
 (`EpochInput.starting_at`): after a stop that saved at step N no example of the epoch
 is repeated or skipped, after a kill at most the steps since the last checkpoint are
 replayed. Each epoch ends with its last whole batch (at most a batch less one record is
-left out, the same records every epoch). Raw pixels leave the pipeline packed four to
-an int32 word; `model_pixels` unpacks them in the training step, on the device.
+left out, the same records every epoch).
+
+To find the epoch a step falls in, a resume needs the number of records of its files.
+They are kept in an index, `record_counts.json` in the job's checkpointDir (`RecordIndex`,
+per file): a fresh start counts its files in a background thread while it trains, a
+resume reads the index and counts only files it does not list (once). So a resume reads
+the index and the records of the current epoch up to where it starts, not every file.
+
+Raw pixels leave the pipeline packed four to an int32 word; `model_pixels` unpacks them
+in the training step, on the device.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import json
 import os
+import struct
 import sys
+import threading
 from collections.abc import Callable
 
 from tpu_training.config import JobConfigError
@@ -69,6 +81,9 @@ DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 # 8 MiB per opened file slows small local shards (bench/input_pipeline.py).
 GCS_READ_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_PARALLEL_FILES = 16
+# Counting records reads files in pieces this big and walks the records' framing.
+COUNT_READ_BYTES = 8 * 1024 * 1024
+RECORD_HEADER_BYTES, RECORD_FOOTER_BYTES = 12, 4
 # Records travel through tf.data in chunks read from one file, about this many bytes:
 # tf.data's cost per element, paid per record, is most of the cost of reading small
 # records (bench/input_pipeline.py).
@@ -197,14 +212,16 @@ def _check_imagenet(features, path: str, spec: ModelSpec, key: str) -> None:
 
 
 def make_dataset_fn(files: list[str], spec: ModelSpec, global_batch_size: int,
-                    *, training: bool = True, record_format: str = "raw") -> EpochInput:
+                    *, training: bool = True, record_format: str = "raw",
+                    index: RecordIndex | None = None) -> EpochInput:
     """The `distribute_datasets_from_function` input: per-replica batches.
 
-    Training: epochs in a fixed order, forever (see `EpochInput`). Evaluation
-    (`training=False`): one pass, the last partial batch dropped (TPUs need static
-    shapes).
+    Training: epochs in a fixed order, forever (see `EpochInput`), the files' record
+    counts kept in `index`. Evaluation (`training=False`): one pass, the last partial
+    batch dropped (TPUs need static shapes).
     """
-    return EpochInput(tuple(files), spec, global_batch_size, training, record_format)
+    return EpochInput(tuple(files), spec, global_batch_size, training, record_format,
+                      index=index)
 
 
 def starting_at(dataset_fn: DatasetFn, step: int) -> DatasetFn:
@@ -223,6 +240,7 @@ class EpochInput:
     record_format: str = "raw"
     start_step: int = 0
     seed: int = ORDER_SEED
+    index: RecordIndex | None = None  # None: a resume counts the records of its files
 
     @property
     def key(self) -> str:
@@ -249,7 +267,10 @@ class EpochInput:
         window = window_batches(self.spec, batch_size, self.record_format)
         per_epoch = 1
         if skip:
-            per_epoch = count_records(files) // batch_size
+            records = self.index.records(files) if self.index else count_records(files)
+            per_epoch = records // batch_size
+        elif self.index:
+            self.index.count_in_background(files)
         start_epoch, in_epoch = divmod(skip, per_epoch)
         first_window, first_batch = divmod(in_epoch, window)
         windows = epoch_windows(files, self.spec, batch_size, self.record_format, self.seed,
@@ -290,11 +311,89 @@ class EpochInput:
 
 
 def count_records(files: list[str]) -> int:
-    """How many records `files` hold (read, not parsed: a resume's one pass over them)."""
-    reads = min(len(files), MAX_PARALLEL_FILES)
-    batches = tf.data.TFRecordDataset(files, num_parallel_reads=reads).batch(4096)
-    return int(batches.reduce(tf.constant(0, tf.int64),
-                              lambda count, batch: count + tf.size(batch, tf.int64)))
+    """How many records `files` hold (read, not parsed: one pass over them)."""
+    return sum(count_each(files).values())
+
+
+def count_each(files: list[str]) -> dict[str, int]:
+    """The records of each of `files`, read (not parsed) in parallel."""
+    with concurrent.futures.ThreadPoolExecutor(min(len(files), MAX_PARALLEL_FILES)) as pool:
+        return dict(zip(files, pool.map(records_in, files), strict=True))
+
+
+def records_in(path: str) -> int:
+    """How many records the TFRecord file `path` holds, from its framing alone (each
+    record: uint64 length, uint32 CRC of it, the data, uint32 CRC of the data;
+    tensorflow.org/tutorials/load_data/tfrecord, "TFRecord files in Python").
+
+    Plain reads through tf.io.gfile, no TensorFlow op: it may run in a thread beside
+    training (tf.data ops started in a thread while the strategy built its input
+    iterator failed under TF 2.20 with OutOfRangeError).
+    """
+    count, header, skip = 0, b"", 0
+    with tf.io.gfile.GFile(path, "rb") as file:
+        while chunk := file.read(COUNT_READ_BYTES):
+            at = 0
+            while at < len(chunk):
+                if skip:
+                    passed = min(skip, len(chunk) - at)
+                    at, skip = at + passed, skip - passed
+                    continue
+                piece = chunk[at:at + RECORD_HEADER_BYTES - len(header)]
+                header, at = header + piece, at + len(piece)
+                if len(header) == RECORD_HEADER_BYTES:
+                    (length,) = struct.unpack("<Q", header[:8])
+                    count, header, skip = count + 1, b"", length + RECORD_FOOTER_BYTES
+    return count
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordIndex:
+    """The record counts of data files, kept as JSON in `directory` (the checkpointDir):
+    written once, so a resume reads it instead of every file."""
+
+    directory: str
+    NAME = "record_counts.json"
+    _lock = threading.Lock()  # the pipelines of one process share the file
+
+    @property
+    def path(self) -> str:
+        return self.directory.rstrip("/") + "/" + self.NAME
+
+    def records(self, files: list[str]) -> int:
+        """How many records `files` hold: from the index, counting (once) what it lacks."""
+        with self._lock:
+            known = self._read()
+            missing = [path for path in files if path not in known]
+            if missing:
+                known = {**known, **count_each(missing)}
+                self._write(known)
+        return sum(known[path] for path in files)
+
+    def count_in_background(self, files: list[str]) -> threading.Thread | None:
+        """Count what the index lacks in a thread (a fresh start, while it trains)."""
+        with self._lock:
+            if all(path in self._read() for path in files):
+                return None
+        thread = threading.Thread(target=self.records, args=(files,), daemon=True,
+                                  name="record-index")
+        thread.start()
+        return thread
+
+    def _read(self) -> dict[str, int]:
+        try:
+            with tf.io.gfile.GFile(self.path) as file:
+                counts = json.load(file)["counts"]
+        except (tf.errors.NotFoundError, ValueError, KeyError, TypeError):
+            return {}  # absent, or torn by a kill: counted again
+        return {str(path): int(count) for path, count in counts.items()}
+
+    def _write(self, counts: dict[str, int]) -> None:
+        tf.io.gfile.makedirs(self.directory)
+        partial = f"{self.path}.partial"
+        with tf.io.gfile.GFile(partial, "w") as file:
+            json.dump({"counts": counts}, file, sort_keys=True)
+        tf.io.gfile.rename(partial, self.path, overwrite=True)
 
 
 def epoch_windows(files: list[str], spec: ModelSpec, batch_size: int, record_format: str,

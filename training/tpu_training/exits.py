@@ -14,7 +14,7 @@ EXIT_FAILED = 1  # anything else: the agent retries with backoff (docs/design.md
 EXIT_USAGE = 2  # a bad setting or usage: permanent
 EXIT_DATA = 65  # EX_DATAERR: records that do not fit the model, malformed records: permanent
 EXIT_NO_INPUT = 66  # EX_NOINPUT: the training data matches no file yet: transient
-EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: TPU not ready or in use, storage 5xx: transient
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: TPU not ready or held, storage 5xx: transient
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on a stop signal after saving; run again to resume
 EXIT_STOP_SAVE_FAILED = 76  # stopped on a stop signal, but the stop save failed
 
@@ -33,6 +33,22 @@ class NoDataError(JobConfigError):
 
 class UnavailableError(RuntimeError):
     """A transient failure outside the job (exit 69): the TPU, or storage answering 5xx."""
+
+
+class TpuBusyError(UnavailableError):
+    """Another process holds the TPU (libtpu's lock): exit 69 at once, naming its holders.
+
+    `holders` are the pids found (none: unknown).
+    """
+
+    def __init__(self, message: str, holders: tuple[int, ...] = ()):
+        self.holders = holders
+        super().__init__(message)
+
+    @property
+    def line(self) -> str:
+        """`tpu_busy holders=<pids or unknown>`, the job's stdout line (without its prefix)."""
+        return f"tpu_busy holders={','.join(map(str, self.holders)) or 'unknown'}"
 
 
 class StopSaveError(RuntimeError):

@@ -9,11 +9,23 @@
 
 With `tpu`, initialisation is retried with backoff for `TPU_STACK_TPU_INIT_SECONDS`
 (default 300): a TPU that is not ready yet (a pod slice's other workers still booting)
-or still held by a previous job's process ("TPU in use", docs/tpu-facts.md, "On the
-VM") usually comes free within that. After it the job exits 69 and the node agent
-retries with backoff as long as the node lives. Whether libtpu recovers inside one
-process after a failed initialisation is unconfirmed; the agent's retry starts a
-fresh one.
+usually comes free within that. After it the job exits 69 and the node agent retries
+with backoff as long as the node lives.
+
+A TPU held by another process is not retried: libtpu's lock is taken once, when
+TensorFlow loads. `static bool tpu_library_finder = FindAndInitializeTpuLibrary();`
+(tensorflow/core/tpu/tpu_api_dlsym_initializer.cc) runs `TryAcquireTpuLock()`
+(third_party/xla/xla/stream_executor/tpu/tpu_initialize_util.cc; tensorflow/core/tpu/
+tpu_initializer_helper.cc before) as a static initializer: `lockf(F_TLOCK)` on
+/tmp/libtpu_lockfile, and on failure it only logs "The TPU is already in use by process
+with pid N. Not attempting to load libtpu.so in this process." (or "... by another
+process probably owned by another user ...", "... in use or the lock file is stale",
+"... accessing libtpu multi-process lockfile"); the TPU platform is never registered in
+this process, so no later call can succeed. So when initialisation fails and another
+process holds the lock or a TPU device (`lock_holders`, `device_holders`, the way
+`IsTpuUsed` looks for them), or the error names the lock, the job prints `tpu_training
+tpu_busy holders=<pids or unknown>` and exits 69 at once: the agent's backoff starts a
+fresh process, which takes the lock once it is free.
 
 On CPU, `TPU_STACK_CPU_REPLICAS=N` splits the host CPU into N logical devices under
 a MirroredStrategy, so per-replica batching and gradient all-reduce run for real.
@@ -21,11 +33,16 @@ a MirroredStrategy, so per-replica batching and gradient all-reduce run for real
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
+import struct
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from tpu_training import exits
 from tpu_training.config import JobConfigError
 from tpu_training.exits import UnavailableError
 from tpu_training.tf_env import tf
@@ -38,6 +55,12 @@ FIRST_RETRY_SECONDS = 2.0
 MAX_RETRY_SECONDS = 30.0
 STRATEGY_KINDS = ("auto", "tpu", "cpu")
 MAX_ERROR_CHARS = 200
+LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
+# What libtpu's lock failure says (tpu_initialize_util.cc, all versions above).
+BUSY_TEXTS = ("TPU is already in use", "libtpu multi-process lockfile")
+# The device files IsTpuUsed looks for: /dev/accel<N> (v2-v4), /dev/vfio/<N> (v5e and newer).
+TPU_DEVICE = re.compile(r"/dev/(accel\d+|vfio/\d+)")
+_FLOCK = "hhqqi4x"  # struct flock on 64-bit Linux: type, whence, start, len, pid
 
 
 class StrategyError(RuntimeError):
@@ -46,6 +69,10 @@ class StrategyError(RuntimeError):
 
 class TpuUnavailableError(StrategyError, UnavailableError):
     """No TPU initialised (with `tpu`: within the job's bounded retries); exit 69."""
+
+
+class TpuBusyError(TpuUnavailableError, exits.TpuBusyError):
+    """Another process holds the TPU: never retried in this process; exit 69."""
 
 
 def make_strategy(kind: str | None = None, cpu_replicas: int | None = None, *,
@@ -88,9 +115,50 @@ def tpu_strategy() -> tf.distribute.TPUStrategy:
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (tf.errors.OpError, ValueError, RuntimeError) as error:
         summary = str(error).strip().split(". ")[0][:MAX_ERROR_CHARS]
-        raise TpuUnavailableError(f"TPU {name!r} did not initialise: "
-                                  f"{type(error).__name__}: {summary}") from error
+        message = f"TPU {name!r} did not initialise: {type(error).__name__}: {summary}"
+        holders = sorted(lock_holders() | device_holders())
+        if holders or any(text in str(error) for text in BUSY_TEXTS):
+            raise TpuBusyError(f"{message}; the TPU is held by another process "
+                               f"({_pids(holders)}), and libtpu takes its lock only when "
+                               "TensorFlow loads: not retried", tuple(holders)) from error
+        raise TpuUnavailableError(message) from error
     return tf.distribute.TPUStrategy(resolver)
+
+
+_lock_files: dict[str, int] = {}  # kept open: closing one drops this process's lockf locks
+
+
+def lock_holders(path: str = LIBTPU_LOCKFILE) -> set[int]:
+    """The other process holding libtpu's lock on `path` (fcntl F_GETLK), if any."""
+    try:
+        fd = _lock_files.get(path)
+        if fd is None:
+            fd = _lock_files[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(_FLOCK, fcntl.F_RDLCK, 0, 0, 0, 0))
+    except OSError:
+        return set()
+    kind, _, _, _, pid = struct.unpack(_FLOCK, answer)
+    return {pid} if kind != fcntl.F_UNLCK and pid != os.getpid() else set()
+
+
+def device_holders(proc: str = "/proc") -> set[int]:
+    """Other processes with a TPU device open, as libtpu's `IsTpuUsed` finds them (only
+    processes this user may inspect)."""
+    holders = set()
+    for fd_dir in Path(proc).glob("[0-9]*/fd"):
+        pid = int(fd_dir.parent.name)
+        if pid == os.getpid():
+            continue
+        try:
+            if any(TPU_DEVICE.fullmatch(os.readlink(fd)) for fd in fd_dir.iterdir()):
+                holders.add(pid)
+        except OSError:  # gone, or not ours to read
+            continue
+    return holders
+
+
+def _pids(holders: list[int]) -> str:
+    return f"pid {', '.join(map(str, holders))}" if holders else "pid unknown"
 
 
 def retried(make: Callable[[], tf.distribute.TPUStrategy], seconds: float, *,
@@ -104,6 +172,8 @@ def retried(make: Callable[[], tf.distribute.TPUStrategy], seconds: float, *,
     while True:
         try:
             return make()
+        except TpuBusyError:
+            raise
         except TpuUnavailableError as error:
             left = deadline - clock()
             if left <= 0 or stopped():

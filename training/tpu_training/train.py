@@ -5,16 +5,39 @@ Shaped like tensorflow/models `official/legacy/image_classification/mnist_main.p
 overridable arguments, so tests inject CPU versions.
 
 A custom loop rather than `fit`, because resume needs the step: one `tf.function`
-runs `stepsPerExecution` steps on device (`tf.range` around `strategy.run`,
+runs up to `stepsPerExecution` steps on device (`tf.range` around `strategy.run`,
 tensorflow.org/guide/tpu, "Improving performance with multiple steps inside
 tf.function"); between executions the host prints progress, writes summaries,
 checkpoints every `checkpointEverySteps` or `checkpointEveryMinutes`, whichever
-comes first (model, optimizer, step) and checks for SIGTERM. Progress lines on
-stdout, which the node agent parses (docs/design.md, "Job stdout lines"):
+comes first (model, optimizer, step) and checks for SIGTERM.
+
+The stop flag is read only between executions: the steps of one execution are one
+XLA program on the TPU, which a host flag cannot reach (a host-side check inside the
+loop would need outside compilation, a host round trip every step). So with a
+`noticeSeconds` the job sizes its executions instead (`ExecutionSizer`): the first
+two run one step (compilation, then a measurement), later ones as many steps as fit
+`JobConfig.max_execution_seconds` at the measured step time, never more than
+`stepsPerExecution` nor twice the last execution.
+
+Interval saves are asynchronous (`tf.train.CheckpointOptions(
+experimental_enable_async_checkpoint=True)`, tensorflow/python/checkpoint/
+async_checkpoint_helper.py, the same in TF 2.18 and 2.20): training waits only while
+the weights are copied to host memory (`_copy_to_cpu`; every `DistributedVariable`,
+so every TPUStrategy variable, implements `_copy_trackable_to_cpu`,
+tensorflow/python/distribute/values.py); a thread writes them through the same
+checkpoint writer as a synchronous save, so gs:// works alike. CheckpointManager's
+state file is written by the write's callback, after the data (checkpoint.py,
+`Checkpoint._write` runs `experimental_write_callbacks` after `_saver.save`), so a kill
+during a write leaves the previous checkpoint the latest. A `saved` line is printed once
+the write is done. The stop and final saves are synchronous, after any write under way,
+as TF's own preemption save is (checkpoint.py, `in_preemption_save_context`).
+
+Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdout lines"):
 
     tpu_training resumed_from=<N>          once, at start (0: fresh)
     tpu_training step=<N> loss=<float>     once per execution
-    tpu_training saved step=<N> seconds=<s> bytes=<b> reason=<steps|minutes|stop|final>
+    tpu_training saved step=<N> seconds=<s> bytes=<b> reason=<steps|minutes|stop|final> \
+        blocked=<s>
     tpu_training goodput step=<N> productive=<s> tpu_init=<s> …   after every step and
                                            saved line, and at exit (tpu_training.goodput)
     tpu_training eval_accuracy=<x> eval_loss=<y>   at the end, with evalData
@@ -175,8 +198,9 @@ class Job:
         self.manager = tf.train.CheckpointManager(checkpoint, config.checkpointDir,
                                                   max_to_keep=CHECKPOINTS_KEPT)
         self.writer = tf.summary.create_file_writer(config.tensorboardDir)
-        self.saved_step: int | None = None
-        self.last_save = time.monotonic()  # when the last save ended, or training began
+        self.saved_step: int | None = None  # the step of the newest checkpoint written
+        self.pending: PendingSave | None = None  # the save being written, or not reported
+        self.last_save = time.monotonic()  # when the last save began, or training began
 
     @property
     def step(self) -> int:
@@ -233,22 +257,26 @@ class Job:
 
     def _train(self, iterator, train_steps: Callable, stop: StopFlag) -> tuple[float, ...]:
         config, losses = self.config, []
+        sizer = ExecutionSizer(config)
         self.last_save = time.monotonic()
         while self.step < config.trainSteps and not stop.requested:
             before, started = self.step, time.monotonic()
-            train_steps(iterator, tf.constant(min(config.stepsPerExecution,
-                                                  config.trainSteps - before)))
+            steps = sizer.next_steps(before)
+            train_steps(iterator, tf.constant(steps))
             if not losses:  # this process's first execution: tracing and compilation
                 self.goodput.started_training()
             loss = float(self.loss_metric.result())
             self.loss_metric.reset_state()
             losses.append(loss)
+            seconds = time.monotonic() - started
+            sizer.measured(steps, seconds)
             _say(self.out, f"step={self.step} loss={loss:.6f}")
             _say(self.out, self.goodput.line(self.step))
-            self._summarise(loss, (self.step - before) / (time.monotonic() - started))
+            self._summarise(loss, steps / seconds)
+            self._report_written(wait=False)
             reason = self._save_reason(before)
             if reason:
-                self._save(reason)
+                self._save(reason, asynchronous=True)
         return tuple(losses)
 
     def _save_reason(self, before: int) -> str | None:
@@ -257,23 +285,45 @@ class Job:
         if self.step // every > before // every:
             return "steps"
         minutes = self.config.checkpointEveryMinutes
-        if minutes is not None and time.monotonic() - self.last_save >= 60 * minutes:
+        if time.monotonic() - self.last_save >= 60 * minutes:
             return "minutes"
         return None
 
-    def _save(self, reason: str) -> None:
-        """Save the step unless it is saved; print its seconds and bytes and the goodput."""
-        if self.saved_step != self.step:
+    def _save(self, reason: str, *, asynchronous: bool = False) -> None:
+        """Save the step unless it is saved (or being written); a synchronous save first
+        waits for a write under way. Its `saved` line follows once it is written."""
+        pending = self.pending
+        if self.saved_step != self.step and (pending is None or pending.step != self.step):
+            self._report_written(wait=True)  # the manager would wait for it anyway
             with self.goodput.timed("checkpoint_save"):
-                started = time.monotonic()
-                path = self.manager.save(checkpoint_number=self.step)
-                seconds = time.monotonic() - started
-                size = checkpoint_bytes(path)
-            self.saved_step, self.last_save = self.step, time.monotonic()
-            _say(self.out, f"saved step={self.step} seconds={seconds:.3f} bytes={size} "
-                           f"reason={reason}")
-            _say(self.out, self.goodput.line(self.step))
+                save = PendingSave(self.step, reason, time.monotonic())
+                options = tf.train.CheckpointOptions(
+                    experimental_enable_async_checkpoint=asynchronous,
+                    experimental_write_callbacks=[save.written])
+                save.path = self.manager.save(checkpoint_number=self.step, options=options)
+                save.blocked = time.monotonic() - save.started
+            self.pending, self.last_save = save, time.monotonic()
+        if not asynchronous:
+            self._report_written(wait=True)
         self.writer.flush()
+
+    def _report_written(self, *, wait: bool) -> None:
+        """Print the `saved` line of the save being written once it is written (`wait`:
+        wait for it). A failed asynchronous write is raised by the next save."""
+        save = self.pending
+        if save is None:
+            return
+        if wait:
+            with self.goodput.timed("checkpoint_save"):
+                self.manager.sync()
+        if save.done is None:
+            return
+        self.pending, self.saved_step = None, save.step
+        with self.goodput.timed("checkpoint_save"):
+            size = checkpoint_bytes(save.path)
+        _say(self.out, f"saved step={save.step} seconds={save.done - save.started:.3f} "
+                       f"bytes={size} reason={save.reason} blocked={save.blocked:.3f}")
+        _say(self.out, self.goodput.line(self.step))
 
     def train_steps_fn(self) -> Callable:
         """`train_steps(iterator, num_steps)`: one execution of `num_steps` steps on device."""
@@ -359,6 +409,55 @@ class Job:
             json.dump(marker, out)
 
 
+@dataclasses.dataclass
+class PendingSave:
+    """One save: when it began, how long training waited for it, when it was written."""
+
+    step: int
+    reason: str
+    started: float
+    path: str = ""
+    blocked: float = 0.0
+    done: float | None = None  # set by the writing thread once the files are written
+
+    def written(self) -> None:
+        self.done = time.monotonic()
+
+
+class ExecutionSizer:
+    """Steps per execution, so that one execution fits `max_execution_seconds`.
+
+    Without a notice every execution runs `stepsPerExecution` steps. With one, the
+    first two run one step (the first is mostly compilation), then each runs as many as
+    fit at the last measured seconds per step, at most twice the last. An execution
+    never crosses a multiple of `checkpointEverySteps` or `trainSteps`.
+    """
+
+    def __init__(self, config: JobConfig):
+        self.config = config
+        self.budget = config.max_execution_seconds
+        self.last_steps = 0
+        self.seconds_per_step: float | None = None
+        self.executions = 0
+
+    def next_steps(self, step: int) -> int:
+        config = self.config
+        every = config.checkpointEverySteps
+        most = min(config.stepsPerExecution, config.trainSteps - step, every - step % every)
+        if self.budget is None:
+            return most
+        if self.seconds_per_step is None:
+            return 1
+        fits = int(self.budget / self.seconds_per_step)
+        return max(1, min(most, fits, 2 * self.last_steps))
+
+    def measured(self, steps: int, seconds: float) -> None:
+        self.executions += 1
+        self.last_steps = steps
+        if self.executions > 1:  # the first execution's time is compilation
+            self.seconds_per_step = seconds / steps
+
+
 def checkpoint_bytes(path: str) -> int:
     """The size of the checkpoint `path` (its index and data shards), in bytes."""
     directory, prefix = path.rsplit("/", 1)
@@ -377,7 +476,8 @@ def _dataset_fn(pattern: str, spec: models.ModelSpec, config: JobConfig,
     files = data.list_files(pattern, key=key)
     data.check_records(files, spec, key=key, record_format=config.recordFormat)
     return data.make_dataset_fn(files, spec, config.globalBatchSize, training=training,
-                                record_format=config.recordFormat)
+                                record_format=config.recordFormat,
+                                index=data.RecordIndex(config.checkpointDir))
 
 
 def _require_locations(config: JobConfig) -> None:

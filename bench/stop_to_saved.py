@@ -1,0 +1,111 @@
+"""Stop to saved: seconds from SIGTERM to the stop checkpoint, as a share of a stop notice.
+
+The node agent sends SIGTERM the moment a preemption notice arrives; a spot VM powers
+off 30 s later (docs/tpu-facts.md, "Preemption notice"). The job finishes the execution
+under way, then saves. Here mnist_cnn and resnet50 (full size, imageSize 224) run at
+their default steps per execution (100) on the CPU, twice each in the same run:
+
+- bounded: with `noticeSeconds` (what a node's job carries, contract C3): executions
+  sized from the measured step time to a quarter of the notice (tpu_training.train,
+  `ExecutionSizer`);
+- unbounded: without it, every execution `stepsPerExecution` steps (the job before).
+
+SIGTERM is sent `--after` seconds past the job's `resumed_from` line, so in both runs it
+lands inside an execution. A run that has not saved `--limit` seconds after the signal
+is killed and reported as more than that. Saves go to local disk (GCS is not reachable
+here); the preview adds the GCS estimate (components/stop_save.py). CPU step times are
+far longer than a TPU's: the figure is the share of the notice, and whether it fits.
+
+    PYTHONPATH=$PWD:$PWD/training .venv/tf218/bin/python bench/stop_to_saved.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.preemption_drill import dataset, write_config
+
+MODELS = {"mnist_cnn": {"model": "mnist_cnn", "globalBatchSize": 16},
+          "resnet50": {"model": "resnet50", "imageSize": 224, "globalBatchSize": 4}}
+SAVED = re.compile(r"tpu_training saved step=(\d+) seconds=([\d.]+) .*reason=stop")
+STEP = re.compile(r"tpu_training step=(\d+) ")
+
+
+def stop_to_saved(config: Path, after: float, limit: float) -> dict:
+    """Run the job, SIGTERM it `after` s into training; seconds to its stop save."""
+    env = {**os.environ, "TPU_STACK_STRATEGY": "cpu", "TPU_STACK_CPU_REPLICAS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "tpu_training", "run", "--config",
+                                str(config)], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True, env=env)
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=lambda: [*map(lines.put, process.stdout), lines.put(None)],
+                     daemon=True).start()
+    result: dict = {"steps": [], "saved": None, "save": None}
+    started = signalled = None
+    while True:
+        now = time.monotonic()
+        if started is not None and signalled is None and now - started >= after:
+            process.send_signal(signal.SIGTERM)
+            signalled = now
+        if signalled is not None and now - signalled > limit:
+            process.kill()
+            break
+        try:
+            line = lines.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        if line.startswith("tpu_training resumed_from="):
+            started = time.monotonic()
+        elif match := STEP.match(line):
+            result["steps"].append(int(match[1]))
+        elif (match := SAVED.match(line)) and signalled is not None:
+            result["saved"], result["save"] = time.monotonic() - signalled, float(match[2])
+    process.wait(timeout=60)
+    result["code"] = process.returncode
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--notice", type=float, default=30.0)
+    parser.add_argument("--after", type=float, default=25.0)
+    parser.add_argument("--limit", type=float, default=90.0)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    args = parser.parse_args()
+    print(f"| model | steps per execution | run | executions before the stop (steps) "
+          f"| stop to saved | share of the {args.notice:g} s notice | save s | exit |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for name in args.models:
+            shape = MODELS[name]
+            data = dataset(root / f"{name}-data", **shape)
+            for run, notice in (("bounded", args.notice), ("unbounded", None)):
+                extra = {} if notice is None else {"noticeSeconds": notice}
+                config = write_config(root / f"{name}-{run}", data, stepsPerExecution=100,
+                                      checkpointEverySteps=100_000,
+                                      checkpointEveryMinutes=600, **shape, **extra)
+                result = stop_to_saved(config, args.after, args.limit)
+                saved = result["saved"]
+                seconds = f"{saved:.1f} s" if saved is not None else f"> {args.limit:g} s"
+                share = (saved if saved is not None else args.limit) / args.notice
+                share_text = f"{share:.2f}" if saved is not None else f"> {share:.1f}"
+                save = f"{result['save']:.2f}" if result["save"] is not None else "-"
+                print(f"| {name} | 100 | {run} | {result['steps'] or '-'} | {seconds} "
+                      f"| {share_text} | {save} | {result['code']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
