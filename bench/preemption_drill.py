@@ -110,18 +110,25 @@ class Run:
         return self.wall - self.goodput["productive"] - self.goodput["checkpoint_save"]
 
 
-def launch(config: Path, until_productive: float | None, signum: int | None,
-           until_seconds: float | None = None) -> Run:
-    """Run the job; once it has trained `until_productive` seconds (or run
-    `until_seconds` since its first step line), send `signum`."""
+def start_job(config: Path) -> tuple[subprocess.Popen, queue.Queue[str | None]]:
+    """The job on the CPU in a process of its own, and a queue of its stdout lines
+    (None at the end)."""
     env = {**os.environ, "TPU_STACK_STRATEGY": "cpu", "TPU_STACK_CPU_REPLICAS": "1"}
-    started = time.monotonic()
     process = subprocess.Popen([sys.executable, "-m", "tpu_training", "run", "--config",
                                 str(config)], stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True, env=env)
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=lambda: [*map(lines.put, process.stdout), lines.put(None)],
                      daemon=True).start()
+    return process, lines
+
+
+def launch(config: Path, until_productive: float | None, signum: int | None,
+           until_seconds: float | None = None) -> Run:
+    """Run the job; once it has trained `until_productive` seconds (or run
+    `until_seconds` since its first step line), send `signum`."""
+    started = time.monotonic()
+    process, lines = start_job(config)
     run, sent = Run(signal=signum), False
     while (line := lines.get(timeout=TIMEOUT)) is not None:
         run.read(line.rstrip("\n"))

@@ -22,18 +22,14 @@ far longer than a TPU's: the figure is the share of the notice, and whether it f
 from __future__ import annotations
 
 import argparse
-import os
 import queue
 import re
 import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from bench.preemption_drill import dataset, write_config
+from bench.preemption_drill import dataset, start_job, write_config
 
 MODELS = {"mnist_cnn": {"model": "mnist_cnn", "globalBatchSize": 16},
           "resnet50": {"model": "resnet50", "imageSize": 224, "globalBatchSize": 4}}
@@ -43,13 +39,7 @@ STEP = re.compile(r"tpu_training step=(\d+) ")
 
 def stop_to_saved(config: Path, after: float, limit: float) -> dict:
     """Run the job, SIGTERM it `after` s into training; seconds to its stop save."""
-    env = {**os.environ, "TPU_STACK_STRATEGY": "cpu", "TPU_STACK_CPU_REPLICAS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "tpu_training", "run", "--config",
-                                str(config)], stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True, env=env)
-    lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=lambda: [*map(lines.put, process.stdout), lines.put(None)],
-                     daemon=True).start()
+    process, lines = start_job(config)
     result: dict = {"steps": [], "saved": None, "save": None}
     started = signalled = None
     while True:

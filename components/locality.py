@@ -88,7 +88,5 @@ def cross_region_warning(settings: StackSettings, node: NodeSettings,
 
 def stack_warnings(settings: StackSettings) -> list[str]:
     """The cross-region warning of every node of the stack that has one."""
-    nodes = [(node, settings.job(node.job)) for node in settings.nodes]
-    nodes += [(node, team.job(node.job)) for team in settings.teams.values()
-              for node in team.nodes]
-    return [w for node, job in nodes if (w := cross_region_warning(settings, node, job))]
+    return [w for node, job in settings.node_jobs
+            if (w := cross_region_warning(settings, node, job))]

@@ -346,6 +346,12 @@ class StackSettings(_Model):
     def job(self, name: str) -> JobConfig:
         return JobConfig.from_dict(self.jobs[name], resolved=False)
 
+    @property
+    def node_jobs(self) -> list[tuple[NodeSettings, JobConfig]]:
+        """Every node the stack declares with the job it runs (a team's node, its team's job)."""
+        own = [(node, self.job(node.job)) for node in self.nodes]
+        return own + [(node, t.job(node.job)) for t in self.teams.values() for node in t.nodes]
+
     def node_project(self, team: str | None) -> str:
         """The project a node lives in, for `named_nodes`' team: a team's nodes are
         in the team's own project (docs/teams.md), the stack's own in gcp:project."""

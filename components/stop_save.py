@@ -67,7 +67,4 @@ def stop_save_warning(node: NodeSettings, job: JobConfig) -> str | None:
 
 def stack_warnings(settings: StackSettings) -> list[str]:
     """The stop-save warning of every node of the stack that has one."""
-    nodes = [(node, settings.job(node.job)) for node in settings.nodes]
-    nodes += [(node, team.job(node.job)) for team in settings.teams.values()
-              for node in team.nodes]
-    return [warning for node, job in nodes if (warning := stop_save_warning(node, job))]
+    return [w for node, job in settings.node_jobs if (w := stop_save_warning(node, job))]
