@@ -9,6 +9,7 @@ tests/agent/stand_in (why: its docstring).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -162,7 +163,11 @@ def test_a_preemption_notice_stops_the_job_with_a_checkpoint(
         make_node: Callable[..., Node], archive: Archive, package_uri: str,
         installed_package: Path, dataset: str, tmp_path: Path) -> None:
     work = tmp_path / "job"
-    node = make_node(package_uri, archive.sha256, job_config(dataset, work, 400))
+    # The node's notice reaches the job in its release (contract C3); this tiny one bounds
+    # an execution to 0.1 s, so executions stay far below stepsPerExecution (issue 20 item 2).
+    job = job_config(dataset, work, 400) | {"stepsPerExecution": 40, "checkpointEverySteps": 400,
+                                            "noticeSeconds": 0.4}
+    node = make_node(package_uri, archive.sha256, job)
     preinstall(node, installed_package, archive.sha256)
     boot = node.start()
     try:
@@ -182,6 +187,9 @@ def test_a_preemption_notice_stops_the_job_with_a_checkpoint(
     log = node.job_log()
     (reached,) = re.findall(r"^tpu_training stopped_at=(\d+)", log, re.M)
     assert (work / "ckpt" / f"ckpt-{reached}.index").exists()
+    steps = [int(n) for n in re.findall(r"^tpu_training step=(\d+) ", log, re.M)]
+    assert steps[:2] == [1, 2]  # sized by the notice: two one-step executions first
+    assert max(b - a for a, b in itertools.pairwise(steps)) < 40
     stop_at = log.index("instance/preempted=TRUE: stopping the job")
     stopped_at = log.index(f"tpu_training stopped_at={reached}")
     assert stop_at < stopped_at  # the stop came before the save it caused
