@@ -20,6 +20,11 @@ STATUS_UPLOAD_SECONDS = 30.0
 STEP_PUBLISH_SECONDS = 2.0
 LOG_ROLL_BYTES = 8 << 20  # job.log rolls to job.log.1 past this
 LOG_TAIL_BYTES = 256 << 10  # what goes to GCS: the last this many bytes
+# status.json also carries the fields as custom metadata, so `tpuctl status` reads every
+# node's status from one listing of the logs bucket (docs/design.md, "Status"). GCS
+# allows 8 KiB of custom metadata an object (google.storage.v1 ServiceConstants,
+# docs/tpu-facts.md): the one free-text field is cut to this many bytes.
+MESSAGE_METADATA_BYTES = 1024
 
 
 class Status:
@@ -135,9 +140,7 @@ class Status:
         fields = self._snapshot()
         (self.dir / "status.json").write_text(self._json(fields))
         with self._network:
-            for key, value in fields.items():
-                text = value if isinstance(value, str) else json.dumps(
-                    value, sort_keys=True, separators=(",", ":"))
+            for key, text in attribute_texts(fields).items():
                 try:
                     self.metadata.put_guest_attribute(key, text)
                 except (OSError, http.client.HTTPException) as error:
@@ -153,26 +156,44 @@ class Status:
         uri = self.status_uri()
         if not uri:
             return
-        status = self._json(self._snapshot()).encode()
+        fields = self._snapshot()
+        status = self._json(fields).encode()
         with self._lock:
             log_bytes = log_tail(self.log_path, LOG_TAIL_BYTES)
         with self._network:
             try:
-                self._upload_if_changed(uri, status, "application/json")
+                self._upload_if_changed(uri, status, "application/json",
+                                        status_metadata(fields))
                 self._upload_if_changed(uri.rsplit("/", 1)[0] + "/job.log", log_bytes,
                                         "text/plain")
             except (AgentError, TransientError) as error:
                 log(f"status upload: {error}")
 
-    def _upload_if_changed(self, uri: str, data: bytes, content_type: str) -> None:
+    def _upload_if_changed(self, uri: str, data: bytes, content_type: str,
+                           metadata: Mapping[str, str] | None = None) -> None:
         digest = hashlib.sha256(data).digest()
         if self._uploaded.get(uri) != digest:
-            self.storage.upload(uri, data, content_type, STATUS_KEY)
+            self.storage.upload(uri, data, content_type, STATUS_KEY, metadata)
             self._uploaded[uri] = digest
 
     def _upload_periodically(self) -> None:
         while not self._stop.wait(STATUS_UPLOAD_SECONDS):
             self._upload()
+
+
+def attribute_texts(fields: Mapping[str, object]) -> dict[str, str]:
+    """Each field as its guest attribute's text: a string as it is, an object as
+    compact JSON."""
+    return {key: value if isinstance(value, str) else json.dumps(
+        value, sort_keys=True, separators=(",", ":")) for key, value in fields.items()}
+
+
+def status_metadata(fields: Mapping[str, object]) -> dict[str, str]:
+    """status.json's custom metadata: the guest attributes' texts, the message cut to
+    MESSAGE_METADATA_BYTES (the whole one is in the object)."""
+    texts = attribute_texts(fields)
+    message = texts.get("message", "").encode()[:MESSAGE_METADATA_BYTES]
+    return texts | {"message": message.decode(errors="ignore")} if "message" in texts else texts
 
 
 def log_tail(path: Path, limit: int) -> bytes:

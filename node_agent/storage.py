@@ -10,7 +10,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from node_agent.common import AgentError, open_url, read_body, retrying
@@ -115,11 +115,16 @@ class Storage:
         return any(fnmatch.fnmatchcase(item.get("name", ""), name_glob)
                    for item in self.list(bucket, prefix, setting, "name"))
 
-    def upload(self, uri: str, data: bytes, content_type: str, setting: str) -> None:
-        """A multipart upload: the object gets its content type and may be empty."""
+    def upload(self, uri: str, data: bytes, content_type: str, setting: str,
+               metadata: Mapping[str, str] | None = None) -> None:
+        """A multipart upload: the object gets its content type and custom `metadata`,
+        and may be empty (JSON API objects.insert, uploadType=multipart)."""
         bucket, name = split_gs_uri(uri, setting)
         boundary = uuid.uuid4().hex
-        meta = json.dumps({"name": name, "contentType": content_type})
+        resource: dict[str, object] = {"name": name, "contentType": content_type}
+        if metadata:
+            resource["metadata"] = dict(metadata)
+        meta = json.dumps(resource)
         body = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n"
                 f"{meta}\r\n--{boundary}\r\nContent-Type: {content_type}\r\n\r\n").encode()
         body += data + f"\r\n--{boundary}--\r\n".encode()

@@ -18,10 +18,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from components.archive import Archive
 from node_agent.contract import NETWORK_ENDPOINTS_KEY, NODE_KEY, RUNTIME_KEY
 from node_agent.environment import PJRT_KEYS
-from tests.agent.conftest import Node, job_config, preinstall, stop
+from ops.local.storage_emulator import StorageEmulator
+from ops.tpu.logs import AgentLogs
+from tests.agent.conftest import BUCKET, Node, job_config, preinstall, stop
 
 PJRT = "tpu-vm-tf-2.18.0-pjrt"
 POD_PJRT = "tpu-vm-tf-2.19.0-pod-pjrt"
@@ -161,7 +165,8 @@ def test_data_uploaded_20s_after_boot_is_trained_on_without_a_reboot(
 
 def test_a_preemption_notice_stops_the_job_with_a_checkpoint(
         make_node: Callable[..., Node], archive: Archive, package_uri: str,
-        installed_package: Path, dataset: str, tmp_path: Path) -> None:
+        installed_package: Path, dataset: str, tmp_path: Path, gcs: StorageEmulator,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     work = tmp_path / "job"
     # The node's notice reaches the job in its release (contract C3); this tiny one bounds
     # an execution to 0.1 s, so executions stay far below stepsPerExecution (issue 20 item 2).
@@ -204,6 +209,14 @@ def test_a_preemption_notice_stops_the_job_with_a_checkpoint(
     goodput = node.status_object()["goodput"]
     assert goodput["infrastructure_recovery"] > 0
     assert goodput["total"] > 0
+    # status.json carries the fields as custom metadata: `tpuctl status` reads every
+    # node's from one listing of the logs bucket (ops/tpu/logs.py).
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.host)
+    listed = AgentLogs("test").published(BUCKET, "status/")
+    fields = listed[node.status_prefix.removeprefix(f"gs://{BUCKET}/")]
+    assert fields["state"] == "preempted"
+    assert fields["step"] == reached
+    assert json.loads(fields["goodput"]) == goodput
 
 
 def test_goodput_totals_survive_a_restart_of_the_agent(
