@@ -79,7 +79,8 @@ class Status:
         uri = self.status_uri()
         candidates: list[Callable[[], bytes | None]] = [
             lambda: self.storage.read(uri, STATUS_KEY) if uri else None,
-            lambda: (self.dir / "status.json").read_bytes()]
+            lambda: local.read_bytes() if (local := self.dir / "status.json").exists()
+            else None]  # a first boot has none: nothing to say about it
         for read in candidates:
             try:
                 data = read()

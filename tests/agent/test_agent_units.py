@@ -748,3 +748,26 @@ def test_upcoming_maintenance_is_read_as_documented(answer: str,
                                                     window: dict[str, str] | None) -> None:
     # The answers Compute Engine documents (monitor-plan-host-maintenance-event).
     assert watchers.parse_maintenance(answer) == window
+
+
+class _NoStatusYet:
+    """A Storage whose status object does not exist (a node's first boot)."""
+
+    def read(self, uri: str, setting: str, attempts: int = 5) -> bytes | None:
+        return None
+
+    def upload(self, uri: str, data: bytes, content_type: str, setting: str,
+               metadata: object = None) -> None:
+        pass
+
+
+def test_a_first_boot_finds_no_earlier_status_and_says_nothing_of_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    published = status.Status(metadata=None, storage=_NoStatusYet(),  # type: ignore[arg-type]
+                              root=tmp_path, worker=0)
+    published.prefix = f"gs://{BUCKET}/status/first-boot/"
+    try:
+        assert published.previous() == {}
+    finally:
+        published.close()
+    assert "earlier status unreadable" not in capsys.readouterr().err
