@@ -115,21 +115,32 @@ class NoticeWatcher:
         return None
 
     def _watch(self, path: str) -> None:
-        etag: str | None = None
-        while not self._stopped.is_set():
-            try:
-                value, new_etag = self.metadata.watch(path, etag)
-            except (AgentError, TransientError) as error:
-                log(f"watching {path}: {error}")
-                self._stopped.wait(RETRY_CAP_SECONDS)
-                continue
-            if value is None:
-                log(f"{path} is not served here; not watching it")
-                return
-            if new_etag != etag:
-                etag = new_etag
-                self.values[path] = value.strip()
-                self.wake.set()
+        def changed(value: str) -> None:
+            self.values[path] = value.strip()
+            self.wake.set()
+
+        long_poll(self.metadata, path, self._stopped, changed)
+
+
+def long_poll(metadata: Metadata, path: str, stopped: threading.Event,
+              changed: Callable[[str], None], params: dict[str, str] | None = None) -> None:
+    """Call `changed` with the value at `path` now and at every change, until `stopped`
+    (the metadata server's wait_for_change with the last ETag); a failed call retries,
+    a path the server does not serve ends the watch."""
+    etag: str | None = None
+    while not stopped.is_set():
+        try:
+            value, new_etag = metadata.watch(path, etag, params)
+        except (AgentError, TransientError) as error:
+            log(f"watching {path}: {error}")
+            stopped.wait(RETRY_CAP_SECONDS)
+            continue
+        if value is None:
+            log(f"{path} is not served here; not watching it")
+            return
+        if new_etag != etag:
+            etag = new_etag
+            changed(value)
 
 
 
@@ -173,22 +184,12 @@ class MaintenanceWatcher:
         self._stopped.set()
 
     def _watch(self) -> None:
-        etag: str | None = None
-        while not self._stopped.is_set():
-            try:
-                value, new_etag = self.metadata.watch(UPCOMING_MAINTENANCE_PATH, etag,
-                                                      {"alt": "json"})
-            except (AgentError, TransientError) as error:
-                log(f"watching {UPCOMING_MAINTENANCE_PATH}: {error}")
-                self._stopped.wait(RETRY_CAP_SECONDS)
-                continue
-            if value is None:
-                log(f"{UPCOMING_MAINTENANCE_PATH} is not served here; not watching it")
-                return
-            if new_etag != etag:
-                etag = new_etag
-                window = parse_maintenance(value)
-                if window != self.window:
-                    self.window = window
-                    self.on_change(window)
-                self.wake.set()
+        def changed(value: str) -> None:
+            window = parse_maintenance(value)
+            if window != self.window:
+                self.window = window
+                self.on_change(window)
+            self.wake.set()
+
+        long_poll(self.metadata, UPCOMING_MAINTENANCE_PATH, self._stopped, changed,
+                  {"alt": "json"})
