@@ -330,11 +330,6 @@ class Pod:
         for worker in self.workers:
             worker.node.metadata.preempt()
 
-    def set_attributes(self, changes: dict[str, str | None]) -> None:
-        """A metadata change of the node (e.g. a hot update) reaches every worker."""
-        for worker in self.workers:
-            worker.node.metadata.set_attributes(changes)
-
     def finish(self, timeout: float = 60) -> dict[int, int | None]:
         """Each worker's exit code once worker 0's bootstrap is done (None: still running
         after `timeout`). A service agent exits only when stopped: one still running is
