@@ -141,13 +141,24 @@ def test_synth_cli_writes_imagenet_for_resnets_only(capsys, tmp_path):
         "resnet50; mnist_cnn reads raw records only"]
 
 
+def replica_statistics(job: train.Job) -> list[tuple[np.ndarray, ...]]:
+    """Each BatchNorm moving statistic's copies, one per replica (sync-on-read)."""
+    return [tuple(copy.numpy() for copy in variable.values)
+            for variable in job.model.non_trainable_variables
+            if variable.synchronization == tf.VariableSynchronization.ON_READ]
+
+
 def test_a_resnet18_job_on_imagenet_records_trains_exports_and_predicts(strategy,
-                                                                       imagenet_data):
+                                                                       imagenet_data,
+                                                                       monkeypatch):
     root = "ram://imagenet-job"
     config = JobConfig.from_dict({
         **SMALL_RESNET_JOB, "trainData": imagenet_data, "evalData": imagenet_data,
         "checkpointDir": f"{root}/ckpt", "exportDir": f"{root}/export",
         "tensorboardDir": f"{root}/tb"})
+    evaluated_with, evaluate = [], train.Job.evaluate
+    monkeypatch.setattr(train.Job, "evaluate", lambda job, dataset_fn: (
+        evaluated_with.extend(replica_statistics(job)), evaluate(job, dataset_fn))[1])
     result = train.run(config, strategy=strategy, out=io.StringIO())
     assert result.outcome is train.Outcome.FINISHED and len(result.losses) == 6
     assert result.losses[0] > 2.0  # about ln(10): chance on 10 classes
@@ -179,10 +190,14 @@ def test_a_resnet18_job_on_imagenet_records_trains_exports_and_predicts(strategy
         np.testing.assert_array_equal(exported.get_tensor(name), saved.get_tensor(f"model/{name}"))
     # Inference-mode accuracy itself is no test here: after 30 steps a resnet's
     # BatchNorm moving statistics still lag its weights (training loss is what falls).
-    # The job's distributed evaluation and the export's single-device run of the same
-    # weights differed by 0 to 18 of 512 images across runs (before asynchronous saves
-    # too: up to 9), more than the images within 0.05 of a tie (1 to 4). Unconfirmed
-    # cause: BatchNorm's moving statistics are sync-on-read, so each replica may
-    # evaluate with its own copy while the export holds their mean. The weights above
-    # are what must be equal.
-    assert abs(accuracy - marker["eval_accuracy"]) <= 32 / 512
+    # Each replica updates its own copy of them (sync-on-read); the checkpoint and the
+    # export hold their mean, and the job evaluates with that mean on every replica.
+    # Before it did, the two evaluations differed by 3 to 18 of 512 images.
+    assert len(evaluated_with) > 20
+    assert {len(copies) for copies in evaluated_with} == {strategy.num_replicas_in_sync}
+    for copies in evaluated_with:
+        for copy in copies[1:]:
+            np.testing.assert_array_equal(copy, copies[0])
+    # Left: the images within 0.05 of a tie (1 to 4), which the replicas' batches and
+    # the export's single batch may round either way.
+    assert abs(accuracy - marker["eval_accuracy"]) <= 4 / 512

@@ -218,11 +218,25 @@ class Job:
         if self.step < self.config.trainSteps:
             _say(self.out, f"stopped_at={self.step}")
             return RunResult(Outcome.STOPPED, self.step, resumed_from, losses)
+        self._average_replica_statistics()
         metrics = {} if eval_dataset_fn is None else self.evaluate(eval_dataset_fn)
         with self.goodput.timed("checkpoint_save"):
             self._export(metrics)
         _say(self.out, f"complete={self.step} export={self.config.exportDir}")
         return RunResult(Outcome.FINISHED, self.step, resumed_from, losses)
+
+    def _average_replica_statistics(self) -> None:
+        """Give every replica the replicas' mean of the BatchNorm moving statistics.
+
+        Keras keeps them sync-on-read (tf_keras BatchNormalization: ON_READ, MEAN), so
+        each replica updates its own copy from its own batches, while a checkpoint and
+        the export hold their mean (tensorflow/python/distribute/values.py,
+        SyncOnReadVariable: a cross-replica read reduces, a cross-replica assign sets
+        every copy). With the mean, the job evaluates the model it exports.
+        """
+        for variable in self.model.non_trainable_variables:
+            if variable.synchronization == tf.VariableSynchronization.ON_READ:
+                variable.assign(variable.read_value())
 
     def _restore(self) -> int:
         latest = self.manager.latest_checkpoint
