@@ -9,6 +9,7 @@ shows the behaviour, else the stand-in of tests/agent/stand_in.
 from __future__ import annotations
 
 import datetime
+import glob
 import json
 import os
 import re
@@ -209,6 +210,9 @@ def test_scheduled_maintenance_is_shown_and_checkpointed_before_it_starts(
     try:
         node.wait_for(lambda: int(node.guest.get("step", 0)) >= 4, "a first step",
                       timeout=300)
+        index = work / "ckpt" / "record_counts.json"
+        node.wait_for(index.exists, "the fresh start's record index (counted beside training)")
+        counted = index.read_bytes(), index.stat().st_mtime_ns
         node.metadata.set_upcoming_maintenance(start, end)
         node.wait_for(lambda: node.job_log().count("starting job") == 2 and
                       node.guest.get("state") == "running", "the job to save and start again",
@@ -229,6 +233,12 @@ def test_scheduled_maintenance_is_shown_and_checkpointed_before_it_starts(
     first_stop = int(re.findall(r"^tpu_training stopped_at=(\d+)", log, re.M)[0])
     assert (work / "ckpt" / f"ckpt-{first_stop}.index").exists()
     assert resumed(log) == [0, first_stop]  # a fresh start, then the resume
+    # The resume found every file's count in the index the fresh start wrote beside its
+    # checkpoints, so it counted nothing (a count would rewrite it; issue 20 item 4; the
+    # bytes it reads: training/tests/test_record_index.py).
+    assert (index.read_bytes(), index.stat().st_mtime_ns) == counted
+    counts = json.loads(counted[0])["counts"]
+    assert sorted(counts) == sorted(glob.glob(dataset)) and sum(counts.values()) == 512
 
 
 def second_run(node: Node) -> str:
