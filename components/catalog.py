@@ -93,6 +93,11 @@ DOCUMENTED_TF = ((2, 15, 0), (2, 15, 1), (2, 16, 1), (2, 17, 0), (2, 17, 1), (2,
 # The runtimes page: "TPU v6e, v5e and v5p support TensorFlow 2.15.0 and newer";
 # v4 from TF 2.10.1 and v2/v3 use the same images.
 MIN_TF_V5_ON = (2, 15, 0)
+# Device APIs (cloud.google.com/tpu/docs/supported-tpu-versions, "TensorFlow": the
+# name ends in `-pjrt` or `-se`, stream executor): v5e, v5p and v6e take the form
+# `tpu-vm-tf-x.y.z[-pod]-pjrt` only (the runtimes page); v2, v3 and v4 take either
+# (tensorflow/tensorflow issue 82208 names a `tpu-vm-tf-2.18.0-pod-se` image).
+PJRT_ONLY_GENERATIONS = ("v5e", "v5p", "v6e")
 # Image names with a generation suffix, seen only in secondary sources (users' notes
 # in public repositories: tpu-vm-tf-2.18.0-pjrt-v5e-and-v6 on a v5litepod-8,
 # tpu-vm-tf-2.18.0-pjrt-v5p-and-below on a v2-8; docs/tpu-facts.md). Accepted for the
@@ -393,8 +398,12 @@ def runtime_problem(tpu: Slice, runtime: str) -> str | None:
         return (f"{runtime} carries TensorFlow {'.'.join(map(str, version))}: {why}; "
                 f"documented and supported on {gen.name}: {usable} "
                 f"(e.g. {runtime_for(tpu)})")
-    if match["api"] != "-pjrt":
-        return f"{runtime}: from TensorFlow 2.15 use the -pjrt image, e.g. {runtime_for(tpu)}"
+    if match["api"] is None:
+        return (f"{runtime}: from TensorFlow 2.15 the image names its device API, -pjrt or "
+                f"-se, e.g. {runtime_for(tpu)}")
+    if match["api"] == "-se" and gen.name in PJRT_ONLY_GENERATIONS:
+        return (f"{runtime}: {gen.name} runs TensorFlow on -pjrt images only "
+                f"(cloud.google.com/tpu/docs/runtimes), e.g. {runtime_for(tpu)}")
     if match["suffix"] and gen.name not in GENERATION_SUFFIXES[match["suffix"]]:
         return (f"{runtime} is an image for "
                 f"{', '.join(GENERATION_SUFFIXES[match['suffix']])}, not {gen.name}: "

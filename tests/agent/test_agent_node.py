@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from components import catalog
 from components.archive import Archive
 from node_agent.contract import NETWORK_ENDPOINTS_KEY, NODE_KEY, RUNTIME_KEY
 from node_agent.environment import PJRT_KEYS
@@ -47,19 +48,35 @@ def fake_pip_libtpu(tmp: Path) -> tuple[dict[str, str], Path]:
     return {"PYTHONPATH": str(tmp / "site")}, package / "libtpu.so"
 
 
-def test_pjrt_single_host_job_loads_libtpu_as_a_plugin(
-        make_node: Callable[..., Node], stand_in: tuple[str, str], tmp_path: Path) -> None:
+# Single-host images users name (issue 20 item 6), each accepted by the catalog on
+# its TPU: the runtimes page's newest, the Preemptible TPUs page's and
+# python-docs-samples' 2.17 images, a generation-suffixed name, and a
+# stream-executor (-se) image, which loads libtpu without the PJRT plugin variables.
+USERS_RUNTIMES = [("v5litepod-4", PJRT, True), ("v3-8", "tpu-vm-tf-2.17.1-pjrt", True),
+                  ("v5litepod-1", "tpu-vm-tf-2.17.0-pjrt", True),
+                  ("v5litepod-8", "tpu-vm-tf-2.18.0-pjrt-v5e-and-v6", True),
+                  ("v4-8", "tpu-vm-tf-2.16.1-se", False)]
+
+
+@pytest.mark.parametrize(("accelerator", "runtime", "pjrt"), USERS_RUNTIMES)
+def test_a_single_host_job_gets_the_plugin_variables_its_runtime_needs(
+        make_node: Callable[..., Node], stand_in: tuple[str, str], tmp_path: Path,
+        accelerator: str, runtime: str, pjrt: bool) -> None:
+    assert catalog.runtime_problem(catalog.parse_accelerator_type(accelerator), runtime) is None
     env, libtpu = fake_pip_libtpu(tmp_path)
     out = tmp_path / "env.json"
-    node = make_node(*stand_in, stand_in_job("environment", out), extra={RUNTIME_KEY: PJRT},
+    node = make_node(*stand_in, stand_in_job("environment", out), extra={RUNTIME_KEY: runtime},
                      env=env)
 
     result = node.boot()
 
     assert result.returncode == 0, result.stdout + result.stderr
     job_env = json.loads(out.read_text())
-    assert job_env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == str(libtpu)
-    assert job_env["NEXT_PLUGGABLE_DEVICE_USE_C_API"] == "true"
+    if pjrt:
+        assert job_env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == str(libtpu)
+        assert job_env["NEXT_PLUGGABLE_DEVICE_USE_C_API"] == "true"
+    else:
+        assert not set(PJRT_KEYS) & set(job_env)
     assert "TPU_NAME" not in job_env
     assert "TPU_LOAD_LIBRARY" not in job_env
     assert node.guest["state"] == "succeeded"

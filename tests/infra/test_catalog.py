@@ -133,7 +133,13 @@ def test_the_documented_convention_is_accepted_for_every_carried_version(
     pod = "-pod" if tpu.multi_host else ""
 
     assert catalog.runtime_problem(tpu, f"tpu-vm-tf-{version}{pod}-pjrt") is None
-    assert "-pjrt image" in (catalog.runtime_problem(tpu, f"tpu-vm-tf-{version}{pod}-se") or "")
+    stream_executor = catalog.runtime_problem(tpu, f"tpu-vm-tf-{version}{pod}-se")
+    if tpu.generation.name in ("v2", "v3", "v4"):
+        assert stream_executor is None
+    else:
+        assert f"{tpu.generation.name} runs TensorFlow on -pjrt images only" in stream_executor
+    assert "names its device API, -pjrt or -se" in (
+        catalog.runtime_problem(tpu, f"tpu-vm-tf-{version}{pod}") or "")
 
 
 def test_every_documented_tensorflow_has_its_tf_keras_in_the_package() -> None:
