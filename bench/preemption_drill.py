@@ -56,7 +56,8 @@ import threading
 import time
 from pathlib import Path
 
-from node_agent import goodput as agent  # Goodput, settle_run and (imported there) JobRun
+from node_agent import goodput as agent  # Goodput, settle_run
+from node_agent import job_lines
 from tpu_training import models, synth
 from tpu_training.config import DEFAULT_CHECKPOINT_EVERY_MINUTES, JobConfig
 
@@ -75,11 +76,11 @@ class Run:
     code: int | None = None
     saves: list[dict] = dataclasses.field(default_factory=list)  # every `saved` line
     step_times: list[tuple[float, int]] = dataclasses.field(default_factory=list)
-    seen_by_agent: agent.JobRun = dataclasses.field(default_factory=agent.JobRun)
+    seen_by_agent: job_lines.JobRun = dataclasses.field(default_factory=job_lines.JobRun)
 
     def read(self, line: str) -> None:
         if self.seen_by_agent.read(line) == "save":
-            blocked = agent.key_values(line).get("blocked")
+            blocked = job_lines.key_values(line).get("blocked")
             self.saves.append({**self.seen_by_agent.last_save,
                                "blocked": float(blocked) if blocked else None})
         if line.startswith("tpu_training step="):
