@@ -6,6 +6,7 @@ import base64
 import hashlib
 import io
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -442,6 +443,19 @@ def test_under_systemd_the_bootstrap_installs_one_service_and_returns(tmp_path: 
     assert calls.read_text().splitlines() == [
         "daemon-reload", "enable --now tpu-stack-agent.service"] * 2
     assert (root / "agent.pyz").read_bytes() == build.zipapp()
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None,
+                    reason="systemd-analyze is not installed (Debian: package systemd)")
+def test_systemd_itself_parses_every_line_of_the_unit(tmp_path: Path) -> None:
+    _install_unit(tmp_path)
+    # systemd-analyze(1) verify loads the unit with systemd's own parser; it exits 0 on a
+    # key it does not know or a value it cannot parse, but names the line on stderr.
+    result = subprocess.run(["systemd-analyze", "verify", "tpu-stack-agent.service"],
+                            cwd=tmp_path / "units", capture_output=True, text=True, check=False,
+                            env={"SYSTEMD_UNIT_PATH": f"{tmp_path / 'units'}:",
+                                 "PATH": "/usr/bin:/bin"})
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
 def stop_order(units: dict[str, dict[str, dict[str, str]]]) -> list[set[str]]:
