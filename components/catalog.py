@@ -90,14 +90,13 @@ SUPPORTED_TF = _carried_tf()
 # in no Google source, so a node asking for one is refused: its replacement (old
 # node deleted first) would fail to create.
 DOCUMENTED_TF = ((2, 15, 0), (2, 15, 1), (2, 16, 1), (2, 17, 0), (2, 17, 1), (2, 18, 0))
-# The runtimes page: "TPU v6e, v5e and v5p support TensorFlow 2.15.0 and newer";
-# v4 from TF 2.10.1 and v2/v3 use the same images.
-MIN_TF_V5_ON = (2, 15, 0)
-# Device APIs (cloud.google.com/tpu/docs/supported-tpu-versions, "TensorFlow": the
-# name ends in `-pjrt` or `-se`, stream executor): v5e, v5p and v6e take the form
-# `tpu-vm-tf-x.y.z[-pod]-pjrt` only (the runtimes page); v2, v3 and v4 take either
+# The runtimes page: "TPU v6e, v5e and v5p support TensorFlow 2.15.0 and newer", in
+# the form `tpu-vm-tf-x.y.z[-pod]-pjrt` only; v4 from TF 2.10.1 and v2/v3 use the same
+# images. Device APIs (cloud.google.com/tpu/docs/supported-tpu-versions, "TensorFlow":
+# the name ends in `-pjrt` or `-se`, stream executor): v2, v3 and v4 take either
 # (tensorflow/tensorflow issue 82208 names a `tpu-vm-tf-2.18.0-pod-se` image).
 PJRT_ONLY_GENERATIONS = ("v5e", "v5p", "v6e")
+MIN_TF_V5_ON = (2, 15, 0)
 # Image names with a generation suffix, seen only in secondary sources (users' notes
 # in public repositories: tpu-vm-tf-2.18.0-pjrt-v5e-and-v6 on a v5litepod-8,
 # tpu-vm-tf-2.18.0-pjrt-v5p-and-below on a v2-8; docs/tpu-facts.md). Accepted for the
@@ -434,7 +433,7 @@ def runtime_note(tpu: Slice, runtime: str) -> str | None:
 
 def documented_tf(gen: Generation) -> tuple[tuple[int, int, int], ...]:
     """TensorFlow versions with a documented image on `gen` that the package supports."""
-    floor = MIN_TF_V5_ON if gen.name in ("v5e", "v5p", "v6e") else (0, 0, 0)
+    floor = MIN_TF_V5_ON if gen.name in PJRT_ONLY_GENERATIONS else (0, 0, 0)
     return tuple(v for v in DOCUMENTED_TF if v[:2] in SUPPORTED_TF and v >= floor)
 
 
