@@ -8,7 +8,7 @@ import re
 import pytest
 
 from components import queued_tpu
-from components.stack_config import file_config, stack_names
+from components.stack_config import file_config
 from ops.plan.facts import facts, type_facts
 from ops.plan.facts.generate import (
     QUEUED_TPU,
@@ -19,6 +19,7 @@ from ops.plan.facts.generate import (
 )
 from ops.plan.offline import offline_plan
 from ops.plan.steps import delete_first, replaces, shrinks
+from tests.repo_stacks import repo_stacks
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
@@ -33,7 +34,7 @@ def _queued(stack: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def declared_types() -> set[str]:
-    plans = [offline_plan(stack) for stack in stack_names()]
+    plans = [offline_plan(stack) for stack in repo_stacks()]
     plans.append(offline_plan("dev", _queued("dev")))
     return {r.type for p in plans for r in p.run.registrations if r.custom}
 
