@@ -14,7 +14,8 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from components.archive import REPO_ROOT
+
 OWN_PACKAGES = ("components", "node_agent", "ops", "policy")  # importable here (no TF)
 
 
@@ -36,7 +37,7 @@ def own_modules(tree: ast.Module) -> dict[str, ModuleType]:
     return bound
 
 
-@pytest.mark.parametrize("script", sorted(ROOT.glob("bench/*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("script", sorted(REPO_ROOT.glob("bench/*.py")), ids=lambda p: p.name)
 def test_every_module_attribute_a_benchmark_uses_exists(script: Path) -> None:
     tree = ast.parse(script.read_text())
     modules = own_modules(tree)
