@@ -156,7 +156,8 @@ class TpuPlatform(pulumi.ComponentResource):
         the platform declares also gets its buckets and nodes there."""
         settings = self.settings
         spec = settings.teams[team]
-        assert settings.team_projects and settings.team_billing_account, "settings check"
+        assert (settings.team_projects and settings.team_projects.folder_id
+                and settings.team_billing_account), "settings check"
         access = self.access[team] = TeamProject(f"team-project-{team}", TeamProjectArgs(
             team=team, stack=settings.stack, naming=settings.naming,
             folder_id=settings.team_projects.folder_id,
