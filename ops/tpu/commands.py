@@ -120,7 +120,7 @@ def status_cmd(
             return
         api = _api(target)
         if not watch:
-            console.print(_status_or_rehearsal(api, target))
+            _status_or_rehearsal(api, target)
             return
         with Live(console=console, auto_refresh=False) as live:
             try:
@@ -136,17 +136,20 @@ def _status_now(api: TpuApi, target: StackTarget) -> RenderableType:
     return node_status.status_table(target, nodes, node_status.collect_queued(api, target))
 
 
-def _status_or_rehearsal(api: TpuApi, target: StackTarget) -> RenderableType:
-    """Live status; without credentials, the stack's last rehearsal if there is one."""
+def _status_or_rehearsal(api: TpuApi, target: StackTarget) -> None:
+    """Live status. Without credentials, the stack's last rehearsal if there is one,
+    and still exit 2, as every verb that cannot reach the API (the rehearsal is no
+    node's state): `--offline` shows it without the error."""
     try:
-        return _status_now(api, target)
+        console.print(_status_now(api, target))
+        return
     except NoCredentialsError as error:
         if not node_status.rehearsed(target):
             raise NoCredentialsError(f"{error} (or `tpuctl rehearse --stack {target.stack}` "
                                      "first, then `tpuctl status --offline`)") from None
-        make_console(stderr=True).print(f"{error}: showing the last rehearsal (offline)",
-                                        markup=False)
-        return _rehearsal_view(target)
+        console.print(_rehearsal_view(target))
+        fail(f"{error}; showed the last rehearsal (offline) instead: `tpuctl status --stack "
+             f"{target.stack} --offline` shows it without this error")
 
 
 def _rehearsal_view(target: StackTarget) -> RenderableType:

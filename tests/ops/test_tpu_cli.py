@@ -103,7 +103,9 @@ def test_preflight_without_credentials_is_an_error_and_still_shows_quota_rows(
     run = tpuctl("preflight", "--stack", "dev")
     assert run.code == 2  # as every other verb that cannot reach the TPU API
     (error,) = run.err.splitlines()
-    assert error.startswith("tpuctl: error: no Google credentials")
+    assert error.startswith("tpuctl: error: no usable Google credentials: "
+                            f"GOOGLE_APPLICATION_CREDENTIALS names {tmp_path / 'absent.json'}, "
+                            "which does not exist")
     assert error.endswith("offers were not checked (--offline checks the catalog only)")
     (quota,) = [line for line in run.out.splitlines() if "quota for" in line]
     assert "v2 spot in us-central1" in quota and "not checked" in quota
@@ -238,7 +240,7 @@ def test_status_offline_shows_the_last_rehearsal_without_a_call(
     assert fake_tpu.calls == []
 
 
-def test_status_without_credentials_falls_back_to_the_rehearsal_and_says_so(
+def test_status_without_credentials_shows_the_rehearsal_and_exits_2_as_every_verb(
     tpuctl, monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
     monkeypatch.delenv("TPU_STACK_TPU_ENDPOINT", raising=False)
@@ -252,8 +254,11 @@ def test_status_without_credentials_falls_back_to_the_rehearsal_and_says_so(
 
     rehearse_here(tmp_path)
     run = tpuctl("status", "--stack", "dev")
-    assert run.code == 0
-    assert "no Google credentials" in run.err and "showing the last rehearsal (offline)" in run.err
+    assert run.code == 2  # as every verb without credentials; the rehearsal is still shown
+    (error,) = run.err.splitlines()
+    assert error.startswith("tpuctl: error: no usable Google credentials: ")
+    assert error.endswith("showed the last rehearsal (offline) instead: `tpuctl status --stack "
+                          "dev --offline` shows it without this error")
     assert "REHEARSED" in next(line for line in run.out.splitlines() if NODE in line)
 
 
