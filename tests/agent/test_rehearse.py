@@ -267,3 +267,72 @@ def test_the_summary_says_which_workers_ran_and_what_a_short_evaluation_means(
                         "(1/1000 = 0.001) is expected.")
     assert about_the_run(single, job, tmp_path / "none")[0] == (  # type: ignore[arg-type]
         "workers rehearsed: 0, the node's only worker (single host).")
+
+
+# ---- issue 29: every node, each kept; the dev stack evaluates; the release explained ----
+
+
+def test_every_node_is_rehearsed_each_in_a_folder_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from io import StringIO
+
+    from ops.local import rehearse
+
+    calls = []
+
+    def one_node(stack, name, metadata, hosts, release_object, workdir, console, steps, batch):
+        calls.append((name, hosts, workdir, release_object[0].split("/releases/")[1][:15]))
+        return {"node-nlp-sweep": 0, "node-nlp-pod": 75}[name]
+
+    monkeypatch.setattr(rehearse, "rehearse_node", one_node)
+    out = StringIO()
+    console = rehearse.Console(file=out, width=300)
+    every = rehearse.rehearse("platform", workdir=tmp_path, console=console)
+    named = rehearse.rehearse("platform", workdir=tmp_path, console=console, node="sweep")
+
+    assert every == 75 and named == 0
+    assert calls == [
+        ("node-nlp-sweep", 1, tmp_path / "node-nlp-sweep", "platform-nlp-sw"),
+        ("node-nlp-pod", 4, tmp_path / "node-nlp-pod", "platform-nlp-po"),
+        ("node-nlp-sweep", 1, tmp_path / "node-nlp-sweep", "platform-nlp-sw")]
+    text = out.getvalue()
+    assert ("stack platform has 2 nodes: rehearsing each, one after another (node-nlp-sweep, "
+            "node-nlp-pod; --node NAME rehearses one)") in text
+    assert "rehearsed: node-nlp-sweep ok, node-nlp-pod exit 75" in text
+
+
+def test_the_dev_stack_evaluates_as_the_readme_says() -> None:
+    plan = offline_plan("dev")
+    _, metadata = pick_node(planned_nodes(plan), None)
+    job = planned_release(plan, metadata)["job"]
+    assert job["evalData"].endswith("/datasets/mnist/test-*.tfrecord")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "synthetic dataset (train and eval)" in readme
+
+
+def test_the_rehearsal_says_why_its_release_differs_from_the_plans() -> None:
+    from ops.local.rehearse import release_lines
+
+    planned = "gs://acme-ml-dev-dev-artifacts/releases/dev-trainer/aaaa.json"
+    rehearsed = "gs://acme-ml-dev-dev-artifacts/releases/dev-trainer/bbbb.json"
+    assert release_lines(planned, rehearsed, "c" * 64) == [
+        f"release: the plan uploads {planned}",
+        f"  rehearsed as {rehearsed}: the same package (cccccccccccc...) with the job changed "
+        "as above; a release is named by the digest of its content, so the name differs"]
+    assert release_lines(planned, planned, "c" * 64) == [
+        f"release: {planned}, as the plan uploads it"]
+
+
+def test_a_rehearsal_record_names_what_changed_since(tmp_path: Path) -> None:
+    import json
+
+    from ops.local import rehearsal_record as record
+
+    record.write_record(tmp_path, "dev", "node-trainer", "gs://a/p.json", "gs://a/r.json")
+    assert record.changed_since(tmp_path, "dev") == []
+    saved = json.loads((tmp_path / record.RECORD).read_text())
+    assert saved["plannedRelease"] == "gs://a/p.json"
+    saved["digests"]["Pulumi.yaml"] = ""
+    (tmp_path / record.RECORD).write_text(json.dumps(saved))
+    assert record.changed_since(tmp_path, "dev") == ["Pulumi.yaml"]
+    assert record.changed_since(tmp_path / "none", "dev") == ["what was rehearsed is unknown"]
