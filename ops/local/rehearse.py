@@ -197,15 +197,16 @@ SYNTH_EACH = ("import json, sys\nfrom tpu_training.__main__ import main\n"
 
 
 def synth_args(key: str, job: dict[str, Any]) -> list[str]:
-    """`tpu_training synth` arguments for the files `job[key]` will match; eval data
-    from another seed than train data."""
+    """`tpu_training synth` arguments for the files `job[key]` will match. Eval data
+    takes the train data's seed: a class's prototype comes from the seed (synth.py), so
+    another seed would be another task; the records are the same, the rehearsal checks
+    that evaluation runs."""
     pattern = job[key]
     # synth names files <prefix>-00000-of-00002.tfrecord: the prefix is the pattern's
     # file name up to its first wildcard (train-*.tfrecord -> train).
     prefix = Path(pattern).name.split("*", 1)[0].rstrip("-_.") or "train"
     args = ["synth", "--model", job["model"], "--out", str(Path(pattern).parent),
-            "--examples", str(synth_examples(job)), "--shards", "2", "--prefix", prefix,
-            "--seed", str(DATA_KEYS.index(key))]
+            "--examples", str(synth_examples(job)), "--shards", "2", "--prefix", prefix]
     for option, flag in (("recordFormat", "--format"), ("imageSize", "--image-size"),
                          ("numClasses", "--num-classes")):
         if job.get(option):
