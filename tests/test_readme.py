@@ -70,10 +70,10 @@ def test_the_pulumi_cli_readme_names_is_the_version_file() -> None:
 
 
 def test_a_newcomer_finds_preemption_from_readme_in_one_link() -> None:
-    """issue 29 item 7: README links a design.md heading named Preemption, and that
+    """issue 29 item 7: README links a docs/design.md heading named Preemption, and that
     section walks the notice, the save, the recovery and the resume."""
     assert "(docs/design.md#preemption)" in README
-    design = (REPO_ROOT / "docs" / "design.md").read_text()
+    design = (REPO_ROOT / "docs/design.md").read_text()
     section = design.split("\n## Preemption\n")[1].split("\n## ")[0]
     for step in ("The notice", "The stop save", "The node afterwards", "The resume"):
         assert f"**{step}.**" in section
@@ -83,7 +83,7 @@ def test_a_newcomer_finds_preemption_from_readme_in_one_link() -> None:
 def test_design_states_the_supported_tensorflow_versions_the_package_carries() -> None:
     from components import catalog
 
-    design = " ".join((REPO_ROOT / "docs" / "design.md").read_text().split())
+    design = " ".join((REPO_ROOT / "docs/design.md").read_text().split())
     low, high = (".".join(map(str, v)) for v in (catalog.SUPPORTED_TF[0], catalog.SUPPORTED_TF[-1]))
     assert f"Supported TensorFlow versions: {low} to {high}" in design
     images = ", ".join(".".join(map(str, v)) for v in catalog.DOCUMENTED_TF[:-1])
