@@ -128,6 +128,12 @@ def build_archive(training_dir: Path = TRAINING_DIR, wheel_cache: Path | None = 
     return pack(entries)
 
 
+def sources_digest(training_dir: Path = TRAINING_DIR) -> str:
+    """A digest of what the package is built from (the sources, and the lock that pins
+    its wheels): the same digest, the same package. Reads no wheel."""
+    return _inputs_digest(_source_files(training_dir))
+
+
 def _inputs_digest(entries: list[tuple[str, Path]]) -> str:
     digest = hashlib.sha256()
     for name, path in sorted(entries):

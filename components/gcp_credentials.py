@@ -58,6 +58,17 @@ class GcpCredentialsError(RuntimeError):
     """The stack's gcp credentials cannot be known or used."""
 
 
+class NoUsableCredentialsError(GcpCredentialsError):
+    """No credentials were found, or those found cannot be used; the message says
+    what was found and why it does not work."""
+
+
+ADC_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
+ADC_LOGIN = "gcloud auth application-default login"
+CREDENTIAL_TYPES = ("service_account", "authorized_user", "external_account",
+                    "impersonated_service_account")
+
+
 @dataclass(frozen=True)
 class GcpAuth:
     """Where the credentials come from; empty fields are unset."""
@@ -106,21 +117,15 @@ def path_or_contents(value: str) -> str:
 
 def build(auth: GcpAuth) -> Any:
     """google.auth credentials for `auth`: the source, impersonated if asked."""
-    import google.auth
     from google.auth import impersonated_credentials
     from google.oauth2 import credentials as oauth2
 
     if auth.access_token:
         source = oauth2.Credentials(token=path_or_contents(auth.access_token).strip())
     elif auth.credentials:
-        try:
-            info = json.loads(path_or_contents(auth.credentials))
-        except json.JSONDecodeError:
-            raise GcpCredentialsError("gcp:credentials / GOOGLE_CREDENTIALS is neither a "
-                                      "JSON key nor the path of one") from None
-        source = from_info(info)
+        source = from_info(_credentials_info(auth.credentials))
     else:
-        source, _ = google.auth.default(scopes=list(SCOPES))
+        source = _application_default(os.environ)
     if not auth.impersonate:
         return source
     return impersonated_credentials.Credentials(
@@ -129,6 +134,113 @@ def build(auth: GcpAuth) -> Any:
         target_scopes=list(SCOPES),
         delegates=list(auth.delegates) or None,
     )
+
+
+_CREDENTIALS_NAMES = "gcp:credentials / GOOGLE_CREDENTIALS"
+
+
+def _credentials_info(value: str) -> dict[str, Any]:
+    """The JSON of a `gcp:credentials` value (a key's contents or its path), or one
+    error saying what the value is and why it is no key."""
+    looks_like_json = value.lstrip().startswith("{")
+    path = Path(value).expanduser()
+    if not looks_like_json and not path.is_file():
+        raise NoUsableCredentialsError(
+            f"{_CREDENTIALS_NAMES} names {value}, which does not exist: give the path of a "
+            "JSON key (or the key itself)")
+    try:
+        info = json.loads(path_or_contents(value))
+    except json.JSONDecodeError:
+        what = "its contents are" if looks_like_json else f"{value} is"
+        raise NoUsableCredentialsError(f"{_CREDENTIALS_NAMES}: {what} not JSON, so not a "
+                                       "credentials file") from None
+    if not isinstance(info, dict):
+        raise NoUsableCredentialsError(f"{_CREDENTIALS_NAMES} is JSON but not an object, so "
+                                       "not a credentials file")
+    return info
+
+
+def adc_file(env: Mapping[str, str]) -> Path:
+    """Where `gcloud auth application-default login` writes its credentials:
+    $CLOUDSDK_CONFIG, else ~/.config/gcloud (google/auth/_cloud_sdk.py,
+    get_application_default_credentials_path)."""
+    config = env.get("CLOUDSDK_CONFIG") or str(Path(env.get("HOME", "~")) / ".config" / "gcloud")
+    return Path(config).expanduser() / "application_default_credentials.json"
+
+
+def adc_problem(env: Mapping[str, str]) -> str | None:
+    """Why the Application Default Credentials google.auth.default would load cannot
+    work, naming what it found (the file GOOGLE_APPLICATION_CREDENTIALS names, or
+    gcloud's file); None when they look usable (or come from a metadata server)."""
+    named = env.get(ADC_ENV)
+    if named:
+        return _file_problem(Path(named).expanduser(), f"{ADC_ENV} names {named}",
+                             f"point {ADC_ENV} at a credentials file, or unset it and run "
+                             f"`{ADC_LOGIN}`")
+    gcloud = adc_file(env)
+    if gcloud.exists():
+        return _file_problem(gcloud, f"gcloud's application default credentials, {gcloud}",
+                             f"run `{ADC_LOGIN}` again")
+    return None
+
+
+def _file_problem(path: Path, found: str, fix: str) -> str | None:
+    if not path.is_file():
+        return f"{found}, which does not exist: {fix}"
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return f"{found}, which is not JSON, so not a credentials file: {fix}"
+    kind = info.get("type") if isinstance(info, dict) else None
+    if kind not in CREDENTIAL_TYPES:
+        return (f"{found}, which is not a credentials file (\"type\" is {kind!r}; "
+                f"{', '.join(CREDENTIAL_TYPES)} are): {fix}")
+    return None
+
+
+def no_credentials_message(env: Mapping[str, str]) -> str:
+    """What google.auth.default found nothing in, and what to do."""
+    return (f"no Google credentials: {ADC_ENV} is not set, {adc_file(env)} does not exist "
+            f"and no metadata server answered: run `{ADC_LOGIN}` or set {ADC_ENV}")
+
+
+def _application_default(env: Mapping[str, str]) -> Any:
+    import google.auth
+    from google.auth import exceptions as auth_exceptions
+
+    problem = adc_problem(env)
+    if problem:
+        raise NoUsableCredentialsError(f"no usable Google credentials: {problem}")
+    try:
+        source, _ = google.auth.default(scopes=list(SCOPES))
+    except auth_exceptions.DefaultCredentialsError as error:
+        if env.get(ADC_ENV) or adc_file(env).exists():
+            raise NoUsableCredentialsError(f"no usable Google credentials: {error}") from None
+        raise NoUsableCredentialsError(no_credentials_message(env)) from None
+    return source
+
+
+def describe(auth: GcpAuth, env: Mapping[str, str]) -> str:
+    """Where `auth`'s credentials come from, for a message."""
+    if auth.access_token:
+        source = "the access token (gcp:accessToken / GOOGLE_OAUTH_ACCESS_TOKEN)"
+    elif auth.credentials:
+        source = f"the key in {_CREDENTIALS_NAMES}"
+    elif env.get(ADC_ENV):
+        source = f"the file {ADC_ENV} names ({env[ADC_ENV]})"
+    else:
+        source = f"gcloud's application default credentials ({adc_file(env)})"
+    return source + (f", impersonating {auth.impersonate}" if auth.impersonate else "")
+
+
+def refresh_message(auth: GcpAuth, env: Mapping[str, str], error: Exception) -> str:
+    """Google refused to refresh the credentials (an expired or revoked login, a
+    deleted key): which credentials, Google's reason, and what to do."""
+    reason = error.args[0] if error.args else str(error)
+    fix = (f"run `{ADC_LOGIN}` again" if not (auth.access_token or auth.credentials
+                                             or env.get(ADC_ENV))
+           else "renew them (a new key or token)")
+    return f"Google refused the credentials from {describe(auth, env)}: {reason}; {fix}"
 
 
 def from_info(info: dict[str, Any]) -> Any:

@@ -11,19 +11,13 @@ preview and up, the offline plan lists the same text.
 from __future__ import annotations
 
 from components import catalog
+from components.gcs_locations import gcs_locations
 from components.settings import NodeSettings, StackSettings
 from components.storage import PURPOSES
 from tpu_training.config import JobConfig
 
-# cloud.google.com/storage/docs/locations: the predefined dual-regions and their regions.
-DUAL_REGIONS: dict[str, frozenset[str]] = {
-    "asia1": frozenset({"asia-northeast1", "asia-northeast2"}),
-    "eur4": frozenset({"europe-north1", "europe-west4"}),
-    "eur5": frozenset({"europe-west1", "europe-west2"}),
-    "eur7": frozenset({"europe-west2", "europe-west3"}),
-    "eur8": frozenset({"europe-west3", "europe-west6"}),
-    "nam4": frozenset({"us-central1", "us-east1"}),
-}
+# The predefined dual-regions and their regions (components/gcs_locations.json).
+DUAL_REGIONS: dict[str, frozenset[str]] = gcs_locations().dual_regions
 # The multi-regions (same page): US, data centres in the United States (us-* regions);
 # EU, in member states of the European Union (not London, europe-west2, nor Zurich,
 # europe-west6); ASIA, in Asia.

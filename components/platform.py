@@ -26,6 +26,7 @@ from components.locality import cross_region_warning
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
 from components.project import APIS, BUDGETS_API, Project, ProjectArgs
+from components.project import stack_warnings as project_stack_warnings
 from components.settings import BillingSettings, NodeSettings, StackSettings
 from components.stop_save import stop_save_warning
 from components.storage import BucketsArgs, TrainingBuckets
@@ -104,6 +105,8 @@ class TpuPlatform(pulumi.ComponentResource):
             labels=self._labels("project"), apis=apis), opts=self._child())
         after_apis = self._child(depends_on=self.project.services)
         project_id = self.project.project_id
+        for warning in project_stack_warnings(settings):  # at preview and up
+            pulumi.log.warn(warning, resource=self.project)
         self.node_tag = naming.network_resource("tpu-node")
         self.network = Network("network", NetworkArgs(
             project_id=project_id, naming=naming, regions=settings.regions,
@@ -156,7 +159,8 @@ class TpuPlatform(pulumi.ComponentResource):
         the platform declares also gets its buckets and nodes there."""
         settings = self.settings
         spec = settings.teams[team]
-        assert settings.team_projects and settings.team_billing_account, "settings check"
+        assert (settings.team_projects and settings.team_projects.folder_id
+                and settings.team_billing_account), "settings check"
         access = self.access[team] = TeamProject(f"team-project-{team}", TeamProjectArgs(
             team=team, stack=settings.stack, naming=settings.naming,
             folder_id=settings.team_projects.folder_id,

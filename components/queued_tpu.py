@@ -38,16 +38,18 @@ DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 CONFIG_TYPES = ("V2", "V3", "V4", "V5LITE_POD", "V5P", "V6E")
 
 
-def tpu_client(auth: gcp_credentials.GcpAuth | None = None) -> Any:
+def tpu_client(auth: gcp_credentials.GcpAuth | None = None, credentials: Any = None) -> Any:
     """A TpuClient with the gcp provider's credentials (components/gcp_credentials.py):
-    `auth`'s (tpuctl resolves them from the stack file), else this plugin process's
-    stack's; or anonymous REST against `$TPU_STACK_TPU_ENDPOINT`."""
+    `credentials` already built, else `auth`'s (tpuctl resolves them from the stack
+    file), else this plugin process's stack's; or anonymous REST against
+    `$TPU_STACK_TPU_ENDPOINT`."""
     from google.cloud import tpu_v2
 
     endpoint = os.environ.get(ENDPOINT_ENV)
     if not endpoint:
-        credentials = (gcp_credentials.build(auth) if auth is not None
-                       else gcp_credentials.stack_credentials())
+        if credentials is None:
+            credentials = (gcp_credentials.build(auth) if auth is not None
+                           else gcp_credentials.stack_credentials())
         return tpu_v2.TpuClient(credentials=credentials)
     from google.auth.credentials import AnonymousCredentials
 

@@ -6,23 +6,30 @@
 e.g. `tpu-stack:nodes[0].topology: 3x3 is not a v5e topology (1x1, 2x2, …)`.
 
 Two passes: pydantic checks shape and types (unknown keys refused), then plain
-functions check what depends on several values or on the catalog.
+functions check what depends on several values or on the catalog. Both run on
+every file: where pydantic refuses a part, a copy with that part taken out (an
+unknown key, an invalid optional value back to its default, a list entry) or a
+blank in its place (a required value) still goes through the rules, so one
+message lists every problem, never one kind after another.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import ipaddress
 import json
 import re
+import types
 from collections.abc import Iterator, Mapping
 from functools import cached_property
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.alias_generators import to_camel
 
 from components import catalog, subnets
+from components.gcs_locations import gcs_locations
 from components.naming import (
     LOGICAL_NAME_RE,
     LOGICAL_NAME_RULE,
@@ -46,9 +53,6 @@ _PROJECT_ID_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 # cloud.google.com/billing/docs/how-to/find-billing-account-id: XXXXXX-XXXXXX-XXXXXX.
 _BILLING_RE = re.compile(r"^[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}$")
 _ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
-# cloud.google.com/storage/docs/locations: a region (us-central1), a dual-region
-# (nam4) or a multi-region (US, EU, ASIA); GCS accepts either case.
-_LOCATION_RE = re.compile(r"^[A-Za-z]+[0-9]*(-[A-Za-z]+[0-9]+)?$")
 _DURATION_RE = re.compile(r"^(?P<n>[1-9][0-9]*)(?P<unit>[smhd])$")
 _DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -255,7 +259,7 @@ class TeamSettings(_Model):
 class TeamProjectsSettings(_Model):
     """`tpu-stack:teamProjects`: where the platform creates each team's project."""
 
-    folder_id: str
+    folder_id: str | None = None  # required: checked with the other keys (_team_projects_problems)
     billing_account: str | None = None  # default: tpu-stack:billing.account
     # Cloud Quotas requires a contact email on a preference above the granted value
     # (QuotaPreference.contact_email: "required for increase quota preferences").
@@ -391,13 +395,16 @@ TOP_LEVEL_KEYS: dict[str, str] = {
 def load_settings(raw: Mapping[str, Any], stack: str,
                   organization: str | None = None) -> StackSettings:
     """Check the config `raw` (`namespace:key` → value, as the CLI passes it) of
-    `stack` in `organization` (None: unknown, e.g. offline)."""
+    `stack` in `organization` (None: unknown, e.g. offline). Every problem of the
+    file at once: its shape's and its rules' (module docstring)."""
     data, problems = _gather(raw, stack)
     data["organization"] = organization
     try:
         settings = StackSettings.model_validate(data)
     except ValidationError as error:
-        raise SettingsError(with_suggestions(problems + _pydantic_problems(error))) from None
+        shape = _pydantic_problems(error)
+        problems += shape + _rules_despite(data, error, _suggested_keys(problems + shape))
+        raise SettingsError(with_suggestions(problems)) from None
     problems += list(_rule_problems(settings))
     if problems:
         raise SettingsError(with_suggestions(problems))
@@ -407,19 +414,36 @@ def load_settings(raw: Mapping[str, Any], stack: str,
 _UNKNOWN = "unknown key; allowed: "
 
 
-def with_suggestions(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """A misspelt key is one problem with a "did you mean": the unknown key gets
-    the closest allowed one (difflib), and that key's own "is required" goes."""
-    suggested: set[str] = set()
-    out = []
+def _closest(name: str, allowed: list[str]) -> str | None:
+    """The allowed word `name` most likely misspells (difflib), or None."""
+    match = difflib.get_close_matches(name, allowed, n=1)
+    return match[0] if match else None
+
+
+def _suggested_keys(problems: list[tuple[str, str]]) -> set[str]:
+    """The keys an unknown key's "did you mean" points to."""
+    suggested = set()
     for key, message in problems:
         if message.startswith(_UNKNOWN):
             parent, _, name = key.rpartition(".")
-            allowed = message[len(_UNKNOWN):].split(", ")
-            match = difflib.get_close_matches(name, allowed, n=1)
+            match = _closest(name, message[len(_UNKNOWN):].split(", "))
             if match:
-                suggested.add(f"{parent}.{match[0]}" if parent else match[0])
-                message = f"unknown key; did you mean {match[0]}? allowed: {', '.join(allowed)}"
+                suggested.add(f"{parent}.{match}" if parent else match)
+    return suggested
+
+
+def with_suggestions(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A misspelt key is one problem with a "did you mean": the unknown key gets
+    the closest allowed one (difflib), and that key's own "is required" goes."""
+    suggested = _suggested_keys(problems)
+    out = []
+    for key, message in problems:
+        if message.startswith(_UNKNOWN):
+            name = key.rpartition(".")[2]
+            allowed = message[len(_UNKNOWN):].split(", ")
+            match = _closest(name, allowed)
+            if match:
+                message = f"unknown key; did you mean {match}? allowed: {', '.join(allowed)}"
         out.append((key, message))
     return [(key, message) for key, message in out
             if not (key in suggested and message.startswith("is required"))]
@@ -515,6 +539,186 @@ def _model_of(annotation: Any) -> Any:
     return annotation
 
 
+# ---- the rules despite shape problems ---------------------------------------
+
+Loc = tuple[int | str, ...]  # a pydantic error location: keys and list indices
+_DROPPED = object()  # a list entry taken out, until the list is compacted
+_REPAIR_ROUNDS = 4  # a blank block can only reveal its own required keys
+
+
+def _rules_despite(data: dict[str, Any], error: ValidationError,
+                   suggested: set[str]) -> list[tuple[str, str]]:
+    """The rule problems of `data`, which pydantic refused with `error`: the rules
+    run on a repaired copy (`_Repair`), and what they say about a repaired part,
+    or about a key an unknown key was probably meant to be, is left out: that part
+    has its own problem already. [] when no copy validates."""
+    repair = _Repair(copy.deepcopy(data))
+    for _ in range(_REPAIR_ROUNDS):
+        if not repair.apply(error):
+            return []
+        try:
+            settings = StackSettings.model_validate(repair.data)
+            break
+        except ValidationError as again:
+            error = again
+    else:
+        return []
+    try:
+        found = list(_rule_problems(settings))
+    except Exception:  # a rule that cannot read a repaired copy: the shape problems only
+        return []
+    # A key an unknown key probably meant, and that the file lacks: its value is
+    # under the misspelt key, so the rules' word about it is not news.
+    meant = {key for key in suggested if not _present(data, key)}
+    return [(key, message) for key, message in ((repair.original_key(k), m) for k, m in found)
+            if key not in meant and not any(_about(key, message, done)
+                                            for done in repair.keys)]
+
+
+def _present(data: dict[str, Any], key: str) -> bool:
+    """Whether the key path `key` (tpu-stack:nodes[0].zone) is set in `data`."""
+    value: Any = data
+    path = key.split(":", 1)[1] if key.startswith(f"{NAMESPACE}:") else key
+    for part in re.findall(r"[^.\[\]]+", path):
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
+            return False
+    return True
+
+
+def _about(key: str, message: str, repaired: str) -> bool:
+    """Whether a rule's problem is at or under a repaired key, or names it (e.g.
+    "allowed only with tpu-stack:environment dev"): its own problem says it all."""
+    return (key == repaired or key.startswith((f"{repaired}.", f"{repaired}["))
+            or re.search(re.escape(repaired) + r"(?![\w.\[-])", message) is not None)
+
+
+class _Repair:
+    """A copy of the config made valid part by part: an unknown key or dict entry
+    goes, an invalid optional value goes (its default applies), an invalid required
+    string or block becomes blank, and what cannot be repaired in place goes with
+    the nearest list entry holding it. Keeps where list entries were, so the rules'
+    key paths name the file's entries."""
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+        self.keys: list[str] = []  # the repaired parts, as key paths of the file
+        self._origin: dict[Loc, list[int]] = {}  # a shortened list's original indices
+
+    def apply(self, error: ValidationError) -> bool:
+        """Repair every location `error` names; False when one cannot be."""
+        for item in error.errors():
+            loc = tuple(item["loc"])
+            if not self._repair(loc):
+                return False
+            self.keys.append(_key_path(self._original(loc)))
+        self._compact(self.data, ())
+        return True
+
+    def _repair(self, loc: Loc) -> bool:
+        kind, required, annotation = _slot(loc)
+        if kind == "field" and required:
+            blank = _blank(annotation)
+            if blank is not None:
+                return self._set(loc, blank)
+        for end in range(len(loc), 0, -1):
+            kind, required, _ = _slot(loc[:end])
+            if kind in ("extra", "item", "entry") or (kind == "field" and not required):
+                return self._set(loc[:end], _DROPPED)
+        return False
+
+    def _set(self, loc: Loc, value: Any) -> bool:
+        parent: Any = self.data
+        for part in loc[:-1]:
+            try:
+                parent = parent[part]
+            except (KeyError, IndexError, TypeError):
+                return True  # already gone with an enclosing part
+        last = loc[-1]
+        if isinstance(parent, list) and isinstance(last, int) and last < len(parent):
+            parent[last] = value
+        elif isinstance(parent, dict):
+            if value is _DROPPED:
+                parent.pop(last, None)
+            else:
+                parent[last] = value
+        return True
+
+    def _compact(self, value: Any, loc: Loc) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                self._compact(inner, (*loc, key))
+        elif isinstance(value, list):
+            kept = [index for index, inner in enumerate(value) if inner is not _DROPPED]
+            if len(kept) < len(value):
+                origin = self._origin.get(loc, list(range(len(value))))
+                self._origin[loc] = [origin[index] for index in kept]
+                value[:] = [value[index] for index in kept]
+            for index, inner in enumerate(value):
+                self._compact(inner, (*loc, index))
+
+    def _original(self, loc: Loc) -> Loc:
+        """`loc` in the file's list indices."""
+        out: list[int | str] = []
+        for part in loc:
+            origin = self._origin.get(tuple(loc[:len(out)]))
+            out.append(origin[part] if isinstance(part, int) and origin
+                       and part < len(origin) else part)
+        return tuple(out)
+
+    def original_key(self, key: str) -> str:
+        """A rule's key path in the file's list indices."""
+        for loc, origin in self._origin.items():
+            prefix = re.escape(_key_path(loc)) + r"\[(\d+)\]"
+            key = re.sub(f"^{prefix}", lambda m, loc=loc, origin=origin:
+                         f"{_key_path(loc)}[{origin[int(m[1])]}]", key)
+        return key
+
+
+def _slot(loc: Loc) -> tuple[str, bool, Any]:
+    """What the last part of `loc` is in StackSettings: ("field", required,
+    annotation) of a model, ("item" | "entry", False, annotation) of a list or a
+    dict, ("extra", False, None) for a key no model has."""
+    annotation: Any = StackSettings
+    kind, required = "field", True
+    for part in loc:
+        annotation = _unwrap_optional(annotation)
+        origin = get_origin(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = next((f for n, f in annotation.model_fields.items()
+                          if _key_of(n, f) == part), None)
+            if field is None:
+                return "extra", False, None
+            kind, required, annotation = "field", field.is_required(), field.annotation
+        elif origin is list:
+            kind, required, annotation = "item", False, get_args(annotation)[0]
+        elif origin is dict:
+            kind, required, annotation = "entry", False, get_args(annotation)[1]
+        else:
+            return "extra", False, None
+    return kind, required, annotation
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    if get_origin(annotation) in (Union, types.UnionType):
+        inner = [arg for arg in get_args(annotation) if arg is not type(None)]
+        return inner[0] if len(inner) == 1 else annotation
+    return annotation
+
+
+def _blank(annotation: Any) -> Any:
+    """A stand-in for a required value: an empty string, or a block whose own
+    required keys the next round fills; None for other types."""
+    if annotation is str:
+        return ""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {}
+    return None
+
+
 # ---- rules that need several values or the catalog -------------------------
 
 Problems = Iterator[tuple[str, str]]
@@ -555,9 +759,9 @@ def _project_problems(s: StackSettings) -> Problems:
 
 def _storage_problems(s: StackSettings) -> Problems:
     key = f"{NAMESPACE}:storage"
-    if not _LOCATION_RE.match(s.storage.location):
-        yield (f"{key}.location", f"{s.storage.location!r} is not a GCS location "
-                                  f"(a region such as us-central1, or US, EU, ASIA)")
+    problem = location_problem(s.storage.location)
+    if problem:
+        yield (f"{key}.location", problem)
     # docs/design.md: prod data is never lost by a command; only dev may opt out.
     if s.environment != "dev":
         if s.storage.force_destroy:
@@ -567,6 +771,21 @@ def _storage_problems(s: StackSettings) -> Problems:
         if not s.storage.protect:
             yield (f"{key}.protect", f"false is allowed only with {NAMESPACE}:environment "
                                      f"dev (this stack is {s.environment})")
+
+
+def location_problem(location: str) -> str | None:
+    """Why `location` is not a Cloud Storage location, with the closest one
+    (components/gcs_locations.json), or None."""
+    known = gcs_locations()
+    if known.knows(location):
+        return None
+    meant = _closest(location.lower(), list(known.all()))
+    shown = meant if meant in known.regions else (meant or "").upper()
+    hint = f" (did you mean {shown}?)" if meant else ""
+    return (f"{location!r} is not a Cloud Storage location{hint}: a region (e.g. us-central1), "
+            f"a dual-region ({', '.join(d.upper() for d in known.dual_regions)}) or a "
+            f"multi-region ({', '.join(m.upper() for m in known.multi_regions)}); the list is "
+            f"components/gcs_locations.json, read from {known.source}")
 
 
 def _labels_problems(key: str, labels: Mapping[str, str]) -> Problems:
@@ -941,26 +1160,30 @@ _EMAIL_RE = re.compile(r"^[A-Za-z0-9._%+'-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
 
 
 def _team_projects_problems(s: StackSettings) -> Problems:
-    """Every team gets a project of its own under a folder (docs/teams.md)."""
-    if s.team_projects is None:
-        yield (TEAM_PROJECTS_KEY, f"is required with {TEAMS_KEY}: {{folderId: <number>}}, the "
-                                  f"folder the platform creates each team's project in")
-        return
-    if not _FOLDER_RE.match(s.team_projects.folder_id):
-        yield (f"{TEAM_PROJECTS_KEY}.folderId", f"{s.team_projects.folder_id!r} is not a folder "
+    """Every team gets a project of its own under a folder (docs/teams.md): each
+    key still missing is named at once."""
+    projects = s.team_projects or TeamProjectsSettings()
+    folder = projects.folder_id
+    if folder is None:
+        yield (f"{TEAM_PROJECTS_KEY}.folderId", f"is required with {TEAMS_KEY}: the number of "
+                                                f"the folder (folders/<number>) the platform "
+                                                f"creates each team's project in")
+    elif not _FOLDER_RE.match(folder):
+        yield (f"{TEAM_PROJECTS_KEY}.folderId", f"{folder!r} is not a folder "
                                                 f"id: the number of folders/<number>")
-    contact = s.team_projects.quota_contact
+    contact = projects.quota_contact
     if contact is None:
-        yield (f"{TEAM_PROJECTS_KEY}.quotaContact", "is required: an email Google may contact "
-                                                    "about a team's quota request (Cloud Quotas "
+        yield (f"{TEAM_PROJECTS_KEY}.quotaContact", f"is required with {TEAMS_KEY}: an email "
+                                                    "Google may contact about a team's quota "
+                                                    "request (Cloud Quotas "
                                                     "QuotaPreference.contactEmail)")
     elif not _EMAIL_RE.match(contact):
         yield (f"{TEAM_PROJECTS_KEY}.quotaContact", f"{contact!r} is not an email address")
-    account = s.team_billing_account
+    account = projects.billing_account or (s.billing.account if s.billing else None)
     if account is None:
-        yield (f"{TEAM_PROJECTS_KEY}.billingAccount", "is required without "
-                                                      f"{NAMESPACE}:billing: the teams' projects "
-                                                      "need a billing account")
+        yield (f"{TEAM_PROJECTS_KEY}.billingAccount", f"is required with {TEAMS_KEY} and "
+                                                      f"without {NAMESPACE}:billing: the "
+                                                      "teams' projects need a billing account")
     elif not _BILLING_RE.match(account):
         yield (f"{TEAM_PROJECTS_KEY}.billingAccount", f"{account!r} is not a billing account "
                                                       f"id (XXXXXX-XXXXXX-XXXXXX, hex digits)")

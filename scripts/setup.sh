@@ -6,7 +6,8 @@
 #   .venv/tf220   training package + TensorFlow 2.20 (newest tensorflow-tpu) + tf-keras
 #   .venv/image   TensorFlow 2.18 only: stands in for the TPU VM image in agent tests
 # Usage: scripts/setup.sh [infra|tf218|tf220|image ...]   (default: all)
-#        scripts/setup.sh --which ENV...   the Python each would be built with; builds nothing
+#        scripts/setup.sh --which [ENV...]   the Python each (default: every one) would be
+#                                            built with; builds nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,13 +30,27 @@ minor_of() { local major=${1%%.*} minor=${1#*.}; echo $((major * 100 + ${minor%%
 
 version_of() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
 
+# .venv/image stands in for the TPU VM image, whose Python is 3.10 (docs/tpu-facts.md):
+# it takes a python3.10 when there is one, unless $PYTHON names another.
+IMAGE_PYTHON=3.10
+
+pyenv_pythons() {  # [3.X]: pyenv's Pythons (of that minor), newest first
+  find "${PYENV_ROOT:-$HOME/.pyenv}/versions" -maxdepth 3 -path "*/${1:-3.}*/bin/python" \
+    2>/dev/null | sort -rV || true
+}
+
 candidate_pythons() {
-  # $PYTHON (else python3) first, then python3.X on PATH, then pyenv's, newest first.
-  echo "${PYTHON:-python3}"
+  # NAME: $PYTHON first; for image, python3.10 on PATH, then pyenv's 3.10; then python3,
+  # python3.X on PATH and pyenv's, newest first.
+  [[ -n ${PYTHON:-} ]] && echo "$PYTHON"
+  if [[ $1 == image ]]; then
+    command -v "python$IMAGE_PYTHON" || true
+    pyenv_pythons "$IMAGE_PYTHON."
+  fi
+  echo python3
   local minor
   for minor in 13 12 11 10; do command -v "python3.$minor" || true; done
-  find "${PYENV_ROOT:-$HOME/.pyenv}/versions" -maxdepth 3 -path "*/3.*/bin/python" \
-    2>/dev/null | sort -rV || true
+  pyenv_pythons
 }
 
 pick_python() {
@@ -50,7 +65,7 @@ pick_python() {
       echo "$python"
       return 0
     fi
-  done < <(candidate_pythons)
+  done < <(candidate_pythons "$name")
   local wanted="$low-$high" reason="no Python found"
   [[ $high == - ]] && wanted="$low or newer"
   if [[ -n $first ]]; then
@@ -116,15 +131,17 @@ setup_one() {
   esac
 }
 
+ALL_ENVS=(infra tf218 tf220 image)
 if [[ ${1:-} == --which ]]; then  # the Python each environment would be built with
   shift
-  for env in "${@:-infra}"; do
-    python_range "$env" > /dev/null || exit 2
-    python=$(pick_python "$env") || exit 2
-    echo "$env $python"
+  [[ $# -gt 0 ]] || set -- "${ALL_ENVS[@]}"
+  for env in "$@"; do python_range "$env" > /dev/null || exit 2; done
+  status=0
+  for env in "$@"; do
+    if python=$(pick_python "$env"); then echo "$env $python"; else status=2; fi
   done
-  exit 0
+  exit $status
 fi
-if [[ $# -eq 0 ]]; then set -- infra tf218 tf220 image; fi
+if [[ $# -eq 0 ]]; then set -- "${ALL_ENVS[@]}"; fi
 for env in "$@"; do python_range "$env" > /dev/null || exit 2; done  # a typo before any build
 for env in "$@"; do setup_one "$env"; done

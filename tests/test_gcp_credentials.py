@@ -5,7 +5,10 @@ inspected: nothing here talks to Google."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -193,3 +196,111 @@ def test_an_engine_that_passes_no_stack_config_is_refused() -> None:
     """CLIs before 3.139.0 configure dynamic providers with an empty config."""
     with pytest.raises(GcpCredentialsError, match=r"3\.139\.0"):
         configured({})
+
+
+# ---- what was found, and why it does not work (issue 29 item 3) ------------------------
+
+
+def test_a_missing_adc_file_is_named_with_the_variable_that_names_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    absent = tmp_path / "keys" / "absent.json"
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(absent))
+    with pytest.raises(gcp_credentials.NoUsableCredentialsError) as caught:
+        build(GcpAuth())
+    assert str(caught.value) == (
+        f"no usable Google credentials: GOOGLE_APPLICATION_CREDENTIALS names {absent}, which "
+        "does not exist: point GOOGLE_APPLICATION_CREDENTIALS at a credentials file, or unset "
+        "it and run `gcloud auth application-default login`")
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    ("{}", "which is not a credentials file (\"type\" is None; service_account, "
+           "authorized_user, external_account, impersonated_service_account are)"),
+    ('{"type": "api_key"}', "which is not a credentials file (\"type\" is 'api_key';"),
+    ("not json", "which is not JSON, so not a credentials file"),
+])
+def test_a_file_that_is_not_a_credential_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str, why: str) -> None:
+    path = tmp_path / "adc.json"
+    path.write_text(content)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+    with pytest.raises(gcp_credentials.NoUsableCredentialsError) as caught:
+        build(GcpAuth())
+    assert f"GOOGLE_APPLICATION_CREDENTIALS names {path}, {why}" in str(caught.value)
+
+
+def test_a_broken_gcloud_adc_file_is_named(tmp_path: Path) -> None:
+    gcloud = tmp_path / "gcloud" / "application_default_credentials.json"
+    gcloud.parent.mkdir()
+    gcloud.write_text("{}")
+    with pytest.raises(gcp_credentials.NoUsableCredentialsError) as caught:
+        build(GcpAuth())
+    assert f"gcloud's application default credentials, {gcloud}, which is not a credentials " \
+           "file" in str(caught.value)
+    assert str(caught.value).endswith("run `gcloud auth application-default login` again")
+
+
+def test_no_credentials_at_all_lists_where_it_looked(tmp_path: Path) -> None:
+    from ops.tpu.api import NoCredentialsError, TpuApi
+
+    with pytest.raises(NoCredentialsError) as caught:
+        TpuApi(auth=GcpAuth()).list_nodes("acme-ml-dev", "us-central1-a")
+    assert str(caught.value) == (
+        "no Google credentials: GOOGLE_APPLICATION_CREDENTIALS is not set, "
+        f"{tmp_path / 'gcloud' / 'application_default_credentials.json'} does not exist and no "
+        "metadata server answered: run `gcloud auth application-default login` or set "
+        "GOOGLE_APPLICATION_CREDENTIALS")
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ("/no/such/key.json", "gcp:credentials / GOOGLE_CREDENTIALS names /no/such/key.json, "
+                          "which does not exist"),
+    ('{"type": ', "its contents are not JSON, so not a credentials file"),
+])
+def test_a_provider_key_that_is_no_key_says_what_it_is(value: str, words: str) -> None:
+    with pytest.raises(gcp_credentials.NoUsableCredentialsError, match=re.escape(words)):
+        build(GcpAuth(credentials=value))
+
+
+class _TokenEndpoint(http.server.BaseHTTPRequestHandler):
+    """oauth2.googleapis.com/token for a login that has expired: 400 invalid_grant."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = json.dumps({"error": "invalid_grant",
+                           "error_description": "Token has been expired or revoked."}).encode()
+        self.send_response(400)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_an_expired_adc_login_says_which_credentials_and_to_log_in_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ops.tpu.api import NoCredentialsError, TpuApi
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), _TokenEndpoint)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    # A user's ADC always refreshes at Google's token endpoint (google/oauth2/credentials.py,
+    # from_authorized_user_info): here, the loopback one.
+    monkeypatch.setattr(oauth2, "_GOOGLE_OAUTH2_TOKEN_ENDPOINT",
+                        f"http://127.0.0.1:{server.server_port}/token")
+    try:
+        gcloud = tmp_path / "gcloud" / "application_default_credentials.json"
+        gcloud.parent.mkdir()
+        gcloud.write_text(json.dumps(USER_JSON))
+        with pytest.raises(NoCredentialsError) as caught:
+            TpuApi(auth=GcpAuth()).list_nodes("acme-ml-dev", "us-central1-a")
+    finally:
+        server.shutdown()
+        server.server_close()
+    message = str(caught.value)
+    assert message.startswith(f"Google refused the credentials from gcloud's application "
+                              f"default credentials ({gcloud}): invalid_grant: Token has been "
+                              "expired or revoked.")
+    assert message.endswith("run `gcloud auth application-default login` again")

@@ -67,3 +67,25 @@ def test_the_pulumi_cli_readme_names_is_the_version_file() -> None:
     assert claims == [pinned]
     cli_versions = re.findall(r"\b3\.\d{3}\.\d+\b", README)  # not a Python 3.11.x
     assert set(cli_versions) <= {pinned}, cli_versions
+
+
+def test_a_newcomer_finds_preemption_from_readme_in_one_link() -> None:
+    """issue 29 item 7: README links a docs/design.md heading named Preemption, and that
+    section walks the notice, the save, the recovery and the resume."""
+    assert "(docs/design.md#preemption)" in README
+    design = (REPO_ROOT / "docs/design.md").read_text()
+    section = design.split("\n## Preemption\n")[1].split("\n## ")[0]
+    for step in ("The notice", "The stop save", "The node afterwards", "The resume"):
+        assert f"**{step}.**" in section
+    assert "tpuctl recover --apply" in section and "self-heal.yml" in section
+
+
+def test_design_states_the_supported_tensorflow_versions_the_package_carries() -> None:
+    from components import catalog
+
+    design = " ".join((REPO_ROOT / "docs/design.md").read_text().split())
+    low, high = (".".join(map(str, v)) for v in (catalog.SUPPORTED_TF[0], catalog.SUPPORTED_TF[-1]))
+    assert f"Supported TensorFlow versions: {low} to {high}" in design
+    images = ", ".join(".".join(map(str, v)) for v in catalog.DOCUMENTED_TF[:-1])
+    assert f"TensorFlow {images} and {'.'.join(map(str, catalog.DOCUMENTED_TF[-1]))}" in design
+    assert f"TensorFlow {low} to {high}" in README

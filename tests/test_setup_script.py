@@ -26,7 +26,7 @@ def fake_python(path: Path, version: tuple[int, int, int]) -> Path:
     return path
 
 
-def setup_sh(tmp_path: Path, *args: str, python: Path,
+def setup_sh(tmp_path: Path, *args: str, python: Path | None,
              others: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
     """Run a copy of setup.sh where the only Pythons are `python` (as PYTHON) and `others`
     (python3.X on PATH, or a pyenv's versions/3.X.Y/bin/python under tmp_path/pyenv)."""
@@ -37,8 +37,9 @@ def setup_sh(tmp_path: Path, *args: str, python: Path,
     for tool in TOOLS:
         (tools / tool).unlink(missing_ok=True)
         (tools / tool).symlink_to(shutil.which(tool))
-    env = {"PATH": str(tools), "PYTHON": str(python), "HOME": str(tmp_path),
-           "PYENV_ROOT": str(tmp_path / "pyenv")}
+    env = {"PATH": str(tools), "HOME": str(tmp_path), "PYENV_ROOT": str(tmp_path / "pyenv")}
+    if python is not None:
+        env["PYTHON"] = str(python)
     assert all(other.is_relative_to(tmp_path) for other in others)
     return subprocess.run([str(tmp_path / "scripts" / "setup.sh"), *args], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
@@ -98,3 +99,35 @@ def test_the_progress_lines_name_packages_never_the_requirements_file() -> None:
         "  .venv/infra: collecting pulumi-3.200.0-py3-none-any.whl",
         "  .venv/infra: collecting training",
         "  .venv/infra: installing (this takes a while)"]
+
+
+def test_the_image_takes_the_tpu_images_python_when_there_is_one(tmp_path: Path) -> None:
+    """README calls .venv/image the Python 3.10 stand-in for the TPU image: with python3
+    a 3.11 and a python3.10 on the PATH, image takes 3.10, the others keep python3."""
+    python3 = fake_python(tmp_path / "bin" / "python3", (3, 11, 7))
+    py310 = fake_python(tmp_path / "bin" / "python3.10", (3, 10, 14))
+    result = setup_sh(tmp_path, "--which", python=None, others=(python3, py310))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "infra python3", "tf218 python3", "tf220 python3", f"image {py310}"]
+
+
+def test_the_image_takes_pyenvs_3_10_and_an_explicit_python_wins(tmp_path: Path) -> None:
+    python3 = fake_python(tmp_path / "bin" / "python3", (3, 12, 1))
+    in_pyenv = fake_python(tmp_path / "pyenv" / "versions" / "3.10.14" / "bin" / "python",
+                           (3, 10, 14))
+    chosen = fake_python(tmp_path / "python-fake", (3, 11, 7))
+    found = setup_sh(tmp_path, "--which", "image", python=None, others=(python3, in_pyenv))
+    explicit = setup_sh(tmp_path, "--which", "image", python=chosen, others=(python3, in_pyenv))
+    assert found.stdout.splitlines() == [f"image {in_pyenv}"]
+    assert explicit.stdout.splitlines() == [f"image {chosen}"]
+
+
+def test_which_without_arguments_shows_every_environments_pick_or_why_not(
+        tmp_path: Path) -> None:
+    python = fake_python(tmp_path / "python-fake", (3, 13, 0))
+    result = setup_sh(tmp_path, "--which", python=python)
+    assert result.returncode == 2  # tf218 and image have no Python in range here
+    assert result.stdout.splitlines() == [f"infra {python}", f"tf220 {python}"]
+    assert [line.split(" needs ")[0] for line in result.stderr.splitlines()] == [
+        "setup.sh: .venv/tf218", "setup.sh: .venv/image"]

@@ -55,6 +55,7 @@ from components.catalog import CatalogError
 from components.settings import SettingsError
 from components.stack_config import StackFileError
 from node_agent.contract import RELEASE_KEY, STARTUP_SCRIPT_KEY, STATUS_KEY
+from ops.local import rehearsal_record
 from ops.local.local_node import IMAGE_PYTHON, WORKER_NUMBER_KEY, LocalNode, publish_release
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator, split
@@ -102,6 +103,13 @@ def planned_slices(plan: Plan) -> dict[str, tuple[dict[str, str], int]]:
     return nodes
 
 
+def pick_nodes(nodes: Mapping[str, T], node: str | None) -> list[tuple[str, T]]:
+    """Every node of the stack by name, or the one `node` names."""
+    if node is None and nodes:
+        return sorted(nodes.items())
+    return [pick_node(nodes, node)]
+
+
 def pick_node(nodes: Mapping[str, T], node: str | None) -> tuple[str, T]:
     if not nodes:
         raise RehearsalError("the stack declares no TPU node (tpu-stack:nodes is empty)")
@@ -146,12 +154,13 @@ def rehearsal_job(job: dict[str, Any], gcs_root: Path, steps: int | None = None,
     return local, changed
 
 
+DATA_KEYS = ("trainData", "evalData")
+
+
 def write_datasets(job: dict[str, Any], console: Console) -> None:
-    """Synthetic records where the job's trainData (and evalData) patterns will find them."""
-    env = synth_env()
-    for key in ("trainData", "evalData"):
-        if job.get(key):
-            write_dataset(key, job, console, env)
+    """Synthetic records where the job's trainData (and evalData) patterns will find them,
+    written by one process (TensorFlow starts once)."""
+    write_dataset([key for key in DATA_KEYS if job.get(key)], job, console, synth_env())
 
 
 IMAGE_TF_VERSION = ("import importlib.metadata as m\n"
@@ -182,41 +191,67 @@ def synth_env() -> dict[str, str]:
                          "CUDA_VISIBLE_DEVICES": ""}
 
 
-def write_dataset(key: str, job: dict[str, Any], console: Console,
-                  env: dict[str, str] | None = None) -> None:
+# Runs several `tpu_training synth` command lines in one process (argv: their JSON).
+SYNTH_EACH = ("import json, sys\nfrom tpu_training.__main__ import main\n"
+              "sys.exit(max(main(args) for args in json.loads(sys.argv[1])))\n")
+
+
+def synth_args(key: str, job: dict[str, Any]) -> list[str]:
+    """`tpu_training synth` arguments for the files `job[key]` will match. Eval data
+    takes the train data's seed: a class's prototype comes from the seed (synth.py), so
+    another seed would be another task; the records are the same, the rehearsal checks
+    that evaluation runs."""
     pattern = job[key]
-    out = Path(pattern).parent
     # synth names files <prefix>-00000-of-00002.tfrecord: the prefix is the pattern's
     # file name up to its first wildcard (train-*.tfrecord -> train).
     prefix = Path(pattern).name.split("*", 1)[0].rstrip("-_.") or "train"
-    examples = max(512, 2 * job["globalBatchSize"])
-    console.print(f"synthetic data: {examples} {job['model']} examples into {out} ({key})",
-                  markup=False)
-    command = [str(SYNTH_PYTHON), "-m", "tpu_training", "synth", "--model", job["model"],
-               "--out", str(out), "--examples", str(examples), "--shards", "2",
-               "--prefix", prefix]
+    args = ["synth", "--model", job["model"], "--out", str(Path(pattern).parent),
+            "--examples", str(synth_examples(job)), "--shards", "2", "--prefix", prefix]
     for option, flag in (("recordFormat", "--format"), ("imageSize", "--image-size"),
                          ("numClasses", "--num-classes")):
         if job.get(option):
-            command += [flag, str(job[option])]
+            args += [flag, str(job[option])]
+    return args
+
+
+def synth_examples(job: dict[str, Any]) -> int:
+    return max(512, 2 * job["globalBatchSize"])
+
+
+def write_dataset(keys: str | list[str], job: dict[str, Any], console: Console,
+                  env: dict[str, str] | None = None) -> None:
+    """Synthetic records for each of `keys` (trainData, evalData), in one process."""
+    keys = [keys] if isinstance(keys, str) else keys
+    for key in keys:
+        console.print(f"synthetic data: {synth_examples(job)} {job['model']} examples into "
+                      f"{Path(job[key]).parent} ({key})", markup=False)
+    command = [str(SYNTH_PYTHON), "-c", SYNTH_EACH,
+               json.dumps([synth_args(key, job) for key in keys])]
     result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if result.returncode != 0:
         raise RehearsalError(f"tpu_training synth failed: {result.stderr.strip()[-400:]}")
-    if not glob.glob(pattern):
-        raise RehearsalError(f"{key} {pattern!r} matches none of the synthetic files in "
-                             f"{out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
+    for key in keys:
+        out = Path(job[key]).parent
+        if not glob.glob(job[key]):
+            raise RehearsalError(f"{key} {job[key]!r} matches none of the synthetic files in "
+                                 f"{out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
 
 
 def planned_release(plan: Plan, metadata: dict[str, str]) -> dict[str, Any]:
     """The release the stack uploads for this node (contract C1): the BucketObject
     under the node's `tpu-stack-release` prefix, its content `{job, package, sha256}`."""
+    return planned_release_object(plan, metadata)[1]
+
+
+def planned_release_object(plan: Plan, metadata: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    """The node's release object as the plan uploads it: its gs:// URI and content."""
     bucket, prefix = split(metadata[RELEASE_KEY])
     for resource in plan.run.registrations:
         inputs = resource.inputs
         if (resource.type == "gcp:storage/bucketObject:BucketObject"
                 and inputs.get("bucket") == bucket
                 and str(inputs.get("name", "")).startswith(prefix)):
-            return json.loads(inputs["content"])
+            return f"gs://{bucket}/{inputs['name']}", json.loads(inputs["content"])
     raise RehearsalError(f"the plan has no release object under {metadata[RELEASE_KEY]}")
 
 
@@ -448,9 +483,10 @@ def about_the_run(pod: Pod, job: dict[str, Any], status_dir: Path) -> list[str]:
     evaluation = EVAL_LINE.findall(job_log_text(status_dir, 0))
     if evaluation:
         classes = job.get("numClasses") or 10
-        lines.append(f"evaluation after {job['trainSteps']} steps: {evaluation[-1]}. A run this "
-                     f"short only shows that evaluation runs: accuracy near chance (1/"
-                     f"{classes} = {1 / classes:.3g}) is expected.")
+        lines.append(f"evaluation after {job['trainSteps']} steps: {evaluation[-1]}. It shows "
+                     f"that evaluation runs, not how good a model is: the synthetic data is "
+                     f"easy to learn, so any accuracy from chance (1/{classes} = "
+                     f"{1 / classes:.3g}) to 1 is expected.")
     lines.append("goodput counts startup (TensorFlow import, model build) against a run of "
                  "seconds; on a node it is a small share of hours of training.")
     return lines
@@ -458,16 +494,41 @@ def about_the_run(pod: Pod, job: dict[str, Any], status_dir: Path) -> list[str]:
 
 def rehearse(stack: str, *, workdir: Path | None, console: Console, node: str | None = None,
              steps: int | None = None, batch: int | None = None) -> int:
-    """Boot the stack's node here; worker 0's bootstrap exit code (0 finished, 75 stopped),
-    else the first failed worker's."""
+    """Boot each of the stack's nodes here, one after another (or the one `node` names),
+    each in a folder of its own under `workdir` (default .cache/rehearse/<stack>), kept
+    until that node is rehearsed again. 0 when every node's rehearsal succeeded, else the
+    first failed node's code (its worker 0's bootstrap exit code, 75 stopped, 2 could
+    not start)."""
     try:
         plan = offline_plan(stack)
-        name, (metadata, hosts) = pick_node(planned_slices(plan), node)
-        release = planned_release(plan, metadata)
+        chosen = pick_nodes(planned_slices(plan), node)
+        releases = {name: planned_release_object(plan, metadata)
+                    for name, (metadata, _) in chosen}
     except (SettingsError, StackFileError, PlanError, RehearsalError, CatalogError) as error:
         print_error(error)
         return 2
-    workdir = workdir or REPO_ROOT / ".cache" / "rehearse" / stack
+    root = workdir or REPO_ROOT / ".cache" / "rehearse" / stack
+    names = [name for name, _ in chosen]
+    if len(chosen) > 1:
+        console.print(f"stack {stack} has {len(chosen)} nodes: rehearsing each, one after "
+                      f"another ({', '.join(names)}; --node NAME rehearses one)", markup=False)
+    codes = {}
+    for name, (metadata, hosts) in chosen:
+        codes[name] = rehearse_node(stack, name, metadata, hosts, releases[name], root / name,
+                                    console, steps, batch)
+    if len(codes) > 1:
+        console.print("rehearsed: " + ", ".join(
+            f"{name} {'ok' if code == 0 else f'exit {code}'}" for name, code in codes.items()),
+            markup=False)
+    return next((code for code in codes.values() if code), 0)
+
+
+def rehearse_node(stack: str, name: str, metadata: dict[str, str], hosts: int,
+                  release_object: tuple[str, dict[str, Any]], workdir: Path, console: Console,
+                  steps: int | None, batch: int | None) -> int:
+    """Boot one node (`name`, its TpuNode) in `workdir`; worker 0's bootstrap exit code
+    (0 finished, 75 stopped), else the first failed worker's; 2 when it cannot start."""
+    planned_uri, release = release_object
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     job, changed = rehearsal_job(release["job"], workdir / "gcs", steps, batch)
@@ -478,12 +539,19 @@ def rehearse(stack: str, *, workdir: Path | None, console: Console, node: str | 
                   "is CPU-sized. Changed in the job's config:", markup=False)
     for key, (before, after) in changed.items():
         console.print(f"  {key}: {before} -> {after}", markup=False)
+    if not release["job"].get("evalData"):
+        console.print("  (no evalData in the stack's job: the job trains only, no evaluation)",
+                      markup=False)
     try:
         write_datasets(job, console)
         with StorageEmulator() as gcs:
             serve_package(gcs, metadata, release)
             # The job reaches the node as a release under its prefix, as the stack uploads it.
-            publish_release(gcs, metadata[RELEASE_KEY], release["package"], release["sha256"], job)
+            rehearsed_uri = publish_release(gcs, metadata[RELEASE_KEY], release["package"],
+                                            release["sha256"], job)
+            for line in release_lines(planned_uri, rehearsed_uri, release["sha256"]):
+                console.print(line, markup=False, overflow="fold")
+            rehearsal_record.write_record(workdir, stack, name, planned_uri, rehearsed_uri)
             code = boot(gcs, metadata, hosts, job, changed, workdir, console)
     except (RehearsalError, PackageError) as error:  # PackageError: the wheels cannot be fetched
         print_error(error)
@@ -491,6 +559,18 @@ def rehearse(stack: str, *, workdir: Path | None, console: Console, node: str | 
     console.print(f"the rehearsal left {disk_usage(workdir) / 1e6:.0f} MB in {workdir}",
                   markup=False)
     return code
+
+
+def release_lines(planned_uri: str, rehearsed_uri: str, package_sha256: str) -> list[str]:
+    """The plan's release and the one the rehearsal publishes, and why they differ: a
+    release's name is the digest of its content (contract C1), and the job in it is the
+    CPU-sized one."""
+    if planned_uri == rehearsed_uri:
+        return [f"release: {planned_uri}, as the plan uploads it"]
+    return [f"release: the plan uploads {planned_uri}",
+            f"  rehearsed as {rehearsed_uri}: the same package ({package_sha256[:12]}...) with "
+            "the job changed as above; a release is named by the digest of its content, so "
+            "the name differs"]
 
 
 def disk_usage(folder: Path) -> int:
@@ -553,14 +633,16 @@ def register(app: typer.Typer) -> None:
     @app.command("rehearse")
     def rehearse_command(
         stack: str = typer.Option("dev", "--stack", "-s", help="Stack name (Pulumi.<stack>.yaml)."),
-        node: str | None = typer.Option(None, "--node", help="Logical node name (default: first)."),
+        node: str | None = typer.Option(
+            None, "--node", help="Logical node name (default: every node, one after another)."),
         workdir: Path | None = typer.Option(
-            None, "--workdir", help="Where everything lands (default .cache/rehearse/<stack>)."),
+            None, "--workdir", help="Where everything lands, a folder per node (default "
+                                    ".cache/rehearse/<stack>)."),
         steps: int | None = typer.Option(
             None, "--steps", min=1, help=f"Train this many steps (default {DEFAULT_STEPS})."),
         batch: int | None = typer.Option(
             None, "--batch", min=1, help=f"Global batch size on CPU (default {DEFAULT_BATCH})."),
     ) -> None:
-        """Boot the stack's TPU node on this machine: emulated GCS and metadata, real job on CPU."""
+        """Boot the stack's TPU nodes here: emulated GCS and metadata, the real job on CPU."""
         raise typer.Exit(rehearse(stack, workdir=from_caller(workdir), console=make_console(),
                                   node=node, steps=steps, batch=batch))

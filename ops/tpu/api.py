@@ -8,6 +8,7 @@ docs/design.md "Labels everywhere"), never one `get` per node.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ from google.cloud import tpu_v2
 
 from components import gcp_credentials
 from components.naming import MANAGED_BY, label_value
-from components.queued_tpu import tpu_client, transient_retry
+from components.queued_tpu import ENDPOINT_ENV, tpu_client, transient_retry
 
 STATUS_NAMESPACE = "tpu-stack"  # docs/design.md: the agent's guest attributes live under tpu-stack/
 # Nodes whose guest attributes can be read (a stopped or preempted VM publishes none).
@@ -166,20 +167,43 @@ class TpuApi:
         self._client = client
         self._auth = auth
         self._retry = transient_retry(deadline)
+        self._credentials: Any = None  # the google.auth credentials, until checked once
 
     @property
     def client(self) -> tpu_v2.TpuClient:
         if self._client is None:
             try:
-                self._client = tpu_client(self._auth)
-            except auth_exceptions.DefaultCredentialsError as error:
+                if not os.environ.get(ENDPOINT_ENV):
+                    self._credentials = (gcp_credentials.build(self._auth) if self._auth
+                                         else gcp_credentials.stack_credentials())
+                self._client = tpu_client(self._auth, self._credentials)
+            except gcp_credentials.NoUsableCredentialsError as error:
+                raise NoCredentialsError(str(error)) from None
+            except auth_exceptions.DefaultCredentialsError:
                 raise NoCredentialsError(
-                    "no Google credentials: run `gcloud auth application-default login` "
-                    "or set GOOGLE_APPLICATION_CREDENTIALS"
-                ) from error
+                    gcp_credentials.no_credentials_message(os.environ)) from None
             except gcp_credentials.GcpCredentialsError as error:
                 raise TpuApiError(str(error)) from None
         return self._client
+
+    def _refreshed(self) -> None:
+        """Refresh the credentials once, before the first call: an expired login or a
+        revoked key would otherwise reach gRPC as a 503 ("Getting metadata from plugin
+        failed") that is retried until the deadline."""
+        credentials, self._credentials = self._credentials, None
+        if credentials is None or credentials.valid:
+            return
+        from google.auth.transport.requests import Request
+
+        auth = self._auth or gcp_credentials.resolve({}, os.environ)
+        try:
+            credentials.refresh(Request())
+        except auth_exceptions.RefreshError as error:
+            raise NoCredentialsError(
+                gcp_credentials.refresh_message(auth, os.environ, error)) from None
+        except auth_exceptions.TransportError as error:
+            raise TpuApiError(f"could not reach Google to refresh the credentials from "
+                              f"{gcp_credentials.describe(auth, os.environ)}: {error}") from None
 
     def call(self, method: str, target: str, wait: float | None = None, **request: Any) -> Any:
         """`client.<method>(**request)`, retried, every failure explained in one sentence.
@@ -188,6 +212,7 @@ class TpuApi:
         operations awaited here (`wait` seconds), so later pages fail the same way.
         """
         function: Callable[..., Any] = getattr(self.client, method)
+        self._refreshed()
         with self._explained(method, target, _project_of(request)):
             result = function(request=request, retry=self._retry)
             if method.startswith("list_"):

@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 from rich.text import Text
 
+from ops.local import rehearsal_record
 from ops.terminal import console as make_console
 from ops.terminal import fail
 from ops.tpu import actions as node_actions
@@ -120,7 +121,7 @@ def status_cmd(
             return
         api = _api(target)
         if not watch:
-            console.print(_status_or_rehearsal(api, target))
+            _status_or_rehearsal(api, target)
             return
         with Live(console=console, auto_refresh=False) as live:
             try:
@@ -136,26 +137,29 @@ def _status_now(api: TpuApi, target: StackTarget) -> RenderableType:
     return node_status.status_table(target, nodes, node_status.collect_queued(api, target))
 
 
-def _status_or_rehearsal(api: TpuApi, target: StackTarget) -> RenderableType:
-    """Live status; without credentials, the stack's last rehearsal if there is one."""
+def _status_or_rehearsal(api: TpuApi, target: StackTarget) -> None:
+    """Live status. Without credentials, the stack's last rehearsal if there is one,
+    and still exit 2, as every verb that cannot reach the API (the rehearsal is no
+    node's state): `--offline` shows it without the error."""
     try:
-        return _status_now(api, target)
+        console.print(_status_now(api, target))
+        return
     except NoCredentialsError as error:
         if not node_status.rehearsed(target):
             raise NoCredentialsError(f"{error} (or `tpuctl rehearse --stack {target.stack}` "
                                      "first, then `tpuctl status --offline`)") from None
-        make_console(stderr=True).print(f"{error}: showing the last rehearsal (offline)",
-                                        markup=False)
-        return _rehearsal_view(target)
+        console.print(_rehearsal_view(target))
+        fail(f"{error}; showed the last rehearsal (offline) instead: `tpuctl status --stack "
+             f"{target.stack} --offline` shows it without this error")
 
 
 def _rehearsal_view(target: StackTarget) -> RenderableType:
     nodes = node_status.rehearsed(target)
-    path = node_status.rehearsal_status(target.stack)
+    path = node_status.rehearsal_dir(target.stack)
     if not nodes:
-        raise TargetError(f"stack {target.stack} has no rehearsal here ({path} is missing): "
+        raise TargetError(f"stack {target.stack} has no rehearsal here ({path} holds none): "
                           f"run `tpuctl rehearse --stack {target.stack}`")
-    return node_status.status_table(target, nodes, rehearsal=path.parents[2])
+    return node_status.status_table(target, nodes, rehearsal=path)
 
 
 def wait_cmd(
@@ -193,6 +197,8 @@ def _wait_with_progress(
         TextColumn("{task.completed}/{task.total} nodes"),
         TimeElapsedColumn(),
     )
+    if not console.is_terminal:  # a progress bar off a terminal is one blank line, no bar
+        return node_status.wait_until(api, target, until, limit, period)
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(f"waiting for {until}", total=max(len(target.nodes), 1))
 
@@ -267,9 +273,19 @@ def logs_cmd(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
     poll: str = typer.Option("5s", "--poll", metavar="DURATION",
                              help="Time between reads with --follow."),
+    offline: bool = typer.Option(
+        False, "--offline", help="The job.log the stack's last `tpuctl rehearse` left here, "
+                                 "no API calls."),
 ) -> None:
-    """The agent's job.log for one worker of one node, from GCS."""
+    """The agent's job.log for one worker of one node, from GCS (or a rehearsal's)."""
     period = seconds(poll, "--poll")
+    if offline:
+        if follow:
+            raise typer.BadParameter("a rehearsal's log is finished; --follow reads a live "
+                                     "node's", param_hint="--follow")
+        with clear_errors():
+            _print_raw(_rehearsal_log(load_target(stack), node, worker))
+        return
     with clear_errors():
         target = load_target(stack)
         chosen = _pick_node(_api(target).stack_nodes(target.places, target.stack), target, node)
@@ -283,6 +299,31 @@ def logs_cmd(
         if text is None:
             raise agent_logs.LogsError(f"no log yet at {prefix}worker-{worker}/job.log")
         _print_raw(text.decode(errors="replace"))
+
+
+def _rehearsal_log(target: StackTarget, wanted: str | None, worker: int) -> str:
+    """The job.log of `worker` of the rehearsed node `wanted` (logical name or node id;
+    default: the first rehearsed)."""
+    stack_dir = node_status.rehearsal_dir(target.stack)
+    folders = {str(rehearsal_record.worker0_status(folder).get("node", "")): folder
+               for folder in rehearsal_record.node_folders(stack_dir)}
+    if not folders:
+        raise TargetError(f"stack {target.stack} has no rehearsal here ({stack_dir} holds "
+                          f"none): run `tpuctl rehearse --stack {target.stack}`")
+    if wanted is None:
+        folder = next(iter(folders.values()))
+    else:
+        node_id = {n.logical: n.node_id for n in target.nodes}.get(wanted, wanted)
+        if node_id not in folders:
+            raise TargetError(f"--node {wanted}: not rehearsed here (rehearsed: "
+                              f"{', '.join(folders)}); `tpuctl rehearse --stack {target.stack} "
+                              f"--node {wanted}` rehearses it")
+        folder = folders[node_id]
+    path = rehearsal_record.job_log(folder, worker)
+    if not path.is_file():
+        raise agent_logs.LogsError(f"the rehearsal left no job.log for worker {worker} "
+                                   f"({path} is missing)")
+    return path.read_text(errors="replace")
 
 
 def _print_raw(text: str) -> None:

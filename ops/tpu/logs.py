@@ -74,7 +74,11 @@ class AgentLogs:
 
         bucket, path = split_gs(f"{prefix}worker-{worker}/{name}")
         try:
-            return self.client.bucket(bucket).blob(path).download_as_bytes()
+            client = self.client
+        except gcp_credentials.GcpCredentialsError as error:
+            raise LogsError(str(error)) from None
+        try:
+            return client.bucket(bucket).blob(path).download_as_bytes()
         except gexc.NotFound:
             return None
         except gexc.Forbidden as error:
@@ -101,7 +105,8 @@ class AgentLogs:
             blobs = list(self.client.list_blobs(
                 bucket, prefix=parent, match_glob=f"{parent}*/{WORKER0_STATUS}",
                 fields="items(name,metadata),nextPageToken"))
-        except (gexc.GoogleAPICallError, auth_exceptions.GoogleAuthError):
+        except (gexc.GoogleAPICallError, auth_exceptions.GoogleAuthError,
+                gcp_credentials.GcpCredentialsError):
             return {}
         return {
             blob.name.removesuffix(WORKER0_STATUS): fields

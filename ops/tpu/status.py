@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Span, Text
 
 from components.archive import REPO_ROOT
+from ops.local import rehearsal_record as record
 from ops.tpu import logs as agent_logs
 from ops.tpu.api import READABLE_STATES, STATUS_KEYS, NodeStatus, QueuedStatus, TpuApi
 from ops.tpu.target import StackTarget
@@ -23,12 +24,12 @@ UNTIL_CHOICES: tuple[Until, ...] = ("ready", "running", "done")
 # The agent's job states (docs/design.md, "The training package").
 FINISHED = "succeeded"
 ACTIVE_JOB = {"installing", "running", "retrying", "waiting-for-data"}
-# `tpuctl rehearse --stack <s>` keeps the emulator's status objects here (ops/local/rehearse.py,
-# keep_status): status-objects/worker-<n>/status.json, as under the node's status prefix.
+# `tpuctl rehearse --stack <s>` keeps each node's status objects here (ops/local/rehearse.py,
+# keep_status): <node>/status-objects/worker-<n>/status.json, as under the node's prefix.
 REHEARSAL_ROOT = REPO_ROOT / ".cache" / "rehearse"
 REHEARSED = "REHEARSED"
-STATE_STYLE = {"READY": "green", REHEARSED: "cyan", "CREATING": "yellow", "PREEMPTED": "red",
-               "TERMINATED": "red"}
+STATE_STYLE = {"READY": "green", REHEARSED: "cyan", f"{REHEARSED} (stale)": "yellow",
+               "CREATING": "yellow", "PREEMPTED": "red", "TERMINATED": "red"}
 
 
 def collect(
@@ -49,26 +50,30 @@ def collect(
     return [replace(n, job=jobs.get((n.zone, n.node_id), {})) for n in nodes]
 
 
-def rehearsal_status(stack: str, root: Path | None = None) -> Path:
-    return (root or REHEARSAL_ROOT) / stack / "status-objects" / agent_logs.WORKER0_STATUS
+def rehearsal_dir(stack: str, root: Path | None = None) -> Path:
+    """Where the stack's rehearsals are: a folder per node (ops/local/rehearsal_record.py)."""
+    return (root or REHEARSAL_ROOT) / stack
 
 
 def rehearsed(target: StackTarget, root: Path | None = None) -> list[NodeStatus]:
-    """Offline: the node the stack's last rehearsal booted, with the status its agent
-    left in the emulator; [] when the stack was never rehearsed here."""
-    path = rehearsal_status(target.stack, root)
-    try:
-        fields = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    node = target.expected(str(fields.get("node", "")))
-    if node is None:
-        return []
-    job = {key: value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-           for key, value in fields.items() if key in STATUS_KEYS}
-    return [NodeStatus(node.zone, node.node_id, REHEARSED, "", node.tpu.accelerator_type,
-                       node.runtime_version, node.spot, {}, {}, "", job=job,
-                       project=node.project)]
+    """Offline: every node the stack's rehearsals booted, each with the status its agent
+    left in the emulator; one whose stack file or training sources changed since shows
+    `REHEARSED (stale)` and what changed. [] when the stack was never rehearsed here."""
+    nodes = []
+    for folder in record.node_folders(rehearsal_dir(target.stack, root)):
+        fields = record.worker0_status(folder)
+        node = target.expected(str(fields.get("node", "")))
+        if node is None:
+            continue
+        job = {key: value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+               for key, value in fields.items() if key in STATUS_KEYS}
+        changed = record.changed_since(folder, target.stack)
+        state = f"{REHEARSED} (stale)" if changed else REHEARSED
+        health = f"changed since: {', '.join(changed)}; rehearse again" if changed else ""
+        nodes.append(NodeStatus(node.zone, node.node_id, state, health,
+                                node.tpu.accelerator_type, node.runtime_version, node.spot, {},
+                                {}, "", job=job, project=node.project))
+    return sorted(nodes, key=lambda n: (n.zone, n.node_id))
 
 
 def collect_queued(api: TpuApi, target: StackTarget) -> list[QueuedStatus]:

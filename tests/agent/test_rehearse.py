@@ -100,16 +100,21 @@ def test_zero_steps_or_batch_are_refused(option: str, monkeypatch: pytest.Monkey
 
 def test_synthetic_data_goes_where_train_and_eval_patterns_look(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
     import ops.local.rehearse
     from ops.terminal import console
 
     commands: list[list[str]] = []
+    processes = []
 
     def synth(command: list[str], **_: object) -> subprocess.CompletedProcess[str]:
-        commands.append(command)
-        out, prefix = command[command.index("--out") + 1], command[command.index("--prefix") + 1]
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / f"{prefix}-00000-of-00002.tfrecord").write_bytes(b"")
+        processes.append(command)
+        for args in json.loads(command[-1]):  # one process writes every dataset
+            commands.append(args)
+            out, prefix = args[args.index("--out") + 1], args[args.index("--prefix") + 1]
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / f"{prefix}-00000-of-00002.tfrecord").write_bytes(b"")
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(ops.local.rehearse.subprocess, "run", synth)
@@ -118,6 +123,7 @@ def test_synthetic_data_goes_where_train_and_eval_patterns_look(
            "trainData": f"{tmp_path}/imagenet/train-*.tfrecord",
            "evalData": f"{tmp_path}/imagenet/validation-*.tfrecord"}
     write_datasets(job, console())
+    assert len(processes) == 1  # TensorFlow starts once for both
     assert [c[c.index("--prefix") + 1] for c in commands] == ["train", "validation"]
     assert commands[0][-4:] == ["--image-size", "32", "--num-classes", "1000"]
 
@@ -134,6 +140,8 @@ def test_a_failed_rehearsal_shows_the_jobs_error_line(tmp_path: Path) -> None:
 
 
 def test_the_synthetic_data_has_the_jobs_record_format_and_shape(tmp_path, monkeypatch) -> None:
+    import json
+
     from ops.local import rehearse
 
     commands = []
@@ -147,8 +155,8 @@ def test_the_synthetic_data_has_the_jobs_record_format_and_shape(tmp_path, monke
     job = {**JOB, "model": "resnet18", "recordFormat": "imagenet", "imageSize": 64,
            "numClasses": 10, "trainData": f"{tmp_path}/train-*.tfrecord"}
     rehearse.write_dataset("trainData", job, rehearse.Console(quiet=True))
-    assert commands[0][-6:] == ["--format", "imagenet", "--image-size", "64",
-                                "--num-classes", "10"]
+    assert json.loads(commands[0][-1])[0][-6:] == ["--format", "imagenet", "--image-size",
+                                                   "64", "--num-classes", "10"]
 
 
 def test_the_image_environment_writes_the_synthetic_data(tmp_path: Path) -> None:
@@ -262,8 +270,78 @@ def test_the_summary_says_which_workers_ran_and_what_a_short_evaluation_means(
     lines = about_the_run(pod, job, tmp_path)  # type: ignore[arg-type]
     assert lines[0].startswith("workers rehearsed: all 4 (0-3), each with its own metadata")
     assert "so workers 1-3 are idle here, serving worker 0 as their agents do" in lines[0]
-    assert lines[1] == ("evaluation after 40 steps: eval_accuracy=0.001953 eval_loss=189.7. A run "
-                        "this short only shows that evaluation runs: accuracy near chance "
-                        "(1/1000 = 0.001) is expected.")
+    assert lines[1] == ("evaluation after 40 steps: eval_accuracy=0.001953 eval_loss=189.7. It "
+                        "shows that evaluation runs, not how good a model is: the synthetic data "
+                        "is easy to learn, so any accuracy from chance (1/1000 = 0.001) to 1 is "
+                        "expected.")
     assert about_the_run(single, job, tmp_path / "none")[0] == (  # type: ignore[arg-type]
         "workers rehearsed: 0, the node's only worker (single host).")
+
+
+# ---- issue 29: every node, each kept; the dev stack evaluates; the release explained ----
+
+
+def test_every_node_is_rehearsed_each_in_a_folder_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from io import StringIO
+
+    from ops.local import rehearse
+
+    calls = []
+
+    def one_node(stack, name, metadata, hosts, release_object, workdir, console, steps, batch):
+        calls.append((name, hosts, workdir, release_object[0].split("/releases/")[1][:15]))
+        return {"node-nlp-sweep": 0, "node-nlp-pod": 75}[name]
+
+    monkeypatch.setattr(rehearse, "rehearse_node", one_node)
+    out = StringIO()
+    console = rehearse.Console(file=out, width=300)
+    every = rehearse.rehearse("platform", workdir=tmp_path, console=console)
+    named = rehearse.rehearse("platform", workdir=tmp_path, console=console, node="sweep")
+
+    assert every == 75 and named == 0
+    assert calls == [
+        ("node-nlp-pod", 4, tmp_path / "node-nlp-pod", "platform-nlp-po"),
+        ("node-nlp-sweep", 1, tmp_path / "node-nlp-sweep", "platform-nlp-sw"),
+        ("node-nlp-sweep", 1, tmp_path / "node-nlp-sweep", "platform-nlp-sw")]
+    text = out.getvalue()
+    assert ("stack platform has 2 nodes: rehearsing each, one after another (node-nlp-pod, "
+            "node-nlp-sweep; --node NAME rehearses one)") in text
+    assert "rehearsed: node-nlp-pod exit 75, node-nlp-sweep ok" in text
+
+
+def test_the_dev_stack_evaluates_as_the_readme_says() -> None:
+    plan = offline_plan("dev")
+    _, metadata = pick_node(planned_nodes(plan), None)
+    job = planned_release(plan, metadata)["job"]
+    assert job["evalData"].endswith("/datasets/mnist/test-*.tfrecord")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "synthetic dataset (train and eval)" in readme
+
+
+def test_the_rehearsal_says_why_its_release_differs_from_the_plans() -> None:
+    from ops.local.rehearse import release_lines
+
+    planned = "gs://acme-ml-dev-dev-artifacts/releases/dev-trainer/aaaa.json"
+    rehearsed = "gs://acme-ml-dev-dev-artifacts/releases/dev-trainer/bbbb.json"
+    assert release_lines(planned, rehearsed, "c" * 64) == [
+        f"release: the plan uploads {planned}",
+        f"  rehearsed as {rehearsed}: the same package (cccccccccccc...) with the job changed "
+        "as above; a release is named by the digest of its content, so the name differs"]
+    assert release_lines(planned, planned, "c" * 64) == [
+        f"release: {planned}, as the plan uploads it"]
+
+
+def test_a_rehearsal_record_names_what_changed_since(tmp_path: Path) -> None:
+    import json
+
+    from ops.local import rehearsal_record as record
+
+    record.write_record(tmp_path, "dev", "node-trainer", "gs://a/p.json", "gs://a/r.json")
+    assert record.changed_since(tmp_path, "dev") == []
+    saved = json.loads((tmp_path / record.RECORD).read_text())
+    assert saved["plannedRelease"] == "gs://a/p.json"
+    saved["digests"]["Pulumi.yaml"] = ""
+    (tmp_path / record.RECORD).write_text(json.dumps(saved))
+    assert record.changed_since(tmp_path, "dev") == ["Pulumi.yaml"]
+    assert record.changed_since(tmp_path / "none", "dev") == ["what was rehearsed is unknown"]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+from components import catalog
 from components.archive import REPO_ROOT
 from components.settings import SettingsError, load_settings
 from components.stack_config import StackFileError, file_config
@@ -47,7 +49,7 @@ BAD_CONFIGS: list[tuple[str, dict, str, str]] = [
     ("missing storage location", {"tpu_stack_storage": {"forceDestroy": True}},
      "tpu-stack:storage.location", "required"),
     ("bad storage location", {"tpu_stack_storage": {"location": "us central"}},
-     "tpu-stack:storage.location", "not a GCS location"),
+     "tpu-stack:storage.location", "not a Cloud Storage location"),
     ("unknown storage key", {"tpu_stack_storage": {"location": "US", "versioned": True}},
      "tpu-stack:storage.versioned", "allowed: location"),
     ("force destroy in prod", {"tpu_stack_environment": "prod"},
@@ -398,3 +400,108 @@ def test_a_yaml_error_names_the_file_line_and_column(tmp_path) -> None:
                      "sequence; expected ',' or ']', but got '<stream end>'")
     assert snippet[-1].strip() == "^"
     assert "<unicode string>" not in str(caught.value)
+
+
+# ---- every problem of a file in one pass (issue 29) ---------------------------------
+
+
+@pytest.mark.parametrize(("location", "meant"), [
+    ("us-cental1", "us-central1"), ("europe-west44", "europe-west4"), ("USA", "US"),
+    ("nam5", "NAM4"), ("mars-north1", None),
+])
+def test_a_location_cloud_storage_does_not_publish_is_refused_with_the_closest(
+        location: str, meant: str | None) -> None:
+    [(key, message)] = problems_of(config(tpu_stack_storage={"location": location}))
+    assert key == "tpu-stack:storage.location"
+    assert message.startswith(f"{location!r} is not a Cloud Storage location")
+    if meant and location != "mars-north1":
+        assert f"(did you mean {meant}?)" in message
+    assert "components/gcs_locations.json" in message
+
+
+@pytest.mark.parametrize("location", ["us-central1", "US-CENTRAL1", "US", "eu", "nam4", "EUR4",
+                                      "asia1", "us-central2", "africa-south1"])
+def test_every_published_location_is_accepted_in_either_case(location: str) -> None:
+    settings = load(config(tpu_stack_storage={"location": location, "forceDestroy": True,
+                                              "protect": False}))
+    assert settings.storage.location == location
+
+
+def test_the_locations_file_names_its_source_and_date_and_holds_the_three_kinds() -> None:
+    data = json.loads((REPO_ROOT / "components" / "gcs_locations.json").read_text())
+    assert data["source"].startswith("https://cloud.google.com/storage/docs/locations")
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", data["read"])
+    assert {"us-central1", "europe-west4", "us-south1"} <= set(data["regions"])
+    assert set(data["dual_regions"]["nam4"]) == {"us-central1", "us-east1"}
+    assert set(data["multi_regions"]) == {"us", "eu", "asia"}
+    # every TPU zone's region can hold the stack's buckets
+    assert {catalog.region_of(zone) for zone in catalog.all_zones()} <= set(data["regions"])
+
+
+def test_shape_values_and_rules_are_all_named_in_one_pass() -> None:
+    """An unknown key inside a node, a top-level typo, a bad zone and a job's negative batch:
+    one message, whatever pydantic refused first."""
+    problems = problems_of(config(
+        tpu_stack_nodez=[],
+        tpu_stack_storage={"location": "us-cental1", "forceDestroy": True, "protect": "maybe"},
+        **nodes(node(acceleratorTyp="v5litepod-8", acceleratorType=None),
+                node(name="second", zone="us-central1-b")),
+        **jobs(mnist=job(globalBatchSize=-64))))
+    keys = [key for key, _ in problems]
+    assert keys == ["tpu-stack:nodez", "tpu-stack:storage.protect",
+                    f"{N0}.acceleratorTyp", "tpu-stack:storage.location",
+                    f"{J}.globalBatchSize", "tpu-stack:nodes[1].zone"]
+    assert dict(problems)[f"{N0}.acceleratorTyp"].startswith(
+        "unknown key; did you mean acceleratorType?")
+
+
+def test_a_dropped_list_entry_keeps_the_other_entries_indices() -> None:
+    problems = problems_of(config(**nodes("trainer", node(name="second",
+                                                          zone="us-central1-b"))))
+    assert [key for key, _ in problems] == ["tpu-stack:nodes[0]", "tpu-stack:nodes[1].zone"]
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    # a required value of the wrong type: the rest of its block is still checked
+    ({"tpu_stack_ci": {"githubRepository": "acme x", "githubRepositoryId": 1.5,
+                       "githubRepositoryOwnerId": "1"}},
+     ["tpu-stack:ci.githubRepositoryId", "tpu-stack:ci.githubRepository"]),
+    # a refused value is not checked again against the rules it breaks
+    ({"tpu_stack_environment": "staging"}, ["tpu-stack:environment"]),
+    ({"gcp_project": None, "tpu_stack_labels": {"Team": "x"}},
+     ["gcp:project", "tpu-stack:labels.Team"]),
+])
+def test_a_refused_part_is_named_once_and_the_rest_still_checked(changes: dict,
+                                                                  expected: list[str]) -> None:
+    assert [key for key, _ in problems_of(config(**changes))] == expected
+
+
+def test_a_rule_added_as_a_generator_runs_despite_shape_problems(monkeypatch) -> None:
+    """Other checks join `_rule_problems` as generators of (key, message): they run on the
+    repaired copy too, without knowing about it."""
+    import components.settings as settings_module
+
+    def no_trainer(s):
+        if any(n.name == "trainer" for n in s.nodes):
+            yield ("tpu-stack:nodes", "no node may be called trainer")
+
+    rules = settings_module._rule_problems
+    monkeypatch.setattr(settings_module, "_rule_problems",
+                        lambda s: (*rules(s), *no_trainer(s)))
+    problems = problems_of(config(tpu_stack_nodez=[], tpu_stack_storage={"location": "US",
+                                                                         "protect": 3}))
+    assert problems[-1] == ("tpu-stack:nodes", "no node may be called trainer")
+
+
+def test_the_new_team_recipe_names_everything_it_still_needs_at_once() -> None:
+    """README's "A new team" on a copy of the dev stack: a team under tpu-stack:teams, and
+    the first error lists every key the recipe still needs, not one per run."""
+    team = {"members": ["group:ml-vision@acme.example"], "quota": {"v5e": {"spot": 8}}}
+    for team_projects in (None, {}, {"folderId": "246813579024"}):
+        problems = problems_of(config(tpu_stack_teams={"vision": team},
+                                      tpu_stack_teamProjects=team_projects))
+        needed = {"tpu-stack:teamProjects.quotaContact", "tpu-stack:teamProjects.billingAccount",
+                  "tpu-stack:labels.cost-centre"}
+        if team_projects != {"folderId": "246813579024"}:
+            needed.add("tpu-stack:teamProjects.folderId")
+        assert {key for key, message in problems if "is required" in message} == needed

@@ -87,5 +87,7 @@ def test_missing_credentials_are_reported_without_a_traceback(
     monkeypatch.delenv("TPU_STACK_TPU_ENDPOINT", raising=False)
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "absent.json"))
 
-    with pytest.raises(NoCredentialsError, match="no Google credentials"):
+    with pytest.raises(NoCredentialsError, match=r"no usable Google credentials: "
+                                                 r"GOOGLE_APPLICATION_CREDENTIALS names .*"
+                                                 r"absent\.json, which does not exist"):
         TpuApi().list_nodes(PROJECT, ZONE)

@@ -11,6 +11,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from ops.cli import app
+from ops.local import rehearsal_record
 from ops.local.storage_emulator import StorageEmulator
 from ops.tpu import commands as tpu_cmds
 from ops.tpu import status as node_status
@@ -103,7 +104,9 @@ def test_preflight_without_credentials_is_an_error_and_still_shows_quota_rows(
     run = tpuctl("preflight", "--stack", "dev")
     assert run.code == 2  # as every other verb that cannot reach the TPU API
     (error,) = run.err.splitlines()
-    assert error.startswith("tpuctl: error: no Google credentials")
+    assert error.startswith("tpuctl: error: no usable Google credentials: "
+                            f"GOOGLE_APPLICATION_CREDENTIALS names {tmp_path / 'absent.json'}, "
+                            "which does not exist")
     assert error.endswith("offers were not checked (--offline checks the catalog only)")
     (quota,) = [line for line in run.out.splitlines() if "quota for" in line]
     assert "v2 spot in us-central1" in quota and "not checked" in quota
@@ -214,13 +217,16 @@ def test_wait_for_done_fails_fast_on_a_failed_job(tpuctl, fake_tpu: FakeTpuApi) 
     assert f"{NODE}: job failed: exit 1" in run.out
 
 
-def rehearse_here(root, node: str = NODE) -> None:
-    """What `tpuctl rehearse --stack dev` leaves: the emulator's status objects."""
-    status = root / "dev" / "status-objects" / "worker-0" / "status.json"
+def rehearse_here(root, node: str = NODE, folder: str = "node-trainer") -> None:
+    """What `tpuctl rehearse --stack dev` leaves for a node: the emulator's status objects,
+    and the record of what was rehearsed (ops/local/rehearsal_record.py)."""
+    status = root / "dev" / folder / "status-objects" / "worker-0" / "status.json"
     status.parent.mkdir(parents=True)
     fields = {"node": node, "state": "succeeded", "step": "40", "worker": 0,
               "goodput": {"percent": 91.5, "productive": 915, "total": 1000}}
     status.write_text(json.dumps(fields))
+    (status.parent / "job.log").write_text("tpu_training step=40 loss=0.5\n")
+    rehearsal_record.write_record(root / "dev" / folder, "dev", folder, "gs://p", "gs://r")
 
 
 def test_status_offline_shows_the_last_rehearsal_without_a_call(
@@ -238,7 +244,7 @@ def test_status_offline_shows_the_last_rehearsal_without_a_call(
     assert fake_tpu.calls == []
 
 
-def test_status_without_credentials_falls_back_to_the_rehearsal_and_says_so(
+def test_status_without_credentials_shows_the_rehearsal_and_exits_2_as_every_verb(
     tpuctl, monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
     monkeypatch.delenv("TPU_STACK_TPU_ENDPOINT", raising=False)
@@ -252,8 +258,11 @@ def test_status_without_credentials_falls_back_to_the_rehearsal_and_says_so(
 
     rehearse_here(tmp_path)
     run = tpuctl("status", "--stack", "dev")
-    assert run.code == 0
-    assert "no Google credentials" in run.err and "showing the last rehearsal (offline)" in run.err
+    assert run.code == 2  # as every verb without credentials; the rehearsal is still shown
+    (error,) = run.err.splitlines()
+    assert error.startswith("tpuctl: error: no usable Google credentials: ")
+    assert error.endswith("showed the last rehearsal (offline) instead: `tpuctl status --stack "
+                          "dev --offline` shows it without this error")
     assert "REHEARSED" in next(line for line in run.out.splitlines() if NODE in line)
 
 
@@ -267,3 +276,70 @@ def test_status_offline_without_a_rehearsal_says_what_to_run(
     assert run.code == 2
     assert "stack dev has no rehearsal here" in run.err
     assert "run `tpuctl rehearse --stack dev`" in run.err
+
+
+# ---- issue 29: each node's rehearsal kept and marked when stale; logs --offline; wait ----
+
+
+def test_status_offline_marks_a_rehearsal_whose_stack_file_or_training_changed_since(
+    tpuctl, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.setattr(node_status, "REHEARSAL_ROOT", tmp_path)
+    rehearse_here(tmp_path)
+    fresh = tpuctl("status", "--stack", "dev", "--offline")
+    record = tmp_path / "dev" / "node-trainer" / rehearsal_record.RECORD
+    then = json.loads(record.read_text())
+    then["digests"]["Pulumi.dev.yaml"] = "0" * 64  # the stack file was edited since
+    then["digests"]["training/"] = "1" * 64  # and the job's code
+    record.write_text(json.dumps(then))
+    stale = tpuctl("status", "--stack", "dev", "--offline")
+
+    row = next(line for line in fresh.out.splitlines() if NODE in line)
+    assert "REHEARSED " in row and "stale" not in row
+    row = next(line for line in stale.out.splitlines() if NODE in line)
+    assert "REHEARSED (stale)" in row
+    assert "changed since: Pulumi.dev.yaml, training/; rehearse again" in row
+
+
+def test_every_rehearsed_node_is_kept_and_shown(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path) -> None:
+    two = target(expected_node("dev-trainer", spot=True), expected_node("dev-second"))
+    rehearse_here(tmp_path, "dev-trainer", "node-trainer")
+    rehearse_here(tmp_path, "dev-second", "node-second")
+
+    nodes = node_status.rehearsed(two, tmp_path)
+
+    assert [(n.node_id, n.state) for n in nodes] == [("dev-second", "REHEARSED"),
+                                                     ("dev-trainer", "REHEARSED")]
+
+
+def test_logs_offline_prints_the_rehearsals_job_log_without_a_call(
+    tpuctl, fake_tpu: FakeTpuApi, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.setattr(node_status, "REHEARSAL_ROOT", tmp_path)
+    never = tpuctl("logs", "--stack", "dev", "--offline")
+    rehearse_here(tmp_path)
+
+    run = tpuctl("logs", "--stack", "dev", "--offline", "--node", "trainer")
+    other = tpuctl("logs", "--stack", "dev", "--offline", "--worker", "1")
+    unknown = tpuctl("logs", "--stack", "dev", "--offline", "--node", "pod")
+
+    assert never.code == 2 and "stack dev has no rehearsal here" in never.err
+    assert (run.code, run.out) == (0, "tpu_training step=40 loss=0.5\n")
+    assert other.code == 2 and "the rehearsal left no job.log for worker 1" in other.err
+    assert unknown.code == 2 and "--node pod: not rehearsed here (rehearsed: dev-trainer)" in (
+        unknown.err)
+    assert fake_tpu.calls == []
+
+
+def test_wait_without_credentials_prints_only_its_error_line(
+    tpuctl, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.delenv("TPU_STACK_TPU_ENDPOINT", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "absent.json"))
+
+    run = tpuctl("wait", "--stack", "dev")
+
+    assert run.code == 2
+    assert run.out == ""
+    assert len(run.err.splitlines()) == 1

@@ -87,7 +87,8 @@ def test_without_credentials_preflight_falls_back_to_the_catalog(
     report = preflight(target(expected_node("dev-a", ZONE)), TpuApi())
 
     assert not report.live and report.ok
-    assert report.credentials_error.startswith("no Google credentials")
+    assert report.credentials_error.startswith("no usable Google credentials: "
+                                               "GOOGLE_APPLICATION_CREDENTIALS names ")
     assert report.note == "checked against the catalog only"
     assert ("v2 on-demand in us-central1", "quota for 4 chips", "not checked") in outcomes(report)
 
