@@ -30,7 +30,7 @@ from components.identity import (
     IdentityArgs,
     RuntimeIdentity,
 )
-from components.naming import Naming, fit, label_value
+from components.naming import Naming, fit
 from components.project import APIS, TPU_API
 from components.settings import CiSettings, StorageSettings, TeamQuota
 from components.storage import BucketsArgs, TrainingBuckets
@@ -279,15 +279,21 @@ class TeamProject(pulumi.ComponentResource):
             opts=opts) for region, subnet in sorted(network.subnets.items())]
 
     def _members(self, child: pulumi.ResourceOptions) -> None:
-        """Members see their project's TPU nodes and may act as the team's account
-        (authoritative: exactly the listed members)."""
-        for role in MEMBER_PROJECT_ROLES:
-            role_name = role.split("/", 1)[1].replace(".", "-")
-            for member in self.args.members:
-                self._project_grant(f"{role_name}-{member.replace(':', '-')}", role, member, child)
-        gcp.serviceaccount.IAMBinding(
-            f"{self.args.team}-members-act-as", service_account_id=self.account.name,
-            role=ACT_AS_ROLE, members=self.args.members, opts=child)
+        """Members see their project's TPU nodes and may act as the team's account.
+        One IAMMember each, never an authoritative IAMBinding: the deployer's actAs
+        is an IAMMember of the same role on the same account, and pulumi-gcp says
+        IAMBinding "can be used in conjunction with IAMMember only if they do not
+        grant privilege to the same role" (serviceaccount.IAMBinding docs): the
+        binding would remove the member's grant at every `up` (policy pack rule
+        `no-binding-beside-member`)."""
+        for member in self.args.members:
+            suffix = member.replace(":", "-")
+            for role in MEMBER_PROJECT_ROLES:
+                role_name = role.split("/", 1)[1].replace(".", "-")
+                self._project_grant(f"{role_name}-{suffix}", role, member, child)
+            gcp.serviceaccount.IAMMember(
+                f"{self.args.team}-members-act-as-{suffix}", service_account_id=self.account.name,
+                role=ACT_AS_ROLE, member=member, opts=child)
 
     def _deployer(self, after: pulumi.ResourceOptions) -> CiIdentity | None:
         """The team's keyless deployer, like the stack's own CI, in the team's project:
@@ -337,11 +343,13 @@ class TeamProject(pulumi.ComponentResource):
             billing_account=budget.billing_account,
             display_name=fit(f"tpu-stack {args.stack} {args.team}", BUDGET_NAME_MAX),
             amount=budget_amount(budget.usd_per_month),
-            # The team's spend: its own project (every billable resource there
-            # carries its label too, naming.labels).
+            # The team's spend: everything billed to its own project. No label
+            # filter: filters are ANDed (Budget API, Filter: "only usage that
+            # matches all of the filters"), so a label filter would drop what
+            # carries no `team` label (a node made with plain gcloud, egress,
+            # logging). Labels stay on resources for reporting (naming.labels).
             budget_filter=gcp.billing.BudgetBudgetFilterArgs(
                 projects=[pulumi.Output.concat("projects/", self.project.number)],
-                labels={"team": label_value(args.team)},
                 calendar_period="MONTH",
             ),
             threshold_rules=[gcp.billing.BudgetThresholdRuleArgs(threshold_percent=t)

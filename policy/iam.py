@@ -155,7 +155,7 @@ class IamModel:
             role = outputs.get("name") or f"projects/{inputs['project']}/roles/{inputs['roleId']}"
             self.custom_roles[role] = frozenset(inputs.get("permissions") or ())
         elif name.endswith(("iammember", "iambinding", "iampolicy")):
-            target = _binding_target(module, inputs)
+            target = binding_target(module, inputs)
             if target is not None and "role" not in inputs and "policyData" not in inputs:
                 self.unresolved.append(inputs)
             elif target is not None:
@@ -203,7 +203,8 @@ def _resource_name(kind: str, inputs: Mapping[str, Any],
     return None
 
 
-def _binding_target(module: str, inputs: Mapping[str, Any]) -> str | None:
+def binding_target(module: str, inputs: Mapping[str, Any]) -> str | None:
+    """The IAM resource name a grant of pulumi-gcp `module` (`projects`, `storage`…) sets."""
     if module == "projects":
         return f"projects/{inputs['project']}"
     if module == "folder":

@@ -382,13 +382,16 @@ def test_every_billable_resource_carries_team_and_cost_centre(repo_stacks) -> No
             assert labels["cost-centre"] == expected, (stack, resource.name)
 
 
-def test_a_budget_per_team_filtered_by_its_label(repo_stacks) -> None:
-    budgets = {b.inputs["budgetFilter"]["labels"]["team"]: b.inputs
+def test_a_budget_per_team_on_its_whole_project(repo_stacks) -> None:
+    """The project filter alone: a label filter would drop unlabelled spend in the
+    team's project (filters are ANDed, Budget API `Filter`)."""
+    budgets = {b.inputs["displayName"].rsplit(" ", 1)[-1]: b.inputs
                for b in repo_stacks["platform"].of_type(BUDGET)}
     assert set(budgets) == {"vision", "nlp"}
     for budget in budgets.values():
         assert budget["billingAccount"] == "01AB23-45CD67-89EF01"
         assert budget["budgetFilter"]["projects"] == ["projects/123456789012"]
+        assert "labels" not in budget["budgetFilter"]
         assert [r["thresholdPercent"] for r in budget["thresholdRules"]] == [0.5, 0.9, 1.0]
     assert budgets["nlp"]["amount"]["specifiedAmount"]["units"] == "60000"
     assert budgets["vision"]["amount"]["specifiedAmount"]["units"] == str(60 * 730)
@@ -576,7 +579,7 @@ def test_a_created_project_s_billing_account_budgets_every_team() -> None:
     assert "gcp:organizations/getProject:getProject" not in log.calls
     for budget in run.of_type(BUDGET):
         assert budget.inputs["budgetFilter"]["projects"] == ["projects/987654321098"]
-    budgets = {b.inputs["budgetFilter"]["labels"]["team"]: b.inputs for b in run.of_type(BUDGET)}
+    budgets = {b.inputs["displayName"].rsplit(" ", 1)[-1]: b.inputs for b in run.of_type(BUDGET)}
     assert budgets["vision"]["amount"] == {"lastPeriodAmount": True}  # no ceiling, no figure
     assert budgets["nlp"]["amount"]["specifiedAmount"] == {"currencyCode": "USD",
                                                            "units": str(100 * 730)}
