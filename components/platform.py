@@ -361,6 +361,8 @@ class TpuPlatform(pulumi.ComponentResource):
             "usdPerHour": self.team_costs[team].usd_per_hour if team in self.team_costs else 0,
             "projectId": access.project_id,
             "serviceAccount": access.account.email,
+            # Each cap of the team's project and why it skips a safety check (teams.py).
+            "quotaCaps": [cap.to_json() for cap in access.quota_caps],
         }
         if access.ci is not None:
             result["deployer"] = {"serviceAccount": access.ci.deployer_email,

@@ -161,7 +161,7 @@ class TeamProjectArgs:
     labels: dict[str, str]  # the project's labels (team, cost-centre, …)
     members: list[str]
     quota: TeamQuota
-    regions: dict[str, list[str]]  # family → regions of the platform's quota
+    regions: dict[str, list[str]]  # family → regions of the platform's quota (granted)
     network: HostNetwork
     data_bucket: pulumi.Input[str]  # the platform's shared data, read-only
     quota_contact: str | None = None  # Cloud Quotas' contact for increase requests
@@ -170,17 +170,57 @@ class TeamProjectArgs:
     budgets: BudgetsAccess | None = None  # required with a budget
 
 
-def quota_caps(quota: TeamQuota, regions: dict[str, list[str]]) -> list[tuple[str, str, str, int]]:
-    """(family, quota type, region, chips): the team's chips as a per-region cap in
-    every region of the platform's quota for the family. GCP counts TPU quota per
-    region, a team's quota is per family: each region gets the whole figure, and
-    the preview check (settings.team_quota_problems) still counts the sum."""
+# Cloud Quotas refuses a preference that lowers the effective limit by more than
+# 10% unless that safety check is skipped (QuotaSafetyCheck, cloud.google.com/docs/
+# quotas/reference/rest/v1/QuotaSafetyCheck: QUOTA_DECREASE_PERCENTAGE_TOO_HIGH
+# "Validates that a quota mutation would not cause the consumer's effective limit
+# to decrease by more than 10 percent"); pulumi-gcp's typed argument is
+# `cloudquota.SQuotaPreference(ignore_safety_checks=...)`, one value. A cap of 0
+# over a default of 8 is a 100% decrease. What a new project's default is cannot be
+# known offline, so every cap skips it: on an increase the check does not apply.
+# QUOTA_DECREASE_BELOW_USAGE stays on: a cap below what the team runs now is
+# refused at `up`, and `tpuctl preflight` shows it before.
+SKIPPED_SAFETY_CHECK = "QUOTA_DECREASE_PERCENTAGE_TOO_HIGH"
+SKIP_REASON = ("a cap lowers the project's default TPU quota, often to 0: Cloud Quotas "
+               "refuses a decrease of more than 10% unless QUOTA_DECREASE_PERCENTAGE_TOO_HIGH "
+               "is skipped; the decrease-below-usage check stays on")
+
+
+@dataclass(frozen=True)
+class QuotaCap:
+    """One QuotaPreference of a team's project: `chips` of `family` in `region`."""
+
+    family: str
+    quota_type: str  # onDemand | preemptible (settings.QuotaType)
+    region: str
+    chips: int
+
+    @property
+    def quota_id(self) -> str | None:
+        return catalog.TPU_QUOTA_IDS.get((self.family, self.quota_type))
+
+    def to_json(self) -> dict[str, object]:
+        return {"family": self.family, "quotaType": self.quota_type, "region": self.region,
+                "chips": self.chips, "quotaId": self.quota_id,
+                "ignoreSafetyChecks": SKIPPED_SAFETY_CHECK, "why": SKIP_REASON}
+
+
+def quota_caps(quota: TeamQuota, granted: dict[str, list[str]],
+               network_regions: list[str]) -> list[QuotaCap]:
+    """Every TPU family the catalog knows, in every region the platform's network
+    reaches (a team deployer holds networkUser on each of those subnets), capped:
+    the team's chips where the platform holds quota for the family (`granted`,
+    family → regions of tpu-stack:quota), 0 everywhere else. GCP counts TPU quota
+    per region, a team's quota is per family: each granted region gets the whole
+    figure, and the preview check (settings.team_quota_problems) counts the sum."""
     caps = []
-    for family, family_regions in sorted(regions.items()):
+    for family in sorted(catalog.GENERATIONS):
         chips = quota.chips(family)
         by_type = {"onDemand": chips.on_demand + chips.reserved, "preemptible": chips.spot}
         for quota_type, count in by_type.items():
-            caps += [(family, quota_type, region, count) for region in sorted(family_regions)]
+            caps += [QuotaCap(family, quota_type, region,
+                              count if region in granted.get(family, ()) else 0)
+                     for region in sorted(network_regions)]
     return caps
 
 
@@ -316,22 +356,23 @@ class TeamProject(pulumi.ComponentResource):
         """The team's chips as its project's TPU quota (Cloud Quotas QuotaPreference,
         pulumi-gcp `cloudquota.SQuotaPreference`): GCP refuses a node beyond it,
         whoever creates it. A preference above what Google granted is a request that
-        Google approves or not; below, it applies at once."""
+        Google approves or not; below, it applies at once (SKIPPED_SAFETY_CHECK)."""
         args = self.args
-        for family, quota_type, region, chips in quota_caps(args.quota, args.regions):
-            quota_id = catalog.TPU_QUOTA_IDS.get((family, quota_type))
-            if quota_id is None:
-                pulumi.log.warn(f"team {args.team}: no Cloud Quotas id is known for {family} "
-                                f"{quota_type} chips (components/catalog.py); its quota there "
-                                f"is checked at preview only", resource=self)
+        self.quota_caps = quota_caps(args.quota, args.regions, sorted(args.network.subnets))
+        for cap in self.quota_caps:
+            if cap.quota_id is None:
+                pulumi.log.warn(f"team {args.team}: no Cloud Quotas id is known for {cap.family} "
+                                f"{cap.quota_type} chips (components/catalog.py); its quota in "
+                                f"{cap.region} is checked at preview only", resource=self)
                 continue
             gcp.cloudquota.SQuotaPreference(
-                f"{args.team}-quota-{family}-{quota_type}-{region}",
+                f"{args.team}-quota-{cap.family}-{cap.quota_type}-{cap.region}",
                 parent=pulumi.Output.concat("projects/", self.project_id),
-                name=f"tpu-{family}-{quota_type.lower()}-{region}",
-                service=TPU_API, quota_id=quota_id, dimensions={"region": region},
+                name=f"tpu-{cap.family}-{cap.quota_type.lower()}-{cap.region}",
+                service=TPU_API, quota_id=cap.quota_id, dimensions={"region": cap.region},
                 quota_config=gcp.cloudquota.SQuotaPreferenceQuotaConfigArgs(
-                    preferred_value=str(chips)),
+                    preferred_value=str(cap.chips)),
+                ignore_safety_checks=SKIPPED_SAFETY_CHECK,
                 justification=f"tpu-stack {args.stack}: team {args.team}'s TPU quota",
                 contact_email=args.quota_contact,
                 opts=after)

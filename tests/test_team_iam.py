@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from components import catalog
 from components.ci import DEPLOYER_ROLES
 from components.stack_config import file_config
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
@@ -191,6 +192,47 @@ def test_a_team_s_tpu_quota_is_capped_in_its_project(repo_runs) -> None:
     # An increase is a request Google answers: it needs a contact.
     assert {p.inputs["contactEmail"] for p in repo_runs[0].of_type(QUOTA_PREFERENCE)} == {
         "ml-platform@acme.example"}
+
+
+def test_every_family_in_every_network_region_is_capped_for_every_team(repo_runs,
+                                                                       three_teams) -> None:
+    """Families and regions outside tpu-stack:quota get a cap of 0, not GCP's default:
+    a team deployer holds tpu.admin in its project and networkUser on every subnet."""
+    for run in (repo_runs[0], three_teams):
+        regions = set(run.outputs["network"]["subnets"])
+        for name, entry in run.outputs["teams"].items():
+            parent = f"projects/{entry['projectId']}"
+            capped = {(p.inputs["quotaId"], p.inputs["dimensions"]["region"])
+                      for p in run.of_type(QUOTA_PREFERENCE) if p.inputs["parent"] == parent}
+            expected = {(quota_id, region) for quota_id in catalog.TPU_QUOTA_IDS.values()
+                        for region in regions}
+            assert capped == expected, name
+            families = {family for family, _ in catalog.TPU_QUOTA_IDS}
+            assert families == set(catalog.GENERATIONS)
+    preferences = {(p.inputs["parent"], p.inputs["quotaId"], p.inputs["dimensions"]["region"]):
+                   p.inputs["quotaConfig"]["preferredValue"]
+                   for p in repo_runs[0].of_type(QUOTA_PREFERENCE)}
+    # v6e, granted nowhere by the platform, is 0 in both of its regions.
+    for region in ("us-central1", "us-central2"):
+        assert preferences[("projects/acme-ml-shared-vision",
+                            "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI", region)] == "0"
+    # v5e is granted in us-central1 only: 0 in us-central2.
+    assert preferences[("projects/acme-ml-shared-vision",
+                        "TPUV5sPreemptibleLitepodPerProjectPerRegionForTPUAPI",
+                        "us-central2")] == "0"
+
+
+def test_every_cap_skips_the_decrease_percentage_check_and_says_why(repo_runs) -> None:
+    """Cloud Quotas refuses a decrease of more than 10% unless
+    QUOTA_DECREASE_PERCENTAGE_TOO_HIGH is skipped (QuotaSafetyCheck)."""
+    preferences = repo_runs[0].of_type(QUOTA_PREFERENCE)
+    assert preferences
+    for p in preferences:
+        assert p.inputs["ignoreSafetyChecks"] == "QUOTA_DECREASE_PERCENTAGE_TOO_HIGH", p.name
+    caps = repo_runs[0].outputs["teams"]["vision"]["quotaCaps"]
+    assert len(caps) == len([p for p in preferences
+                             if p.inputs["parent"] == "projects/acme-ml-shared-vision"])
+    assert all("more than 10%" in cap["why"] for cap in caps)
 
 
 def test_no_team_principal_can_raise_quota_or_grant_outside_its_team(repo_runs) -> None:
