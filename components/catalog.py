@@ -506,9 +506,10 @@ def stop_notice_seconds(*, spot: bool) -> int:
 # europe-west4", and its zonal twin "...PerProjectPerZoneForTPUAPI ... in zone": a
 # node must fit both, so capping the regional one bounds it); v2 on-demand, v3 and
 # v5p preemptible are unconfirmed, by analogy (v5p's zonal
-# TPUV5PPreemptiblePerProjectPerZoneForTPUAPI appears in quota errors). These are the pod (slice) quotas: v2-8/v3-8 single devices draw on
-# other quotas, not capped here. `tpuctl preflight` reads each id from Cloud Quotas
-# and says which ones GCP does not know (ops/tpu/quota.py). A family without an id
+# TPUV5PPreemptiblePerProjectPerZoneForTPUAPI appears in quota errors). These are
+# the pod (slice) quotas: v2-8/v3-8 single devices draw on other quotas, not capped.
+# `tpuctl preflight` reads each id from Cloud Quotas and says which ones GCP does
+# not know (ops/tpu/quota.py). A family without an id
 # gets no cap in its team's project and a warning at preview.
 TPU_QUOTA_IDS: dict[tuple[str, str], str] = {
     ("v2", "onDemand"): "TPUV2sPodPerProjectPerRegionForTPUAPI",  # unconfirmed

@@ -123,7 +123,7 @@ def quotas_server() -> Iterator[tuple[str, dict[str, bytes]]]:
     bodies: dict[str, bytes] = {}
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             body = bodies.get(self.path)
             self.send_response(200 if body else 404)
             self.end_headers()
