@@ -104,18 +104,18 @@ class TpuPlatform(pulumi.ComponentResource):
             labels=self._labels("project"), apis=apis), opts=self._child())
         after_apis = self._child(depends_on=self.project.services)
         project_id = self.project.project_id
-        self.node_tag = naming.network_resource("tpu-node")
-        self.network = Network("network", NetworkArgs(
-            project_id=project_id, naming=naming, regions=settings.regions,
-            subnet_cidr=settings.network.subnet_cidr, pinned=settings.network.subnets,
-            ssh_through_iap=settings.network.ssh_through_iap,
-            node_tag=self.node_tag), opts=after_apis)
         self.buckets = TrainingBuckets("storage", BucketsArgs(
             project_id=project_id, naming=naming, settings=settings.storage,
             labels=self._labels("storage")), opts=after_apis)
         self.identity = RuntimeIdentity("identity", IdentityArgs(
             project_id=project_id, naming=naming,
             buckets={p: b.name for p, b in self.buckets.buckets.items()}), opts=after_apis)
+        self.node_tag = naming.network_resource("tpu-node")
+        self.network = Network("network", NetworkArgs(
+            project_id=project_id, naming=naming, regions=settings.regions,
+            subnet_cidr=settings.network.subnet_cidr, pinned=settings.network.subnets,
+            ssh_through_iap=settings.network.ssh_through_iap,
+            node_tag=self.node_tag, node_account=self.identity.email), opts=after_apis)
         self.package = TrainingPackage("package", PackageArgs(
             bucket=self.buckets.names["artifacts"]),
             opts=self._child(depends_on=[self.buckets.buckets["artifacts"]]))
@@ -134,7 +134,8 @@ class TpuPlatform(pulumi.ComponentResource):
             # The platform's project shares its network with the teams' projects
             # (Shared VPC; docs/teams.md).
             self.host = HostNetwork(project_id, gcp.compute.SharedVPCHostProject(
-                "shared-vpc-host", project=project_id, opts=after_apis), self.network.subnets)
+                "shared-vpc-host", project=project_id, opts=after_apis), self.network.subnets,
+                self.network.network.id)
         if settings.ci:
             self.ci = CiIdentity("ci", CiArgs(settings.ci, project_id, naming, scope=DeployerScope(
                 granted_roles=self._granted_project_roles(),

@@ -30,6 +30,7 @@ from components.identity import (
     RuntimeIdentity,
 )
 from components.naming import Naming, fit
+from components.network import peer_firewall
 from components.project import APIS, TPU_API
 from components.settings import CiSettings, StorageSettings, TeamQuota
 from components.storage import BucketsArgs, TrainingBuckets
@@ -149,6 +150,7 @@ class HostNetwork:
     project_id: pulumi.Input[str]
     host: gcp.compute.SharedVPCHostProject
     subnets: dict[str, gcp.compute.Subnetwork]
+    network_id: pulumi.Input[str]
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,12 @@ class TeamProject(pulumi.ComponentResource):
             display_name=f"tpu-stack runtime of team {args.team}"[:100],
             project=self.project_id, opts=after)
         self.member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
-        self.grants = [attached, *self._runtime_grants(child), *self._tpu_agent(after)]
+        # The team's nodes reach each other and no other team's (network.py).
+        self.firewall = peer_firewall(
+            f"{t}peers", args.naming.network_resource(f"tpu-{args.team}-peers"),
+            args.network.project_id, args.network.network_id, self.account.email, child)
+        self.grants = [attached, self.firewall, *self._runtime_grants(child),
+                       *self._tpu_agent(after)]
         self._members(child)
         self.ci = self._deployer(after)
         self._quota(after)

@@ -13,8 +13,10 @@ import pytest
 
 from components import catalog
 from components.ci import DEPLOYER_ROLES
+from components.network import IAP_SOURCE_RANGE
 from components.stack_config import file_config
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
+from policy.firewall import Endpoint, Rule, admits, rules_of
 from policy.iam import QUEUED_TPU, IamModel, predefined_roles
 from tests.infra.stack_fixtures import as_cli
 from tests.test_teams import platform, pod, spot, team
@@ -170,6 +172,89 @@ def test_the_isolation_check_catches_a_leaked_grant(three_teams) -> None:
     found = crossings(leaky, teams)
     assert ("nlp", "deployer", "tpu.nodes.update") in {f[:3] for f in found}
     assert {f[3] for f in found} >= {r for r in teams["vision"].resources if "/nodes/" in r}
+
+
+# ---- networks teams cannot cross ---------------------------------------------------
+
+# What a node listens on: TF's gRPC worker and coordinator ports, SSH, everything.
+PROBES = [("tcp", 22), ("tcp", 8470), ("tcp", 8476), ("tcp", 2222), ("tcp", 65535),
+          ("udp", 8472), ("icmp", 0)]
+
+
+def node_endpoints(runs: list[ProgramRun]) -> dict[str, tuple[str, Endpoint]]:
+    """node id → (team, where it sits on the network), from V2Vms and queued nodes;
+    a node's address range is its subnet's (the platform's, by region)."""
+    subnets = {r.inputs["region"]: r.inputs["ipCidrRange"]
+               for run in runs for r in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+    nodes = {}
+    for run in runs:
+        for r in run.of_type(V2VM) + run.of_type(QUEUED_TPU):
+            queued = r.type == QUEUED_TPU
+            network = r.inputs["network"] if queued else r.inputs["networkConfig"]["network"]
+            account = (r.inputs["service_account_email"] if queued
+                       else r.inputs["serviceAccount"]["email"])
+            node_id = r.inputs["node_id"] if queued else r.inputs["name"]
+            nodes[node_id] = (r.inputs["labels"]["team"], Endpoint(
+                node_id, network, subnets[r.inputs["zone"].rsplit("-", 1)[0]], account,
+                frozenset(r.inputs.get("tags") or ())))
+    return nodes
+
+
+def network_crossings(runs: list[ProgramRun]) -> list[tuple[str, str, str, int]]:
+    """(from node, to node, protocol, port) the firewall admits between teams."""
+    rules = rules_of(r for run in runs for r in run.registrations)
+    nodes = node_endpoints(runs)
+    return [(a.name, b.name, protocol, port)
+            for (team_a, a), (team_b, b) in itertools.permutations(nodes.values(), 2)
+            if team_a != team_b for protocol, port in PROBES if admits(rules, a, b, protocol, port)]
+
+
+def test_no_node_of_a_team_reaches_a_node_of_another(repo_runs, three_teams) -> None:
+    for runs in (repo_runs, [three_teams]):
+        nodes = node_endpoints(runs)
+        assert len({owner for owner, _ in nodes.values()}) >= 2
+        assert network_crossings(runs) == []
+
+
+def test_a_team_s_nodes_reach_each_other_and_iap_reaches_ssh_only(three_teams) -> None:
+    rules = rules_of(three_teams.registrations)
+    nodes = node_endpoints([three_teams])
+    vision = [e for owner, e in nodes.values() if owner == "vision"]
+    assert len(vision) == 3  # a spot node, a v4 pod and a queued node
+    for a, b in itertools.permutations(vision, 2):
+        assert all(admits(rules, a, b, protocol, port) for protocol, port in PROBES), (a, b)
+    iap = Endpoint("iap", None, IAP_SOURCE_RANGE)
+    for _, node in nodes.values():
+        assert admits(rules, iap, node, "tcp", 22)
+        assert not admits(rules, iap, node, "tcp", 8470)
+
+
+def test_a_forged_tag_opens_nothing(three_teams) -> None:
+    """A team deployer sets any tag on its own node (tpu.nodes.update): the rules
+    that separate teams must not depend on tags."""
+    rules = rules_of(three_teams.registrations)
+    nodes = node_endpoints([three_teams])
+    [(_, nlp)] = [(t, e) for t, e in nodes.values() if t == "nlp"][:1]
+    every_tag = frozenset(tag for _, e in nodes.values() for tag in e.tags) | {"anything"}
+    forged = Endpoint(nlp.name, nlp.network, nlp.cidr, nlp.account, every_tag)
+    for owner, node in nodes.values():
+        if owner != "nlp":
+            assert not any(admits(rules, forged, node, p, n) for p, n in PROBES)
+            assert not any(admits(rules, node, forged, p, n) for p, n in PROBES)
+
+
+def test_the_network_check_catches_a_rule_open_to_every_subnet(three_teams) -> None:
+    """The check can fail: the shape main had, a subnet-range source to the node tag."""
+    nodes = node_endpoints([three_teams])
+    tag = next(iter(next(iter(nodes.values()))[1].tags))
+    network = next(iter(nodes.values()))[1].network
+    wide = Rule.of("wide", {"network": network, "sourceRanges": ["10.128.0.0/16"],
+                            "targetTags": [tag], "allows": [{"protocol": "tcp"}]})
+    rules = [*rules_of(three_teams.registrations), wide]
+    crossings = [(a.name, b.name) for (ta, a), (tb, b) in itertools.permutations(nodes.values(), 2)
+                 if ta != tb and admits(rules, a, b, "tcp", 8470)]
+    pairs = [1 for (ta, _), (tb, _) in itertools.permutations(nodes.values(), 2) if ta != tb]
+    assert len(crossings) == len(pairs) == 32  # every pair of nodes of different teams
 
 
 # ---- quota in the team's own project ---------------------------------------------
