@@ -163,6 +163,7 @@ class TpuPlatform(pulumi.ComponentResource):
             folder_id=settings.team_projects.folder_id,
             billing_account=settings.team_billing_account,
             quota_contact=settings.team_projects.quota_contact,
+            state_bucket=settings.team_projects.state_bucket,
             labels=self._team_labels("project", team), members=spec.members,
             quota=spec.quota, regions={f: sorted(r) for f, r in settings.quota.items()},
             network=self.host, data_bucket=self.buckets.names["data"], ci=spec.ci,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from components import team_state
 from components.ci import CI_APIS, CiArgs, CiIdentity
 from components.identity import (
     ACT_AS_ROLE,
@@ -58,6 +59,10 @@ MEMBER_PROJECT_ROLES = ("roles/tpu.viewer",)
 NETWORK_USER_ROLE = "roles/compute.networkUser"
 TPU_XPN_AGENT_ROLE = "roles/tpu.xpnAgent"
 TPU_AGENT_DOMAIN = "gcp-sa-tpu.iam.gserviceaccount.com"
+# On a shared gs:// backend (components/team_state.py): a team's deployer writes
+# its own stack's objects and reads the platform's; legacyBucketReader lists.
+STATE_WRITE_ROLE = "roles/storage.objectUser"
+STATE_READ_ROLE = "roles/storage.objectViewer"
 # A team's QuotaPreferences go through the Cloud Quotas API
 # (cloud.google.com/docs/quotas/api-overview), enabled in the team's project.
 QUOTAS_API = "cloudquotas.googleapis.com"
@@ -167,6 +172,7 @@ class TeamProjectArgs:
     network: HostNetwork
     data_bucket: pulumi.Input[str]  # the platform's shared data, read-only
     quota_contact: str | None = None  # Cloud Quotas' contact for increase requests
+    state_bucket: str | None = None  # a shared gs:// backend's bucket (team_state.py)
     ci: CiSettings | None = None
     budget: TeamBudget | None = None
     budgets: BudgetsAccess | None = None  # required with a budget
@@ -303,7 +309,35 @@ class TeamProject(pulumi.ComponentResource):
             f"{args.team}-deployer-act-as", service_account_id=self.account.name,
             role=ACT_AS_ROLE, member=member, opts=child)
         self._network_users("deployer", member, child)
+        if args.state_bucket:
+            self._state(args.state_bucket, ci, child)
         return ci
+
+    def _state(self, bucket: str, ci: CiIdentity, child: pulumi.ResourceOptions) -> None:
+        """On a shared gs:// backend: the deployer writes its team stack's state only,
+        the preview account reads it; both read the platform's stack file (the
+        StackReference) and list the bucket (team_state.py)."""
+        t, own = self.args.team, team_state.team_stack(self.args.team)
+        readable = team_state.read_condition(bucket, [self.args.stack, own])
+        grants = [
+            ("deployer", ci.deployer_email, STATE_WRITE_ROLE,
+             team_state.write_condition(bucket, own)),
+            ("deployer", ci.deployer_email, STATE_READ_ROLE,
+             team_state.read_condition(bucket, [self.args.stack])),
+            ("preview", ci.preview_email, STATE_READ_ROLE, readable),
+        ]
+        for who, email, role, expression in grants:
+            name = role.rsplit(".", 1)[-1]
+            gcp.storage.BucketIAMMember(
+                f"{t}-{who}-state-{name}", bucket=bucket, role=role,
+                member=email.apply(lambda e: f"serviceAccount:{e}"),
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title=f"tpu-stack state of team {t}"[:100], expression=expression),
+                opts=child)
+        for who, email in (("deployer", ci.deployer_email), ("preview", ci.preview_email)):
+            gcp.storage.BucketIAMMember(
+                f"{t}-{who}-state-list", bucket=bucket, role=BUCKET_METADATA_ROLE,
+                member=email.apply(lambda e: f"serviceAccount:{e}"), opts=child)
 
     def _quota(self, after: pulumi.ResourceOptions) -> None:
         """The team's chips as its project's TPU quota (Cloud Quotas QuotaPreference,

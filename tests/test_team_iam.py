@@ -32,6 +32,7 @@ ESCALATION_ROLES = ("roles/owner", "roles/editor", "roles/iam.serviceAccountAdmi
                     "roles/resourcemanager.projectIamAdmin", "roles/storage.admin",
                     "roles/iam.serviceAccountTokenCreator", "roles/cloudquotas.admin")
 CI = {"githubRepository": "acme/models", "githubRepositoryId": "1", "githubRepositoryOwnerId": "2"}
+STATE = "acme-pulumi-state"  # a shared gs:// backend
 
 
 @dataclass
@@ -125,6 +126,7 @@ def three_teams() -> ProgramRun:
     data = platform(**teams)
     data["tpu-stack:quota"] = {"v5e": {"us-central1": {"preemptible": 64}},
                                "v4": {"us-central2": {"onDemand": 64}}}
+    data["tpu-stack:teamProjects"] = {**data["tpu-stack:teamProjects"], "stateBucket": STATE}
     return run_program(as_cli(data), "shared")
 
 
@@ -255,6 +257,56 @@ def test_the_network_check_catches_a_rule_open_to_every_subnet(three_teams) -> N
                  if ta != tb and admits(rules, a, b, "tcp", 8470)]
     pairs = [1 for (ta, _), (tb, _) in itertools.permutations(nodes.values(), 2) if ta != tb]
     assert len(crossings) == len(pairs) == 32  # every pair of nodes of different teams
+
+
+# ---- state no other team can touch ----------------------------------------------------
+
+def state_files(stack: str) -> list[str]:
+    """Objects the DIY backend writes for a stack (pulumi/pulumi pkg/backend/diy)."""
+    base = f"projects/_/buckets/{STATE}/objects/.pulumi"
+    return [f"{base}/stacks/tpu-stack/{stack}.json", f"{base}/stacks/tpu-stack/{stack}.json.bak",
+            f"{base}/history/tpu-stack/{stack}/{stack}-1.history.json",
+            f"{base}/backups/tpu-stack/{stack}/{stack}.1.json",
+            f"{base}/locks/organization/tpu-stack/{stack}/abc.json"]
+
+
+WRITES = ("storage.objects.create", "storage.objects.delete", "storage.objects.update")
+
+
+def test_a_team_writes_its_own_state_only_and_reads_the_platform_s(three_teams) -> None:
+    model = model_of([three_teams])
+    teams = teams_of([three_teams])
+    platform_file = f"projects/_/buckets/{STATE}/objects/.pulumi/stacks/tpu-stack/shared.json"
+    for a, b in itertools.permutations(teams.values(), 2):
+        deployer, preview = a.principals["deployer"], f"serviceAccount:shared-{a.name}-preview@"
+        for obj in state_files(f"team-{a.name}"):
+            assert all(model.can(deployer, w, obj) for w in WRITES), obj
+            assert model.can(deployer, "storage.objects.get", obj)
+        for obj in [*state_files(f"team-{b.name}"), *state_files("shared")]:
+            assert not any(model.can(deployer, w, obj) for w in WRITES), (a.name, obj)
+        for obj in state_files(f"team-{b.name}"):
+            assert not model.can(deployer, "storage.objects.get", obj), (a.name, obj)
+        assert model.can(deployer, "storage.objects.get", platform_file)  # StackReference
+        assert model.can(deployer, "storage.objects.list", f"projects/_/buckets/{STATE}")
+        # A stack named like the team's as a prefix is another stack.
+        assert not model.can(deployer, "storage.objects.create",
+                             platform_file.replace("shared.json", f"team-{a.name}x.json"))
+        previews = [p for p in {m for bs in model.bindings.values() for bd in bs
+                                for m in bd.members} if p.startswith(preview)]
+        assert len(previews) == 1
+        for obj in state_files(f"team-{a.name}"):
+            assert not any(model.can(previews[0], w, obj) for w in WRITES)
+
+
+def test_the_state_check_catches_a_bucket_wide_grant(three_teams) -> None:
+    """The check can fail: the shape main had, objectUser on the whole state bucket."""
+    teams = teams_of([three_teams])
+    leak = {"type": "gcp:storage/bucketIAMMember:BucketIAMMember",
+            "inputs": {"bucket": STATE, "role": "roles/storage.objectUser",
+                       "member": teams["nlp"].principals["deployer"]}}
+    model = IamModel.of([*three_teams.registrations, leak])
+    assert model.can(teams["nlp"].principals["deployer"], "storage.objects.create",
+                     state_files("team-vision")[0])
 
 
 # ---- quota in the team's own project ---------------------------------------------

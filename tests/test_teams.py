@@ -179,6 +179,9 @@ BAD_TEAM_CONFIGS: list[tuple[str, dict, str, str]] = [
     ("team projects without a quota contact", {**platform(vision=team("vision")),
                                                "tpu-stack:teamProjects": {"folderId": "12"}},
      "tpu-stack:teamProjects.quotaContact", "is required: an email Google may contact"),
+    ("state bucket as a URL", {**platform(vision=team("vision")), "tpu-stack:teamProjects": {
+        **TEAM_PROJECTS, "stateBucket": "gs://acme-state"}},
+     "tpu-stack:teamProjects.stateBucket", "is not a bucket name: the name alone"),
     ("team ci by repository name only", platform(vision=team("vision", ci={
         "githubRepository": "acme/vision", "githubRepositoryId": "acme",
         "githubRepositoryOwnerId": "1"})),
