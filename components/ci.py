@@ -107,6 +107,37 @@ BOOTSTRAP_ROLES = {
     "roles/resourcemanager.projectIamAdmin": "grants the deployer and preview accounts "
                                              "their roles (ci.py)",
 }
+# The platform stack's deployer in the teams' folder (granted there by the
+# bootstrap step, scripts/bootstrap_team_projects.py): what TeamProject manages
+# inside projects it did not create. No roles/resourcemanager.projectCreator and
+# no roles/billing.user: projects are made and linked to billing by the bootstrap
+# (an admin), so the deployer cannot make projects outside every cap and budget.
+# Folder roles reach every project in the folder (resource hierarchy): keep the
+# folder for team projects only.
+PLATFORM_FOLDER_ROLES = {
+    "roles/serviceusage.serviceUsageAdmin": "TeamProject enables each team project's APIs",
+    "roles/resourcemanager.projectIamAdmin": "TeamProject's project grants (the bootstrap "
+                                             "limits it with modifiedGrantsByRole)",
+    "roles/iam.serviceAccountAdmin": "the teams' runtime, deployer and preview accounts",
+    "roles/iam.roleAdmin": "each team deployer's storage custom role",
+    "roles/iam.workloadIdentityPoolAdmin": "each team deployer's pool and GitHub provider",
+    "roles/cloudquotas.admin": "the teams' TPU quota caps",
+    "roles/compute.xpnAdmin": "attaches team projects to the Shared VPC host",
+    "roles/tpu.admin": "the team nodes the platform stack declares",
+    "roles/storage.admin": "the team buckets the platform stack declares; allUsers and "
+                           "other domains are refused by the folder's org policies",
+}
+# Org policies the bootstrap sets on the folder (and the host project): IAM refuses
+# a member outside the organization's domains, allUsers and allAuthenticatedUsers
+# included (cloud.google.com/resource-manager/docs/organization-policy/
+# restricting-domains), so no storage role can grant arbitrary members; buckets
+# refuse public access (cloud.google.com/storage/docs/public-access-prevention);
+# new projects get no default network (compute.skipDefaultNetworkCreation, as
+# Project(auto_create_network=False) did). Unconfirmed: that domain restriction
+# admits the workload identity pool principalSets the team deployers' accounts are
+# bound to; if it refused them, that grant's `up` fails (closed, not open).
+DOMAIN_POLICY = "iam.allowedPolicyMemberDomains"
+ENFORCED_POLICIES = ("storage.publicAccessPrevention", "compute.skipDefaultNetworkCreation")
 # A team's deployer (components/teams.py declares it in the team's project): TPU
 # nodes and, through the team's storage role, buckets of its own project; actAs on
 # the team's runtime account and use of the platform's subnets are granted on

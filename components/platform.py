@@ -160,11 +160,8 @@ class TpuPlatform(pulumi.ComponentResource):
         assert settings.team_projects and settings.team_billing_account, "settings check"
         access = self.access[team] = TeamProject(f"team-project-{team}", TeamProjectArgs(
             team=team, stack=settings.stack, naming=settings.naming,
-            folder_id=settings.team_projects.folder_id,
-            billing_account=settings.team_billing_account,
             quota_contact=settings.team_projects.quota_contact,
-            state_bucket=settings.team_projects.state_bucket,
-            labels=self._team_labels("project", team), members=spec.members,
+            state_bucket=settings.team_projects.state_bucket, members=spec.members,
             quota=spec.quota, regions={f: sorted(r) for f, r in settings.quota.items()},
             network=self.host, data_bucket=self.buckets.names["data"], ci=spec.ci,
             budget=self._budget(team), budgets=self.budgets), opts=after_apis)

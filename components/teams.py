@@ -163,9 +163,6 @@ class TeamProjectArgs:
     team: str
     stack: str
     naming: Naming
-    folder_id: str
-    billing_account: str
-    labels: dict[str, str]  # the project's labels (team, cost-centre, …)
     members: list[str]
     quota: TeamQuota
     regions: dict[str, list[str]]  # family → regions of the platform's quota (granted)
@@ -193,14 +190,16 @@ class TeamProject(pulumi.ComponentResource):
         super().__init__(PROJECT_TYPE, name, None, opts)
         self.args, t = args, f"{args.team}-"
         child = pulumi.ResourceOptions(parent=self)
+        # The project itself is made by the bootstrap step, not by this stack
+        # (scripts/bootstrap_team_projects.py, docs/teams.md "Who deploys what"):
+        # Resource Manager makes a project's creator its owner, and a deployer
+        # holding projectCreator and billing.user could make any number of
+        # projects it owns, billed to the shared account, outside every cap and
+        # budget. Here it is looked up; the platform deployer only holds the
+        # folder roles of ci.PLATFORM_FOLDER_ROLES in it.
         project_id = args.naming.team_project(args.team)
-        self.project = gcp.organizations.Project(
-            f"{t}project", project_id=project_id, name=project_id,
-            folder_id=args.folder_id, billing_account=args.billing_account,
-            auto_create_network=False,  # its nodes use the platform's subnets
-            labels=args.labels, deletion_policy="PREVENT",
-            opts=child.merge(pulumi.ResourceOptions(protect=True)))
-        self.project_id = self.project.project_id
+        self.project_id = pulumi.Output.from_input(project_id)
+        self.project_number = gcp.organizations.get_project_output(project_id=project_id).number
         apis = (*TEAM_APIS, *(CI_APIS if args.ci else ()))
         services = [gcp.projects.Service(
             f"{t}api-{api.split('.')[0]}", project=self.project_id, service=api,
@@ -260,7 +259,7 @@ class TeamProject(pulumi.ComponentResource):
         t = self.args.team
         identity = gcp.projects.ServiceIdentity(
             f"{t}tpu-agent", project=self.project_id, service=TPU_API, opts=after)
-        agent = pulumi.Output.concat("serviceAccount:service-", self.project.number, "@",
+        agent = pulumi.Output.concat("serviceAccount:service-", self.project_number, "@",
                                      TPU_AGENT_DOMAIN)
         after_agent = pulumi.ResourceOptions(parent=self, depends_on=[identity])
         grants: list[pulumi.Resource] = [self._project_grant(
@@ -377,7 +376,7 @@ class TeamProject(pulumi.ComponentResource):
             # carries no `team` label (a node made with plain gcloud, egress,
             # logging). Labels stay on resources for reporting (naming.labels).
             budget_filter=gcp.billing.BudgetBudgetFilterArgs(
-                projects=[pulumi.Output.concat("projects/", self.project.number)],
+                projects=[pulumi.Output.concat("projects/", self.project_number)],
                 calendar_period="MONTH",
             ),
             threshold_rules=[gcp.billing.BudgetThresholdRuleArgs(threshold_percent=t)
