@@ -34,7 +34,8 @@ BASIC_ROLE_SERVICES = ("cloudquotas", "compute", "iam", "logging", "monitoring",
 # Roles the tests ask about that no component grants (escalation targets).
 EXTRA_ROLES = ("roles/owner", "roles/editor", "roles/storage.admin", "roles/cloudquotas.admin",
                "roles/iam.serviceAccountTokenCreator", "roles/iam.serviceAccountAdmin",
-               "roles/iam.roleAdmin", "roles/iam.workloadIdentityPoolAdmin")
+               "roles/iam.roleAdmin", "roles/iam.workloadIdentityPoolAdmin",
+               "roles/resourcemanager.projectCreator", "roles/billing.user")
 
 
 def granted_roles() -> list[str]:
@@ -46,6 +47,7 @@ def granted_roles() -> list[str]:
                        *identity.MEMBER_BUCKET_ROLES.values(), *ci.DEPLOYER_ROLES,
                        *ci.BOOTSTRAP_ROLES, *ci.TEAM_DEPLOYER_ROLES, *ci.PREVIEW_ROLES,
                        *ci.DEPLOYER_ACCOUNT_ROLES, ci.IMPERSONATION_ROLE,
+                       *ci.PLATFORM_FOLDER_ROLES,
                        *teams.MEMBER_PROJECT_ROLES, teams.NETWORK_USER_ROLE,
                        teams.TPU_XPN_AGENT_ROLE}
     return sorted(roles | set(EXTRA_ROLES))

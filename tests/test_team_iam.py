@@ -7,12 +7,13 @@ from __future__ import annotations
 import copy
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from components import catalog
-from components.ci import DEPLOYER_ROLES
+from components.ci import DEPLOYER_ROLES, PLATFORM_FOLDER_ROLES
 from components.network import IAP_SOURCE_RANGE
 from components.stack_config import file_config
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
@@ -403,6 +404,52 @@ def test_a_team_deployer_deploys_its_team_only(repo_runs) -> None:
     subnets = [s for s in model.kinds("subnetworks")]
     assert subnets and all(model.can(deployer, "compute.subnetworks.use", s) for s in subnets)
     assert not model.can(deployer, "compute.subnetworks.use", "projects/acme-ml-shared")
+
+
+# ---- the platform deployer, bounded by the bootstrap ----------------------------------
+
+PLATFORM_DEPLOYER = "serviceAccount:platform-deployer@acme-ml-shared.iam.gserviceaccount.com"
+
+
+def bootstrap_grants(stack: str = "platform") -> list[dict[str, Any]]:
+    """The bootstrap's folder grants to the platform deployer, as plan resources
+    (scripts/bootstrap_team_projects.py: outside every plan, so added here)."""
+    import importlib.util
+
+    from components.stack_config import settings_for
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bootstrap_team_projects.py"
+    spec = importlib.util.spec_from_file_location("bootstrap_team_projects", path)
+    bootstrap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bootstrap)
+    settings = settings_for(stack)
+    condition = bootstrap.grants_condition(settings)
+    grants = []
+    for role in PLATFORM_FOLDER_ROLES:
+        inputs = {"folder": settings.team_projects.folder_id, "role": role,
+                  "member": PLATFORM_DEPLOYER}
+        if role == "roles/resourcemanager.projectIamAdmin":
+            inputs["condition"] = condition
+        grants.append({"type": "gcp:folder/iAMMember:IAMMember", "inputs": inputs})
+    return grants
+
+
+def test_the_platform_deployer_makes_no_project_and_grants_only_team_roles(repo_runs) -> None:
+    model = IamModel.of([*(r for run in repo_runs for r in run.registrations),
+                         *bootstrap_grants()])
+    teams = teams_of(repo_runs)
+    folder = "folders/246813579024"
+    for t in teams.values():
+        model.parents[t.project] = folder  # the bootstrap made it there
+    assert not model.can(PLATFORM_DEPLOYER, "resourcemanager.projects.create", folder)
+    for t in teams.values():
+        assert model.can(PLATFORM_DEPLOYER, "cloudquotas.quotas.update", t.project)
+        assert model.can_grant(PLATFORM_DEPLOYER, "roles/tpu.viewer", t.project)
+        for role in ("roles/owner", "roles/editor", "roles/resourcemanager.projectIamAdmin",
+                     "roles/iam.serviceAccountTokenCreator", "roles/cloudquotas.admin"):
+            assert not model.can_grant(PLATFORM_DEPLOYER, role, t.project), (t.name, role)
+    # Its folder grants give no team principal anything of another team.
+    assert crossings(model, teams) == []
 
 
 # ---- a deployer that is not owner -----------------------------------------------------
