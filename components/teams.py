@@ -1,11 +1,13 @@
 """Teams of a platform, each fenced in by GCP's own boundaries (docs/teams.md).
 
 `TeamProject`: what the platform stack declares for every team it serves, even
-one that deploys from its own stack: a project of the team's own under a folder,
-attached as a Shared VPC service project to the platform's project, its TPU quota
-capped in that project (Cloud Quotas), the team's runtime account and who may
-act as it, its members' and its keyless deployer's rights (on that project and
-the platform's subnets only), and a budget on the project.
+one that deploys from its own stack, in the team's own project (made in a folder
+by the bootstrap step, scripts/bootstrap_team_projects.py): its attachment as a
+Shared VPC service project of the platform's project, a firewall rule between the
+team's nodes only, its TPU quota capped in that project (Cloud Quotas), the team's
+runtime account and who may act as it, its members' and its keyless deployer's
+rights (on that project, the platform's subnets and, on a shared gs:// backend,
+its own stack's state only), and a budget on the project.
 
 `TeamSpace`: the team's own buckets in its project and the runtime account's
 and members' grants on exactly those. It reads the platform's shared buckets
@@ -371,10 +373,11 @@ class TeamProject(pulumi.ComponentResource):
             display_name=fit(f"tpu-stack {args.stack} {args.team}", BUDGET_NAME_MAX),
             amount=budget_amount(budget.usd_per_month),
             # The team's spend: everything billed to its own project. No label
-            # filter: filters are ANDed (Budget API, Filter: "only usage that
-            # matches all of the filters"), so a label filter would drop what
-            # carries no `team` label (a node made with plain gcloud, egress,
-            # logging). Labels stay on resources for reporting (naming.labels).
+            # filter: each filter admits "usage from only this set of labeled
+            # resources" / "of projects" (pulumi-gcp billing BudgetBudgetFilterArgs),
+            # so a label filter beside the project would drop what carries no
+            # `team` label (a node made with plain gcloud, egress, logging).
+            # Labels stay on resources for reporting (naming.labels).
             budget_filter=gcp.billing.BudgetBudgetFilterArgs(
                 projects=[pulumi.Output.concat("projects/", self.project_number)],
                 calendar_period="MONTH",
