@@ -47,6 +47,9 @@ def team(index: int, nodes: int) -> dict[str, Any]:
         "members": [f"group:team-{index}@acme.example"],
         "labels": {"cost-centre": f"cc-{index:04d}"},
         "quota": {"v5e": {"spot": nodes * CHIPS_PER_NODE}},
+        # A keyless deployer per team, and (teamProjects.stateBucket) its state grants.
+        "ci": {"githubRepository": f"acme/team-{index}", "githubRepositoryId": str(1000 + index),
+               "githubRepositoryOwnerId": "42"},
         "jobs": {"mnist": job()},
         "nodes": [{"name": f"n{n}", "zone": ZONES[n % len(ZONES)],
                    "acceleratorType": "v5litepod-8", "provisioning": "spot", "job": "mnist"}
@@ -65,7 +68,8 @@ def platform_config(teams: int, nodes: int) -> dict[str, str]:
         "tpu-stack:storage": {"location": "US", "forceDestroy": True, "protect": False},
         "tpu-stack:quota": {"v5e": {r: {"preemptible": region_chips} for r in regions}},
         "tpu-stack:teamProjects": {"folderId": "1234567890", "quotaContact": "p@acme.example",
-                                   "billingAccount": "01AB23-45CD67-89EF01"},
+                                   "billingAccount": "01AB23-45CD67-89EF01",
+                                   "stateBucket": "acme-pulumi-state"},
         "tpu-stack:teams": {f"t{i}": team(i, per_team) for i in range(teams)},
     }
     return {key: cli_value(value) for key, value in config.items()}

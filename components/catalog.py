@@ -500,9 +500,22 @@ def stop_notice_seconds(*, spot: bool) -> int:
 # (read 2026-12): v5e and v6e from `quotas info` listings, v4 preemptible
 # ("Quota limit 'TPUV4sPreemptiblePodPerProjectPerRegionForTPUAPI' has been
 # exceeded") and v5p on-demand from quota errors. v4 on-demand is unconfirmed (by
-# analogy with its preemptible id). A family without an id here gets no cap in its
-# team's project; its quota is then checked at preview only (a warning says so).
+# analogy with its preemptible id). v2 preemptible from SkyPilot's quota-error
+# handling (skypilot-org/skypilot, FailoverCloudErrorHandlerV2._gcp_handler: "Quota
+# 'TPUV2sPreemptiblePodPerProjectPerRegionForTPUAPI' exhausted. Limit 32 in region
+# europe-west4", and its zonal twin "...PerProjectPerZoneForTPUAPI ... in zone": a
+# node must fit both, so capping the regional one bounds it); v2 on-demand, v3 and
+# v5p preemptible are unconfirmed, by analogy (v5p's zonal
+# TPUV5PPreemptiblePerProjectPerZoneForTPUAPI appears in quota errors). These are
+# the pod (slice) quotas: v2-8/v3-8 single devices draw on other quotas, not capped.
+# `tpuctl preflight` reads each id from Cloud Quotas and says which ones GCP does
+# not know (ops/tpu/quota.py). A family without an id
+# gets no cap in its team's project and a warning at preview.
 TPU_QUOTA_IDS: dict[tuple[str, str], str] = {
+    ("v2", "onDemand"): "TPUV2sPodPerProjectPerRegionForTPUAPI",  # unconfirmed
+    ("v2", "preemptible"): "TPUV2sPreemptiblePodPerProjectPerRegionForTPUAPI",
+    ("v3", "onDemand"): "TPUV3sPodPerProjectPerRegionForTPUAPI",  # unconfirmed
+    ("v3", "preemptible"): "TPUV3sPreemptiblePodPerProjectPerRegionForTPUAPI",  # unconfirmed
     ("v5e", "onDemand"): "TPUV5sLitepodPerProjectPerRegionForTPUAPI",
     ("v5e", "preemptible"): "TPUV5sPreemptibleLitepodPerProjectPerRegionForTPUAPI",
     ("v6e", "onDemand"): "TPUV6EPerProjectPerRegionForTPUAPI",
@@ -510,4 +523,5 @@ TPU_QUOTA_IDS: dict[tuple[str, str], str] = {
     ("v4", "onDemand"): "TPUV4sPodPerProjectPerRegionForTPUAPI",  # unconfirmed
     ("v4", "preemptible"): "TPUV4sPreemptiblePodPerProjectPerRegionForTPUAPI",
     ("v5p", "onDemand"): "TPUV5PPerProjectPerRegionForTPUAPI",
+    ("v5p", "preemptible"): "TPUV5PPreemptiblePerProjectPerRegionForTPUAPI",  # unconfirmed
 }

@@ -71,19 +71,23 @@ def attribute_condition(ci: CiSettings) -> str:
 CI_APIS = ("sts.googleapis.com",)
 
 # Project roles of the deployer: exactly what `pulumi up` of this stack
-# creates, reads and deletes (components/*.py), each with its reason. Two of
-# them are limited by an IAM condition (CiIdentity._conditions), and actAs is
-# granted on the runtime account alone (DEPLOYER_ACCOUNT_ROLE), so the deployer
-# is not owner in effect: it grants only the roles the stack grants, and
-# administers and acts as only the stack's runtime accounts.
+# creates, reads and deletes (components/*.py), each with its reason.
+# projectIamAdmin is limited by an IAM condition (CiIdentity._conditions), and
+# actAs and administration are granted on the runtime account's own allow policy
+# (DEPLOYER_ACCOUNT_ROLES), so the deployer is not owner in effect: it grants only
+# the roles the stack grants, and administers and acts as only the stack's runtime
+# accounts. Not a `resource.name` condition on a project-wide serviceAccountAdmin:
+# iam.googleapis.com is not among the services that supply resource attributes to
+# conditions (cloud.google.com/iam/docs/conditions-resource-attributes), so IAM
+# never matches such a grant and the deployer could not manage the account at all.
 DEPLOYER_ROLES = {
     "roles/serviceusage.serviceUsageAdmin": "project.py turns the stack's APIs on",
     "roles/compute.networkAdmin": "network.py creates the network and subnetwork",
     "roles/compute.securityAdmin": "network.py creates the firewall rules",
     "roles/tpu.admin": "tpu_node.py / queued_tpu.py create, update, delete TPU nodes; "
                        "tpuctl preflight lists the zone's offers",
-    "roles/iam.serviceAccountAdmin": "identity.py manages the runtime account and its IAM "
-                                     "(condition: that account only)",
+    "roles/iam.serviceAccountCreator": "identity.py creates the runtime account (admin of it "
+                                       "is granted on that account alone, DEPLOYER_ACCOUNT_ROLES)",
     "roles/resourcemanager.projectIamAdmin": "identity.py grants the runtime account project "
                                              "roles (condition: only the roles the stack grants)",
 }
@@ -103,6 +107,37 @@ BOOTSTRAP_ROLES = {
     "roles/resourcemanager.projectIamAdmin": "grants the deployer and preview accounts "
                                              "their roles (ci.py)",
 }
+# The platform stack's deployer in the teams' folder (granted there by the
+# bootstrap step, scripts/bootstrap_team_projects.py): what TeamProject manages
+# inside projects it did not create. No roles/resourcemanager.projectCreator and
+# no roles/billing.user: projects are made and linked to billing by the bootstrap
+# (an admin), so the deployer cannot make projects outside every cap and budget.
+# Folder roles reach every project in the folder (resource hierarchy): keep the
+# folder for team projects only.
+PLATFORM_FOLDER_ROLES = {
+    "roles/serviceusage.serviceUsageAdmin": "TeamProject enables each team project's APIs",
+    "roles/resourcemanager.projectIamAdmin": "TeamProject's project grants (the bootstrap "
+                                             "limits it with modifiedGrantsByRole)",
+    "roles/iam.serviceAccountAdmin": "the teams' runtime, deployer and preview accounts",
+    "roles/iam.roleAdmin": "each team deployer's storage custom role",
+    "roles/iam.workloadIdentityPoolAdmin": "each team deployer's pool and GitHub provider",
+    "roles/cloudquotas.admin": "the teams' TPU quota caps",
+    "roles/compute.xpnAdmin": "attaches team projects to the Shared VPC host",
+    "roles/tpu.admin": "the team nodes the platform stack declares",
+    "roles/storage.admin": "the team buckets the platform stack declares; allUsers and "
+                           "other domains are refused by the folder's org policies",
+}
+# Org policies the bootstrap sets on the folder (and the host project): IAM refuses
+# a member outside the organization's domains, allUsers and allAuthenticatedUsers
+# included (cloud.google.com/resource-manager/docs/organization-policy/
+# restricting-domains), so no storage role can grant arbitrary members; buckets
+# refuse public access (cloud.google.com/storage/docs/public-access-prevention);
+# new projects get no default network (compute.skipDefaultNetworkCreation, as
+# Project(auto_create_network=False) did). Unconfirmed: that domain restriction
+# admits the workload identity pool principalSets the team deployers' accounts are
+# bound to; if it refused them, that grant's `up` fails (closed, not open).
+DOMAIN_POLICY = "iam.allowedPolicyMemberDomains"
+ENFORCED_POLICIES = ("storage.publicAccessPrevention", "compute.skipDefaultNetworkCreation")
 # A team's deployer (components/teams.py declares it in the team's project): TPU
 # nodes and, through the team's storage role, buckets of its own project; actAs on
 # the team's runtime account and use of the platform's subnets are granted on
@@ -110,10 +145,12 @@ BOOTSTRAP_ROLES = {
 TEAM_DEPLOYER_ROLES = {
     "roles/tpu.admin": "the team stack's TPU nodes, in the team's project only",
 }
-# A TPU node runs as the runtime account: the deployer needs actAs on it, granted
-# on that account's own allow policy, never project-wide (where it would reach
-# every account of the project, the Compute Engine default one included).
+# A TPU node runs as the runtime account: the deployer needs actAs on it, and
+# updates and deletes it (serviceAccountAdmin), both granted on that account's own
+# allow policy, never project-wide (where they would reach every account of the
+# project, the Compute Engine default one and the deployer itself included).
 DEPLOYER_ACCOUNT_ROLE = "roles/iam.serviceAccountUser"
+DEPLOYER_ACCOUNT_ROLES = (DEPLOYER_ACCOUNT_ROLE, "roles/iam.serviceAccountAdmin")
 MODIFIED_GRANTS = "iam.googleapis.com/modifiedGrantsByRole"
 
 
@@ -123,17 +160,6 @@ def grants_only(roles: list[str]) -> str:
     the roles a setIamPolicy call adds or removes, conditions-attribute-reference)."""
     listed = ", ".join(f"'{role}'" for role in sorted(roles))
     return f"api.getAttribute('{MODIFIED_GRANTS}', []).hasOnly([{listed}])"
-
-
-def only_accounts(project: str, emails: list[str]) -> str:
-    """An IAM condition on serviceAccountAdmin: the request is
-    about one of `emails` (or the project itself, where accounts are created).
-    Unconfirmed: that IAM sets resource.name for iam.googleapis.com (the resource
-    attributes page lists the services that do); a condition IAM cannot evaluate
-    denies, so the grant fails closed, never wider."""
-    accounts = " || ".join(f"resource.name.endsWith('/serviceAccounts/{email}')"
-                           for email in sorted(emails))
-    return f"resource.name == 'projects/{project}' || {accounts}"
 
 
 # Project roles of the preview account. `pulumi preview` reads the state from
@@ -189,6 +215,11 @@ class CiArgs:
     def deploy_environment(self) -> str:
         default = f"team-{self.team}" if self.team else self.naming.stack
         return self.settings.deploy_environment or default
+
+
+# Who may impersonate an account through the pool (cloud.google.com/iam/docs/
+# workload-identity-federation-with-deployment-pipelines, "Workload Identity User").
+IMPERSONATION_ROLE = "roles/iam.workloadIdentityUser"
 
 
 # Principal identifiers of a pool (cloud.google.com/iam/docs/reference/rest/v1/
@@ -276,7 +307,7 @@ class CiIdentity(pulumi.ComponentResource):
         gcp.serviceaccount.IAMMember(
             f"{self.prefix}github-impersonates-{logical}",
             service_account_id=account.name,
-            role="roles/iam.workloadIdentityUser",
+            role=IMPERSONATION_ROLE,
             member=self.pool.name.apply(lambda pool: attribute_principal(pool, attribute, value)),
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -313,24 +344,20 @@ class CiIdentity(pulumi.ComponentResource):
         for index, email in enumerate(args.scope.accounts if args.scope else []):
             account = pulumi.Output.all(args.project_id, email).apply(
                 lambda parts: f"projects/{parts[0]}/serviceAccounts/{parts[1]}")
-            gcp.serviceaccount.IAMMember(
-                f"{self.prefix}deployer-acts-as-{index}", service_account_id=account,
-                role=DEPLOYER_ACCOUNT_ROLE,
-                member=self.deployer.email.apply(lambda e: f"serviceAccount:{e}"),
-                opts=pulumi.ResourceOptions(parent=self))
+            for role in DEPLOYER_ACCOUNT_ROLES:
+                logical = "acts-as" if role == DEPLOYER_ACCOUNT_ROLE else "administers"
+                gcp.serviceaccount.IAMMember(
+                    f"{self.prefix}deployer-{logical}-{index}", service_account_id=account,
+                    role=role, member=self.deployer.email.apply(lambda e: f"serviceAccount:{e}"),
+                    opts=pulumi.ResourceOptions(parent=self))
 
     @staticmethod
     def _conditions(args: CiArgs) -> dict[str, pulumi.Output[str]]:
         scope = args.scope
         if scope is None:
             return {}
-        accounts = pulumi.Output.all(args.project_id, *scope.accounts).apply(
-            lambda values: only_accounts(values[0], list(values[1:])))
-        return {
-            "roles/resourcemanager.projectIamAdmin": pulumi.Output.from_input(
-                grants_only(scope.granted_roles)),
-            "roles/iam.serviceAccountAdmin": accounts,
-        }
+        return {"roles/resourcemanager.projectIamAdmin": pulumi.Output.from_input(
+            grants_only(scope.granted_roles))}
 
 
 def _logical_roles(roles: dict[str, str]) -> list[tuple[str, pulumi.Input[str]]]:

@@ -15,6 +15,25 @@ TYPE = "tpu-stack:index:Network"
 # cloud.google.com/iap/docs/using-tcp-forwarding#create-firewall-rule: the range
 # IAP TCP forwarding connects from.
 IAP_SOURCE_RANGE = "35.235.240.0/20"
+# Nodes talk to each other (a pod slice's TF workers and coordinator) only within
+# one identity: ingress from nodes running as an account, to nodes running as the
+# same account. Service accounts, not network tags: "network tags ... don't offer
+# any kind of access control. You can choose to assign any value ... to the tag
+# field on any VM you own" (cloud.google.com/firewall/docs/tags-firewalls-overview;
+# a TPU node's `tags` are set by whoever holds tpu.nodes.create/update in its
+# project, i.e. every team deployer), while running a node as an account needs
+# iam.serviceAccounts.actAs on it, which only its team and the platform hold.
+# A VPC firewall rule cannot mix tags and service accounts (cloud.google.com/
+# firewall/docs/firewalls, "Filtering by service account versus network tag").
+# That a Shared VPC host's rules match service-project accounts is from memory of
+# cloud.google.com/vpc/docs/shared-vpc (unconfirmed here), and that GCP matches a
+# TPU VM by its account is unconfirmed (TPU VMs attach to the VPC through the TPU
+# API): if it did not, a team's nodes could not reach each other (fails closed,
+# never open; `tpuctl rehearse` cannot show it, a first pod-slice run does).
+# Everything else is refused by the implied deny-ingress rule (priority 65535);
+# no allow rule has a wider source, so a lower-numbered deny is not needed.
+PEER_PRIORITY = 1000
+PEER_PROTOCOLS = ("tcp", "udp", "icmp")
 
 
 @dataclass(frozen=True)
@@ -24,14 +43,16 @@ class NetworkArgs:
     regions: list[str]
     subnet_cidr: str
     ssh_through_iap: bool
-    node_tag: str
+    node_tag: str  # what the IAP SSH rule targets
+    node_account: pulumi.Input[str]  # the email the stack's own nodes run as
     pinned: dict[str, str] = field(default_factory=dict)  # region → range kept as it is
 
 
 class Network(pulumi.ComponentResource):
     """A custom-mode VPC, a subnet per region with Private Google Access, and
-    firewall rules: traffic between the stack's nodes (pod workers talk to each
-    other) and SSH only through IAP."""
+    firewall rules: traffic between the nodes of the stack's own runtime account
+    (pod workers talk to each other; each team's get their own rule, teams.py)
+    and SSH only through IAP."""
 
     network: gcp.compute.Network
     subnets: dict[str, gcp.compute.Subnetwork]
@@ -65,12 +86,12 @@ class Network(pulumi.ComponentResource):
             )
             for region, cidr in ranges.items()
         }
-        allow = gcp.compute.FirewallAllowArgs
-        self._ingress("allow-internal", args, sorted(ranges.values()),
-                      [allow(protocol="tcp"), allow(protocol="udp"), allow(protocol="icmp")])
+        peer_firewall("allow-internal", naming.network_resource("tpu-internal"),
+                      args.project_id, self.network.id, args.node_account,
+                      pulumi.ResourceOptions(parent=self))
         if args.ssh_through_iap:
             self._ingress("allow-iap-ssh", args, [IAP_SOURCE_RANGE],
-                          [allow(protocol="tcp", ports=["22"])])
+                          [gcp.compute.FirewallAllowArgs(protocol="tcp", ports=["22"])])
         self.register_outputs({
             "network": self.network.id,
             "subnets": {region: s.id for region, s in self.subnets.items()},
@@ -78,7 +99,8 @@ class Network(pulumi.ComponentResource):
 
     def _ingress(self, rule: str, args: NetworkArgs, sources: list[str],
                  allows: list[gcp.compute.FirewallAllowArgs]) -> gcp.compute.Firewall:
-        """An ingress rule to the stack's nodes (by their network tag)."""
+        """An ingress rule from `sources` to the stack's nodes (by their network tag:
+        a forged tag only opens IAP's SSH path, which IAP's own IAM still guards)."""
         return gcp.compute.Firewall(
             rule,
             name=args.naming.network_resource(rule.replace("allow-", "tpu-")),
@@ -90,3 +112,15 @@ class Network(pulumi.ComponentResource):
             allows=allows,
             opts=pulumi.ResourceOptions(parent=self),
         )
+
+
+def peer_firewall(logical: str, name: str, project_id: pulumi.Input[str],
+                  network_id: pulumi.Input[str], account_email: pulumi.Input[str],
+                  opts: pulumi.ResourceOptions) -> gcp.compute.Firewall:
+    """Ingress between the nodes that run as `account_email`, and from nothing else."""
+    accounts = [account_email]
+    return gcp.compute.Firewall(
+        logical, name=name, project=project_id, network=network_id, direction="INGRESS",
+        priority=PEER_PRIORITY, source_service_accounts=accounts,
+        target_service_accounts=accounts,
+        allows=[gcp.compute.FirewallAllowArgs(protocol=p) for p in PEER_PROTOCOLS], opts=opts)

@@ -107,18 +107,18 @@ class TpuPlatform(pulumi.ComponentResource):
         project_id = self.project.project_id
         for warning in project_stack_warnings(settings):  # at preview and up
             pulumi.log.warn(warning, resource=self.project)
-        self.node_tag = naming.network_resource("tpu-node")
-        self.network = Network("network", NetworkArgs(
-            project_id=project_id, naming=naming, regions=settings.regions,
-            subnet_cidr=settings.network.subnet_cidr, pinned=settings.network.subnets,
-            ssh_through_iap=settings.network.ssh_through_iap,
-            node_tag=self.node_tag), opts=after_apis)
         self.buckets = TrainingBuckets("storage", BucketsArgs(
             project_id=project_id, naming=naming, settings=settings.storage,
             labels=self._labels("storage")), opts=after_apis)
         self.identity = RuntimeIdentity("identity", IdentityArgs(
             project_id=project_id, naming=naming,
             buckets={p: b.name for p, b in self.buckets.buckets.items()}), opts=after_apis)
+        self.node_tag = naming.network_resource("tpu-node")
+        self.network = Network("network", NetworkArgs(
+            project_id=project_id, naming=naming, regions=settings.regions,
+            subnet_cidr=settings.network.subnet_cidr, pinned=settings.network.subnets,
+            ssh_through_iap=settings.network.ssh_through_iap,
+            node_tag=self.node_tag, node_account=self.identity.email), opts=after_apis)
         self.package = TrainingPackage("package", PackageArgs(
             bucket=self.buckets.names["artifacts"]),
             opts=self._child(depends_on=[self.buckets.buckets["artifacts"]]))
@@ -137,7 +137,8 @@ class TpuPlatform(pulumi.ComponentResource):
             # The platform's project shares its network with the teams' projects
             # (Shared VPC; docs/teams.md).
             self.host = HostNetwork(project_id, gcp.compute.SharedVPCHostProject(
-                "shared-vpc-host", project=project_id, opts=after_apis), self.network.subnets)
+                "shared-vpc-host", project=project_id, opts=after_apis), self.network.subnets,
+                self.network.network.id)
         if settings.ci:
             self.ci = CiIdentity("ci", CiArgs(settings.ci, project_id, naming, scope=DeployerScope(
                 granted_roles=self._granted_project_roles(),
@@ -163,10 +164,8 @@ class TpuPlatform(pulumi.ComponentResource):
                 and settings.team_billing_account), "settings check"
         access = self.access[team] = TeamProject(f"team-project-{team}", TeamProjectArgs(
             team=team, stack=settings.stack, naming=settings.naming,
-            folder_id=settings.team_projects.folder_id,
-            billing_account=settings.team_billing_account,
             quota_contact=settings.team_projects.quota_contact,
-            labels=self._team_labels("project", team), members=spec.members,
+            state_bucket=settings.team_projects.state_bucket, members=spec.members,
             quota=spec.quota, regions={f: sorted(r) for f, r in settings.quota.items()},
             network=self.host, data_bucket=self.buckets.names["data"], ci=spec.ci,
             budget=self._budget(team), budgets=self.budgets), opts=after_apis)
@@ -365,6 +364,8 @@ class TpuPlatform(pulumi.ComponentResource):
             "usdPerHour": self.team_costs[team].usd_per_hour if team in self.team_costs else 0,
             "projectId": access.project_id,
             "serviceAccount": access.account.email,
+            # Each cap of the team's project and why it skips a safety check (teams.py).
+            "quotaCaps": [cap.to_json() for cap in access.quota_caps],
         }
         if access.ci is not None:
             result["deployer"] = {"serviceAccount": access.ci.deployer_email,

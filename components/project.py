@@ -113,12 +113,11 @@ def stack_warnings(settings: StackSettings) -> list[str]:
             f"there and roles/billing.user on the account; `pulumi destroy` will not delete "
             f"it (protect, deletion_policy PREVENT)")
     if settings.teams and not settings.is_team_stack:
-        folder = settings.team_projects.folder_id if settings.team_projects else None
         projects = ", ".join(sorted(settings.naming.team_project(team) for team in settings.teams))
         warnings.append(
             f"the stack turns project {settings.gcp_project} into a Shared VPC HOST project "
-            f"and CREATES one project per team in folder {folder} ({projects}), each a "
-            f"service project using the host's subnets: the deployer needs "
-            f"roles/compute.xpnAdmin and roles/resourcemanager.projectCreator on the folder, "
-            f"and becomes each team project's owner (docs/teams.md, \"Who deploys what\")")
+            f"and attaches one project per team ({projects}) as its service projects: the "
+            f"bootstrap step (scripts/bootstrap_team_projects.py, an admin) must have made "
+            f"them first, and the deployer needs the folder roles it grants "
+            f"(docs/teams.md, \"Who deploys what\")")
     return warnings

@@ -264,6 +264,9 @@ class TeamProjectsSettings(_Model):
     # Cloud Quotas requires a contact email on a preference above the granted value
     # (QuotaPreference.contact_email: "required for increase quota preferences").
     quota_contact: str | None = None
+    # The gs:// bucket of a self-managed backend holding every stack's state: each
+    # team's deployer may write its own stack's files only (components/team_state.py).
+    state_bucket: str | None = None
 
 
 class BillingSettings(_Model):
@@ -1159,6 +1162,10 @@ _FOLDER_RE = re.compile(r"^[0-9]{1,20}$")
 _EMAIL_RE = re.compile(r"^[A-Za-z0-9._%+'-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
 
 
+# cloud.google.com/storage/docs/buckets#naming (names with dots may reach 222: not here).
+_STATE_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9]$")
+
+
 def _team_projects_problems(s: StackSettings) -> Problems:
     """Every team gets a project of its own under a folder (docs/teams.md): each
     key still missing is named at once."""
@@ -1187,6 +1194,10 @@ def _team_projects_problems(s: StackSettings) -> Problems:
     elif not _BILLING_RE.match(account):
         yield (f"{TEAM_PROJECTS_KEY}.billingAccount", f"{account!r} is not a billing account "
                                                       f"id (XXXXXX-XXXXXX-XXXXXX, hex digits)")
+    state = s.team_projects.state_bucket
+    if state is not None and not _STATE_BUCKET_RE.match(state):
+        yield (f"{TEAM_PROJECTS_KEY}.stateBucket", f"{state!r} is not a bucket name: the name "
+                                                   "alone (3-63 of a-z 0-9 - _ .), without gs://")
 
 
 def _billing_problems(billing: BillingSettings) -> Problems:

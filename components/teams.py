@@ -1,11 +1,13 @@
 """Teams of a platform, each fenced in by GCP's own boundaries (docs/teams.md).
 
 `TeamProject`: what the platform stack declares for every team it serves, even
-one that deploys from its own stack: a project of the team's own under a folder,
-attached as a Shared VPC service project to the platform's project, its TPU quota
-capped in that project (Cloud Quotas), the team's runtime account and who may
-act as it, its members' and its keyless deployer's rights (on that project and
-the platform's subnets only), and a budget on the project.
+one that deploys from its own stack, in the team's own project (made in a folder
+by the bootstrap step, scripts/bootstrap_team_projects.py): its attachment as a
+Shared VPC service project of the platform's project, a firewall rule between the
+team's nodes only, its TPU quota capped in that project (Cloud Quotas), the team's
+runtime account and who may act as it, its members' and its keyless deployer's
+rights (on that project, the platform's subnets and, on a shared gs:// backend,
+its own stack's state only), and a budget on the project.
 
 `TeamSpace`: the team's own buckets in its project and the runtime account's
 and members' grants on exactly those. It reads the platform's shared buckets
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from components import catalog
+from components import team_state
 from components.ci import CI_APIS, CiArgs, CiIdentity
 from components.identity import (
     ACT_AS_ROLE,
@@ -30,10 +32,12 @@ from components.identity import (
     IdentityArgs,
     RuntimeIdentity,
 )
-from components.naming import Naming, fit, label_value
+from components.naming import Naming, fit
+from components.network import peer_firewall
 from components.project import APIS, TPU_API
 from components.settings import CiSettings, StorageSettings, TeamQuota
 from components.storage import BucketsArgs, TrainingBuckets
+from components.team_quota import SKIPPED_SAFETY_CHECK, quota_caps
 
 SPACE_TYPE = "tpu-stack:index:TeamSpace"
 PROJECT_TYPE = "tpu-stack:index:TeamProject"
@@ -57,6 +61,10 @@ MEMBER_PROJECT_ROLES = ("roles/tpu.viewer",)
 NETWORK_USER_ROLE = "roles/compute.networkUser"
 TPU_XPN_AGENT_ROLE = "roles/tpu.xpnAgent"
 TPU_AGENT_DOMAIN = "gcp-sa-tpu.iam.gserviceaccount.com"
+# On a shared gs:// backend (components/team_state.py): a team's deployer writes
+# its own stack's objects and reads the platform's; legacyBucketReader lists.
+STATE_WRITE_ROLE = "roles/storage.objectUser"
+STATE_READ_ROLE = "roles/storage.objectViewer"
 # A team's QuotaPreferences go through the Cloud Quotas API
 # (cloud.google.com/docs/quotas/api-overview), enabled in the team's project.
 QUOTAS_API = "cloudquotas.googleapis.com"
@@ -149,6 +157,7 @@ class HostNetwork:
     project_id: pulumi.Input[str]
     host: gcp.compute.SharedVPCHostProject
     subnets: dict[str, gcp.compute.Subnetwork]
+    network_id: pulumi.Input[str]
 
 
 @dataclass(frozen=True)
@@ -156,32 +165,16 @@ class TeamProjectArgs:
     team: str
     stack: str
     naming: Naming
-    folder_id: str
-    billing_account: str
-    labels: dict[str, str]  # the project's labels (team, cost-centre, …)
     members: list[str]
     quota: TeamQuota
-    regions: dict[str, list[str]]  # family → regions of the platform's quota
+    regions: dict[str, list[str]]  # family → regions of the platform's quota (granted)
     network: HostNetwork
     data_bucket: pulumi.Input[str]  # the platform's shared data, read-only
     quota_contact: str | None = None  # Cloud Quotas' contact for increase requests
+    state_bucket: str | None = None  # a shared gs:// backend's bucket (team_state.py)
     ci: CiSettings | None = None
     budget: TeamBudget | None = None
     budgets: BudgetsAccess | None = None  # required with a budget
-
-
-def quota_caps(quota: TeamQuota, regions: dict[str, list[str]]) -> list[tuple[str, str, str, int]]:
-    """(family, quota type, region, chips): the team's chips as a per-region cap in
-    every region of the platform's quota for the family. GCP counts TPU quota per
-    region, a team's quota is per family: each region gets the whole figure, and
-    the preview check (settings.team_quota_problems) still counts the sum."""
-    caps = []
-    for family, family_regions in sorted(regions.items()):
-        chips = quota.chips(family)
-        by_type = {"onDemand": chips.on_demand + chips.reserved, "preemptible": chips.spot}
-        for quota_type, count in by_type.items():
-            caps += [(family, quota_type, region, count) for region in sorted(family_regions)]
-    return caps
 
 
 class TeamProject(pulumi.ComponentResource):
@@ -199,14 +192,16 @@ class TeamProject(pulumi.ComponentResource):
         super().__init__(PROJECT_TYPE, name, None, opts)
         self.args, t = args, f"{args.team}-"
         child = pulumi.ResourceOptions(parent=self)
+        # The project itself is made by the bootstrap step, not by this stack
+        # (scripts/bootstrap_team_projects.py, docs/teams.md "Who deploys what"):
+        # Resource Manager makes a project's creator its owner, and a deployer
+        # holding projectCreator and billing.user could make any number of
+        # projects it owns, billed to the shared account, outside every cap and
+        # budget. Here it is looked up; the platform deployer only holds the
+        # folder roles of ci.PLATFORM_FOLDER_ROLES in it.
         project_id = args.naming.team_project(args.team)
-        self.project = gcp.organizations.Project(
-            f"{t}project", project_id=project_id, name=project_id,
-            folder_id=args.folder_id, billing_account=args.billing_account,
-            auto_create_network=False,  # its nodes use the platform's subnets
-            labels=args.labels, deletion_policy="PREVENT",
-            opts=child.merge(pulumi.ResourceOptions(protect=True)))
-        self.project_id = self.project.project_id
+        self.project_id = pulumi.Output.from_input(project_id)
+        self.project_number = gcp.organizations.get_project_output(project_id=project_id).number
         apis = (*TEAM_APIS, *(CI_APIS if args.ci else ()))
         services = [gcp.projects.Service(
             f"{t}api-{api.split('.')[0]}", project=self.project_id, service=api,
@@ -222,7 +217,12 @@ class TeamProject(pulumi.ComponentResource):
             display_name=f"tpu-stack runtime of team {args.team}"[:100],
             project=self.project_id, opts=after)
         self.member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
-        self.grants = [attached, *self._runtime_grants(child), *self._tpu_agent(after)]
+        # The team's nodes reach each other and no other team's (network.py).
+        self.firewall = peer_firewall(
+            f"{t}peers", args.naming.network_resource(f"tpu-{args.team}-peers"),
+            args.network.project_id, args.network.network_id, self.account.email, child)
+        self.grants = [attached, self.firewall, *self._runtime_grants(child),
+                       *self._tpu_agent(after)]
         self._members(child)
         self.ci = self._deployer(after)
         self._quota(after)
@@ -261,7 +261,7 @@ class TeamProject(pulumi.ComponentResource):
         t = self.args.team
         identity = gcp.projects.ServiceIdentity(
             f"{t}tpu-agent", project=self.project_id, service=TPU_API, opts=after)
-        agent = pulumi.Output.concat("serviceAccount:service-", self.project.number, "@",
+        agent = pulumi.Output.concat("serviceAccount:service-", self.project_number, "@",
                                      TPU_AGENT_DOMAIN)
         after_agent = pulumi.ResourceOptions(parent=self, depends_on=[identity])
         grants: list[pulumi.Resource] = [self._project_grant(
@@ -279,15 +279,21 @@ class TeamProject(pulumi.ComponentResource):
             opts=opts) for region, subnet in sorted(network.subnets.items())]
 
     def _members(self, child: pulumi.ResourceOptions) -> None:
-        """Members see their project's TPU nodes and may act as the team's account
-        (authoritative: exactly the listed members)."""
-        for role in MEMBER_PROJECT_ROLES:
-            role_name = role.split("/", 1)[1].replace(".", "-")
-            for member in self.args.members:
-                self._project_grant(f"{role_name}-{member.replace(':', '-')}", role, member, child)
-        gcp.serviceaccount.IAMBinding(
-            f"{self.args.team}-members-act-as", service_account_id=self.account.name,
-            role=ACT_AS_ROLE, members=self.args.members, opts=child)
+        """Members see their project's TPU nodes and may act as the team's account.
+        One IAMMember each, never an authoritative IAMBinding: the deployer's actAs
+        is an IAMMember of the same role on the same account, and pulumi-gcp says
+        IAMBinding "can be used in conjunction with IAMMember only if they do not
+        grant privilege to the same role" (serviceaccount.IAMBinding docs): the
+        binding would remove the member's grant at every `up` (policy pack rule
+        `no-binding-beside-member`)."""
+        for member in self.args.members:
+            suffix = member.replace(":", "-")
+            for role in MEMBER_PROJECT_ROLES:
+                role_name = role.split("/", 1)[1].replace(".", "-")
+                self._project_grant(f"{role_name}-{suffix}", role, member, child)
+            gcp.serviceaccount.IAMMember(
+                f"{self.args.team}-members-act-as-{suffix}", service_account_id=self.account.name,
+                role=ACT_AS_ROLE, member=member, opts=child)
 
     def _deployer(self, after: pulumi.ResourceOptions) -> CiIdentity | None:
         """The team's keyless deployer, like the stack's own CI, in the team's project:
@@ -304,28 +310,57 @@ class TeamProject(pulumi.ComponentResource):
             f"{args.team}-deployer-act-as", service_account_id=self.account.name,
             role=ACT_AS_ROLE, member=member, opts=child)
         self._network_users("deployer", member, child)
+        if args.state_bucket:
+            self._state(args.state_bucket, ci, child)
         return ci
+
+    def _state(self, bucket: str, ci: CiIdentity, child: pulumi.ResourceOptions) -> None:
+        """On a shared gs:// backend: the deployer writes its team stack's state only,
+        the preview account reads it; both read the platform's stack file (the
+        StackReference) and list the bucket (team_state.py)."""
+        t, own = self.args.team, team_state.team_stack(self.args.team)
+        readable = team_state.read_condition(bucket, [self.args.stack, own])
+        grants = [
+            ("deployer", ci.deployer_email, STATE_WRITE_ROLE,
+             team_state.write_condition(bucket, own)),
+            ("deployer", ci.deployer_email, STATE_READ_ROLE,
+             team_state.read_condition(bucket, [self.args.stack])),
+            ("preview", ci.preview_email, STATE_READ_ROLE, readable),
+        ]
+        for who, email, role, expression in grants:
+            name = role.rsplit(".", 1)[-1]
+            gcp.storage.BucketIAMMember(
+                f"{t}-{who}-state-{name}", bucket=bucket, role=role,
+                member=email.apply(lambda e: f"serviceAccount:{e}"),
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title=f"tpu-stack state of team {t}"[:100], expression=expression),
+                opts=child)
+        for who, email in (("deployer", ci.deployer_email), ("preview", ci.preview_email)):
+            gcp.storage.BucketIAMMember(
+                f"{t}-{who}-state-list", bucket=bucket, role=BUCKET_METADATA_ROLE,
+                member=email.apply(lambda e: f"serviceAccount:{e}"), opts=child)
 
     def _quota(self, after: pulumi.ResourceOptions) -> None:
         """The team's chips as its project's TPU quota (Cloud Quotas QuotaPreference,
         pulumi-gcp `cloudquota.SQuotaPreference`): GCP refuses a node beyond it,
         whoever creates it. A preference above what Google granted is a request that
-        Google approves or not; below, it applies at once."""
+        Google approves or not; below, it applies at once (SKIPPED_SAFETY_CHECK)."""
         args = self.args
-        for family, quota_type, region, chips in quota_caps(args.quota, args.regions):
-            quota_id = catalog.TPU_QUOTA_IDS.get((family, quota_type))
-            if quota_id is None:
-                pulumi.log.warn(f"team {args.team}: no Cloud Quotas id is known for {family} "
-                                f"{quota_type} chips (components/catalog.py); its quota there "
-                                f"is checked at preview only", resource=self)
+        self.quota_caps = quota_caps(args.quota, args.regions, sorted(args.network.subnets))
+        for cap in self.quota_caps:
+            if cap.quota_id is None:
+                pulumi.log.warn(f"team {args.team}: no Cloud Quotas id is known for {cap.family} "
+                                f"{cap.quota_type} chips (components/catalog.py); its quota in "
+                                f"{cap.region} is checked at preview only", resource=self)
                 continue
             gcp.cloudquota.SQuotaPreference(
-                f"{args.team}-quota-{family}-{quota_type}-{region}",
+                f"{args.team}-quota-{cap.family}-{cap.quota_type}-{cap.region}",
                 parent=pulumi.Output.concat("projects/", self.project_id),
-                name=f"tpu-{family}-{quota_type.lower()}-{region}",
-                service=TPU_API, quota_id=quota_id, dimensions={"region": region},
+                name=f"tpu-{cap.family}-{cap.quota_type.lower()}-{cap.region}",
+                service=TPU_API, quota_id=cap.quota_id, dimensions={"region": cap.region},
                 quota_config=gcp.cloudquota.SQuotaPreferenceQuotaConfigArgs(
-                    preferred_value=str(chips)),
+                    preferred_value=str(cap.chips)),
+                ignore_safety_checks=SKIPPED_SAFETY_CHECK,
                 justification=f"tpu-stack {args.stack}: team {args.team}'s TPU quota",
                 contact_email=args.quota_contact,
                 opts=after)
@@ -337,11 +372,14 @@ class TeamProject(pulumi.ComponentResource):
             billing_account=budget.billing_account,
             display_name=fit(f"tpu-stack {args.stack} {args.team}", BUDGET_NAME_MAX),
             amount=budget_amount(budget.usd_per_month),
-            # The team's spend: its own project (every billable resource there
-            # carries its label too, naming.labels).
+            # The team's spend: everything billed to its own project. No label
+            # filter: each filter admits "usage from only this set of labeled
+            # resources" / "of projects" (pulumi-gcp billing BudgetBudgetFilterArgs),
+            # so a label filter beside the project would drop what carries no
+            # `team` label (a node made with plain gcloud, egress, logging).
+            # Labels stay on resources for reporting (naming.labels).
             budget_filter=gcp.billing.BudgetBudgetFilterArgs(
-                projects=[pulumi.Output.concat("projects/", self.project.number)],
-                labels={"team": label_value(args.team)},
+                projects=[pulumi.Output.concat("projects/", self.project_number)],
                 calendar_period="MONTH",
             ),
             threshold_rules=[gcp.billing.BudgetThresholdRuleArgs(threshold_percent=t)

@@ -1,30 +1,39 @@
-"""The part of CEL (github.com/google/cel-spec, langdef.md) that this stack writes
-into conditions, evaluated the way Google evaluates them: Workload Identity
-Federation's attribute conditions and mappings (components/ci.py, evaluated by
-the Security Token Service) and IAM conditions (components/ci.py, teams.py,
-evaluated by IAM; policy/iam.py runs the plan's bindings through them).
+"""CEL as Google evaluates the conditions this stack writes: Workload Identity
+Federation's attribute conditions and mappings (components/ci.py, evaluated by the
+Security Token Service) and IAM conditions (components/ci.py, teams.py, evaluated
+by IAM; policy/iam.py runs the plan's bindings through them).
 
-Grammar: string literals ('…' or "…", no escapes), list literals, variables and
-field selection (`assertion.<claim>`), `has(…)`, `==`, `!=`, `!`, `&&`, `||`,
-`?:`, parentheses, the string methods `startsWith` and `endsWith`, IAM's list
-method `hasOnly` (cloud.google.com/iam/docs/conditions-attribute-reference, "API
-attributes": `list.hasOnly(list)` is true when every element of the receiver is
-in the argument) and calls of functions the variables hold (`api.getAttribute`).
-Anything else is refused, so an expression this module does not understand
-fails instead of passing. Semantics from the spec: reading a missing map key is
-an error; `&&` and `||` are commutative over errors (false && error is false,
-true || error is true); the conditional evaluates only the branch it picks.
+The language is cel-python (`celpy`, PyPI `cel-python`, a maintained implementation
+of github.com/google/cel-spec): parsing, types, `has()`, the conditional, and the
+spec's error semantics (reading a missing key is an error; `&&` and `||` are
+commutative over errors). Google's extensions are registered as functions:
+- `list.hasOnly(list)`: true when every element of the receiver is in the argument
+  (cloud.google.com/iam/docs/conditions-attribute-reference, "API attributes");
+- `api.getAttribute(name, default)`: the request's API attribute, or `default`
+  (same page; the only one this stack reads is iam.googleapis.com/
+  modifiedGrantsByRole, cloud.google.com/iam/docs/setting-limits-on-granting-roles).
+What Google refuses stays refused: an expression that does not parse, or that calls
+a function outside GCP_FUNCTIONS, raises CelSyntaxError (IAM and STS reject such a
+condition when it is set, so `pulumi up` would fail).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping
+from functools import cache
 from typing import Any
 
-_TOKEN = re.compile(r"""\s*(?:(?P<string>'[^'\\]*'|"[^"\\]*")|(?P<op>==|!=|&&|\|\||[!?:().\[\],])
-                        |(?P<name>[A-Za-z_][A-Za-z0-9_]*))""", re.VERBOSE)
+import celpy
+from celpy import celtypes
+
+# Functions and macros the conditions may call: CEL's standard string, size and
+# macro functions that IAM's attribute reference and STS's attribute-condition
+# docs use (startsWith, endsWith, matches, contains, size, has; cloud.google.com/
+# iam/docs/conditions-attribute-reference, /iam/docs/workload-identity-federation
+# "Attribute conditions"), and Google's own hasOnly and getAttribute. Unconfirmed
+# beyond those examples: any other function is refused, never assumed.
+GCP_FUNCTIONS = frozenset({"has", "size", "startsWith", "endsWith", "matches", "contains",
+                           "hasOnly", "getAttribute"})
 
 
 class CelError(Exception):
@@ -32,215 +41,68 @@ class CelError(Exception):
 
 
 class CelSyntaxError(Exception):
-    """An expression outside the subset."""
+    """An expression Google would refuse: it does not parse, or calls an unknown function."""
 
 
-def _tokens(text: str) -> list[tuple[str, str]]:
-    tokens, position = [], 0
-    while position < len(text.rstrip()):
-        match = _TOKEN.match(text, position)
-        if match is None:
-            raise CelSyntaxError(f"cannot read {text[position:]!r}")
-        kind = match.lastgroup
-        assert kind is not None
-        tokens.append((kind, match.group(kind)))
-        position = match.end()
-    return tokens
+_ENVIRONMENT = celpy.Environment()
 
 
-@dataclass
-class _Parser:
-    tokens: list[tuple[str, str]]
-    at: int = 0
-
-    def peek(self) -> str | None:
-        return self.tokens[self.at][1] if self.at < len(self.tokens) else None
-
-    def take(self, expected: str | None = None) -> tuple[str, str]:
-        if self.at >= len(self.tokens):
-            raise CelSyntaxError("unexpected end")
-        token = self.tokens[self.at]
-        if expected is not None and token[1] != expected:
-            raise CelSyntaxError(f"expected {expected!r}, got {token[1]!r}")
-        self.at += 1
-        return token
-
-    def expression(self) -> tuple:
-        condition = self.disjunction()
-        if self.peek() != "?":
-            return condition
-        self.take("?")
-        then = self.expression()
-        self.take(":")
-        return ("if", condition, then, self.expression())
-
-    def disjunction(self) -> tuple:
-        node = self.conjunction()
-        while self.peek() == "||":
-            self.take()
-            node = ("or", node, self.conjunction())
-        return node
-
-    def conjunction(self) -> tuple:
-        node = self.unary()
-        while self.peek() == "&&":
-            self.take()
-            node = ("and", node, self.unary())
-        return node
-
-    def unary(self) -> tuple:
-        if self.peek() == "!":
-            self.take()
-            return ("not", self.unary())
-        left = self.postfix()
-        if self.peek() in ("==", "!="):
-            op = self.take()[1]
-            return (op, left, self.postfix())
-        return left
-
-    def postfix(self) -> tuple:
-        node = self.atom()
-        while self.peek() == ".":
-            self.take()
-            kind, name = self.take()
-            if kind != "name":
-                raise CelSyntaxError(f"bad field {name!r}")
-            if self.peek() == "(":
-                node = ("method", node, name, self.arguments())
-            else:
-                node = ("field", node, name)
-        return node
-
-    def arguments(self, close: str = ")") -> tuple:
-        self.take("(" if close == ")" else "[")
-        items: list[tuple] = []
-        while self.peek() != close:
-            if items:
-                self.take(",")
-            items.append(self.expression())
-        self.take(close)
-        return tuple(items)
-
-    def atom(self) -> tuple:
-        kind, text = self.tokens[self.at] if self.at < len(self.tokens) else ("", "")
-        if text == "[":
-            return ("list", self.arguments("]"))
-        kind, text = self.take()
-        if kind == "string":
-            return ("lit", text[1:-1])
-        if text == "(":
-            node = self.expression()
-            self.take(")")
-            return node
-        if text == "has":
-            self.take("(")
-            selection = self.postfix()
-            self.take(")")
-            if selection[0] != "field":
-                raise CelSyntaxError("has() takes a field selection")
-            return ("has", selection)
-        if kind == "name":
-            return ("var", text)
-        raise CelSyntaxError(f"unexpected {text!r}")
-
-
-def parse(text: str) -> tuple:
-    parser = _Parser(_tokens(text))
-    node = parser.expression()
-    if parser.peek() is not None:
-        raise CelSyntaxError(f"trailing {parser.peek()!r} in {text!r}")
-    return node
-
-
-def _field(holder: Any, name: str) -> Any:
-    if not isinstance(holder, dict) or name not in holder:
-        raise CelError(f"no such key: {name}")
-    return holder[name]
-
-
-def _bool(node: tuple, variables: dict[str, Any]) -> bool | CelError:
-    try:
-        value = _eval(node, variables)
-    except CelError as error:
-        return error
-    if not isinstance(value, bool):
-        raise CelError(f"{value!r} is not a bool")
-    return value
-
-
-def _has_only(receiver: Any, allowed: Any) -> bool:
+def _has_only(receiver: Any, allowed: Any) -> celtypes.BoolType:
     if not isinstance(receiver, list) or not isinstance(allowed, list):
-        raise CelError("hasOnly takes a list and a list")
-    return all(item in allowed for item in receiver)
+        raise celpy.CELEvalError("hasOnly takes a list and a list")
+    return celtypes.BoolType(all(item in allowed for item in receiver))
 
 
-def _string_method(method: Callable[[str, str], bool]) -> Callable[[Any, Any], bool]:
-    def checked(receiver: Any, argument: Any) -> bool:
-        if not isinstance(receiver, str) or not isinstance(argument, str):
-            raise CelError(f"{method.__name__} takes strings")
-        return method(receiver, argument)
-    return checked
+@cache
+def _compiled(text: str) -> Any:
+    try:
+        tree = _ENVIRONMENT.compile(text)
+    except celpy.CELParseError as error:
+        raise CelSyntaxError(f"{text!r}: {str(error).splitlines()[0]}") from None
+    for node in tree.iter_subtrees():
+        name = None
+        if node.data == "member_dot_arg":
+            name = str(node.children[1])
+        elif node.data == "ident_arg":
+            name = str(node.children[0])
+        if name is not None and name not in GCP_FUNCTIONS:
+            raise CelSyntaxError(f"{text!r}: {name}() is not a function GCP's conditions offer")
+    return tree
 
 
-_METHODS: dict[str, Callable[[Any, Any], bool]] = {
-    "startsWith": _string_method(str.startswith),
-    "endsWith": _string_method(str.endswith),
-    "hasOnly": _has_only,
-}
+def evaluate(text: str, variables: Mapping[str, Any],
+             attributes: Mapping[str, Any] | None = None) -> Any:
+    """The value of `text` (plain Python) with `variables` (JSON-like values) bound;
+    `attributes`: the API attributes `api.getAttribute` reads. Raises CelError for
+    CEL's error value, CelSyntaxError for what Google would refuse."""
+    found = dict(attributes or {})
+
+    def get_attribute(_api: Any, name: Any, default: Any) -> Any:
+        return celpy.json_to_cel(found[str(name)]) if str(name) in found else default
+
+    program = _ENVIRONMENT.program(_compiled(text), functions={
+        "hasOnly": _has_only, "getAttribute": get_attribute})
+    activation = {key: celpy.json_to_cel(value) for key, value in variables.items()}
+    activation.setdefault("api", celpy.json_to_cel({}))
+    try:
+        value = program.evaluate(activation)
+    except celpy.CELEvalError as error:
+        raise CelError(str(error.args[0] if error.args else error)) from None
+    if isinstance(value, celpy.CELEvalError):
+        raise CelError(str(value.args[0] if value.args else value))
+    return _plain(value)
 
 
-def _call(node: tuple, variables: dict[str, Any]) -> Any:
-    _, target, name, args = node
-    values = [_eval(arg, variables) for arg in args]
-    if target[0] == "var" and isinstance(variables.get(target[1]), dict):
-        function = variables[target[1]].get(name)
-        if callable(function):  # a function a variable holds: api.getAttribute
-            return function(*values)
-    if name not in _METHODS or len(values) != 1:
-        raise CelSyntaxError(f"unknown function {name}")
-    return _METHODS[name](_eval(target, variables), values[0])
-
-
-def _eval(node: tuple, variables: dict[str, Any]) -> Any:
-    op = node[0]
-    if op == "lit":
-        return node[1]
-    if op == "list":
-        return [_eval(item, variables) for item in node[1]]
-    if op == "var":
-        return _field(variables, node[1])
-    if op == "field":
-        return _field(_eval(node[1], variables), node[2])
-    if op == "method":
-        return _call(node, variables)
-    if op == "has":
-        holder = _eval(node[1][1], variables)
-        return isinstance(holder, dict) and node[1][2] in holder
-    if op in ("==", "!="):
-        equal = _eval(node[1], variables) == _eval(node[2], variables)
-        return equal if op == "==" else not equal
-    if op == "not":
-        value = _eval(node[1], variables)
-        if not isinstance(value, bool):
-            raise CelError(f"!{value!r}")
-        return not value
-    if op in ("and", "or"):
-        short = op == "or"  # the value that decides alone
-        left, right = _bool(node[1], variables), _bool(node[2], variables)
-        if left is short or right is short:
-            return short
-        for side in (left, right):
-            if isinstance(side, CelError):
-                raise side
-        return not short
-    if op == "if":
-        condition = _eval(node[1], variables)
-        if not isinstance(condition, bool):
-            raise CelError(f"{condition!r} is not a bool")
-        return _eval(node[2] if condition else node[3], variables)
-    raise CelSyntaxError(f"unknown node {op}")
-
-
-def evaluate(text: str, variables: dict[str, Any]) -> Any:
-    """The value of `text`; raises CelError for CEL's error value."""
-    return _eval(parse(text), variables)
+def _plain(value: Any) -> Any:
+    """celpy's values as Python's (bool before int: BoolType is no int here)."""
+    if isinstance(value, celtypes.BoolType):
+        return bool(value)
+    if isinstance(value, celtypes.StringType):
+        return str(value)
+    if isinstance(value, celtypes.ListType):
+        return [_plain(item) for item in value]
+    if isinstance(value, celtypes.MapType):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, celtypes.IntType):
+        return int(value)
+    return value

@@ -17,6 +17,11 @@ is the name of the resource the request is about, and `api.getAttribute(
 on a project, folder or organization adds or removes (cloud.google.com/iam/docs/
 setting-limits-on-granting-roles; elsewhere the attribute is absent and the
 default is returned). A condition whose evaluation errs grants nothing, as in IAM.
+Resource attributes (`resource.name`, `.type`, `.service`) exist only for the
+services cloud.google.com/iam/docs/conditions-resource-attributes lists ("Other
+services and resource types do not recognize resource attributes"): a condition
+that reads one never holds for a permission of another service (iam.*, tpu.*),
+however its text reads.
 
 Resource names follow IAM Conditions (cloud.google.com/iam/docs/conditions-
 resource-attributes): `projects/_/buckets/<bucket>`,
@@ -30,6 +35,7 @@ modelled: a check here shows what the plan grants, not more.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -55,6 +61,26 @@ SET_IAM_POLICY = {
 QUEUED_TPU = "pulumi-python:dynamic/tpu:QueuedTpu"
 # Where modifiedGrantsByRole is set (setting-limits-on-granting-roles).
 _LIMITABLE = ("projects", "folders", "organizations")
+
+
+# Services whose permissions IAM evaluates resource attributes for, by permission
+# prefix (cloud.google.com/iam/docs/conditions-resource-attributes, "Resource
+# service values", read 2026-12: apigee, bigquery, bigtableadmin,
+# binaryauthorization, cloudkms, cloudresourcemanager, compute, container,
+# connectors, firestore, dataform, iap, integrations, logging, pubsublite,
+# secretmanager, spanner, sqladmin, storage). Not iam, not tpu.
+RESOURCE_ATTRIBUTE_SERVICES = frozenset({
+    "apigee", "bigquery", "bigtable", "binaryauthorization", "cloudkms", "resourcemanager",
+    "compute", "container", "connectors", "datastore", "dataform", "iap", "integrations",
+    "logging", "pubsublite", "secretmanager", "spanner", "cloudsql", "storage"})
+_RESOURCE_ATTRIBUTE = re.compile(r"\bresource\.(name|type|service)\b")
+
+
+def condition_can_hold(condition: str, permission: str) -> bool:
+    """False when `condition` reads resource attributes the permission's service
+    does not supply: IAM never matches it (the grant is dead, not wider)."""
+    service = permission.split(".", 1)[0]
+    return service in RESOURCE_ATTRIBUTE_SERVICES or not _RESOURCE_ATTRIBUTE.search(condition)
 
 
 class UnknownRoleError(KeyError):
@@ -106,9 +132,16 @@ class IamModel:
         return None
 
     def ancestry(self, resource: str) -> list[str]:
+        """The resource and its ancestors; an object (`…/buckets/b/objects/o`) is in
+        its bucket whether or not the plan declares it."""
         chain = [resource]
-        while chain[-1] in self.parents and len(chain) < 10:
-            chain.append(self.parents[chain[-1]])
+        while len(chain) < 10:
+            parent = self.parents.get(chain[-1])
+            if parent is None and kind_of(chain[-1]) == "objects":
+                parent = chain[-1].split("/objects/", 1)[0]
+            if parent is None:
+                break
+            chain.append(parent)
         return chain
 
     def can(self, principal: str, permission: str, resource: str,
@@ -117,15 +150,15 @@ class IamModel:
         `permission` on it (a setIamPolicy request changing `modified_roles`)."""
         modified = list(modified_roles)
         attributes = {MODIFIED_GRANTS: modified} if kind_of(resource) in _LIMITABLE else {}
-        variables = {"resource": {"name": resource},
-                     "api": {"getAttribute": lambda name, default: attributes.get(name, default)}}
         for name in self.ancestry(resource):
             for binding in self.bindings.get(name, ()):
                 if not (principal in binding.members or binding.members & PUBLIC):
                     continue
                 if not self._grants(binding.role, permission):
                     continue
-                if binding.condition is None or _holds(binding.condition, variables):
+                condition = binding.condition
+                if condition is None or (condition_can_hold(condition, permission)
+                                         and _holds(condition, resource, attributes)):
                     return True
         return False
 
@@ -155,7 +188,7 @@ class IamModel:
             role = outputs.get("name") or f"projects/{inputs['project']}/roles/{inputs['roleId']}"
             self.custom_roles[role] = frozenset(inputs.get("permissions") or ())
         elif name.endswith(("iammember", "iambinding", "iampolicy")):
-            target = _binding_target(module, inputs)
+            target = binding_target(module, inputs)
             if target is not None and "role" not in inputs and "policyData" not in inputs:
                 self.unresolved.append(inputs)
             elif target is not None:
@@ -176,7 +209,10 @@ class IamModel:
 
 
 def kind_of(resource: str) -> str:
-    """`projects/p/serviceAccounts/x` → serviceAccounts; `projects/p` → projects."""
+    """`projects/p/serviceAccounts/x` → serviceAccounts; `projects/p` → projects;
+    `projects/_/buckets/b/objects/a/b.json` → objects (object names hold slashes)."""
+    if "/objects/" in resource:
+        return "objects"
     parts = resource.split("/")
     return parts[-2] if len(parts) >= 2 else ""
 
@@ -203,7 +239,8 @@ def _resource_name(kind: str, inputs: Mapping[str, Any],
     return None
 
 
-def _binding_target(module: str, inputs: Mapping[str, Any]) -> str | None:
+def binding_target(module: str, inputs: Mapping[str, Any]) -> str | None:
+    """The IAM resource name a grant of pulumi-gcp `module` (`projects`, `storage`…) sets."""
     if module == "projects":
         return f"projects/{inputs['project']}"
     if module == "folder":
@@ -234,8 +271,8 @@ def _bindings(target: str, inputs: Mapping[str, Any]) -> list[Binding]:
     return [Binding(target, inputs["role"], frozenset(members), condition)]
 
 
-def _holds(condition: str, variables: dict[str, Any]) -> bool:
+def _holds(condition: str, resource: str, attributes: Mapping[str, Any]) -> bool:
     try:
-        return evaluate(condition, variables) is True
+        return evaluate(condition, {"resource": {"name": resource}}, attributes) is True
     except CelError:
         return False

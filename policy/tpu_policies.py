@@ -31,6 +31,7 @@ from pulumi_policy import (
 from components import catalog
 from components.settings import ENVIRONMENTS, environment_of
 from components.stack_config import program_config
+from policy.iam import binding_target
 
 BUCKET = "gcp:storage/bucket:Bucket"
 SERVICE_ACCOUNT_KEY = "gcp:serviceaccount/key:Key"
@@ -422,6 +423,37 @@ def _max_chips(args: StackValidationArgs, report: ReportViolation) -> None:
                f"(policy config tpu-max-chips.maxChips)", None)
 
 
+def _iam_grant(resource_type: str, props: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(kind, target, role) of an IAMBinding or IAMMember of any pulumi-gcp module,
+    or None (another resource, or inputs still unknown at preview)."""
+    module, _, name = resource_type.partition(":")[2].partition("/")
+    kind = name.split(":", 1)[0].lower()
+    if kind not in ("iambinding", "iammember") or not isinstance(props.get("role"), str):
+        return None
+    try:
+        target = binding_target(module, props)
+    except KeyError:
+        return None
+    return None if target is None else (kind, target, props["role"])
+
+
+def _no_binding_beside_member(args: StackValidationArgs, report: ReportViolation) -> None:
+    """pulumi-gcp (every `*IAMBinding`/`*IAMMember` page): "IAMBinding resources can
+    be used in conjunction with IAMMember resources only if they do not grant
+    privilege to the same role". The authoritative binding removes the member's
+    grant at its next update and the member puts it back: access flaps."""
+    kinds: dict[tuple[str, str], set[str]] = {}
+    for resource in args.resources:
+        grant = _iam_grant(resource.resource_type, resource.props)
+        if grant is not None:
+            kinds.setdefault(grant[1:], set()).add(grant[0])
+    for (target, role), found in sorted(kinds.items()):
+        if found == {"iambinding", "iammember"}:
+            report(f"{role} on {target} is granted by an IAMBinding and an IAMMember: the "
+                   "binding is authoritative and removes the member's grant; use IAMMember "
+                   "for every grant of that role", None)
+
+
 # --- the pack's policy list ------------------------------------------------
 
 Validation = Callable[..., None]
@@ -452,6 +484,9 @@ _STACK_POLICIES: tuple[tuple[str, str, Validation], ...] = (
     ("required-labels", "Labelled resources carry stack, managed-by (and team where teams exist).",
      _required_labels),
     ("tpu-max-chips", "A stack's TPU nodes stay within its chip budget.", _max_chips),
+    ("no-binding-beside-member",
+     "No authoritative IAMBinding beside an IAMMember for the same role and resource.",
+     _no_binding_beside_member),
 )
 
 

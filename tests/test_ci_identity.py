@@ -260,19 +260,22 @@ def test_the_deployer_s_iam_administration_is_conditioned(registered):
     assert conditions["roles/resourcemanager.projectIamAdmin"] == (
         "api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
         ".hasOnly(['roles/logging.logWriter', 'roles/tpu.viewer'])")
-    accounts = ("resource.name == 'projects/acme-ml-prod' || "
-                f"resource.name.endsWith('/serviceAccounts/{RUNTIME}')")
-    assert conditions["roles/iam.serviceAccountAdmin"] == accounts
-    assert "roles/iam.serviceAccountUser" not in conditions  # on the account, below
-    (acts_as,) = [r.inputs for r in registered.values()
-                  if r.type == "gcp:serviceaccount/iAMMember:IAMMember"
-                  and r.inputs["role"] == "roles/iam.serviceAccountUser"]
-    assert acts_as == {"serviceAccountId": f"projects/acme-ml-prod/serviceAccounts/{RUNTIME}",
-                       "role": "roles/iam.serviceAccountUser",
-                       "member": f"serviceAccount:{DEPLOYER}"}
+    # No resource.name condition on a service-account role: IAM never evaluates one
+    # for iam.googleapis.com (conditions-resource-attributes), so the grant is dead.
+    assert all("resource." not in (e or "") for e in conditions.values())
+    assert "roles/iam.serviceAccountAdmin" not in conditions  # on the account, below
+    assert "roles/iam.serviceAccountUser" not in conditions
+    on_account = sorted((r.inputs["role"], r.inputs["serviceAccountId"], r.inputs["member"])
+                        for r in registered.values()
+                        if r.type == "gcp:serviceaccount/iAMMember:IAMMember"
+                        and r.inputs["member"] == f"serviceAccount:{DEPLOYER}")
+    runtime = f"projects/acme-ml-prod/serviceAccounts/{RUNTIME}"
+    assert on_account == [("roles/iam.serviceAccountAdmin", runtime, f"serviceAccount:{DEPLOYER}"),
+                          ("roles/iam.serviceAccountUser", runtime, f"serviceAccount:{DEPLOYER}")]
     unconditioned = {role for role, expression in conditions.items() if expression is None}
     assert unconditioned == {"roles/serviceusage.serviceUsageAdmin", "roles/compute.networkAdmin",
                              "roles/compute.securityAdmin", "roles/tpu.admin",
+                             "roles/iam.serviceAccountCreator",
                              "projects/acme-ml-prod/roles/prod_tpuStackStorageDeployer"}
 
 

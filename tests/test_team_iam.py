@@ -7,13 +7,17 @@ from __future__ import annotations
 import copy
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from components.ci import DEPLOYER_ROLES
+from components import catalog
+from components.ci import DEPLOYER_ROLES, PLATFORM_FOLDER_ROLES
+from components.network import IAP_SOURCE_RANGE
 from components.stack_config import file_config
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
+from policy.firewall import Endpoint, Rule, admits, rules_of
 from policy.iam import QUEUED_TPU, IamModel, predefined_roles
 from tests.infra.stack_fixtures import as_cli
 from tests.test_teams import platform, pod, spot, team
@@ -29,6 +33,7 @@ ESCALATION_ROLES = ("roles/owner", "roles/editor", "roles/iam.serviceAccountAdmi
                     "roles/resourcemanager.projectIamAdmin", "roles/storage.admin",
                     "roles/iam.serviceAccountTokenCreator", "roles/cloudquotas.admin")
 CI = {"githubRepository": "acme/models", "githubRepositoryId": "1", "githubRepositoryOwnerId": "2"}
+STATE = "acme-pulumi-state"  # a shared gs:// backend
 
 
 @dataclass
@@ -122,6 +127,7 @@ def three_teams() -> ProgramRun:
     data = platform(**teams)
     data["tpu-stack:quota"] = {"v5e": {"us-central1": {"preemptible": 64}},
                                "v4": {"us-central2": {"onDemand": 64}}}
+    data["tpu-stack:teamProjects"] = {**data["tpu-stack:teamProjects"], "stateBucket": STATE}
     return run_program(as_cli(data), "shared")
 
 
@@ -146,14 +152,14 @@ def test_no_principal_of_a_team_reaches_another_of_three(three_teams) -> None:
     assert crossings(model_of([three_teams]), teams) == []
 
 
-def test_each_team_has_a_project_of_its_own_in_the_folder(repo_runs) -> None:
+def test_each_team_has_a_project_of_its_own(repo_runs) -> None:
+    """Made by the bootstrap step in the folder (not in the plan: test_teams.py)."""
     teams = teams_of(repo_runs)
     model = model_of(repo_runs)
     projects = {t.project for t in teams.values()}
     assert len(projects) == len(teams) and None not in projects
     assert "projects/acme-ml-shared" not in projects
     for t in teams.values():
-        assert model.parents[t.project] == "folders/246813579024"
         for resource in t.resources:
             assert model.project_of(resource) == t.project, resource
 
@@ -169,6 +175,139 @@ def test_the_isolation_check_catches_a_leaked_grant(three_teams) -> None:
     found = crossings(leaky, teams)
     assert ("nlp", "deployer", "tpu.nodes.update") in {f[:3] for f in found}
     assert {f[3] for f in found} >= {r for r in teams["vision"].resources if "/nodes/" in r}
+
+
+# ---- networks teams cannot cross ---------------------------------------------------
+
+# What a node listens on: TF's gRPC worker and coordinator ports, SSH, everything.
+PROBES = [("tcp", 22), ("tcp", 8470), ("tcp", 8476), ("tcp", 2222), ("tcp", 65535),
+          ("udp", 8472), ("icmp", 0)]
+
+
+def node_endpoints(runs: list[ProgramRun]) -> dict[str, tuple[str, Endpoint]]:
+    """node id → (team, where it sits on the network), from V2Vms and queued nodes;
+    a node's address range is its subnet's (the platform's, by region)."""
+    subnets = {r.inputs["region"]: r.inputs["ipCidrRange"]
+               for run in runs for r in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+    nodes = {}
+    for run in runs:
+        for r in run.of_type(V2VM) + run.of_type(QUEUED_TPU):
+            queued = r.type == QUEUED_TPU
+            network = r.inputs["network"] if queued else r.inputs["networkConfig"]["network"]
+            account = (r.inputs["service_account_email"] if queued
+                       else r.inputs["serviceAccount"]["email"])
+            node_id = r.inputs["node_id"] if queued else r.inputs["name"]
+            nodes[node_id] = (r.inputs["labels"]["team"], Endpoint(
+                node_id, network, subnets[r.inputs["zone"].rsplit("-", 1)[0]], account,
+                frozenset(r.inputs.get("tags") or ())))
+    return nodes
+
+
+def network_crossings(runs: list[ProgramRun]) -> list[tuple[str, str, str, int]]:
+    """(from node, to node, protocol, port) the firewall admits between teams."""
+    rules = rules_of(r for run in runs for r in run.registrations)
+    nodes = node_endpoints(runs)
+    return [(a.name, b.name, protocol, port)
+            for (team_a, a), (team_b, b) in itertools.permutations(nodes.values(), 2)
+            if team_a != team_b for protocol, port in PROBES if admits(rules, a, b, protocol, port)]
+
+
+def test_no_node_of_a_team_reaches_a_node_of_another(repo_runs, three_teams) -> None:
+    for runs in (repo_runs, [three_teams]):
+        nodes = node_endpoints(runs)
+        assert len({owner for owner, _ in nodes.values()}) >= 2
+        assert network_crossings(runs) == []
+
+
+def test_a_team_s_nodes_reach_each_other_and_iap_reaches_ssh_only(three_teams) -> None:
+    rules = rules_of(three_teams.registrations)
+    nodes = node_endpoints([three_teams])
+    vision = [e for owner, e in nodes.values() if owner == "vision"]
+    assert len(vision) == 3  # a spot node, a v4 pod and a queued node
+    for a, b in itertools.permutations(vision, 2):
+        assert all(admits(rules, a, b, protocol, port) for protocol, port in PROBES), (a, b)
+    iap = Endpoint("iap", None, IAP_SOURCE_RANGE)
+    for _, node in nodes.values():
+        assert admits(rules, iap, node, "tcp", 22)
+        assert not admits(rules, iap, node, "tcp", 8470)
+
+
+def test_a_forged_tag_opens_nothing(three_teams) -> None:
+    """A team deployer sets any tag on its own node (tpu.nodes.update): the rules
+    that separate teams must not depend on tags."""
+    rules = rules_of(three_teams.registrations)
+    nodes = node_endpoints([three_teams])
+    [(_, nlp)] = [(t, e) for t, e in nodes.values() if t == "nlp"][:1]
+    every_tag = frozenset(tag for _, e in nodes.values() for tag in e.tags) | {"anything"}
+    forged = Endpoint(nlp.name, nlp.network, nlp.cidr, nlp.account, every_tag)
+    for owner, node in nodes.values():
+        if owner != "nlp":
+            assert not any(admits(rules, forged, node, p, n) for p, n in PROBES)
+            assert not any(admits(rules, node, forged, p, n) for p, n in PROBES)
+
+
+def test_the_network_check_catches_a_rule_open_to_every_subnet(three_teams) -> None:
+    """The check can fail: the shape main had, a subnet-range source to the node tag."""
+    nodes = node_endpoints([three_teams])
+    tag = next(iter(next(iter(nodes.values()))[1].tags))
+    network = next(iter(nodes.values()))[1].network
+    wide = Rule.of("wide", {"network": network, "sourceRanges": ["10.128.0.0/16"],
+                            "targetTags": [tag], "allows": [{"protocol": "tcp"}]})
+    rules = [*rules_of(three_teams.registrations), wide]
+    crossings = [(a.name, b.name) for (ta, a), (tb, b) in itertools.permutations(nodes.values(), 2)
+                 if ta != tb and admits(rules, a, b, "tcp", 8470)]
+    pairs = [1 for (ta, _), (tb, _) in itertools.permutations(nodes.values(), 2) if ta != tb]
+    assert len(crossings) == len(pairs) == 32  # every pair of nodes of different teams
+
+
+# ---- state no other team can touch ----------------------------------------------------
+
+def state_files(stack: str) -> list[str]:
+    """Objects the DIY backend writes for a stack (pulumi/pulumi pkg/backend/diy)."""
+    base = f"projects/_/buckets/{STATE}/objects/.pulumi"
+    return [f"{base}/stacks/tpu-stack/{stack}.json", f"{base}/stacks/tpu-stack/{stack}.json.bak",
+            f"{base}/history/tpu-stack/{stack}/{stack}-1.history.json",
+            f"{base}/backups/tpu-stack/{stack}/{stack}.1.json",
+            f"{base}/locks/organization/tpu-stack/{stack}/abc.json"]
+
+
+WRITES = ("storage.objects.create", "storage.objects.delete", "storage.objects.update")
+
+
+def test_a_team_writes_its_own_state_only_and_reads_the_platform_s(three_teams) -> None:
+    model = model_of([three_teams])
+    teams = teams_of([three_teams])
+    platform_file = f"projects/_/buckets/{STATE}/objects/.pulumi/stacks/tpu-stack/shared.json"
+    for a, b in itertools.permutations(teams.values(), 2):
+        deployer, preview = a.principals["deployer"], f"serviceAccount:shared-{a.name}-preview@"
+        for obj in state_files(f"team-{a.name}"):
+            assert all(model.can(deployer, w, obj) for w in WRITES), obj
+            assert model.can(deployer, "storage.objects.get", obj)
+        for obj in [*state_files(f"team-{b.name}"), *state_files("shared")]:
+            assert not any(model.can(deployer, w, obj) for w in WRITES), (a.name, obj)
+        for obj in state_files(f"team-{b.name}"):
+            assert not model.can(deployer, "storage.objects.get", obj), (a.name, obj)
+        assert model.can(deployer, "storage.objects.get", platform_file)  # StackReference
+        assert model.can(deployer, "storage.objects.list", f"projects/_/buckets/{STATE}")
+        # A stack named like the team's as a prefix is another stack.
+        assert not model.can(deployer, "storage.objects.create",
+                             platform_file.replace("shared.json", f"team-{a.name}x.json"))
+        previews = [p for p in {m for bs in model.bindings.values() for bd in bs
+                                for m in bd.members} if p.startswith(preview)]
+        assert len(previews) == 1
+        for obj in state_files(f"team-{a.name}"):
+            assert not any(model.can(previews[0], w, obj) for w in WRITES)
+
+
+def test_the_state_check_catches_a_bucket_wide_grant(three_teams) -> None:
+    """The check can fail: the shape main had, objectUser on the whole state bucket."""
+    teams = teams_of([three_teams])
+    leak = {"type": "gcp:storage/bucketIAMMember:BucketIAMMember",
+            "inputs": {"bucket": STATE, "role": "roles/storage.objectUser",
+                       "member": teams["nlp"].principals["deployer"]}}
+    model = IamModel.of([*three_teams.registrations, leak])
+    assert model.can(teams["nlp"].principals["deployer"], "storage.objects.create",
+                     state_files("team-vision")[0])
 
 
 # ---- quota in the team's own project ---------------------------------------------
@@ -191,6 +330,47 @@ def test_a_team_s_tpu_quota_is_capped_in_its_project(repo_runs) -> None:
     # An increase is a request Google answers: it needs a contact.
     assert {p.inputs["contactEmail"] for p in repo_runs[0].of_type(QUOTA_PREFERENCE)} == {
         "ml-platform@acme.example"}
+
+
+def test_every_family_in_every_network_region_is_capped_for_every_team(repo_runs,
+                                                                       three_teams) -> None:
+    """Families and regions outside tpu-stack:quota get a cap of 0, not GCP's default:
+    a team deployer holds tpu.admin in its project and networkUser on every subnet."""
+    for run in (repo_runs[0], three_teams):
+        regions = set(run.outputs["network"]["subnets"])
+        for name, entry in run.outputs["teams"].items():
+            parent = f"projects/{entry['projectId']}"
+            capped = {(p.inputs["quotaId"], p.inputs["dimensions"]["region"])
+                      for p in run.of_type(QUOTA_PREFERENCE) if p.inputs["parent"] == parent}
+            expected = {(quota_id, region) for quota_id in catalog.TPU_QUOTA_IDS.values()
+                        for region in regions}
+            assert capped == expected, name
+            families = {family for family, _ in catalog.TPU_QUOTA_IDS}
+            assert families == set(catalog.GENERATIONS)
+    preferences = {(p.inputs["parent"], p.inputs["quotaId"], p.inputs["dimensions"]["region"]):
+                   p.inputs["quotaConfig"]["preferredValue"]
+                   for p in repo_runs[0].of_type(QUOTA_PREFERENCE)}
+    # v6e, granted nowhere by the platform, is 0 in both of its regions.
+    for region in ("us-central1", "us-central2"):
+        assert preferences[("projects/acme-ml-shared-vision",
+                            "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI", region)] == "0"
+    # v5e is granted in us-central1 only: 0 in us-central2.
+    assert preferences[("projects/acme-ml-shared-vision",
+                        "TPUV5sPreemptibleLitepodPerProjectPerRegionForTPUAPI",
+                        "us-central2")] == "0"
+
+
+def test_every_cap_skips_the_decrease_percentage_check_and_says_why(repo_runs) -> None:
+    """Cloud Quotas refuses a decrease of more than 10% unless
+    QUOTA_DECREASE_PERCENTAGE_TOO_HIGH is skipped (QuotaSafetyCheck)."""
+    preferences = repo_runs[0].of_type(QUOTA_PREFERENCE)
+    assert preferences
+    for p in preferences:
+        assert p.inputs["ignoreSafetyChecks"] == "QUOTA_DECREASE_PERCENTAGE_TOO_HIGH", p.name
+    caps = repo_runs[0].outputs["teams"]["vision"]["quotaCaps"]
+    assert len(caps) == len([p for p in preferences
+                             if p.inputs["parent"] == "projects/acme-ml-shared-vision"])
+    assert all("more than 10%" in cap["why"] for cap in caps)
 
 
 def test_no_team_principal_can_raise_quota_or_grant_outside_its_team(repo_runs) -> None:
@@ -224,6 +404,52 @@ def test_a_team_deployer_deploys_its_team_only(repo_runs) -> None:
     subnets = [s for s in model.kinds("subnetworks")]
     assert subnets and all(model.can(deployer, "compute.subnetworks.use", s) for s in subnets)
     assert not model.can(deployer, "compute.subnetworks.use", "projects/acme-ml-shared")
+
+
+# ---- the platform deployer, bounded by the bootstrap ----------------------------------
+
+PLATFORM_DEPLOYER = "serviceAccount:platform-deployer@acme-ml-shared.iam.gserviceaccount.com"
+
+
+def bootstrap_grants(stack: str = "platform") -> list[dict[str, Any]]:
+    """The bootstrap's folder grants to the platform deployer, as plan resources
+    (scripts/bootstrap_team_projects.py: outside every plan, so added here)."""
+    import importlib.util
+
+    from components.stack_config import settings_for
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bootstrap_team_projects.py"
+    spec = importlib.util.spec_from_file_location("bootstrap_team_projects", path)
+    bootstrap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bootstrap)
+    settings = settings_for(stack)
+    condition = bootstrap.grants_condition(settings)
+    grants = []
+    for role in PLATFORM_FOLDER_ROLES:
+        inputs = {"folder": settings.team_projects.folder_id, "role": role,
+                  "member": PLATFORM_DEPLOYER}
+        if role == "roles/resourcemanager.projectIamAdmin":
+            inputs["condition"] = condition
+        grants.append({"type": "gcp:folder/iAMMember:IAMMember", "inputs": inputs})
+    return grants
+
+
+def test_the_platform_deployer_makes_no_project_and_grants_only_team_roles(repo_runs) -> None:
+    model = IamModel.of([*(r for run in repo_runs for r in run.registrations),
+                         *bootstrap_grants()])
+    teams = teams_of(repo_runs)
+    folder = "folders/246813579024"
+    for t in teams.values():
+        model.parents[t.project] = folder  # the bootstrap made it there
+    assert not model.can(PLATFORM_DEPLOYER, "resourcemanager.projects.create", folder)
+    for t in teams.values():
+        assert model.can(PLATFORM_DEPLOYER, "cloudquotas.quotas.update", t.project)
+        assert model.can_grant(PLATFORM_DEPLOYER, "roles/tpu.viewer", t.project)
+        for role in ("roles/owner", "roles/editor", "roles/resourcemanager.projectIamAdmin",
+                     "roles/iam.serviceAccountTokenCreator", "roles/cloudquotas.admin"):
+            assert not model.can_grant(PLATFORM_DEPLOYER, role, t.project), (t.name, role)
+    # Its folder grants give no team principal anything of another team.
+    assert crossings(model, teams) == []
 
 
 # ---- a deployer that is not owner -----------------------------------------------------

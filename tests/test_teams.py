@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -182,6 +183,9 @@ BAD_TEAM_CONFIGS: list[tuple[str, dict, str, str]] = [
                                                "tpu-stack:teamProjects": {"folderId": "12"}},
      "tpu-stack:teamProjects.quotaContact",
      "is required with tpu-stack:teams: an email Google may contact"),
+    ("state bucket as a URL", {**platform(vision=team("vision")), "tpu-stack:teamProjects": {
+        **TEAM_PROJECTS, "stateBucket": "gs://acme-state"}},
+     "tpu-stack:teamProjects.stateBucket", "is not a bucket name: the name alone"),
     ("team ci by repository name only", platform(vision=team("vision", ci={
         "githubRepository": "acme/vision", "githubRepositoryId": "acme",
         "githubRepositoryOwnerId": "1"})),
@@ -385,13 +389,16 @@ def test_every_billable_resource_carries_team_and_cost_centre(repo_stacks) -> No
             assert labels["cost-centre"] == expected, (stack, resource.name)
 
 
-def test_a_budget_per_team_filtered_by_its_label(repo_stacks) -> None:
-    budgets = {b.inputs["budgetFilter"]["labels"]["team"]: b.inputs
+def test_a_budget_per_team_on_its_whole_project(repo_stacks) -> None:
+    """The project filter alone: a label filter would drop unlabelled spend in the
+    team's project (filters are ANDed, Budget API `Filter`)."""
+    budgets = {b.inputs["displayName"].rsplit(" ", 1)[-1]: b.inputs
                for b in repo_stacks["platform"].of_type(BUDGET)}
     assert set(budgets) == {"vision", "nlp"}
     for budget in budgets.values():
         assert budget["billingAccount"] == "01AB23-45CD67-89EF01"
         assert budget["budgetFilter"]["projects"] == ["projects/123456789012"]
+        assert "labels" not in budget["budgetFilter"]
         assert [r["thresholdPercent"] for r in budget["thresholdRules"]] == [0.5, 0.9, 1.0]
     assert budgets["nlp"]["amount"]["specifiedAmount"]["units"] == "60000"
     assert budgets["vision"]["amount"]["specifiedAmount"]["units"] == str(60 * 730)
@@ -489,6 +496,7 @@ class CreationLog(GcpMocks):
         self.created: list[str] = []
         self.providers: dict[str, str] = {}  # resource name → provider reference
         self.calls: list[str] = []
+        self.looked_up: list[str | None] = []  # getProject's projectId per call
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         if args.custom is not False:  # components are no cloud resource
@@ -498,6 +506,7 @@ class CreationLog(GcpMocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
         self.calls.append(args.token)
+        self.looked_up.append(args.args.get("projectId"))
         return super().call(args)
 
 
@@ -569,17 +578,58 @@ def test_every_resource_has_its_own_urn(three_teams, repo_stacks) -> None:
         assert len(urns) == len(set(urns))
 
 
+def test_team_projects_are_the_bootstrap_s_not_the_stack_s(repo_stacks) -> None:
+    """No project is created or owned by the platform's deployer (Resource Manager
+    makes a project's creator its owner): the bootstrap step makes them."""
+    projects = [r.inputs["projectId"] for run in repo_stacks.values()
+                for r in run.of_type("gcp:organizations/project:Project")]
+    assert projects == []
+    services = {r.inputs["project"] for r in repo_stacks["platform"].of_type(
+        "gcp:projects/service:Service")}
+    assert {"acme-ml-shared-vision", "acme-ml-shared-nlp"} <= services
+
+
+def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> None:
+    import importlib.util
+
+    from components.ci import PLATFORM_FOLDER_ROLES
+    from components.stack_config import settings_for
+
+    spec = importlib.util.spec_from_file_location(
+        "bootstrap", Path(__file__).resolve().parents[1] / "scripts" / "bootstrap_team_projects.py")
+    bootstrap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bootstrap)
+    settings = settings_for("platform")
+    commands = bootstrap.commands(settings, "d@acme-ml-shared.iam.gserviceaccount.com",
+                                  "C0abc123", "cond.json")
+    created = [c[3] for c in commands if c[:3] == ["gcloud", "projects", "create"]]
+    assert created == ["acme-ml-shared-nlp", "acme-ml-shared-vision"]
+    assert all("--folder=246813579024" in c for c in commands if c[:3] == ["gcloud", "projects",
+                                                                           "create"])
+    roles = [arg.removeprefix("--role=") for c in commands for arg in c
+             if arg.startswith("--role=")]
+    assert roles == list(PLATFORM_FOLDER_ROLES)
+    assert not {"roles/resourcemanager.projectCreator", "roles/billing.user",
+                "roles/owner"} & set(roles)
+    policies = {c[4] for c in commands if c[3] in ("enable-enforce", "allow")}
+    assert policies == {"storage.publicAccessPrevention", "compute.skipDefaultNetworkCreation",
+                        "iam.allowedPolicyMemberDomains"}
+    condition = bootstrap.grants_condition(settings)["expression"]
+    assert "roles/owner" not in condition and "'roles/tpu.admin'" in condition
+
+
 def test_a_created_project_s_billing_account_budgets_every_team() -> None:
     data = platform(vision=team("vision", quota={}), nlp=team("nlp"))
     data["tpu-stack:project"] = {"create": True, "billingAccount": "01AB23-45CD67-89EF01"}
     log = CreationLog(stack_outputs={}, project_number="987654321098")
     run = run_program(as_cli(data), "shared", mock=log)
     # The number of the project the stack creates, not a lookup of a project
-    # that does not exist yet at the first preview.
-    assert "gcp:organizations/getProject:getProject" not in log.calls
+    # that does not exist yet at the first preview; the teams' projects, made by
+    # the bootstrap step before, are looked up.
+    assert sorted(log.looked_up) == ["acme-ml-test-nlp", "acme-ml-test-vision"]
     for budget in run.of_type(BUDGET):
         assert budget.inputs["budgetFilter"]["projects"] == ["projects/987654321098"]
-    budgets = {b.inputs["budgetFilter"]["labels"]["team"]: b.inputs for b in run.of_type(BUDGET)}
+    budgets = {b.inputs["displayName"].rsplit(" ", 1)[-1]: b.inputs for b in run.of_type(BUDGET)}
     assert budgets["vision"]["amount"] == {"lastPeriodAmount": True}  # no ceiling, no figure
     assert budgets["nlp"]["amount"]["specifiedAmount"] == {"currencyCode": "USD",
                                                            "units": str(100 * 730)}

@@ -437,3 +437,24 @@ def test_no_step_creates_a_stack_and_the_docs_say_how() -> None:
 @pytest.mark.parametrize("name", ["deploy.yml", "self-heal.yml", "preview.yml"])
 def test_each_documented_workflow_is_in_the_table(name: str) -> None:
     assert f"`{name}`" in DOC
+
+
+def test_the_job_running_pull_request_code_gets_no_write_token() -> None:
+    """preview.yml: the job that checks out and runs the PR's code may read and mint
+    its OIDC token only; the comment is written by a job that runs none of it."""
+    jobs = load("preview.yml")["jobs"]
+    for name, job in jobs.items():
+        runs_pr_code = any(step.get("uses", "").startswith("actions/checkout@")
+                           for step in job.get("steps", []))
+        writes = {scope for scope, level in job.get("permissions", {}).items()
+                  if level == "write"}
+        if runs_pr_code:
+            assert writes <= {"id-token"}, (name, writes)
+            for step in job["steps"]:
+                if step.get("uses", "").startswith(PULUMI_ACTION):
+                    assert str(step["with"].get("comment-on-pr", "false")).lower() == "false"
+    comment = jobs["comment"]
+    assert comment["permissions"]["pull-requests"] == "write"
+    assert comment["needs"] == "preview"
+    assert all("run" not in step and not step.get("uses", "").startswith("actions/checkout@")
+               for step in comment["steps"])

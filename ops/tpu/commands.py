@@ -21,12 +21,14 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 from rich.text import Text
 
+from components.stack_config import settings_for
 from ops.local import rehearsal_record
 from ops.terminal import console as make_console
 from ops.terminal import fail
 from ops.tpu import actions as node_actions
 from ops.tpu import logs as agent_logs
 from ops.tpu import preflight
+from ops.tpu import quota as tpu_quota
 from ops.tpu import status as node_status
 from ops.tpu.api import NoCredentialsError, NodeStatus, TpuApi, TpuApiError
 from ops.tpu.target import StackTarget, TargetError, load_target
@@ -79,7 +81,10 @@ def preflight_cmd(
         raise typer.BadParameter("--live and --offline exclude each other", param_hint="--live")
     with clear_errors():
         target = load_target(stack)
-        report = preflight.preflight(target, None if offline else _api(target))
+        if offline:
+            report = preflight.preflight(target, None)
+        else:
+            report = tpu_quota.live_preflight(target, _api(target), settings_for(stack))
     table = Table(title=f"preflight: stack {stack} ({', '.join(target.projects)})")
     for column in ("subject", "check", "result", "detail"):
         table.add_column(column)

@@ -121,7 +121,7 @@ def quota_checks(target: StackTarget, lookup: QuotaLookup | None) -> list[Check]
 
 
 _QUOTA_UNKNOWN = (
-    "no Cloud Quotas client in this environment; "
+    "quota not read (offline, no credentials, or Cloud Quotas did not answer); "
     "check IAM & Admin > Quotas for the TPU family and region"
 )
 

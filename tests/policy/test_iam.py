@@ -78,15 +78,23 @@ def test_modified_grants_limit_what_an_iam_admin_grants() -> None:
     assert not model.can_grant(ANA, "roles/tpu.viewer", NODE)  # nodes have no allow policy
 
 
-def test_a_resource_name_condition_and_an_erring_one() -> None:
+def test_a_resource_name_condition_holds_only_where_gcp_supplies_resource_names() -> None:
+    """Cloud Storage supports resource attributes in conditions; IAM (service
+    accounts) does not, so there the condition never holds, whatever it says
+    (cloud.google.com/iam/docs/conditions-resource-attributes)."""
     model = plan(member("gcp:projects/iAMMember:IAMMember", "roles/iam.serviceAccountAdmin",
                         condition="resource.name.endsWith('/serviceAccounts/run@p1.iam."
                                   "gserviceaccount.com')", project="p1"),
+                 member("gcp:projects/iAMMember:IAMMember", "roles/storage.objectViewer",
+                        condition="resource.name.startsWith('projects/_/buckets/b1/objects/"
+                                  "team-a/')", project="p1"),
                  member("gcp:projects/iAMMember:IAMMember", "roles/tpu.admin", who=BOB,
                         condition="request.time == 'x'", project="p1"))
-    assert model.can(ANA, "iam.serviceAccounts.setIamPolicy", SA)
+    assert not model.can(ANA, "iam.serviceAccounts.setIamPolicy", SA)
     assert not model.can(ANA, "iam.serviceAccounts.setIamPolicy",
                          "projects/p1/serviceAccounts/other@p1.iam.gserviceaccount.com")
+    assert model.can(ANA, "storage.objects.get", BUCKET + "/objects/team-a/x.json")
+    assert not model.can(ANA, "storage.objects.get", BUCKET + "/objects/team-b/x.json")
     assert not model.can(BOB, "tpu.nodes.get", NODE)  # no `request` here: an error denies
 
 
@@ -108,10 +116,30 @@ def test_public_members_reach_everyone_and_unknown_roles_are_refused() -> None:
         model.can(ANA, "tpu.nodes.get", NODE)
 
 
-def test_the_table_cites_a_source_for_every_role() -> None:
+def test_the_table_is_generated_from_a_pinned_dataset_of_every_role_granted() -> None:
+    """policy/generate_roles.py writes it: a source pinned by commit, and exactly the
+    roles the components grant plus the tests' escalation roles, so a grant added
+    without regenerating fails here (and UnknownRoleError fails its plan)."""
+    from policy.generate_roles import DATASET_COMMIT, DATASET_REPO, granted_roles
     from policy.iam import ROLES_FILE
 
-    roles = json.loads(ROLES_FILE.read_text())["roles"]
-    assert set(roles) == set(predefined_roles())
-    for name, entry in roles.items():
-        assert entry["source"] and entry["permissions"], name
+    data = json.loads(ROLES_FILE.read_text())
+    assert data["source"] == {"repo": DATASET_REPO, "commit": DATASET_COMMIT,
+                              "path": "gcp/roles/<role>.json"}
+    assert len(DATASET_COMMIT) == 40
+    assert sorted(data["roles"]) == granted_roles() == sorted(predefined_roles())
+    for name, entry in data["roles"].items():
+        assert entry["title"] and entry["stage"] and entry["permissions"], name
+        assert entry["permissions"] == sorted(set(entry["permissions"])), name
+
+
+def test_the_generated_table_knows_what_the_typed_one_missed() -> None:
+    """roles/tpu.xpnAgent has 22 permissions (firewalls, networks.updatePolicy…),
+    not 3; compute.securityAdmin cannot set a subnet's IAM policy; cloudquotas.admin
+    has no serviceusage.quotas.update."""
+    roles = predefined_roles()
+    assert len(roles["roles/tpu.xpnAgent"]) == 22
+    assert {"compute.firewalls.create", "compute.networks.updatePolicy",
+            "compute.addresses.createInternal"} <= roles["roles/tpu.xpnAgent"]
+    assert "compute.subnetworks.setIamPolicy" not in roles["roles/compute.securityAdmin"]
+    assert "serviceusage.quotas.update" not in roles["roles/cloudquotas.admin"]

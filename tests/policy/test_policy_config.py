@@ -33,7 +33,7 @@ def test_config_values_have_the_schema_types(path: Path):
 
 
 def test_policy_names_are_unique_and_every_policy_is_mandatory():
-    assert len(NAMES) == len(POLICIES) == 12
+    assert len(NAMES) == len(POLICIES) == 13
     assert {p.enforcement_level.value for p in POLICIES} == {"mandatory"}
 
 

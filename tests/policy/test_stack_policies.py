@@ -59,3 +59,44 @@ def test_max_chips_by_environment_unless_the_stack_has_its_own_limit(check_stack
     assert check_stack("tpu-max-chips", [(V2VM, "a", v4_32)], stack="dev", config=limits) == []
     assert check_stack("tpu-max-chips", [(V2VM, "a", v4_32)], stack="big", environment="dev",
                        config=limits) == []
+
+
+SA_BINDING = "gcp:serviceaccount/iAMBinding:IAMBinding"
+SA_MEMBER = "gcp:serviceaccount/iAMMember:IAMMember"
+ACCOUNT = "projects/p/serviceAccounts/runtime@p.iam.gserviceaccount.com"
+
+
+def test_no_binding_beside_a_member_of_the_same_role_and_resource(check_stack):
+    binding = (SA_BINDING, "members-act-as", {"serviceAccountId": ACCOUNT,
+                                               "role": "roles/iam.serviceAccountUser",
+                                               "members": ["group:ml@acme.example"]})
+    member = (SA_MEMBER, "deployer-act-as", {"serviceAccountId": ACCOUNT,
+                                              "role": "roles/iam.serviceAccountUser",
+                                              "member": "serviceAccount:d@p.iam"})
+    assert check_stack("no-binding-beside-member", [binding, member]) == [
+        f"roles/iam.serviceAccountUser on {ACCOUNT} is granted by an IAMBinding and an "
+        "IAMMember: the binding is authoritative and removes the member's grant; use "
+        "IAMMember for every grant of that role"]
+    other_role = (member[0], member[1], {**member[2], "role": "roles/iam.serviceAccountAdmin"})
+    assert check_stack("no-binding-beside-member", [binding, other_role]) == []
+    other_account = (member[0], member[1], {**member[2], "serviceAccountId": ACCOUNT + "x"})
+    assert check_stack("no-binding-beside-member", [binding, other_account]) == []
+
+
+def test_the_shipped_stacks_never_bind_beside_a_member(check_stack):
+    """Every IAM grant of the repo's stacks and a three-team platform, through the rule."""
+    from components.stack_config import file_config
+    from ops.plan.mock_engine import run_program
+    from tests.infra.stack_fixtures import as_cli
+    from tests.test_teams import platform, spot, team
+
+    runs = [run_program(file_config(stack), stack)
+            for stack in ("dev", "prod", "platform", "team-vision")]
+    teams = {name: team(name, spot(), ci={"githubRepository": "acme/m", "githubRepositoryId": "1",
+                                          "githubRepositoryOwnerId": "2"})
+             for name in ("vision", "nlp", "speech")}
+    runs.append(run_program(as_cli(platform(**teams)), "shared"))
+    for run in runs:
+        resources = [(r.type, r.name, r.inputs) for r in run.registrations]
+        assert any("iammember" in t.lower() for t, _, _ in resources)
+        assert check_stack("no-binding-beside-member", resources) == []
