@@ -1173,8 +1173,8 @@ def _team_projects_problems(s: StackSettings) -> Problems:
     folder = projects.folder_id
     if folder is None:
         yield (f"{TEAM_PROJECTS_KEY}.folderId", f"is required with {TEAMS_KEY}: the number of "
-                                                f"the folder (folders/<number>) the platform "
-                                                f"creates each team's project in")
+                                                f"the folder (folders/<number>) the bootstrap "
+                                                f"step makes each team's project in")
     elif not _FOLDER_RE.match(folder):
         yield (f"{TEAM_PROJECTS_KEY}.folderId", f"{folder!r} is not a folder "
                                                 f"id: the number of folders/<number>")
@@ -1194,7 +1194,7 @@ def _team_projects_problems(s: StackSettings) -> Problems:
     elif not _BILLING_RE.match(account):
         yield (f"{TEAM_PROJECTS_KEY}.billingAccount", f"{account!r} is not a billing account "
                                                       f"id (XXXXXX-XXXXXX-XXXXXX, hex digits)")
-    state = s.team_projects.state_bucket
+    state = projects.state_bucket
     if state is not None and not _STATE_BUCKET_RE.match(state):
         yield (f"{TEAM_PROJECTS_KEY}.stateBucket", f"{state!r} is not a bucket name: the name "
                                                    "alone (3-63 of a-z 0-9 - _ .), without gs://")
