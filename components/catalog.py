@@ -35,6 +35,24 @@ class Price:
     spot: float | None
     source: str
     confirmed: bool = True  # False where docs/tpu-facts.md marks the price unconfirmed
+    # Committed use (a future reservation with a 1- or 3-year CUD attached,
+    # cloud.google.com/tpu/docs/long-term-reservation), per chip-hour, with their own source.
+    one_year: float | None = None
+    three_year: float | None = None
+    committed_source: str = "no committed-use price in docs/tpu-facts.md"
+    committed_confirmed: bool = True
+
+
+# The commitments a node may run under (`tpu-stack:nodes[].commitment`).
+COMMITMENTS = ("1-year", "3-year")
+# Committed-use prices per chip-hour (docs/tpu-facts.md, "Prices"). v6e: Google's Trillium
+# GA announcement (2024-12-11, as neowin.net quotes it): "starting at $2.7000 per
+# chip-hour ... With 1-year and 3-year commitments ... $1.8900 ... and $1.2200", the same
+# regions as the on-demand 2.70. v5e, v5p, v4: the Cloud TPU pricing page's CUD columns as
+# recalled (cloud.google.com/tpu/pricing, not re-read 2026-12-04: unconfirmed); every one
+# is the on-demand price less 30% (1 year) and 55% (3 years), as v6e's is.
+_V6E_CUD = "Google's Trillium GA announcement, 2024-12-11 (starting-at prices)"
+_RECALLED_CUD = "cloud.google.com/tpu/pricing as recalled, not re-read 2026-12-04: unconfirmed"
 
 
 @dataclass(frozen=True)
@@ -146,7 +164,8 @@ GENERATIONS: dict[str, Generation] = {
             zones=("us-central2-b",),
             tf_runtime=TF_RUNTIME, base_runtime="tpu-ubuntu2204-base",
             price=Price(3.22, None, "docs/tpu-facts.md: unconfirmed secondary source",
-                        confirmed=False),
+                        confirmed=False, one_year=2.03, three_year=1.45,
+                        committed_source=_RECALLED_CUD, committed_confirmed=False),
         ),
         Generation(
             # cloud.google.com/tpu/docs/v5e: 1, 4 or 8 chips per VM; multi-host
@@ -158,7 +177,9 @@ GENERATIONS: dict[str, Generation] = {
             zones=("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a",
                    "europe-west4-b"),
             tf_runtime=TF_RUNTIME, base_runtime="v2-alpha-tpuv5-lite",
-            price=Price(1.20, 0.607, "docs/tpu-facts.md: third-party catalog extract, 2026-08"),
+            price=Price(1.20, 0.607, "docs/tpu-facts.md: third-party catalog extract, 2026-08",
+                        one_year=0.84, three_year=0.54, committed_source=_RECALLED_CUD,
+                        committed_confirmed=False),
         ),
         Generation(
             # cloud.google.com/tpu/docs/v5p: 3D, 2x2x1 … 16x16x24 (6144 chips).
@@ -168,7 +189,9 @@ GENERATIONS: dict[str, Generation] = {
             zones=("us-central1-a", "us-east5-a", "europe-west4-b"),
             tf_runtime=TF_RUNTIME, base_runtime="v2-alpha-tpuv5",
             price=Price(4.20, 1.20, "docs/tpu-facts.md: SkyPilot issue 4579, 2025-01 "
-                                    "(a 2026 table says 2.40 on-demand: conflict)"),
+                                    "(a 2026 table says 2.40 on-demand: conflict)",
+                        one_year=2.94, three_year=1.89, committed_source=_RECALLED_CUD,
+                        committed_confirmed=False),
         ),
         Generation(
             # cloud.google.com/tpu/docs/v6e: shapes as v5e. The runtimes page says
@@ -182,7 +205,8 @@ GENERATIONS: dict[str, Generation] = {
                    "europe-west4-a", "asia-northeast1-b"),
             tf_runtime=TF_RUNTIME, base_runtime="v2-alpha-tpuv6e",
             price=Price(2.70, 1.78, "docs/tpu-facts.md: SkyPilot PR 4540, 2025-01 (us-east1); "
-                                    "spot from europe-west4, 2026-08"),
+                                    "spot from europe-west4, 2026-08",
+                        one_year=1.89, three_year=1.22, committed_source=_V6E_CUD),
         ),
     )
 }
@@ -454,9 +478,14 @@ def all_zones() -> tuple[str, ...]:
     return tuple(sorted({z for g in GENERATIONS.values() for z in g.zones}))
 
 
-def usd_per_hour(tpu: Slice, *, spot: bool) -> float | None:
-    """Hourly list price of the slice, or None where the catalog has none."""
-    per_chip = tpu.generation.price.spot if spot else tpu.generation.price.on_demand
+def usd_per_hour(tpu: Slice, *, spot: bool, commitment: str | None = None) -> float | None:
+    """Hourly list price of the slice (spot, on-demand, or under a 1- or 3-year
+    commitment), or None where the catalog has none."""
+    price = tpu.generation.price
+    per_chip = {None: price.on_demand, "1-year": price.one_year,
+                "3-year": price.three_year}[commitment]
+    if spot:
+        per_chip = price.spot
     return None if per_chip is None else round(per_chip * tpu.chips, 4)
 
 
@@ -482,6 +511,13 @@ STOP_SAVE_SHARE_OF_NOTICE = 0.5
 # (their pages were not found in the docs searched, 2026-12-03).
 PEAK_BF16_FLOPS_PER_CHIP = {"v2": 45e12, "v3": 123e12, "v4": 275e12, "v5e": 197e12,
                             "v5p": 459e12, "v6e": 918e12}
+
+
+def peak_flops_per_second(tpu: Slice) -> float:
+    """The slice's peak bf16 FLOPs per second: the preview's step time, the job's MFU."""
+    return PEAK_BF16_FLOPS_PER_CHIP[tpu.generation.name] * tpu.chips
+
+
 # The share of that peak a training step reaches. Unconfirmed: an assumption for ResNet-
 # style convolutional training in bfloat16 (no measured TPU step time for these models).
 ASSUMED_FLOPS_UTILIZATION = 0.3

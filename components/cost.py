@@ -5,12 +5,15 @@ reservation, or a queue that names one) is billed through its reservation: the
 reservation is charged at the on-demand rate from its creation, used or not, and a
 VM consuming it incurs no separate charge (cloud.google.com/compute/docs/instances/
 reservations-overview; for TPU reservations unconfirmed, docs/tpu-facts.md "Prices").
-So it is priced at the on-demand list price and marked `reserved`.
+So it is priced at the on-demand list price and marked `reserved`, unless it runs under
+a commitment (`commitment: 1-year | 3-year`, a reservation with a committed use discount
+attached): then at that committed-use price. Every node also carries its price at each
+rate (on-demand, spot, 1-year, 3-year), so the estimate can show them side by side.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from components import catalog
 from components.settings import NodeSettings, StackSettings
@@ -27,6 +30,10 @@ class NodeCost:
     reserved: bool = False  # billed through its reservation
     price_confirmed: bool = True
     price_source: str = ""
+    commitment: str | None = None  # runs under a 1-year or 3-year commitment
+    committed_confirmed: bool = True  # the generation's committed-use prices
+    # The slice at every rate (RATES), None where the catalog has no such price.
+    by_rate: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def spot_saving_usd_per_hour(self) -> float | None:
@@ -36,9 +43,20 @@ class NodeCost:
         return round(self.on_demand_usd_per_hour - self.usd_per_hour, 4)
 
 
+# The rates a slice can be billed at, as the plan's JSON names them.
+RATES = ("onDemand", "spot", "oneYear", "threeYear")
+
+
 @dataclass(frozen=True)
 class StackCost:
     nodes: list[NodeCost]
+
+    def usd_per_hour_at(self, rate: str) -> float | None:
+        """Every node at `rate`; None when a node has no price at that rate."""
+        prices = [n.by_rate.get(rate) for n in self.nodes]
+        if not prices or any(p is None for p in prices):
+            return None
+        return round(sum(prices), 4)  # type: ignore[arg-type]
 
     @property
     def usd_per_hour(self) -> float:
@@ -75,17 +93,32 @@ class StackCost:
 def node_cost(node: NodeSettings, team: str | None = None, name: str | None = None) -> NodeCost:
     tpu = node.tpu
     price = tpu.generation.price
+    confirmed = price.committed_confirmed if node.commitment else price.confirmed
+    source = f"{tpu.generation.name}: {price.source}"
+    if node.commitment:
+        source += f"; committed use: {price.committed_source}"
     return NodeCost(
         name=name or node.name,
         chips=tpu.chips,
-        usd_per_hour=catalog.usd_per_hour(tpu, spot=node.spot),
+        usd_per_hour=catalog.usd_per_hour(tpu, spot=node.spot, commitment=node.commitment),
         on_demand_usd_per_hour=catalog.usd_per_hour(tpu, spot=False),
         team=team,
         spot=node.spot,
         reserved=node.capacity == "reserved",
-        price_confirmed=price.confirmed,
-        price_source=f"{tpu.generation.name}: {price.source}",
+        price_confirmed=confirmed,
+        price_source=source,
+        commitment=node.commitment,
+        committed_confirmed=price.committed_confirmed,
+        by_rate=rates(tpu),
     )
+
+
+def rates(tpu: catalog.Slice) -> dict[str, float | None]:
+    """The slice's hourly list price at every rate (RATES)."""
+    return {"onDemand": catalog.usd_per_hour(tpu, spot=False),
+            "spot": catalog.usd_per_hour(tpu, spot=True),
+            "oneYear": catalog.usd_per_hour(tpu, spot=False, commitment="1-year"),
+            "threeYear": catalog.usd_per_hour(tpu, spot=False, commitment="3-year")}
 
 
 def settings_cost(settings: StackSettings) -> StackCost:

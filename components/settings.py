@@ -45,6 +45,7 @@ GCP_PROJECT_KEY = "gcp:project"
 Provisioning = Literal["on-demand", "spot", "preemptible", "reserved", "queued"]
 Environment = Literal["dev", "prod"]
 Capacity = Literal["onDemand", "spot", "reserved"]
+Commitment = Literal["1-year", "3-year"]  # catalog.COMMITMENTS
 QuotaType = Literal["onDemand", "preemptible"]
 
 # cloud.google.com/resource-manager/docs/creating-managing-projects: 6-30
@@ -132,6 +133,8 @@ class NodeSettings(_Model):
     queue: QueueSettings | None = None
     external_ips: bool = False
     labels: dict[str, str] = Field(default_factory=dict)
+    # Runs under a committed use discount: the cost estimate prices it at that rate.
+    commitment: Commitment | None = None
 
     @property
     def tpu(self) -> catalog.Slice:
@@ -894,6 +897,7 @@ def node_problems(key: str, node: NodeSettings, job_names: Mapping[str, Any],
         yield (f"{key}.name", f"{node.name!r}: node names are {LOGICAL_NAME_RULE}")
     yield from _labels_problems(f"{key}.labels", node.labels)
     yield from _queue_problems(key, node)
+    yield from _commitment_problems(key, node)
     slice_problems = list(_slice_problems(key, node))
     if slice_problems:
         yield from slice_problems
@@ -982,6 +986,18 @@ def _queue_problems(key: str, node: NodeSettings) -> Problems:
         yield (f"{key}.queue.validUntilDuration", f"{queue.valid_until_duration!r} is not a "
                                                   f"duration: a number and s, m, h or d "
                                                   f"(e.g. 6h)")
+
+
+def _commitment_problems(key: str, node: NodeSettings) -> Problems:
+    """A Cloud TPU commitment is a future reservation with a 1- or 3-year committed use
+    discount attached (cloud.google.com/tpu/docs/long-term-reservation): a node runs
+    under it by consuming that reservation, never as spot capacity."""
+    if node.commitment is not None and node.capacity != "reserved":
+        yield (f"{key}.commitment", f"{node.commitment} applies to reserved capacity only (a "
+                                    f"future reservation with a committed use discount, "
+                                    f"cloud.google.com/tpu/docs/long-term-reservation); this "
+                                    f"node is {node.provisioning}: use provisioning: reserved, "
+                                    f"or a queue with a reservationName")
 
 
 _GITHUB_REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")

@@ -34,10 +34,8 @@ def stop_save_seconds(job: JobConfig) -> float:
 
 def step_seconds(node: NodeSettings, job: JobConfig) -> float:
     """About how long one training step of `job` takes on `node`'s slice."""
-    tpu = node.tpu
-    flops = catalog.PEAK_BF16_FLOPS_PER_CHIP[tpu.generation.name] * tpu.chips
     return job.globalBatchSize * train_flops_per_example(job) / (
-        flops * catalog.ASSUMED_FLOPS_UTILIZATION)
+        catalog.peak_flops_per_second(node.tpu) * catalog.ASSUMED_FLOPS_UTILIZATION)
 
 
 def longest_execution_seconds(node: NodeSettings, job: JobConfig) -> float:

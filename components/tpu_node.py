@@ -78,11 +78,14 @@ class TpuNodeArgs:
 
 
 def resolved_job(args: TpuNodeArgs) -> JobConfig:
-    """The node's job: every location absolute, and the stop notice its save must fit."""
+    """The node's job: every location absolute, the stop notice its save must fit, and
+    its slice's peak FLOPs per second (the job's MFU, tpu_training.perf)."""
     loc = args.locations
     return args.job.resolve(data_root=loc.data_root, checkpoint_dir=loc.checkpoint_dir,
                             export_dir=loc.export_dir, tensorboard_dir=loc.tensorboard_dir,
-                            notice_seconds=catalog.stop_notice_seconds(spot=args.settings.spot))
+                            notice_seconds=catalog.stop_notice_seconds(spot=args.settings.spot),
+                            peak_flops_per_second=catalog.peak_flops_per_second(
+                                args.settings.tpu))
 
 
 def release_prefix(args: TpuNodeArgs) -> str:

@@ -56,6 +56,7 @@ from node_agent.install import Installer
 from node_agent.job import Job, process_start_time, stop_stale_job, terminate
 from node_agent.job_lines import JobRun
 from node_agent.metadata import DEFAULT_METADATA_HOST, Metadata, node_id, worker_number
+from node_agent.runtime_metrics import RuntimeMetrics
 from node_agent.status import Status
 from node_agent.storage import Storage, storage_endpoint
 from node_agent.watchers import (
@@ -111,6 +112,7 @@ class Agent:
         self._maintenance_stop = False  # the job was stopped to save before a window
         self.goodput = Goodput("")
         self._since = time.monotonic()  # start of the span not yet accounted
+        self.runtime_metrics = RuntimeMetrics()  # duty cycle and HBM, where tpu-info runs
 
     def terminate(self, *_: object) -> None:
         self.terminated.set()
@@ -535,6 +537,9 @@ class Agent:
         if what == "save":
             self.status.set(step=run.step, lastSave=run.last_save,
                             goodput=self.goodput.view(run.reported))
+        elif what == "perf" and run.perf is not None:
+            self.status.progress(step=run.step,
+                                 perf={**run.perf, **self.runtime_metrics.latest()})
         else:
             self.status.progress(step=run.step, goodput=self.goodput.view(run.reported))
 

@@ -14,6 +14,8 @@ WAITING_LINE = re.compile(r"^tpu_training waiting_for_data pattern=(.*)$")
 ERROR_LINE = re.compile(r"^tpu_training: error: (.*)$")
 # Contract C4: the job found the TPU held by another process and exits 69 at once.
 TPU_BUSY_LINE = re.compile(r"^tpu_training tpu_busy holders=(.*)$")
+# How busy the TPU is (tpu_training.perf): at least every 50 executions and at the end.
+PERF_LINE = re.compile(r"^tpu_training perf (.*)$")
 
 # Google's ML Goodput Measurement categories (docs/design.md, "Goodput"). The job
 # reports the first five for its own process run; the agent owns the last three.
@@ -51,6 +53,7 @@ class JobRun:
     waiting_pattern: str | None = None
     error: str | None = None
     tpu_busy: str | None = None  # `tpu_busy holders=...`: what the job saw holding the TPU
+    perf: dict[str, object] | None = None  # the latest perf line (perf_fields)
 
     def read(self, line: str) -> str | None:
         """Take in one line; which part changed ("step", "save", "goodput") or None."""
@@ -71,6 +74,9 @@ class JobRun:
             self.reported_step = int(values.pop("step", self.reported_step))
             self.reported = {k: v for k, v in values.items() if k in JOB_CATEGORIES}
             return "goodput"
+        if match := PERF_LINE.match(line):
+            self.perf = perf_fields(match[1]) or self.perf
+            return "perf"
         if match := WAITING_LINE.match(line):
             self.waiting_pattern = match[1].strip()
         elif match := TPU_BUSY_LINE.match(line):
@@ -93,3 +99,20 @@ class JobRun:
         if save["reason"] == "stop":
             self.stop_save = {k: save[k] for k in ("step", "seconds", "bytes")}
         return "save"
+
+
+def perf_fields(text: str) -> dict[str, object] | None:
+    """A perf line's figures as status fields: {step, examplesPerSec, inputWaitShare,
+    mfu} (`mfu` a number, or "na" off a TPU); None when the line is malformed."""
+    values = key_values(text)
+    try:
+        fields: dict[str, object] = {
+            "step": int(values["step"]),
+            "examplesPerSec": float(values["examples_per_sec"]),
+            "inputWaitShare": float(values["input_wait_share"]),
+            "mfu": "na" if values["mfu"] == "na" else float(values["mfu"]),
+        }
+    except (KeyError, ValueError):
+        return None
+    numbers = [v for v in fields.values() if isinstance(v, float)]
+    return fields if all(0 <= v < float("inf") for v in numbers) else None

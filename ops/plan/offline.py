@@ -14,7 +14,7 @@ import pulumi
 
 from components import locality, project, stop_save
 from components.archive import PackageError
-from components.cost import StackCost, settings_cost
+from components.cost import RATES, StackCost, settings_cost
 from components.settings import StackSettings, load_settings
 from components.stack_config import file_config
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
@@ -90,9 +90,12 @@ def cost_json(cost: StackCost) -> dict[str, Any]:
              "onDemandUsdPerHour": n.on_demand_usd_per_hour,
              "spotSavingUsdPerHour": n.spot_saving_usd_per_hour,
              "reserved": n.reserved, "priceConfirmed": n.price_confirmed,
-             "priceSource": n.price_source}
+             "priceSource": n.price_source, "commitment": n.commitment,
+             "byRate": n.by_rate, "committedConfirmed": n.committed_confirmed}
             for n in cost.nodes
         ],
+        # Every node at each rate, side by side: on-demand, spot, 1- and 3-year commitments.
+        "byRate": {rate: cost.usd_per_hour_at(rate) for rate in RATES},
         "usdPerHour": cost.usd_per_hour,
         "usdPerMonth": cost.usd_per_month,
         "unpriced": cost.unpriced,

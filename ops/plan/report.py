@@ -159,6 +159,8 @@ def node_prices(cost: Mapping[str, Any]) -> tuple[str, str]:
         cells = [f"~{c} (unconfirmed)" for c in cells]
     if cost.get("reserved"):
         cells = [f"{c} via reservation" for c in cells]
+    if cost.get("commitment"):
+        cells = [f"{c} ({cost['commitment']} commitment)" for c in cells]
     return cells[0], cells[1]
 
 
@@ -180,6 +182,8 @@ def cost_summary(plan: Mapping[str, Any]) -> str:
         lines.append(f"- billed through their reservation, at the on-demand rate whether or not "
                      f"the node runs (reservations-overview; unconfirmed for TPUs): "
                      f"{', '.join(cost['reserved'])}")
+    if rates := rates_line(cost):
+        lines.append(rates)
     if cost.get("unconfirmed"):
         lines.append(f"- priced from an unconfirmed list price (~): "
                      f"{', '.join(cost['unconfirmed'])}")
@@ -190,6 +194,26 @@ def cost_summary(plan: Mapping[str, Any]) -> str:
     if sources:
         lines.append(f"- prices per chip-hour from {'; '.join(sources)}")
     return "\n".join(lines)
+
+
+RATE_NAMES = {"onDemand": "on-demand", "spot": "spot", "oneYear": "1-year commitment",
+              "threeYear": "3-year commitment"}
+
+
+def rates_line(cost: Mapping[str, Any]) -> str | None:
+    """The stack's nodes at every rate side by side (components/cost.py RATES), `~` where a
+    price is unconfirmed; None for a plan without them."""
+    by_rate = cost.get("byRate")
+    if not by_rate:
+        return None
+    nodes = cost.get("nodes", [])
+    unsure = {"onDemand": any(n.get("priceConfirmed") is False and not n.get("commitment")
+                              for n in nodes),
+              "oneYear": any(n.get("committedConfirmed") is False for n in nodes)}
+    unsure |= {"spot": unsure["onDemand"], "threeYear": unsure["oneYear"]}
+    cells = [f"{name} {'~' if unsure[rate] else ''}{money(by_rate.get(rate))}/hour"
+             for rate, name in RATE_NAMES.items()]
+    return "- the same nodes at each rate: " + ", ".join(cells)
 
 
 def duplicate_urns(plan: Mapping[str, Any]) -> list[str]:

@@ -9,10 +9,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from rich.console import RenderableType
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Span, Text
 
+from components import catalog
 from components.archive import REPO_ROOT
 from ops.local import rehearsal_record as record
 from ops.tpu import logs as agent_logs
@@ -90,8 +91,8 @@ def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
     return [node.node_id for node in target.nodes if node.node_id not in present]
 
 
-COLUMNS = ("node", "zone", "type", "state", "health", "job", "step", "goodput", "message",
-           "updated")
+COLUMNS = ("node", "zone", "type", "state", "health", "job", "step", "goodput", "input wait",
+           "MFU", "message", "updated")
 # Up to this many rows a boxed rich Table; past it aligned plain columns, because rich
 # measures and renders every cell on its own (2,000 rows took seconds, bench/status_scale.py).
 BOXED_ROWS = 200
@@ -110,14 +111,17 @@ def status_table(
     source = f"rehearsal, offline: {rehearsal}" if rehearsal else ", ".join(target.projects)
     title = f"stack {target.stack} ({source})"
     rows = status_rows(target, nodes, queued, "not rehearsed" if rehearsal else "ABSENT")
+    advice = [line for node in nodes if (line := utilisation_advice(node))]
+    notes = Text("\n".join(advice), style="yellow") if advice else None
     if len(rows) > BOXED_ROWS:
-        return plain_columns(title, rows)
+        listing = plain_columns(title, rows)
+        return Group(listing, notes) if notes else listing
     table = Table(title=title)
     for column in COLUMNS:
         table.add_column(column)
     for cells, style in rows:
         table.add_row(*(Text(cell, style=style if i == 3 else "") for i, cell in enumerate(cells)))
-    return table
+    return Group(table, notes) if notes else table
 
 
 def status_rows(
@@ -129,13 +133,13 @@ def status_rows(
         health = "; ".join((node.health, *node.symptoms)).strip("; ")
         cells = (node.node_id, node.zone, node.accelerator_type, node.state, health,
                  job.get("state", "-"), job.get("step", ""), goodput_percent(job),
-                 job.get("message", ""), job.get("updated", ""))
+                 *perf_cells(job), job.get("message", ""), job.get("updated", ""))
         rows.append((cells, STATE_STYLE.get(node.state, "")))
     requests = {node_id: q.state for q in queued for node_id in q.node_ids}
     zones = {node.node_id: node.zone for node in target.nodes}
     for node_id in absent(target, nodes):
         state = f"QUEUED {requests[node_id]}" if node_id in requests else missing
-        cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "")
+        cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "", "", "")
         rows.append((cells, "red" if state == "ABSENT" else ""))
     return rows
 
@@ -167,6 +171,88 @@ def goodput_percent(job: dict[str, str]) -> str:
     except (ValueError, AttributeError):
         return ""
     return f"{percent:.1f}%" if isinstance(percent, (int, float)) else ""
+
+
+# The guide's rule of thumb: a TPU whose utilisation stays under about 30% should be
+# swapped for a smaller one, or its code fixed (docs/tpu-facts.md, "How busy a TPU is").
+UTILISATION_FLOOR = 0.30
+# Waiting for input this share of the time or more, the pipeline is the first thing to fix.
+INPUT_BOUND_SHARE = 0.5
+INPUT_ADVICE = ("fix the input pipeline: interleave reads of many files in parallel, "
+                "prefetch, more (and larger) shards, the data in the node's region ({region})")
+
+
+def perf_of(job: dict[str, str]) -> dict[str, object]:
+    """The agent's latest perf figures (docs/design.md, status `perf`); {} if none."""
+    try:
+        perf = json.loads(job.get("perf", ""))
+    except ValueError:
+        return {}
+    return perf if isinstance(perf, dict) else {}
+
+
+def _share(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and 0 <= value < float("inf") \
+        else None
+
+
+def perf_cells(job: dict[str, str]) -> tuple[str, str]:
+    """The input-wait and MFU cells: "62%", "8.1% LOW" under the floor, "na" off a TPU."""
+    perf = perf_of(job)
+    wait, mfu = _share(perf.get("inputWaitShare")), _share(perf.get("mfu"))
+    wait_cell = "" if wait is None else f"{wait:.0%}"
+    if mfu is None:
+        return wait_cell, "na" if perf.get("mfu") == "na" else ""
+    low = " LOW" if mfu < UTILISATION_FLOOR else ""
+    return wait_cell, f"{mfu:.1%}{low}"
+
+
+def utilisation_advice(node: NodeStatus) -> str | None:
+    """What to do about a node whose model FLOPs utilisation is under the floor, or None.
+
+    Input-bound (it waits for input half the time or more, or the time it does not wait
+    would reach the floor): fix the pipeline. Otherwise the slice is larger than the job
+    needs: the smallest offered slice of its generation on which the same work would reach
+    the floor, with its price difference from the catalog.
+    """
+    perf = perf_of(node.job)
+    mfu, wait = _share(perf.get("mfu")), _share(perf.get("inputWaitShare")) or 0.0
+    if mfu is None or mfu >= UTILISATION_FLOOR:
+        return None
+    head = (f"{node.node_id}: its model FLOPs are {mfu:.1%} of the slice's peak (under "
+            f"{UTILISATION_FLOOR:.0%}), and it waits for input {wait:.0%} of its time")
+    busy = mfu / max(1e-9, 1 - wait)  # the utilisation while it is not waiting
+    region = catalog.region_of(node.zone)
+    if wait >= INPUT_BOUND_SHARE or busy >= UTILISATION_FLOOR:
+        advice = f"input-bound: {INPUT_ADVICE.format(region=region)}"
+        if busy < UTILISATION_FLOOR:
+            advice += f"; then, still under {UTILISATION_FLOOR:.0%}: {smaller_slice(node, busy)}"
+        return f"{head}: {advice}"
+    return f"{head}: too large for the job: {smaller_slice(node, busy)}"
+
+
+def smaller_slice(node: NodeStatus, busy: float) -> str:
+    """The smallest slice of the node's generation on which its work would reach the
+    floor, with how much less it costs an hour; or what to do when there is none."""
+    try:
+        tpu = catalog.parse_accelerator_type(node.accelerator_type)
+    except catalog.CatalogError:
+        return "a smaller slice (its type is not in the catalog)"
+    gen, needed = tpu.generation, tpu.chips * busy / UTILISATION_FLOOR
+    smaller = [catalog.Slice(gen, t) for t in catalog.default_topologies(gen)]
+    fits = [s for s in smaller if needed <= s.chips < tpu.chips] or \
+        [s for s in smaller if s.chips < tpu.chips][-1:]
+    if not fits:
+        return (f"{tpu.accelerator_type} is the smallest {gen.name} slice: make each step "
+                f"bigger (a larger batch per core) or move to a cheaper generation")
+    choice = min(fits, key=lambda s: s.chips)
+    now, then = (catalog.usd_per_hour(s, spot=node.spot) for s in (tpu, choice))
+    rate = "spot" if node.spot else "on-demand"
+    saving = (f"${now - then:,.2f}/hour less at {rate} list prices" if now is not None
+              and then is not None else f"no {gen.name} list price in the catalog")
+    return (f"a smaller slice, e.g. {choice.accelerator_type} ({choice.chips} chips instead "
+            f"of {tpu.chips}): {saving}; keep globalBatchSize a multiple of its "
+            f"{choice.replicas} replicas and within its HBM")
 
 
 def node_reached(node: NodeStatus, until: Until) -> bool:

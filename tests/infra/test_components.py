@@ -413,6 +413,7 @@ def test_each_release_is_an_object_named_by_its_content_under_the_pointer() -> N
     assert job["exportDir"] == "gs://c/export/test-trainer/"
     assert job["tensorboardDir"] == "gs://l/tb/test-trainer/"
     assert job["noticeSeconds"] == 30  # a spot node's notice (contract C3)
+    assert job["peakFlopsPerSecond"] == 8 * 197e12  # a v5litepod-8 (the job's MFU)
     vm = only(run, "gcp:tpu/v2Vm:V2Vm")
     assert release.urn in vm.dependencies  # the first boot finds its release
 

@@ -69,7 +69,8 @@ class Job:
     def progress(self) -> list[str]:
         """The progress lines, without the accounting (saved, goodput)."""
         return [line for line in self.lines
-                if not line.startswith(("tpu_training saved ", "tpu_training goodput "))]
+                if not line.startswith(("tpu_training saved ", "tpu_training goodput ",
+                                        "tpu_training perf "))]
 
     @property
     def stop_saves(self) -> list[int]:

@@ -22,9 +22,10 @@ GOODPUT_LINE = re.compile(r"tpu_training goodput step=(\d+) " + " ".join(
 
 
 def progress(lines: list[str]) -> list[str]:
-    """The lines of the job's progress, without its accounting (saved, goodput)."""
+    """The lines of the job's progress, without its accounting (saved, goodput, perf)."""
     return [line for line in lines if not line.startswith(("tpu_training saved ",
-                                                           "tpu_training goodput "))]
+                                                           "tpu_training goodput ",
+                                                           "tpu_training perf "))]
 
 
 def goodput_of(line: str) -> dict[str, float]:

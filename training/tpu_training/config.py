@@ -46,8 +46,9 @@ IMAGENET_MODELS: tuple[str, ...] = ("resnet18", "resnet50")
 
 # Keys the infra side fills in when it resolves a stack job for a node.
 LOCATION_KEYS: tuple[str, ...] = ("checkpointDir", "exportDir", "tensorboardDir")
-# Keys only a resolved job has: its locations, and the node's stop notice.
-NODE_KEYS: tuple[str, ...] = (*LOCATION_KEYS, "noticeSeconds")
+# Keys only a resolved job has: its locations, the node's stop notice, and the slice's
+# peak bf16 FLOPs per second (components/catalog.py) for the job's MFU (tpu_training.perf).
+NODE_KEYS: tuple[str, ...] = (*LOCATION_KEYS, "noticeSeconds", "peakFlopsPerSecond")
 
 # The time between two stop checks (one execution) may use this share of the node's
 # stop notice (`noticeSeconds`); the stop save may use half of it (components/catalog.py,
@@ -97,6 +98,7 @@ class JobConfig:
     exportDir: str | None = None
     tensorboardDir: str | None = None
     noticeSeconds: float | None = None  # the node's stop notice; bounds an execution
+    peakFlopsPerSecond: float | None = None  # the slice's peak: the perf line's MFU
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, resolved: bool = True) -> JobConfig:
@@ -111,9 +113,10 @@ class JobConfig:
         return dataclasses.asdict(self)
 
     def resolve(self, *, data_root: str, checkpoint_dir: str, export_dir: str,
-                tensorboard_dir: str, notice_seconds: float | None = None) -> JobConfig:
-        """The node's job: data made absolute under `data_root`, locations and the
-        node's stop notice set."""
+                tensorboard_dir: str, notice_seconds: float | None = None,
+                peak_flops_per_second: float | None = None) -> JobConfig:
+        """The node's job: data made absolute under `data_root`, locations, the
+        node's stop notice and its slice's peak FLOPs per second set."""
         return dataclasses.replace(
             self,
             trainData=absolute(self.trainData, data_root),
@@ -122,6 +125,7 @@ class JobConfig:
             exportDir=export_dir,
             tensorboardDir=tensorboard_dir,
             noticeSeconds=notice_seconds,
+            peakFlopsPerSecond=peak_flops_per_second,
         )
 
     @property
@@ -163,7 +167,8 @@ _REQUIRED = tuple(name for name, f in _FIELDS.items()
                   if f.default is dataclasses.MISSING)
 _INTS = ("globalBatchSize", "trainSteps", "stepsPerExecution", "checkpointEverySteps",
          "warmupSteps", "imageSize", "numClasses")
-_NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes", "noticeSeconds")
+_NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes", "noticeSeconds",
+            "peakFlopsPerSecond")
 _MIN_IMAGE_SIZE = 32  # ResNet downsamples by 32 before its pooling layer
 _MAX_WIDTH = 4
 
@@ -236,6 +241,10 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     notice = data.get("noticeSeconds")
     if notice is not None and not 0 < notice < float("inf"):
         problems.append(("noticeSeconds", f"must be a number of seconds more than 0, got {notice}"))
+    peak = data.get("peakFlopsPerSecond")
+    if peak is not None and not 0 < peak < float("inf"):
+        problems.append(("peakFlopsPerSecond", f"must be a number of FLOPs per second more "
+                                               f"than 0, got {peak}"))
     rate = data.get("learningRate")
     if rate is not None and not 0 < rate < 10:
         problems.append(("learningRate", f"must be between 0 and 10 (exclusive), got {rate}"))

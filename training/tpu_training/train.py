@@ -40,6 +40,9 @@ Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdo
         blocked=<s>
     tpu_training goodput step=<N> productive=<s> tpu_init=<s> …   after every step and
                                            saved line, and at exit (tpu_training.goodput)
+    tpu_training perf step=<N> examples_per_sec=<x> input_wait_share=<s> mfu=<u|na>
+                                           every 50 executions (first after 10) and at
+                                           the end of training (tpu_training.perf)
     tpu_training eval_accuracy=<x> eval_loss=<y>   at the end, with evalData
     tpu_training stopped_at=<N>            SIGTERM: checkpoint saved, exit 75
     tpu_training complete=<N> export=<dir> finished (or found finished): exit 0
@@ -56,9 +59,9 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from tpu_training import data, models
+from tpu_training import data, models, perf
 from tpu_training import strategy as strategies
-from tpu_training.config import LOCATION_KEYS, JobConfig, JobConfigError
+from tpu_training.config import LOCATION_KEYS, JobConfig, JobConfigError, train_flops_per_example
 from tpu_training.exits import StopSaveError
 from tpu_training.goodput import Goodput
 from tpu_training.stopping import StopFlag
@@ -259,7 +262,7 @@ class Job:
         down first, and the node was being stopped anyway.
         """
         try:
-            losses = self._train(iterator, self.train_steps_fn(), stop)
+            losses = self._train(iterator, self.train_steps_fn(), stop, self.perf_meter(iterator))
             self._save("final" if self.step >= self.config.trainSteps else "stop")
         except tf.errors.OpError as error:
             if not stop.requested:
@@ -269,7 +272,8 @@ class Job:
                                 f"{_summary(error.message)}") from error
         return losses
 
-    def _train(self, iterator, train_steps: Callable, stop: StopFlag) -> tuple[float, ...]:
+    def _train(self, iterator, train_steps: Callable, stop: StopFlag,
+               meter: perf.PerfMeter) -> tuple[float, ...]:
         config, losses = self.config, []
         sizer = ExecutionSizer(config)
         self.last_save = time.monotonic()
@@ -278,6 +282,7 @@ class Job:
             steps = sizer.next_steps(before)
             train_steps(iterator, tf.constant(steps))
             if not losses:  # this process's first execution: tracing and compilation
+                meter.measure_device()  # the device alone, for the perf line: start-up too
                 self.goodput.started_training()
             loss = float(self.loss_metric.result())
             self.loss_metric.reset_state()
@@ -291,6 +296,8 @@ class Job:
             reason = self._save_reason(before)
             if reason:
                 self._save(reason, asynchronous=True)
+            meter.executed(self.step, steps, seconds)
+        meter.finish(self.step)
         return tuple(losses)
 
     def _save_reason(self, before: int) -> str | None:
@@ -339,17 +346,39 @@ class Job:
                        f"bytes={size} reason={save.reason} blocked={save.blocked:.3f}")
         _say(self.out, self.goodput.line(self.step))
 
+    def perf_meter(self, iterator) -> perf.PerfMeter:
+        """The perf line's meter: the device alone against the executions (tpu_training.perf).
+        MFU only on a TPU, against the slice's peak the resolved job carries."""
+        config = self.config
+        on_tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)
+        try:
+            flops = train_flops_per_example(config)
+        except KeyError:  # a model without a FLOPs figure in the job schema
+            flops = None
+        probe_seconds = min(perf.PROBE_SECONDS, config.max_execution_seconds or math.inf)
+        return perf.PerfMeter(
+            lambda line: _say(self.out, line), global_batch_size=config.globalBatchSize,
+            max_probe_steps=config.stepsPerExecution,
+            probe=perf.device_probe(self.strategy, self.model, self.replica_loss,
+                                    iterator.element_spec),
+            flops_per_example=flops, probe_seconds=probe_seconds,
+            peak_flops_per_second=config.peakFlopsPerSecond if on_tpu else None)
+
+    def replica_loss(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        """One replica's share of the batch's mean loss (a training pass of the model)."""
+        probabilities = self.model(data.model_pixels(images, self.spec), training=True)
+        per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
+        return tf.nn.compute_average_loss(per_example,
+                                          global_batch_size=self.config.globalBatchSize)
+
     def train_steps_fn(self) -> Callable:
         """`train_steps(iterator, num_steps)`: one execution of `num_steps` steps on device."""
         model, optimizer, strategy = self.model, self.optimizer, self.strategy
-        loss_metric, global_batch_size = self.loss_metric, self.config.globalBatchSize
-        spec = self.spec
+        loss_metric, replica_loss = self.loss_metric, self.replica_loss
 
         def step_fn(images: tf.Tensor, labels: tf.Tensor) -> None:
             with tf.GradientTape() as tape:
-                probabilities = model(data.model_pixels(images, spec), training=True)
-                per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+                loss = replica_loss(images, labels)
             gradients = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
             loss_metric.update_state(loss * strategy.num_replicas_in_sync)
