@@ -43,11 +43,24 @@ def _asset_json(value: Any) -> dict[str, Any]:
 
 
 def money(usd: float | None, *, signed: bool = False) -> str:
-    """`$1.20`; `n/a` where the catalog has no price."""
+    """`$1.20`; `unknown` where the catalog has no price."""
     if usd is None:
-        return "n/a"
+        return "unknown"
     sign = "+" if signed and usd > 0 else "-" if usd < 0 else ""
     return f"{sign}${abs(usd):,.2f}"
+
+
+def shown_total(plan: Mapping[str, Any], *, monthly: bool = False) -> float | None:
+    """The plan's TPU cost per hour (or month) as the sum of the figures its node table
+    shows, each rounded to the cent; unknown (None) when a node has no price."""
+    cost = plan.get("cost", {})
+    if "nodes" not in cost:
+        hourly = cost.get("usdPerHour")
+        return per_month(hourly) if monthly else hourly
+    prices = [n.get("usdPerHour") for n in cost["nodes"]]
+    if any(p is None for p in prices):
+        return None
+    return round(sum(round(per_month(p) if monthly else p, 2) for p in prices), 2)
 
 
 def per_month(usd_per_hour: float | None) -> float | None:
@@ -168,9 +181,10 @@ NODE_HEADERS = ("node", "GCP node", "accelerator", "runtime", "provisioning", "U
 
 def cost_summary(plan: Mapping[str, Any]) -> str:
     cost = plan.get("cost", {})
-    hourly = cost.get("usdPerHour")
-    about = "~" if cost.get("unconfirmed") else ""
-    lines = [f"Estimated cost: {about}{money(hourly)}/hour, {about}{money(per_month(hourly))}"
+    hourly = shown_total(plan)
+    about = "~" if cost.get("unconfirmed") and hourly is not None else ""
+    monthly = shown_total(plan, monthly=True)
+    lines = [f"Estimated cost: {about}{money(hourly)}/hour, {about}{money(monthly)}"
              f"/month ({HOURS_PER_MONTH} h) at list prices; TPU nodes only (buckets, network "
              "and logging are not priced)"]
     lines += [f"- team {team}: {money(c.get('usdPerHour'))}/hour, "
@@ -260,7 +274,10 @@ def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown:
 
 def to_json(plan: Mapping[str, Any], violations: Sequence[Violation]) -> dict[str, Any]:
     cost = dict(plan.get("cost", {}))
-    cost["usdPerMonth"] = per_month(cost.get("usdPerHour"))
+    # The totals the text shows: sums of the rounded node figures, unknown when a node
+    # has no price.
+    cost["usdPerHour"] = shown_total(plan)
+    cost["usdPerMonth"] = shown_total(plan, monthly=True)
     cost["hoursPerMonth"] = HOURS_PER_MONTH
     return {**plan, "cost": cost, "violations": [v.to_json() for v in violations],
             "duplicateUrns": duplicate_urns(plan)}

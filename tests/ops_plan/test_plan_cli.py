@@ -27,7 +27,7 @@ def test_save_then_diff_against_the_saved_plan(tmp_path):
     diff = runner.invoke(app, ["plan", "--stack", "dev", "--against", str(base)])
     assert diff.exit_code == 0, diff.output
     assert diff.stdout.startswith("## tpu-stack plan diff: dev")
-    assert "No resource changes." in diff.stdout
+    assert "Resources:\n    " in diff.stdout and " to " not in diff.stdout.split("Resources:")[1]
 
 
 def _error(args: list[str]) -> str:

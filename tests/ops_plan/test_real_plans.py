@@ -50,8 +50,8 @@ def test_runtime_version_change_warns_of_replacement(plans):
     diff = diff_plans(plans["dev"], head)
     [replaced] = diff.replacements
     assert replaced.type == V2VM and replaced.replaced_paths == ("runtimeVersion",)
-    assert ('TPU node trainer will be REPLACED: node trainer: runtimeVersion '
-            '"tpu-vm-tf-2.18.0-pjrt" → "tpu-vm-tf-2.18.1-pjrt" (immutable: replace, delete '
+    assert ('TPU node trainer will be REPLACED: node trainer: runtimeVersion: '
+            '"tpu-vm-tf-2.18.0-pjrt" => "tpu-vm-tf-2.18.1-pjrt" (immutable: replace, delete '
             'first; its spot capacity may not come back') in render_diff(diff, "markdown")
 
 
@@ -70,7 +70,7 @@ def test_new_node_adds_its_cost(plans):
     [node] = [r for r in diff.added if r["type"] == V2VM]
     [cost] = plans["dev"]["cost"]["nodes"]
     assert node["component"].endswith(cost["name"]) and cost["usdPerHour"] > 0
-    assert diff.usd_per_hour_delta == pytest.approx(cost["usdPerHour"])
+    assert diff.usd_per_hour_delta == round(cost["usdPerHour"], 2)
     assert f"change +${cost['usdPerHour']:,.2f}/hour" in render_diff(diff, "markdown")
 
 
