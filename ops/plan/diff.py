@@ -17,6 +17,7 @@ from typing import Any
 
 from ops.plan.report import (
     check_format,
+    display_type,
     duplicate_urns,
     duplicates_section,
     gcp_name,
@@ -302,7 +303,7 @@ def diagnostics(diff: PlanDiff) -> str:
     them, and the way out."""
     lines = ["Diagnostics:"]
     for step in diff.refused:
-        lines.append(f"  {step.type} ({step.name}):")
+        lines.append(f"  {display_type(step.type)} ({step.name}):")
         lines += [f"    {'error: ' if i == 0 else ''}{line}"
                   for i, line in enumerate(step.refused.splitlines())]
     lines.append(f"  {len(diff.refused)} step(s) refused: {WAY_OUT}")
@@ -323,7 +324,8 @@ def step_lines(step: Step) -> list[str]:
         step.op, step.op)
     if step.refused:
         how += ", REFUSED"
-    lines = [f"{step.marker}{step.type}: {step.name}" + (f" [{name}]" if name else "")
+    lines = [f"{step.marker}{display_type(step.type)}: {step.name}"
+             + (f" [{name}]" if name else "")
              + f" ({how})"]
     if step.delete_first:
         lines.append(f"      delete first: {step.delete_first_because}")

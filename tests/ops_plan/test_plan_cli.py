@@ -130,3 +130,25 @@ def test_the_wrapper_resolves_paths_against_the_callers_directory(tmp_path):
                             timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "plan.json").read_text())["stack"] == "dev"
+
+
+def _plan_json(seed: str, *extra: str) -> bytes:
+    """`tpuctl plan --stack platform --format json` in a fresh interpreter (its own hash
+    seed: set order differs between processes)."""
+    env = {**__import__("os").environ, "PYTHONHASHSEED": seed}
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "plan", "--stack", "platform",
+                           "--format", "json", *extra], cwd=REPO_ROOT, env=env,
+                          capture_output=True, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return done.stdout
+
+
+def test_two_plans_of_a_stack_are_the_same_bytes_and_out_writes_that_document(tmp_path):
+    """The plan the PR check saves and diffs: the same bytes for the same input (the
+    registration order of dependencies does not leak), and `--out` writes exactly what
+    `--format json` prints."""
+    out = tmp_path / "plan.json"
+    first = _plan_json("1", "--out", str(out))
+    assert first == _plan_json("2")
+    assert out.read_bytes() == first
+    assert json.loads(first)["violations"] == []

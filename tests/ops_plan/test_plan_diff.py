@@ -22,7 +22,7 @@ def test_runtime_version_change_warns_of_replacement(make_plan, node):
             '"tpu-vm-tf-2.18.0-pjrt" => "tpu-vm-tf-2.18.0-pod-pjrt" (immutable: replace, '
             'delete first; on-demand capacity in us-central1-a is not guaranteed without a '
             'reservation)' in text)
-    assert "+-gcp:tpu/v2Vm:V2Vm: trainer [dev-trainer in us-central1-a] (replace, delete " \
+    assert "+-gcp:tpu:V2Vm: trainer [dev-trainer in us-central1-a] (replace, delete " \
         "first)" in text
     # pulumi/pulumi display/diff.go renderSummaryEvent: one kind, no "N changes"; the
     # bucket, the stack and the gcp default provider unchanged.
@@ -118,7 +118,7 @@ def test_identical_plans_and_protect_option(make_plan):
     assert diff.changed == [] and [s.op for s in diff.steps.steps] == ["same"]
     assert diff.steps.steps[0].paths == ("(protect)",)
     text = render_diff(diff, "table")
-    assert "  gcp:storage/bucket:Bucket: checkpoints [gs://] (same)\n" \
+    assert "  gcp:storage:Bucket: checkpoints [gs://] (same)\n" \
         "    ~ (protect): false => true (option)" in text
     assert "Resources:\n    4 unchanged\n" in text
 
@@ -221,7 +221,7 @@ def test_steps_follow_the_engine_create_before_delete_and_unknown_outputs():
         del plan["resources"][0]["inputs"]["accountId"]
     replaced = diff_plans(base, moved).steps.by_urn()[sa["urn"]]
     assert (replaced.op, replaced.delete_first) == ("replace", False)
-    assert "+-gcp:serviceaccount/account:Account: runtime (replace)" in render_diff(
+    assert "+-gcp:serviceaccount:Account: runtime (replace)" in render_diff(
         diff_plans(base, moved), "table")
 
 
