@@ -218,16 +218,55 @@ NORMALISERS: dict[str, Callable[[str, str], bool]] = {
     "CompareProjectName": lambda old, new: _last_segment(old) == _last_segment(new),
     "QuotaPreferredValueDiffSuppress": lambda old, new: {old, new} == {"", "0"},
     "ParseFolderId": lambda old, new: _folder(old) == _folder(new),
+    # resource_billing_budget.go: calendar_period passes ("MONTH", the custom period's
+    # start date); unset and MONTH are the same while no custom period is set, and the
+    # program sets none (components/teams.py budgets a calendar month).
+    "checkValAndDefaultStringSuppress": lambda old, new: {old, new} <= {"", "MONTH"},
 }
+
+
+def _source_ranges(old: Any, new: Any) -> bool:
+    """resource_compute_firewall.go diffSuppressSourceRanges on a TypeSet: the same set,
+    or `["0.0.0.0/0"]` and none."""
+    sets = [frozenset(v or ()) for v in (old, new)]
+    return sets[0] == sets[1] or set(sets) == {frozenset(), frozenset({"0.0.0.0/0"})}
+
+
+PUBSUB_SCOPE = "https://www.googleapis.com/auth/pubsub"
+
+
+def _tpu_scopes(old: Any, new: Any) -> bool:
+    """resource_tpu_v2_vm.go tpuServiceAccountAddedScopesSuppress: the same scopes once
+    the pubsub one is left out (normalizeScopes); never when the new list is empty."""
+    if not new:
+        return old == new
+    return [s for s in old or () if s != PUBSUB_SCOPE] == [s for s in new if s != PUBSUB_SCOPE]
+
+
+LIST_NORMALISERS: dict[str, Callable[[Any, Any], bool]] = {
+    "diffSuppressSourceRanges": _source_ranges,
+    "tpuServiceAccountAddedScopesSuppress": _tpu_scopes,
+}
+
+
+def normalise_rule(facts: Mapping[str, Any], path: str) -> Mapping[str, Any] | None:
+    """The facts' normalisation of `path`. The facts name fields as Terraform does, made
+    camelCase; the bridge names a list field in the plural (`scope` → `scopes`), so a
+    plural path also finds its singular entry."""
+    rules = facts.get("normalise", {})
+    return rules.get(path) or (rules.get(path.removesuffix("s")) if path.endswith("s")
+                               else None)
 
 
 def no_diff(facts: Mapping[str, Any], path: str, old: Any, new: Any) -> bool:
     """Whether the provider's normalisation makes `old` and `new` the same value. A
     function the preview does not model (listed in the facts all the same) compares as
     written: the preview may show a change the engine does not."""
-    rule = facts.get("normalise", {}).get(path)
+    rule = normalise_rule(facts, path)
     if rule is None:
         return False
+    if rule["function"] in LIST_NORMALISERS:
+        return LIST_NORMALISERS[rule["function"]](old, new)
     same = NORMALISERS.get(rule["function"])
     if same is None:
         return False
