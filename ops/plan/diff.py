@@ -149,7 +149,7 @@ def shown(value: Any, *, secret: bool = False) -> str:
     if value == UNKNOWN:
         return UNKNOWN
     text = json.dumps(value, sort_keys=True)
-    if len(text) <= 60 and "\\n" not in text:
+    if len(text) <= 80 and "\\n" not in text:
         return text
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     return f"{text[:40]}…\" ({len(text)} chars, sha256 {digest})"
@@ -213,6 +213,12 @@ def replacement_warnings(diff: PlanDiff) -> list[str]:
     lines += [f"TPU node {node_name(r)} will be DELETED; "
               f"{capacity_risk(provisioning_of(r), str(r.get('inputs', {}).get('zone', '')))}."
               for r in diff.removed_tpu_nodes]
+    lines += [f"{s.name} was protected and this change unprotects and replaces it at once: "
+              "the engine allows that (it refuses only a resource protected before and "
+              "after, step_generator.go continueStepsFromDiff), and what it holds is lost. "
+              "Unprotect it in its own reviewed change first."
+              for s in diff.replacements if s.base and s.base.get("protect")
+              and not s.resource.get("protect")]
     lines += [stays_warning(s) for s in diff.steps.of("delete") if s.stays_in_gcp]
     lines += [bucket_warning(s) for s in diff.steps.steps if _empties_a_bucket(s)]
     return lines

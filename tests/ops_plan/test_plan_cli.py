@@ -152,3 +152,20 @@ def test_two_plans_of_a_stack_are_the_same_bytes_and_out_writes_that_document(tm
     assert first == _plan_json("2")
     assert out.read_bytes() == first
     assert json.loads(first)["violations"] == []
+
+
+def test_a_refused_step_fails_the_pr_check_with_the_way_out(tmp_path):
+    """A base that held a protected resource the head no longer declares: `pulumi up`
+    would refuse the delete, so `plan --against` (the PR check) exits 1 and says why
+    and how to do it."""
+    saved = runner.invoke(app, ["plan", "--stack", "dev", "--format", "json"])
+    base = json.loads(saved.stdout)
+    extra = {**base["resources"][0], "urn": base["resources"][0]["urn"] + "-old",
+             "name": "old", "protect": True}
+    base["resources"].append(extra)
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps(base))
+    diff = runner.invoke(app, ["plan", "--stack", "dev", "--against", str(path)])
+    assert diff.exit_code == 1
+    assert f'error: resource "{extra["urn"]}" cannot be deleted' in diff.stdout
+    assert "unprotected in its own reviewed change" in diff.stderr

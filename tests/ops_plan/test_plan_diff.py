@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -251,3 +252,32 @@ def test_an_update_of_a_waiting_queued_node_says_it_is_held(make_plan):
     assert warning.startswith("TPU node q is queued: if its request is still waiting, this "
                               "update (metadata.k) is held and applied once the node exists; "
                               "the request keeps its place in the queue")
+
+
+def test_protect_refuses_replace_and_delete_and_unprotecting_at_once_warns(make_plan, node):
+    """step_generator.go: a replace of a resource protected before and after is an error;
+    step.go DeleteStep.Apply: so is a protected delete; unprotected in the same change,
+    the replace goes ahead (a warning says what is lost)."""
+    base = make_plan({"trainer": node()})
+    base["resources"][0]["protect"] = True  # the bucket
+    moved = copy.deepcopy(base)
+    moved["resources"][0]["inputs"]["location"] = "EU"
+    moved["resources"][0]["inputs"]["name"] = "b"
+    base["resources"][0]["inputs"]["name"] = "b"
+    base["resources"][0]["inputs"]["location"] = "US"
+    diff = diff_plans(base, moved)
+    [bucket] = diff.refused
+    assert bucket.op == "replace" and "marked for protection" in bucket.refused
+    text = render_diff(diff, "markdown")
+    assert "> [!CAUTION]" in text and "error: unable to replace resource" in text
+    assert json.loads(render_diff(diff, "json"))["refused"] == [bucket.urn]
+    unprotected = copy.deepcopy(moved)
+    unprotected["resources"][0]["protect"] = False
+    diff = diff_plans(base, unprotected)
+    assert diff.refused == [] and [s.op for s in diff.replacements] == ["replace"]
+    assert any("unprotects and replaces it at once" in w for w in replacement_warnings(diff))
+    gone = copy.deepcopy(base)
+    del gone["resources"][0]
+    [delete] = diff_plans(base, gone).refused
+    assert delete.op == "delete" and "cannot be deleted\nbecause it is protected" in \
+        delete.refused and "pulumi state unprotect" in delete.refused
