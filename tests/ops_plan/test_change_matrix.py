@@ -240,6 +240,16 @@ def test_add_a_node_in_a_new_region(stack):
     assert ops(result, "delete") == []
 
 
+def test_rename_a_node_counts_its_component_as_the_engine_does():
+    """A renamed node is a new TpuNode component with its VM and release: the engine's
+    summary counts the component too, +3/-3 (its steps carry component resources)."""
+    result = steps("dev", lambda c: edit_nodes(c, lambda n: n[0].update(name="renamed")))
+    kinds = {op: sorted(s.type.rsplit(":", 1)[-1] for s in ops(result, op))
+             for op in ("create", "delete")}
+    assert kinds == {"create": ["BucketObject", "TpuNode", "V2Vm"],
+                     "delete": ["BucketObject", "TpuNode", "V2Vm"]}
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_remove_a_node(stack):
     result = steps(stack, lambda c: edit_nodes(c, lambda n: n.pop(0)))
