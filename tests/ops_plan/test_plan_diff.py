@@ -281,3 +281,17 @@ def test_protect_refuses_replace_and_delete_and_unprotecting_at_once_warns(make_
     [delete] = diff_plans(base, gone).refused
     assert delete.op == "delete" and "cannot be deleted\nbecause it is protected" in \
         delete.refused and "pulumi state unprotect" in delete.refused
+
+
+def test_a_retained_delete_says_the_resource_stays(make_plan):
+    """step.go DeleteStep.Apply: a retainOnDelete resource's delete only leaves the state."""
+    base = make_plan()
+    base["resources"][0]["retainOnDelete"] = True
+    gone = copy.deepcopy(base)
+    del gone["resources"][0]
+    diff = diff_plans(base, gone)
+    [delete] = diff.removed and diff.steps.of("delete")
+    assert delete.stays_in_gcp.startswith("retainOnDelete") and not delete.refused
+    assert "checkpoints will stay in GCP: retainOnDelete" in " ".join(
+        replacement_warnings(diff))
+    assert "      stays in GCP: retainOnDelete" in render_diff(diff, "table")
