@@ -507,10 +507,12 @@ def collision_refusal(kind: str, name: str, deleted: Step) -> str:
         return (f"{name} is written here and then deleted with {deleted.name}, which the "
                 "engine deletes after every create: the object is gone after `pulumi up`. "
                 "Give the new object another name.")
+    how = ("remove the node from the stack's nodes first (merge, `pulumi up`), then add "
+           "it back with its new provisioning" if kind == "TPU node" else
+           f"remove {deleted.name} first (merge, `pulumi up`), then add the new one")
     return (f"GCP refuses the create: {kind} {name} still exists, held by {deleted.name}, "
             "which the engine deletes only after every create and update. Make the change "
-            f"in two reviewed changes: remove {deleted.name} first (merge, `pulumi up`), "
-            "then add the new one.")
+            f"in two reviewed changes: {how}.")
 
 
 def _refuse_collisions(steps: list[Step]) -> list[Step]:
