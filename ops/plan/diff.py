@@ -288,7 +288,7 @@ def unchanged_count(diff: PlanDiff) -> int:
     resources = diff.head.get("resources", [])
     packages = {r["type"].split(":", 1)[0] for r in resources
                 if r.get("custom", True) and not r.get("provider")
-                and not r["type"].startswith("pulumi:providers:")}
+                and not r["type"].startswith("pulumi:")}  # builtins: no default provider
     return diff.steps.counts()["same"] + STACK_RESOURCE + len(packages)
 
 
