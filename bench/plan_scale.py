@@ -6,6 +6,11 @@ by a plain program with no components, no settings validation and no package
 build. The ratio is
 what the components and validation cost on top of the engine's own work.
 
+The diff column is the preview's own work on that plan (ops/plan/steps.py and the
+PR-comment rendering, as `tpuctl plan --against` runs them): against a base where every
+node ran an older runtime, so every node is replaced with its chain (the worst case),
+as a ratio of the plan's own time (target: under 0.25 at 500 nodes).
+
     .venv/infra/bin/python bench/plan_scale.py [--sizes 1,10,100,500] [--repeat 3]
 """
 
@@ -26,8 +31,10 @@ import pulumi_gcp as gcp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from components.stack_config import cli_value, file_config
+from ops.plan.diff import diff_plans, render_diff
 from ops.plan.mock_engine import Registration, run_program
 from ops.plan.offline import offline_plan
+from ops.plan.report import plain
 
 
 def config_with_nodes(count: int) -> dict[str, str]:
@@ -79,6 +86,19 @@ def replay(registrations: list[Registration]) -> Callable[[], None]:
     return program
 
 
+def older_runtime(plan: dict) -> dict:
+    """The plan as it was with an older runtime on every node: each one is replaced."""
+    base = copy.deepcopy(plan)
+    for resource in base["resources"]:
+        if "runtimeVersion" in resource.get("inputs", {}):
+            resource["inputs"]["runtimeVersion"] = "tpu-vm-tf-2.17.0-pjrt"
+    return base
+
+
+def diff_work(base: dict, head: dict) -> Callable[[], object]:
+    return lambda: render_diff(diff_plans(base, head), "markdown")
+
+
 def best_of(repeat: int, work: Callable[[], object]) -> float:
     times = []
     for _ in range(repeat):
@@ -96,15 +116,20 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     offline_plan("dev")  # warm imports and the wheel cache once, outside the timings
     print(f"{'nodes':>6} {'tpu-stack s':>12} {'raw s':>8} {'ratio':>6} "
-          f"{'ms/node':>8} {'raw ms/node':>12}")
+          f"{'ms/node':>8} {'raw ms/node':>12} {'diff s':>7} {'diff/plan':>9}")
     for count in sizes:
         config = config_with_nodes(count)
         repeat = args.repeat if count <= 100 else 1
-        flat = replay(offline_plan("bench", config).run.registrations)
+        result = offline_plan("bench", config)
+        flat = replay(result.run.registrations)
+        head = plain(result.to_json())
+        base = older_runtime(head)
         ours = best_of(repeat, lambda c=config: offline_plan("bench", c))
         raw = best_of(repeat, lambda c=config, p=flat: run_program(c, "bench", program=p))
+        diff = best_of(repeat, diff_work(base, head))
         print(f"{count:>6} {ours:>12.3f} {raw:>8.3f} {ours / raw:>6.2f} "
-              f"{1000 * ours / count:>8.2f} {1000 * raw / count:>12.2f}")
+              f"{1000 * ours / count:>8.2f} {1000 * raw / count:>12.2f} {diff:>7.3f} "
+              f"{diff / ours:>9.3f}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,12 @@ DEFAULT_STAGING = REPO_ROOT / ".cache" / "packages"
 @dataclass(frozen=True)
 class PackageArgs:
     bucket: str  # the artifacts bucket's name
+    # The bucket resource's `name` output, which the object takes: a replaced bucket's
+    # dependents are then replaced with it, deleted before it and created in the new
+    # one (pulumi/pulumi step_generator.go calculateDependentReplacements, through the
+    # propertyDependencies an Output carries). A plain string would leave the objects
+    # behind: the bucket's delete then fails (not empty) or destroys them for good.
+    bucket_name: pulumi.Input[str] | None = None
     archive: Archive | None = None  # built from training/ when not given
     staging_dir: Path = DEFAULT_STAGING
 
@@ -50,6 +56,7 @@ class TrainingPackage(pulumi.ComponentResource):
     uri: str
     sha256: str
     bucket: str
+    bucket_name: pulumi.Input[str]  # what objects in the package's bucket take
     object: gcp.storage.BucketObject
 
     def __init__(self, name: str, args: PackageArgs,
@@ -59,10 +66,11 @@ class TrainingPackage(pulumi.ComponentResource):
         object_name = PACKAGE_PREFIX + archive.filename
         self.sha256 = archive.sha256
         self.bucket = args.bucket
+        self.bucket_name = args.bucket if args.bucket_name is None else args.bucket_name
         self.uri = f"gs://{args.bucket}/{object_name}"
         self.object = gcp.storage.BucketObject(
             f"archive-{archive.sha256[:HASH_IN_NAME]}",
-            bucket=args.bucket,
+            bucket=args.bucket if args.bucket_name is None else args.bucket_name,
             name=object_name,
             source=pulumi.FileAsset(str(stage(archive, args.staging_dir))),
             content_type="application/gzip",

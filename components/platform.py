@@ -120,7 +120,8 @@ class TpuPlatform(pulumi.ComponentResource):
             ssh_through_iap=settings.network.ssh_through_iap,
             node_tag=self.node_tag, node_account=self.identity.email), opts=after_apis)
         self.package = TrainingPackage("package", PackageArgs(
-            bucket=self.buckets.names["artifacts"]),
+            bucket=self.buckets.names["artifacts"],
+            bucket_name=self.buckets.buckets["artifacts"].name),
             opts=self._child(depends_on=[self.buckets.buckets["artifacts"]]))
         self.placement_network = NodeNetwork(
             project_id=project_id, network=self.network.network.id,
@@ -218,7 +219,8 @@ class TpuPlatform(pulumi.ComponentResource):
         space = self._team_space(team, {}, platform.members, self._child(),
                                  purposes=TEAM_STACK_PURPOSES)
         self.package = TrainingPackage("package", PackageArgs(
-            bucket=space.buckets.names["artifacts"]),
+            bucket=space.buckets.names["artifacts"],
+            bucket_name=space.buckets.buckets["artifacts"].name),
             opts=self._child(depends_on=[space.buckets.buckets["artifacts"]]))
         self.placement_network = NodeNetwork(
             project_id=platform.team_project_id, network=platform.network_id,
@@ -301,6 +303,7 @@ class TpuPlatform(pulumi.ComponentResource):
             ),
             package_uri=net.package.uri,
             package_sha256=net.package.sha256,
+            artifacts_bucket_name=net.package.bucket_name,
             service_account_email=placement.service_account_email,
             network=net.network,
             subnetwork=_subnet(net.subnets, node.zone.rsplit("-", 1)[0]),

@@ -734,7 +734,10 @@ def _rule_problems(s: StackSettings) -> Problems:
     yield from _project_problems(s)
     yield from _storage_problems(s)
     yield from _labels_problems(f"{NAMESPACE}:labels", s.labels)
-    yield from _network_problems(s)
+    network = list(_network_problems(s))
+    yield from network
+    if not network:
+        yield from _moved_range_problems(s)
     yield from _jobs_problems(f"{NAMESPACE}:jobs", s.jobs)
     yield from _node_list_problems(f"{NAMESPACE}:nodes", s.nodes, s.jobs, f"{NAMESPACE}:jobs")
     if s.ci:
@@ -835,6 +838,32 @@ def _network_problems(s: StackSettings) -> Problems:
         if problem:
             yield (f"{key}.subnetCidr", f"{region}'s slot range {cidr}: {problem}; pin "
                                         f"{region} to a range in {key}.subnets")
+
+
+def _moved_range_problems(s: StackSettings) -> Problems:
+    """Every unpinned region in use sits in its own slot's block (components/subnets.py),
+    so adding a pin never moves a range: a pin over such a block would move that region's
+    subnet, a replacement, delete first, of the subnet and every node on it
+    (resource_compute_subnetwork.go IsShrinkageIpCidr; docs/design.md, "Stack config").
+    The settings cannot tell a region in use from one added with the pin, so both are
+    refused and the message says how to pin either."""
+    key = f"{NAMESPACE}:network"
+    grid, pins = s.network.subnet_cidr, s.network.subnets
+    ranges = subnets.grid_ranges(grid, pins)
+    for region in sorted(set(s.regions) - set(pins)):
+        home, actual = subnets.slot_range(grid, region), ranges.get(region)
+        if home is None or actual is None or home == actual:
+            continue
+        net = ipaddress.IPv4Network(home)
+        pin = next((p for p, cidr in sorted(pins.items())
+                    if ipaddress.IPv4Network(cidr).overlaps(net)), None)
+        by = f"{pin}'s pin {pins[pin]}" if pin else "a range moved by a pin before it"
+        yield (f"{key}.subnets.{pin}" if pin else f"{key}.subnets",
+               f"{by} overlaps {region}'s slot range {home}, so {region}'s subnet would move "
+               f"to {actual}: a replacement, delete first, of the subnet and every node on "
+               f"it. If {region} has a subnet already, pin it where it is ({key}.subnets."
+               f"{region}: {home}) and give {pin or 'the pin'} a range outside it; for a new "
+               f"{region}, pin it to {actual}.")
 
 
 # RFC 1918's private IPv4 space; cloud.google.com/vpc/docs/subnets#valid-ranges:

@@ -47,6 +47,18 @@ def grid_ranges(cidr: str, pinned: dict[str, str] | None = None) -> dict[str, st
     return ranges
 
 
+def slot_range(cidr: str, region: str) -> str | None:
+    """The block of `region`'s own slot (where its search starts), None past IPv4 or for
+    a region without a slot."""
+    if region not in REGION_SLOTS:
+        return None
+    base = ipaddress.IPv4Network(cidr)
+    start = int(base.network_address) + REGION_SLOTS.index(region) * base.num_addresses
+    if start + base.num_addresses > 2 ** 32:
+        return None
+    return str(ipaddress.IPv4Network((start, base.prefixlen)))
+
+
 def _first_free(base: ipaddress.IPv4Network, slot: int,
                 taken: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Network | None:
     start = int(base.network_address) + slot * base.num_addresses

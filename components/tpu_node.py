@@ -69,6 +69,9 @@ class TpuNodeArgs:
     # back its children): the TPU API, the job's grants, the package object.
     depends_on: list[pulumi.Resource] = field(default_factory=list)
     queued_resource_id: str | None = None  # provisioning: queued; default: the node id
+    # The artifacts bucket resource's `name` output (TrainingPackage.bucket_name): the
+    # release object takes it, so it follows a bucket replacement (components/package.py).
+    artifacts_bucket_name: pulumi.Input[str] | None = None
 
     @property
     def artifacts_bucket(self) -> str:
@@ -233,7 +236,7 @@ class TpuNode(pulumi.ComponentResource):
         object_name = desired.release_name(content)  # release-<hash16>.json
         return gcp.storage.BucketObject(
             f"{name}-{object_name.removesuffix(agent.RELEASE_OBJECT_SUFFIX)}",
-            bucket=args.artifacts_bucket,
+            bucket=args.artifacts_bucket_name or args.artifacts_bucket,
             name=f"{RELEASES_PREFIX}{args.node_id}/{object_name}",
             content=content.decode(),
             content_type="application/json",

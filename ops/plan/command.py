@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -10,28 +9,38 @@ import typer
 
 from components.settings import SettingsError
 from components.stack_config import StackFileError
-from ops.plan.diff import diff_plans, load_plan, render_diff
+from ops.plan.diff import WAY_OUT, diff_plans, load_plan, render_diff
 from ops.plan.offline import Plan, PlanError, offline_plan
 from ops.plan.report import check_format, duplicate_urns, plain, render
 from ops.terminal import PROG, fail, from_caller
 from policy.evaluate import evaluate, load_config
 
 
-def print_report(result: Plan, fmt: str | None, against: Path | None) -> int:
+def print_report(result: Plan, fmt: str | None, against: Path | None,
+                 out: Path | None = None) -> int:
     """The PR-comment rendering (ops/plan/report.py, ops/plan/diff.py); exit 1 on a policy
-    violation or a duplicate URN."""
+    violation, a duplicate URN, or a step the engine (or GCP) refuses. `out` gets the
+    plan's JSON, the very document `--format json` prints."""
     head = plain(result.to_json())
     violations = evaluate(head, load_config())
+    if out:
+        out.write_text(render(head, "json", violations))
+    refused = 0
     if against:
         base = load_plan(against)
         if base.get("stack") != head["stack"]:
             print(f"{PROG}: warning: --against {against} is a plan of stack {base.get('stack')!r}, "
                   f"this one of {head['stack']!r}: the diff compares two stacks", file=sys.stderr)
-        text = render_diff(diff_plans(base, head), fmt or "markdown", violations)
+        diff = diff_plans(base, head)
+        refused = len(diff.refused)
+        text = render_diff(diff, fmt or "markdown", violations)
     else:
         text = render(head, fmt or "table", violations)
     print(text, end="")
-    return 1 if violations or duplicate_urns(head) else 0
+    if refused:
+        print(f"{PROG}: {refused} step(s) would be refused by `pulumi up` (see Diagnostics): "
+              f"{WAY_OUT}", file=sys.stderr)
+    return 1 if violations or duplicate_urns(head) or refused else 0
 
 
 def register(app: typer.Typer) -> None:
@@ -53,10 +62,7 @@ def register(app: typer.Typer) -> None:
             if fmt:
                 check_format(fmt)  # before the plan runs
             result = offline_plan(stack)
-            if out:
-                out.write_text(json.dumps(plain(result.to_json()), indent=2, sort_keys=True)
-                               + "\n")
-            code = print_report(result, fmt, against)
+            code = print_report(result, fmt, against, out)
         except (SettingsError, StackFileError, PlanError, ValueError, OSError) as error:
             fail(error)
         if out:

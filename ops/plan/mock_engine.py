@@ -54,6 +54,7 @@ class Registration:
     provider: str | None = None  # the explicit provider's URN, if any
     secrets: list[str] = field(default_factory=list)  # input keys sent as secrets
     replace_on_changes: list[str] = field(default_factory=list)
+    retain_on_delete: bool = False  # a delete only drops it from the state
 
 
 class RecordingMonitor(mocks.MockMonitor):
@@ -90,6 +91,7 @@ class RecordingMonitor(mocks.MockMonitor):
                 provider=request.provider.rsplit("::", 1)[0] or None,
                 secrets=secrets,
                 replace_on_changes=list(request.replaceOnChanges),
+                retain_on_delete=bool(request.retainOnDelete),
             ))
         return response
 

@@ -73,11 +73,15 @@ class Plan:
             "outputs": {k: v for k, v in r.outputs.items() if k not in r.inputs},
             "protect": r.protect,
             "deleteBeforeReplace": r.delete_before_replace,
-            "dependencies": r.dependencies,
-            "propertyDependencies": r.property_dependencies,
+            # Sorted: the program registers them as its outputs resolve, in no fixed
+            # order, and two plans of the same stack must be the same bytes.
+            "dependencies": sorted(r.dependencies),
+            "propertyDependencies": {k: sorted(v) for k, v in
+                                     sorted(r.property_dependencies.items())},
             "provider": r.provider,
             "secrets": r.secrets,
             "replaceOnChanges": r.replace_on_changes,
+            "retainOnDelete": r.retain_on_delete,
         }
 
 

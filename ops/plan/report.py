@@ -43,28 +43,83 @@ def _asset_json(value: Any) -> dict[str, Any]:
 
 
 def money(usd: float | None, *, signed: bool = False) -> str:
-    """`$1.20`; `n/a` where the catalog has no price."""
+    """`$1.20`; `unknown` where the catalog has no price."""
     if usd is None:
-        return "n/a"
+        return "unknown"
     sign = "+" if signed and usd > 0 else "-" if usd < 0 else ""
     return f"{sign}${abs(usd):,.2f}"
+
+
+def shown_total(plan: Mapping[str, Any], *, monthly: bool = False) -> float | None:
+    """The plan's TPU cost per hour (or month) as the sum of the figures its node table
+    shows, each rounded to the cent; unknown (None) when a node has no price."""
+    cost = plan.get("cost", {})
+    if "nodes" not in cost:
+        hourly = cost.get("usdPerHour")
+        return per_month(hourly) if monthly else hourly
+    prices = [n.get("usdPerHour") for n in cost["nodes"]]
+    if any(p is None for p in prices):
+        return None
+    return round(sum(round(per_month(p) if monthly else p, 2) for p in prices), 2)
 
 
 def per_month(usd_per_hour: float | None) -> float | None:
     return None if usd_per_hour is None else usd_per_hour * HOURS_PER_MONTH
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, markdown: bool) -> str:
-    """A markdown table, or plain aligned columns for a terminal."""
+TERMINAL_COLUMNS = 100
+MIN_COLUMN = 8
+
+
+def elide(text: str, width: int) -> str:
+    """`text` in `width` characters: its middle dropped for `…`, so a name's head and its
+    distinguishing tail (a release's hash) both stay."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return f"{text[:head]}…{text[len(text) - (width - 1 - head):]}"
+
+
+def fitted_widths(widths: list[int], total: int, gap: int = 2) -> list[int]:
+    """Column widths that fit `total` characters with `gap` between columns: the widest
+    column gives way first, none below MIN_COLUMN (or its own width)."""
+    widths = list(widths)
+    while sum(widths) + gap * (len(widths) - 1) > total:
+        widest = max(range(len(widths)), key=lambda i: widths[i])
+        if widths[widest] <= MIN_COLUMN:
+            break
+        widths[widest] -= 1
+    return widths
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, markdown: bool,
+          columns: int = TERMINAL_COLUMNS) -> str:
+    """A markdown table, or plain aligned columns for a terminal, `columns` wide at most
+    (long cells elided in the middle)."""
     cells = [[str(c) for c in headers], *([str(c) for c in row] for row in rows)]
     if markdown:
         escaped = [[c.replace("|", "\\|") for c in row] for row in cells]
         lines = ["| " + " | ".join(row) + " |" for row in escaped]
         lines.insert(1, "|" + "|".join("---" for _ in headers) + "|")
         return "\n".join(lines)
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in cells)
+    widths = fitted_widths([max(len(row[i]) for row in cells) for i in range(len(headers))],
+                           columns)
+    return "\n".join("  ".join(elide(c, w).ljust(w) for c, w in zip(row, widths, strict=True))
+                     .rstrip() for row in cells)
+
+
+def display_type(token: str) -> str:
+    """A type token as the engine's display shows it: `gcp:storage:Bucket` for
+    `gcp:storage/bucket:Bucket` (pulumi/pulumi sdk/go/common/tokens/tokens.go
+    Type.DisplayName @1b5949891b3c)."""
+    parts = token.split(":")
+    if len(parts) != 3 or not parts[2] or "/" not in parts[1]:
+        return token
+    package, module, name = parts
+    path, _, file = module.rpartition("/")
+    if file != name[:1].lower() + name[1:]:
+        return token
+    return f"{package}:{path}:{name}"
 
 
 def heading(text: str, *, markdown: bool, level: int = 2) -> str:
@@ -168,11 +223,24 @@ NODE_HEADERS = ("node", "GCP node", "accelerator", "runtime", "provisioning", "U
                 "USD/month", "spot saving USD/hour")
 
 
+def node_tables(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
+    """The node table; on a terminal, as two (what runs, what it costs) that fit."""
+    rows = node_rows(plan)
+    if markdown:
+        return [table(NODE_HEADERS, rows, markdown=True)]
+    split = NODE_HEADERS.index("USD/hour")
+    return ["\n\n".join([
+        table(NODE_HEADERS[:split], [r[:split] for r in rows], markdown=False),
+        table((NODE_HEADERS[0], *NODE_HEADERS[split:]), [[r[0], *r[split:]] for r in rows],
+              markdown=False)])]
+
+
 def cost_summary(plan: Mapping[str, Any]) -> str:
     cost = plan.get("cost", {})
-    hourly = cost.get("usdPerHour")
-    about = "~" if cost.get("unconfirmed") else ""
-    lines = [f"Estimated cost: {about}{money(hourly)}/hour, {about}{money(per_month(hourly))}"
+    hourly = shown_total(plan)
+    about = "~" if cost.get("unconfirmed") and hourly is not None else ""
+    monthly = shown_total(plan, monthly=True)
+    lines = [f"Estimated cost: {about}{money(hourly)}/hour, {about}{money(monthly)}"
              f"/month ({HOURS_PER_MONTH} h) at list prices; TPU nodes only (buckets, network "
              "and logging are not priced)"]
     lines += [f"- team {team}: {money(c.get('usdPerHour'))}/hour, "
@@ -258,9 +326,20 @@ def policy_section(violations: Sequence[Violation], *, markdown: bool) -> str:
 
 
 def _resource_rows(plan: Mapping[str, Any]) -> list[list[str]]:
-    return [[r["name"], gcp_name(r), r["type"], r.get("component") or "",
+    return [[r["name"], gcp_name(r), display_type(r["type"]), r.get("component") or "",
              "yes" if r.get("protect") else ""]
             for r in plan.get("resources", []) if r.get("custom", True)]
+
+
+def resource_table(rows: list[list[str]]) -> str:
+    """The terminal's resource table: rows under a `[component]` line each, so the
+    component takes no column of its own and the table fits TERMINAL_COLUMNS."""
+    grouped: list[list[str]] = []
+    for component in dict.fromkeys(row[3] for row in rows):
+        grouped.append([f"[{component or 'stack'}]", "", "", ""])
+        grouped += [[f"  {row[0]}", row[1], row[2], row[4]] for row in rows
+                    if row[3] == component]
+    return table(("resource", "GCP name", "type", "protected"), grouped, markdown=False)
 
 
 def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown: bool) -> str:
@@ -271,10 +350,10 @@ def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown:
         *warnings_section(plan, markdown=markdown),
         policy_section(violations, markdown=markdown),
         cost_summary(plan),
-        table(NODE_HEADERS, node_rows(plan), markdown=markdown),
+        *node_tables(plan, markdown=markdown),
         f"{len(resources)} resources",
         table(("resource", "GCP name", "type", "component", "protected"), resources,
-              markdown=markdown),
+              markdown=True) if markdown else resource_table(resources),
     ]
     if markdown:
         # Folded: a PR comment leads with nodes, cost and policy.
@@ -284,7 +363,10 @@ def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown:
 
 def to_json(plan: Mapping[str, Any], violations: Sequence[Violation]) -> dict[str, Any]:
     cost = dict(plan.get("cost", {}))
-    cost["usdPerMonth"] = per_month(cost.get("usdPerHour"))
+    # The totals the text shows: sums of the rounded node figures, unknown when a node
+    # has no price.
+    cost["usdPerHour"] = shown_total(plan)
+    cost["usdPerMonth"] = shown_total(plan, monthly=True)
     cost["hoursPerMonth"] = HOURS_PER_MONTH
     return {**plan, "cost": cost, "violations": [v.to_json() for v in violations],
             "duplicateUrns": duplicate_urns(plan)}

@@ -1,11 +1,15 @@
 """The engine's steps between two offline plans, predicted as `pulumi preview` would.
 
-For each resource of the head plan, in dependency order: create (new URN), update
-(changed inputs that update in place), replace (an input that forces a new
-resource changed, or took the outputs of a replaced resource), and delete for each
-URN the head no longer declares. The rules, each mirrored from its source
-(ops/plan/facts/replacement.json records file and commit):
+For each resource of the head plan (custom and component), in dependency order: create
+(new URN), same (no diff: a protect-only change too), update (changed inputs that update
+in place), replace (an input that forces a new resource changed, or took the outputs of
+a replaced resource), and delete for each URN the head no longer declares. The rules,
+each mirrored from its source (ops/plan/facts/replacement.json records repository,
+path, line and commit; `citation(rule)`):
 
+- Inputs compare as the provider's diff compares them: after the field's `StateFunc`
+  and without a change its `DiffSuppressFunc` suppresses (the facts' `normalise`; rule
+  `normalisedBeforeDiff`: the bridge runs the SDK's diff).
 - A changed input replaces a resource when the provider marks it `ForceNew`, or a
   `ForceNewIfChange` condition holds (terraform-provider-google-beta schemas); a
   Python dynamic resource replaces when its provider's `diff` says so.
@@ -13,17 +17,27 @@ URN the head no longer declares. The rules, each mirrored from its source
   when pulumi-gcp's ResourceInfo sets `DeleteBeforeReplace`, or an auto-named property
   is set explicitly (pulumi-terraform-bridge `nameRequiresDeleteBeforeReplace`), which
   the engine then follows (pulumi/pulumi step_generator.go: the option overrides).
-- A replaced resource's outputs are unknown; every input that took them (the
-  engine's propertyDependencies) is unknown in its dependent's diff, which replaces
-  the dependent when that input forces a replacement (pulumi/pulumi
-  pkg/resource/deploy/step_generator.go, `calculateDependentReplacements`).
+- Only a delete-first replacement condemns its dependents: every resource whose inputs
+  take its outputs (the engine's propertyDependencies, transitively) and whose diff with
+  those inputs unknown replaces it is deleted before it (`calculateDependentReplacements`,
+  rules `dependentsDiffWithUnknowns`, `deleteFirstDependentsGoFirst`). A create-before-
+  delete replacement's dependents see its new outputs: a computed one is unknown in a
+  preview, one it echoes from its inputs is known.
+- Protect (rules `protectRefusesReplace`, `protectedDependentBails`,
+  `protectRefusesDelete`): the replace of a resource protected before and after, the
+  delete-first of a protected dependent and the delete of a protected resource are
+  errors; a preview shows them, `up` stops (the deletes beside a refused one still run:
+  `deletesBesideARefusalRun`). A retainOnDelete resource's delete leaves it in GCP.
+- What GCP refuses: a create whose GCP name a resource deleted later in the same
+  update still holds (deletes run after every create: the create fails, or, for an
+  object, the later delete removes the new one).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ops.plan.facts import type_facts
@@ -43,9 +57,12 @@ class Change:
     unknown_from: str | None = None  # the replaced resource's URN
 
 
+OPS = ("create", "update", "replace", "delete")  # what the summary counts as changes
+
+
 @dataclass(frozen=True)
 class Step:
-    op: str  # create | update | replace | delete
+    op: str  # create | same | update | replace | delete
     urn: str
     type: str
     name: str
@@ -54,6 +71,12 @@ class Step:
     changes: tuple[Change, ...] = ()
     delete_first: bool = False
     delete_first_because: str = ""
+    # The error the engine (or GCP) stops this step with, as `pulumi preview` prints it.
+    refused: str = ""
+    # Why a delete leaves the resource in GCP (retainOnDelete, a provider whose Delete
+    # only forgets it).
+    stays_in_gcp: str = ""
+    deleted_before: str | None = None  # the delete-first root that condemned it
 
     @property
     def replaced_by(self) -> tuple[Change, ...]:
@@ -76,12 +99,19 @@ class Step:
 
     @property
     def marker(self) -> str:
-        return {"create": "+", "update": "~", "replace": "+-", "delete": "-"}[self.op]
+        """The engine's prefix (pulumi/pulumi step.go RawPrefix; rule `displayPrefixes`)."""
+        return {"create": "+ ", "same": "  ", "update": "~ ", "replace": "+-",
+                "delete": "- "}[self.op]
+
+    @property
+    def custom(self) -> bool:
+        return bool(self.resource.get("custom", True))
 
 
 @dataclass
 class Steps:
     steps: list[Step] = field(default_factory=list)
+    unchanged: int = 0  # resources both plans declare with no change step
     _index: dict[str, Step] = field(default_factory=dict, repr=False, compare=False)
 
     def by_urn(self) -> dict[str, Step]:
@@ -94,7 +124,15 @@ class Steps:
         return [s for s in self.steps if s.op == op]
 
     def counts(self) -> dict[str, int]:
-        return {op: len(self.of(op)) for op in ("create", "update", "replace", "delete")}
+        """Steps by operation as the engine's summary counts them; a same step (a
+        protect-only change) is unchanged."""
+        counts = {op: len(self.of(op)) for op in OPS}
+        counts["same"] = self.unchanged + len(self.of("same"))
+        return counts
+
+    @property
+    def refused(self) -> list[Step]:
+        return [s for s in self.steps if s.refused]
 
 
 def changed_paths(base: Any, head: Any, prefix: str = "") -> Iterator[str]:
@@ -128,6 +166,115 @@ def shrinks(old: Any, new: Any) -> bool:
 
 
 CONDITIONS = {"IsShrinkageIpCidr": (shrinks, "shrinks")}
+
+
+# --- normalisation: the provider's StateFunc and DiffSuppressFunc (facts `normalise`) ---
+# Each: whether the provider's diff sees no change from `old` to `new`, as the function
+# of terraform-provider-google-beta the facts name (file and line in the entry).
+
+def _last_segment(link: str) -> str:
+    """tpgresource.GetResourceNameFromSelfLink."""
+    return link.split("/")[-1]
+
+
+def _relative(link: str) -> str | None:
+    """tpgresource.GetRelativePath: from `projects/` on, None for no self link."""
+    _, found, tail = link.partition("projects/")
+    return f"projects/{tail}" if found else None
+
+
+def _self_link_or_name(old: str, new: str) -> bool:
+    """tpgresource.CompareSelfLinkOrResourceName."""
+    if "/" not in new and _last_segment(old) == new:
+        return True
+    return _relative(old) is not None and _relative(old) == _relative(new)
+
+
+def _iam_member(old: str, new: str) -> bool:
+    """tpgiamresource iamMemberCaseDiffSuppress (tpgresource.IamPrincipalIsCaseSensitive)."""
+    sensitive = ("allAuthenticatedUsers", "allUsers")
+    prefixes = ("principalSet:", "principal:", "principalHierarchy:")
+    if any(w in v for v in (old, new) for w in sensitive) or \
+            any(v.startswith(prefixes) for v in (old, new)):
+        return old == new
+    return old.upper() == new.upper()
+
+
+def _folder(value: str) -> str:
+    """resourcemanager.ParseFolderId: the id without `folders/`."""
+    return value.removeprefix("folders/")
+
+
+NORMALISERS: dict[str, Callable[[str, str], bool]] = {
+    "inline:upper": lambda old, new: old.upper() == new.upper(),  # state holds upper(old)
+    "inline:lower": lambda old, new: old.lower() == new.lower(),
+    "CaseDiffSuppress": lambda old, new: old.upper() == new.upper(),
+    "iamMemberCaseDiffSuppress": _iam_member,
+    "CompareSelfLinkOrResourceName": _self_link_or_name,
+    "CompareSelfLinkRelativePaths": lambda old, new: _relative(old) is not None
+    and _relative(old) == _relative(new),
+    "CompareResourceNames": lambda old, new: _last_segment(old) == _last_segment(new),
+    "StorageBucketDiffSuppress": lambda old, new: _last_segment(old) == _last_segment(new),
+    "CompareProjectName": lambda old, new: _last_segment(old) == _last_segment(new),
+    "QuotaPreferredValueDiffSuppress": lambda old, new: {old, new} == {"", "0"},
+    "ParseFolderId": lambda old, new: _folder(old) == _folder(new),
+    # resource_billing_budget.go: calendar_period passes ("MONTH", the custom period's
+    # start date); unset and MONTH are the same while no custom period is set, and the
+    # program sets none (components/teams.py budgets a calendar month).
+    "checkValAndDefaultStringSuppress": lambda old, new: {old, new} <= {"", "MONTH"},
+}
+
+
+def _source_ranges(old: Any, new: Any) -> bool:
+    """resource_compute_firewall.go diffSuppressSourceRanges on a TypeSet: the same set,
+    or `["0.0.0.0/0"]` and none."""
+    sets = [frozenset(v or ()) for v in (old, new)]
+    return sets[0] == sets[1] or set(sets) == {frozenset(), frozenset({"0.0.0.0/0"})}
+
+
+PUBSUB_SCOPE = "https://www.googleapis.com/auth/pubsub"
+
+
+def _tpu_scopes(old: Any, new: Any) -> bool:
+    """resource_tpu_v2_vm.go tpuServiceAccountAddedScopesSuppress: the same scopes once
+    the pubsub one is left out (normalizeScopes); never when the new list is empty."""
+    if not new:
+        return old == new
+    return [s for s in old or () if s != PUBSUB_SCOPE] == [s for s in new if s != PUBSUB_SCOPE]
+
+
+LIST_NORMALISERS: dict[str, Callable[[Any, Any], bool]] = {
+    "diffSuppressSourceRanges": _source_ranges,
+    "tpuServiceAccountAddedScopesSuppress": _tpu_scopes,
+}
+
+
+def normalise_rule(facts: Mapping[str, Any], path: str) -> Mapping[str, Any] | None:
+    """The facts' normalisation of `path`. The facts name fields as Terraform does, made
+    camelCase; the bridge names a list field in the plural (`scope` → `scopes`), so a
+    plural path also finds its singular entry."""
+    rules = facts.get("normalise", {})
+    return rules.get(path) or (rules.get(path.removesuffix("s")) if path.endswith("s")
+                               else None)
+
+
+def no_diff(facts: Mapping[str, Any], path: str, old: Any, new: Any) -> bool:
+    """Whether the provider's normalisation makes `old` and `new` the same value. A
+    function the preview does not model (listed in the facts all the same) compares as
+    written: the preview may show a change the engine does not."""
+    rule = normalise_rule(facts, path)
+    if rule is None:
+        return False
+    if rule["function"] in LIST_NORMALISERS:
+        return LIST_NORMALISERS[rule["function"]](old, new)
+    same = NORMALISERS.get(rule["function"])
+    if same is None:
+        return False
+    if isinstance(old, int | float) and isinstance(new, int | float):
+        old, new = str(old), str(new)
+    if old is None or new is None:  # a value set or unset: "" to the SDK
+        old, new = old or "", new or ""
+    return isinstance(old, str) and isinstance(new, str) and same(old, new)
 
 
 def _forces(facts: Mapping[str, Any], path: str) -> bool:
@@ -196,24 +343,17 @@ def dependency_order(resources: Mapping[str, Mapping[str, Any]]) -> list[str]:
 def _dependencies(resource: Mapping[str, Any]) -> set[str]:
     deps = {urn for urns in resource.get("propertyDependencies", {}).values() for urn in urns}
     deps.update(resource.get("dependencies", ()))
-    if resource.get("provider"):
-        deps.add(resource["provider"])
+    for key in ("provider", "parent"):
+        if resource.get(key):
+            deps.add(resource[key])
     return deps
 
 
-def _unknown_inputs(resource: Mapping[str, Any], replaced: Mapping[str, Any]
-                    ) -> dict[str, str]:
-    """Input key → the replaced resource whose outputs it takes."""
-    return {key: urn for key, urns in resource.get("propertyDependencies", {}).items()
-            for urn in urns if urn in replaced}
-
-
-def _unknown_paths(inputs: Mapping[str, Any], key: str, source: Mapping[str, Any]) -> list[str]:
-    """The leaves under `key` that hold the replaced resource's name (its self link, id);
-    the key itself when none does."""
-    name = str(source.get("inputs", {}).get("name") or source.get("name"))
+def _unknown_paths(inputs: Mapping[str, Any], key: str, needles: set[str]) -> list[str]:
+    """The leaves under `key` that hold one of `needles` (a replaced resource's name, or
+    its computed outputs); the key itself when `needles` is None-like or none does."""
     found = [p for p, value in leaves(inputs.get(key), key)
-             if isinstance(value, str) and name in value]
+             if isinstance(value, str) and any(n in value for n in needles)]
     return found or [key]
 
 
@@ -225,20 +365,49 @@ def leaves(tree: Any, prefix: str) -> Iterator[tuple[str, Any]]:
         yield prefix, tree
 
 
-def _changes(old: Mapping[str, Any], new: Mapping[str, Any],
-             replaced: Mapping[str, Mapping[str, Any]]) -> list[Change]:
+def _name_of(resource: Mapping[str, Any]) -> set[str]:
+    return {str(resource.get("inputs", {}).get("name") or resource.get("name"))}
+
+
+def _computed(resource: Mapping[str, Any]) -> set[str]:
+    """The replaced resource's outputs a preview does not know yet: those it computes
+    (a self link, an email), not the inputs it echoes (a bucket's name)."""
+    return {v for v in resource.get("outputs", {}).values() if isinstance(v, str) and v}
+
+
+def _unknown_changes(old: Mapping[str, Any], new: Mapping[str, Any],
+                     replaced: Mapping[str, Mapping[str, Any]],
+                     deleted_first: set[str]) -> list[Change]:
+    """Inputs that take a replaced resource's outputs and are unknown in the diff: all
+    of them for a delete-first root (the engine's dependent diff); a create-before-delete
+    root's computed outputs only."""
     base_inputs, head_inputs = old.get("inputs", {}), new.get("inputs", {})
-    unknown = _unknown_inputs(new, replaced)
     changes = []
-    for key, source in sorted(unknown.items()):
-        for path in _unknown_paths(head_inputs, key, replaced[source]):
-            forced, reason = replaces(new, path, value_at(base_inputs, path), UNKNOWN)
-            changes.append(Change(path, value_at(base_inputs, path), UNKNOWN, forced, reason,
-                                  source))
+    for key, urns in sorted(new.get("propertyDependencies", {}).items()):
+        for source in sorted(u for u in urns if u in replaced):
+            root = replaced[source]
+            first = source in deleted_first
+            needles = _name_of(root) if first else _computed(root)
+            if not first and not any(n in str(head_inputs.get(key)) for n in needles):
+                continue
+            for path in _unknown_paths(head_inputs, key, needles):
+                forced, reason = replaces(new, path, value_at(base_inputs, path), UNKNOWN)
+                changes.append(Change(path, value_at(base_inputs, path), UNKNOWN, forced,
+                                      reason, source))
+    return changes
+
+
+def _changes(old: Mapping[str, Any], new: Mapping[str, Any],
+             replaced: Mapping[str, Mapping[str, Any]],
+             deleted_first: set[str]) -> list[Change]:
+    base_inputs, head_inputs = old.get("inputs", {}), new.get("inputs", {})
+    changes = _unknown_changes(old, new, replaced, deleted_first)
+    unknown = {c.path.split(".", 1)[0] for c in changes}
+    facts = type_facts(new["type"]) or {}
     for path in changed_paths(base_inputs, head_inputs):
-        if path.split(".", 1)[0] in unknown:
-            continue
         before, after = value_at(base_inputs, path), value_at(head_inputs, path)
+        if path.split(".", 1)[0] in unknown or no_diff(facts, path, before, after):
+            continue
         forced, reason = replaces(new, path, before, after)
         changes.append(Change(path, before, after, forced, reason))
     if bool(old.get("protect")) != bool(new.get("protect")):
@@ -250,29 +419,189 @@ def _changes(old: Mapping[str, Any], new: Mapping[str, Any],
     return changes
 
 
+def _quoted(urn: str) -> str:
+    return f"'{urn}'"
+
+
+def replace_refusal(urn: str) -> str:
+    """pulumi/pulumi step_generator.go continueStepsFromDiff (`protectRefusesReplace`)."""
+    return (f'unable to replace resource "{urn}"\nas it is currently marked for protection. '
+            "To unprotect the resource, remove the `protect` flag from the resource in your "
+            "Pulumi program and run `pulumi up`")
+
+
+def dependent_refusal(urn: str, root: str) -> str:
+    """step_generator.go, a protected dependent of a delete-first root
+    (`protectedDependentBails`)."""
+    return (f'unable to replace resource "{urn}" as part of replacing "{root}" as it is '
+            "currently marked for protection. To unprotect the resource, remove the "
+            "`protect` flag from the resource in your Pulumi program and run `pulumi up`, "
+            f"or use the command:\n`pulumi state unprotect {_quoted(urn)}`")
+
+
+def delete_refusal(urn: str) -> str:
+    """step.go deleteProtectedError (`protectRefusesDelete`)."""
+    return (f'resource "{urn}" cannot be deleted\nbecause it is protected. To unprotect the '
+            "resource, either remove the `protect` flag from the resource in your Pulumi "
+            f"program and run `pulumi up`, or use the command:\n`pulumi state unprotect "
+            f"{_quoted(urn)}`")
+
+
+def _dependents_index(resources: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+    """URN → the URNs whose inputs take its outputs (or that it provides for)."""
+    index: dict[str, list[str]] = {}
+    for urn, resource in resources.items():
+        takes = {u for urns in resource.get("propertyDependencies", {}).values() for u in urns}
+        if resource.get("provider"):
+            takes.add(resource["provider"])
+        for source in takes:
+            index.setdefault(source, []).append(urn)
+    return index
+
+
+def dependent_replacements(root: str, before: Mapping[str, Mapping[str, Any]],
+                           dependents: Mapping[str, list[str]]) -> list[str]:
+    """pulumi/pulumi step_generator.go calculateDependentReplacements, on the base's
+    state: the transitive dependents of `root` whose diff, with every input taking a
+    resource of the replace set unknown, replaces them (components never)."""
+    replace_set = {root}
+    found: list[str] = []
+    queue = sorted(dependents.get(root, ()))
+    seen: set[str] = set(queue)
+    while queue:
+        urn = queue.pop(0)
+        resource = before[urn]
+        if not resource.get("custom", True):
+            continue
+        if resource.get("provider") in replace_set or any(
+                replaces(resource, key, None, UNKNOWN)[0]
+                for key, urns in resource.get("propertyDependencies", {}).items()
+                if replace_set.intersection(urns)):
+            replace_set.add(urn)
+            found.append(urn)
+            for later in sorted(dependents.get(urn, ())):
+                if later not in seen:
+                    seen.add(later)
+                    queue.append(later)
+    return found
+
+
+def gcp_identity(resource: Mapping[str, Any]) -> tuple[str, str] | None:
+    """What GCP knows a resource by, for the kinds two URNs can share: a TPU node (a
+    V2Vm or a queued one: node id and zone), a bucket, an object."""
+    inputs = resource.get("inputs", {})
+    kind = resource["type"].rsplit(":", 1)[-1]
+    node_id = inputs.get("node_id") if "node_id" in inputs else \
+        inputs.get("name") if kind == "V2Vm" else None
+    if node_id:
+        return "TPU node", f"{node_id} in {inputs.get('zone', '')}"
+    if kind == "Bucket":
+        return "bucket", f"gs://{inputs.get('name', '')}"
+    if kind == "BucketObject":
+        return "object", f"gs://{inputs.get('bucket', '')}/{inputs.get('name', '')}"
+    return None
+
+
+def collision_refusal(kind: str, name: str, deleted: Step) -> str:
+    if kind == "object":
+        return (f"{name} is written here and then deleted with {deleted.name}, which the "
+                "engine deletes after every create: the object is gone after `pulumi up`. "
+                "Give the new object another name.")
+    how = ("remove the node from the stack's nodes first (merge, `pulumi up`), then add "
+           "it back with its new provisioning" if kind == "TPU node" else
+           f"remove {deleted.name} first (merge, `pulumi up`), then add the new one")
+    return (f"GCP refuses the create: {kind} {name} still exists, held by {deleted.name}, "
+            "which the engine deletes only after every create and update. Make the change "
+            f"in two reviewed changes: {how}.")
+
+
+def _refuse_collisions(steps: list[Step]) -> list[Step]:
+    held = {gcp_identity(s.resource): s for s in steps if s.op == "delete"}
+    held.pop(None, None)
+    out = []
+    for step in steps:
+        identity = gcp_identity(step.resource) if step.op == "create" else None
+        if identity in held and not step.refused:
+            step = replace(step, refused=collision_refusal(*identity, held[identity]))
+        out.append(step)
+    return out
+
+
+def _delete_step(urn: str, old: Mapping[str, Any]) -> Step:
+    facts = type_facts(old["type"]) or {}
+    stays = ("retainOnDelete: the engine only drops it from the state" if old.get(
+        "retainOnDelete") else "the provider's Delete only drops it from the state "
+        f"({_where(facts['deleteOnlyForgets'])})" if facts.get("deleteOnlyForgets") else "")
+    return Step("delete", urn, old["type"], old["name"], old,
+                refused=delete_refusal(urn) if old.get("protect") else "", stays_in_gcp=stays)
+
+
+def _where(cite: Mapping[str, Any]) -> str:
+    return f"{cite['repo']} {cite['path']}:{cite['line']}@{cite['commit'][:12]}"
+
+
+def _replace_step(urn: str, old: Mapping[str, Any], new: Mapping[str, Any],
+                  changes: list[Change], condemned_by: Mapping[str, str]) -> Step:
+    root = condemned_by.get(urn)
+    if root is not None:
+        first, why = True, f"deleted before {root.rsplit('::', 1)[-1]}, whose outputs it takes"
+    else:
+        first, why = delete_first(new)
+    refused = replace_refusal(urn) if old.get("protect") and new.get("protect") else ""
+    return Step("replace", urn, new["type"], new["name"], new, old, tuple(changes), first, why,
+                refused=refused, deleted_before=root)
+
+
 def plan_steps(base: Mapping[str, Any], head: Mapping[str, Any]) -> Steps:
-    """The steps from `base` to `head` (Plan.to_json() dicts of custom resources)."""
-    before = {r["urn"]: r for r in base.get("resources", []) if r.get("custom", True)}
-    after = {r["urn"]: r for r in head.get("resources", []) if r.get("custom", True)}
+    """The steps from `base` to `head` (Plan.to_json() dicts), custom and component
+    resources both, as the engine counts them."""
+    before = {r["urn"]: r for r in base.get("resources", [])}
+    after = {r["urn"]: r for r in head.get("resources", [])}
+    dependents = _dependents_index(before)
     replaced: dict[str, Mapping[str, Any]] = {}
-    steps = Steps()
+    condemned_by: dict[str, str] = {}  # dependent → the delete-first root it goes before
+    deleted_first: set[str] = set()
+    steps: list[Step] = []
+    unchanged = 0
     for urn in dependency_order(after):
         new = after[urn]
         if urn not in before:
-            steps.steps.append(Step("create", urn, new["type"], new["name"], new))
+            steps.append(Step("create", urn, new["type"], new["name"], new))
             continue
-        changes = _changes(before[urn], new, replaced)
+        old = before[urn]
+        changes = _changes(old, new, replaced, deleted_first)
+        if urn in condemned_by and not any(c.replaces for c in changes):
+            changes.append(Change("(dependency)", None, UNKNOWN, True, "its dependency is "
+                                  "replaced, delete first", condemned_by[urn]))
         if not changes:
-            continue
-        if any(c.replaces for c in changes):
+            unchanged += 1
+        elif any(c.replaces for c in changes):
             replaced[urn] = new
-            first, why = delete_first(new)
-            steps.steps.append(Step("replace", urn, new["type"], new["name"], new, before[urn],
-                                    tuple(changes), first, why))
+            step = _replace_step(urn, old, new, changes, condemned_by)
+            if step.delete_first:
+                deleted_first.add(urn)
+                for dependent in dependent_replacements(urn, before, dependents):
+                    condemned_by.setdefault(dependent, urn)
+            steps.append(step)
+        elif all(c.path == "(protect)" for c in changes):
+            steps.append(Step("same", urn, new["type"], new["name"], new, old, tuple(changes)))
         else:
-            steps.steps.append(Step("update", urn, new["type"], new["name"], new, before[urn],
-                                    tuple(changes)))
+            steps.append(Step("update", urn, new["type"], new["name"], new, old,
+                              tuple(changes)))
+    steps = _refuse_condemned(steps, before, condemned_by)
     gone = [urn for urn in dependency_order(before) if urn not in after]
-    steps.steps += [Step("delete", urn, before[urn]["type"], before[urn]["name"], before[urn])
-                    for urn in reversed(gone)]  # dependents first, as the engine deletes
-    return steps
+    steps += [_delete_step(urn, before[urn]) for urn in reversed(gone)]  # dependents first
+    return Steps(_refuse_collisions(steps), unchanged)
+
+
+def _refuse_condemned(steps: list[Step], before: Mapping[str, Mapping[str, Any]],
+                      condemned_by: Mapping[str, str]) -> list[Step]:
+    """A dependent deleted first that is protected: the engine's error, and it stops
+    (the dependent may also be one the head no longer declares)."""
+    out = []
+    for step in steps:
+        root = condemned_by.get(step.urn)
+        if root is not None and before[step.urn].get("protect") and not step.refused:
+            step = replace(step, refused=dependent_refusal(step.urn, root))
+        out.append(step)
+    return out

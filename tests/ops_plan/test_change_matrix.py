@@ -21,7 +21,9 @@ import pytest
 
 from components import package
 from components.archive import TRAINING_DIR, Archive, build_archive
+from components.settings import SettingsError, load_settings
 from components.stack_config import file_config
+from ops.plan.diff import diff_plans, render_diff, replacement_warnings
 from ops.plan.offline import offline_plan
 from ops.plan.report import plain
 from ops.plan.steps import Step, plan_steps
@@ -149,6 +151,10 @@ def on_demand(config: Config) -> None:
 NEW_REGION = {"dev": ("europe-west4-b", "v5litepod-8", "spot"),
               "prod": ("us-central1-a", "v5litepod-8", "on-demand"),
               "platform": ("europe-west4-b", "v5litepod-8", "spot")}
+# prod's us-central2 pin holds us-central1's slot range (10.128.0.0/20): a new
+# us-central1 is pinned where the grid puts it, as the settings ask
+# (components/settings.py _moved_range_problems).
+NEW_REGION_PINS = {"prod": {"us-central1": "10.128.16.0/20"}}
 # The subnets a grown grid changes: only an unpinned range at slot 0 widens in place.
 GROWN = {"dev": [("update", "subnet-us-central1")], "prod": [], "platform": []}
 LOCATIONS = {"dev": "US", "prod": "us-central2", "platform": "US"}
@@ -218,7 +224,13 @@ def test_add_a_node_in_the_same_region(stack):
 @pytest.mark.parametrize("stack", STACKS)
 def test_add_a_node_in_a_new_region(stack):
     zone, accelerator, provisioning = NEW_REGION[stack]
-    result = steps(stack, _add(zone, accelerator, provisioning))
+
+    def add(config: Config) -> None:
+        _add(zone, accelerator, provisioning)(config)
+        if stack in NEW_REGION_PINS:
+            edit_json(config, "tpu-stack:network",
+                      lambda n: n["subnets"].update(NEW_REGION_PINS[stack]))
+    result = steps(stack, add)
     assert tpu(result) == {("create", "extra")}
     region = zone.rsplit("-", 1)[0]
     assert [s.name for s in ops(result, "create", SUBNET)] == [f"subnet-{region}"]
@@ -226,6 +238,16 @@ def test_add_a_node_in_a_new_region(stack):
     assert [s.name for s in result if s.type == SUBNET and s.op != "create"] == []
     assert_nothing_replaced(result)
     assert ops(result, "delete") == []
+
+
+def test_rename_a_node_counts_its_component_as_the_engine_does():
+    """A renamed node is a new TpuNode component with its VM and release: the engine's
+    summary counts the component too, +3/-3 (its steps carry component resources)."""
+    result = steps("dev", lambda c: edit_nodes(c, lambda n: n[0].update(name="renamed")))
+    kinds = {op: sorted(s.type.rsplit(":", 1)[-1] for s in ops(result, op))
+             for op in ("create", "delete")}
+    assert kinds == {"create": ["BucketObject", "TpuNode", "V2Vm"],
+                     "delete": ["BucketObject", "TpuNode", "V2Vm"]}
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -323,12 +345,150 @@ def test_a_nodes_own_immutable_field_replaces_it_delete_first(stack, edit, field
     assert bool(others) == (edit is on_demand and stack == "platform")
 
 
+# The buckets each stack protects (components/storage.py PRECIOUS, unless storage.protect
+# is false: dev), team buckets included.
+PROTECTED_BUCKETS = {"dev": set(), "prod": {"checkpoints", "data"},
+                     "platform": {"checkpoints", "data", "nlp-checkpoints"}}
+
+
+def refused(steps_: list[Step]) -> dict[str, str]:
+    return {s.name: s.refused for s in steps_ if s.refused}
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_change_the_bucket_location(stack):
+    """Every bucket is replaced, delete first (its name is set: pulumi-terraform-bridge
+    nameRequiresDeleteBeforeReplace); the engine refuses the protected ones
+    (step_generator.go continueStepsFromDiff: "unable to replace resource ... marked for
+    protection"), and the preview says so as an error with the way out."""
     result = steps(stack, storage_location(LOCATIONS[stack]))
-    assert {s.name for s in ops(result, "replace", BUCKET)} >= {"checkpoints", "data"}
-    assert all(s.delete_first for s in ops(result, "replace", BUCKET))
+    buckets = ops(result, "replace", BUCKET)
+    assert all(s.delete_first for s in buckets) and {s.name for s in buckets} >= {
+        "artifacts", "checkpoints", "data", "logs"}
+    assert set(refused(result)) == PROTECTED_BUCKETS[stack]
+    assert all("marked for protection" in why for why in refused(result).values())
     assert {op for op, _ in tpu(result)} <= {"update"}
+    diff = diff_plans(base_plan(stack), plan(stack, storage_location(LOCATIONS[stack])))
+    text = render_diff(diff, "table")
+    assert ("error: unable to replace resource" in text) is bool(PROTECTED_BUCKETS[stack])
+    assert ("pulumi state unprotect" in text) is bool(PROTECTED_BUCKETS[stack])
+
+
+def test_a_protected_pool_is_not_replaced():
+    """prod's CI pool id changed: the protected pool and its provider would be replaced,
+    which the engine refuses; the grants that take the pool's name are replaced with it."""
+    result = steps("prod", lambda c: edit_json(c, "tpu-stack:ci", lambda ci: ci.update(
+        poolId="github-actions-2")))
+    assert set(refused(result)) == {"pool", "github"}
+    assert {s.name for s in ops(result, "replace")} == {
+        "pool", "github", "github-impersonates-deployer", "github-impersonates-preview"}
+
+
+def remove_vision(config: Config) -> None:
+    edit_json(config, "tpu-stack:teams", lambda teams: teams.pop("vision"))
+
+
+def test_removing_a_team_refuses_its_protected_deletes():
+    """step.go DeleteStep.Apply: a protected resource's delete fails, preview too; the
+    team's other resources are deleted (their deletes run beside it in `up`)."""
+    result = steps("platform", remove_vision)
+    assert {s.op for s in result} == {"delete"}
+    assert set(refused(result)) == {"vision-project", "vision-pool", "vision-github",
+                                    "vision-storage-deployer"}
+    assert all("cannot be deleted\nbecause it is protected" in why
+               for why in refused(result).values())
+    assert len(result) - len(refused(result)) > 30
+
+
+def test_removing_a_quota_preference_says_the_cap_stays():
+    """The provider's Delete only drops a quota preference from the state
+    (resource_cloud_quotas_quota_preference.go): the cap stays in GCP, and the preview
+    says so, with how to lift it."""
+    diff = diff_plans(base_plan("platform"), plan("platform", remove_vision))
+    quota = ops(diff.steps.steps, "delete", QUOTA)
+    assert quota and all("only drops it from the state" in s.stays_in_gcp for s in quota)
+    warnings = [w for w in replacement_warnings(diff) if "quota preference" in w]
+    assert len(warnings) == len(quota)
+    assert all("the cap" in w and "stays" in w and "raise it first" in w for w in warnings)
+
+
+def test_a_case_only_location_change_is_no_change():
+    """`US` → `us`: the provider's StateFunc upper-cases `location`
+    (resource_storage_bucket.go) and the bridge diffs after it: no step."""
+    assert steps("prod", storage_location("us")) == []
+
+
+def test_a_protect_only_change_is_a_same_step():
+    """dev's buckets protected: no diff, a same step each (counted unchanged) that
+    shows the lock change (step_generator.go: no diff, NewSameStep)."""
+    result = steps("dev", lambda c: edit_json(c, "tpu-stack:storage",
+                                              lambda s: s.update(protect=True)))
+    assert [(s.op, s.name, s.paths) for s in result] == [
+        ("same", "checkpoints", ("(protect)",)), ("same", "data", ("(protect)",))]
+    diff = diff_plans(base_plan("dev"), plan("dev", lambda c: edit_json(
+        c, "tpu-stack:storage", lambda s: s.update(protect=True))))
+    assert [diff.steps.counts()[op] for op in ("create", "update", "replace", "delete")] \
+        == [0, 0, 0, 0]
+
+
+def test_dependents_of_a_delete_first_bucket_go_before_it_with_its_objects():
+    """dev's buckets moved: each is replaced delete first, so its dependents whose inputs
+    take its name (IAM members, and the package and release objects: `bucket.name`) are
+    deleted before it and created in the new bucket (step_generator.go
+    calculateDependentReplacements, NewDeleteReplacementStep); nothing is left behind."""
+    result = steps("dev", storage_location("EU"))
+    artifacts = next(s for s in result if s.name == "artifacts")
+    objects = [s for s in result if s.type == OBJECT]
+    assert {object_kind(s.name) for s in objects} == {"archive", "release"}
+    assert all((s.op, s.delete_first, s.deleted_before) == ("replace", True, artifacts.urn)
+               for s in objects)
+    members = [s for s in result if s.type.endswith("bucketIAMMember:BucketIAMMember")]
+    assert members and all(s.deleted_before is not None and s.delete_first for s in members)
+
+
+def test_dependents_of_a_create_first_root_are_not_deleted_first():
+    """A create-before-delete replacement (prod's pool: no name set, no provider rule)
+    condemns nothing: its dependents are replaced after it, not deleted first."""
+    result = steps("prod", lambda c: edit_json(c, "tpu-stack:ci", lambda ci: ci.update(
+        poolId="github-actions-2")))
+    assert [s.name for s in result if s.deleted_before] == []
+
+
+@pytest.mark.parametrize("is_queued", [False, True])
+def test_spot_to_queued_and_back_is_refused(is_queued):
+    """A V2Vm and a queued node are two URNs with one TPU node id: the engine creates the
+    new one while the old one still exists (it deletes last), and GCP refuses the
+    create. The preview refuses it and says how: two reviewed changes."""
+    def switch(config: Config) -> None:
+        if is_queued:
+            edit_nodes(config, lambda n: (n[0].pop("queue"), n[0].update(provisioning="spot")))
+        else:
+            queued(config)
+    result = steps("dev", switch, is_queued=is_queued)
+    [create] = [s for s in result if s.op == "create" and s.type in TPU_TYPES]
+    [delete] = [s for s in result if s.op == "delete" and s.type in TPU_TYPES]
+    assert create.refused.startswith("GCP refuses the create: TPU node dev-trainer in ")
+    assert delete.name in create.refused and "two reviewed changes" in create.refused
+    assert not delete.refused
+
+
+def test_a_pin_that_moves_a_range_is_refused():
+    """dev + europe-west4 pinned to 10.128.8.0/21 would move us-central1 (unpinned, in
+    use) off 10.128.0.0/20, replacing its subnet and node `trainer`: settings refuse it,
+    naming the region it moves and how to pin it."""
+    def pin(config: Config) -> None:
+        _add("europe-west4-b", "v5litepod-8", "spot")(config)
+        edit_json(config, "tpu-stack:network", lambda n: n.update(
+            subnets={"europe-west4": "10.128.8.0/21"}))
+    config = file_config("dev")
+    pin(config)
+    with pytest.raises(SettingsError) as error:
+        load_settings(config, "dev")
+    assert "tpu-stack:network.subnets.europe-west4: europe-west4's pin 10.128.8.0/21 " \
+        "overlaps us-central1's slot range 10.128.0.0/20, so us-central1's subnet would " \
+        "move to 10.128.16.0/20" in str(error.value)
+    assert "pin it where it is (tpu-stack:network.subnets.us-central1: 10.128.0.0/20)" \
+        in str(error.value)
 
 
 @pytest.mark.parametrize("stack", STACKS)

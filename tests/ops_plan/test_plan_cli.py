@@ -27,7 +27,7 @@ def test_save_then_diff_against_the_saved_plan(tmp_path):
     diff = runner.invoke(app, ["plan", "--stack", "dev", "--against", str(base)])
     assert diff.exit_code == 0, diff.output
     assert diff.stdout.startswith("## tpu-stack plan diff: dev")
-    assert "No resource changes." in diff.stdout
+    assert "Resources:\n    " in diff.stdout and " to " not in diff.stdout.split("Resources:")[1]
 
 
 def _error(args: list[str]) -> str:
@@ -130,3 +130,42 @@ def test_the_wrapper_resolves_paths_against_the_callers_directory(tmp_path):
                             timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "plan.json").read_text())["stack"] == "dev"
+
+
+def _plan_json(seed: str, *extra: str) -> bytes:
+    """`tpuctl plan --stack platform --format json` in a fresh interpreter (its own hash
+    seed: set order differs between processes)."""
+    env = {**__import__("os").environ, "PYTHONHASHSEED": seed}
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "plan", "--stack", "platform",
+                           "--format", "json", *extra], cwd=REPO_ROOT, env=env,
+                          capture_output=True, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return done.stdout
+
+
+def test_two_plans_of_a_stack_are_the_same_bytes_and_out_writes_that_document(tmp_path):
+    """The plan the PR check saves and diffs: the same bytes for the same input (the
+    registration order of dependencies does not leak), and `--out` writes exactly what
+    `--format json` prints."""
+    out = tmp_path / "plan.json"
+    first = _plan_json("1", "--out", str(out))
+    assert first == _plan_json("2")
+    assert out.read_bytes() == first
+    assert json.loads(first)["violations"] == []
+
+
+def test_a_refused_step_fails_the_pr_check_with_the_way_out(tmp_path):
+    """A base that held a protected resource the head no longer declares: `pulumi up`
+    would refuse the delete, so `plan --against` (the PR check) exits 1 and says why
+    and how to do it."""
+    saved = runner.invoke(app, ["plan", "--stack", "dev", "--format", "json"])
+    base = json.loads(saved.stdout)
+    extra = {**base["resources"][0], "urn": base["resources"][0]["urn"] + "-old",
+             "name": "old", "protect": True}
+    base["resources"].append(extra)
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps(base))
+    diff = runner.invoke(app, ["plan", "--stack", "dev", "--against", str(path)])
+    assert diff.exit_code == 1
+    assert f'error: resource "{extra["urn"]}" cannot be deleted' in diff.stdout
+    assert "unprotected in its own reviewed change" in diff.stderr

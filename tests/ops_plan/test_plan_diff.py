@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -18,12 +19,15 @@ def test_runtime_version_change_warns_of_replacement(make_plan, node):
     assert [c.replaced_paths for c in diff.replacements] == [("runtimeVersion",)]
     text = render_diff(diff, "markdown")
     assert "> [!WARNING]" in text
-    assert ('TPU node trainer will be REPLACED: node trainer: runtimeVersion '
-            '"tpu-vm-tf-2.18.0-pjrt" → "tpu-vm-tf-2.18.0-pod-pjrt" (immutable: replace, '
+    assert ('TPU node trainer will be REPLACED: node trainer: runtimeVersion: '
+            '"tpu-vm-tf-2.18.0-pjrt" => "tpu-vm-tf-2.18.0-pod-pjrt" (immutable: replace, '
             'delete first; on-demand capacity in us-central1-a is not guaranteed without a '
             'reservation)' in text)
-    assert "+- gcp:tpu/v2Vm:V2Vm  trainer" in text
-    assert "Resources: +- 1 to replace" in text
+    assert "+-gcp:tpu:V2Vm: trainer [dev-trainer in us-central1-a] (replace, delete " \
+        "first)" in text
+    # pulumi/pulumi display/diff.go renderSummaryEvent: one kind, no "N changes"; the
+    # bucket, the stack and the gcp default provider unchanged.
+    assert "Resources:\n    +-1 to replace\n    3 unchanged\n" in text
 
 
 @pytest.mark.parametrize(("base_node", "words"), [
@@ -106,10 +110,18 @@ def test_removed_node_warns(make_plan, node):
 def test_identical_plans_and_protect_option(make_plan):
     plan = make_plan()
     assert diff_plans(plan, plan).empty
-    assert "No resource changes." in render_diff(diff_plans(plan, plan), "table")
-    unprotected = make_plan()
-    unprotected["resources"][0]["protect"] = True
-    assert diff_plans(plan, unprotected).changed[0].paths == ("(protect)",)
+    assert "Resources:\n    4 unchanged\n" in render_diff(diff_plans(plan, plan), "table")
+    protected = make_plan()
+    protected["resources"][0]["protect"] = True
+    # The engine's diff ignores the option: a same step, counted unchanged, that shows
+    # the lock (step_generator.go continueStepsFromDiff; rule `sameStepWithoutDiff`).
+    diff = diff_plans(plan, protected)
+    assert diff.changed == [] and [s.op for s in diff.steps.steps] == ["same"]
+    assert diff.steps.steps[0].paths == ("(protect)",)
+    text = render_diff(diff, "table")
+    assert "  gcp:storage:Bucket: checkpoints [gs://] (same)\n" \
+        "    ~ (protect): false => true (option)" in text
+    assert "Resources:\n    4 unchanged\n" in text
 
 
 def test_json_format_and_violations(make_plan, node):
@@ -120,7 +132,8 @@ def test_json_format_and_violations(make_plan, node):
     [step] = data["steps"]
     assert [(c["path"], c["old"], c["new"], c["replaces"]) for c in step["changes"]] == [
         ("acceleratorType", "v5litepod-8", "v5litepod-16", True)]
-    assert data["summary"] == {"create": 0, "update": 0, "replace": 1, "delete": 0}
+    assert data["summary"] == {"create": 0, "update": 0, "replace": 1, "delete": 0,
+                               "unchanged": 3}
     assert data["cost"]["deltaUsdPerHour"] == pytest.approx(9.6)
     assert data["violations"] == [{"policy": "tpu-max-chips", "message": "too many chips",
                                    "urn": None}]
@@ -128,9 +141,27 @@ def test_json_format_and_violations(make_plan, node):
                                                                       [violation])
 
 
-def test_unknown_price_shows_not_available(make_plan):
-    diff = diff_plans(make_plan(), {**make_plan(), "cost": {"nodes": [], "usdPerHour": None}})
-    assert "→ n/a/hour (change n/a/hour" in render_diff(diff, "table")
+def test_an_unpriced_node_makes_every_total_and_change_unknown(make_plan, node):
+    """A node without a list price: the head's total and the change are unknown, not the
+    priced nodes' sum (which read as no change), whatever the other node does."""
+    priced = make_plan({"trainer": node()})
+    both = make_plan({"trainer": node(), "pod": node("v4-32")},
+                     usd_per_hour={"pod": None})
+    diff = diff_plans(priced, both)
+    assert (diff.head_usd_per_hour, diff.usd_per_hour_delta) == (None, None)
+    assert "TPU cost: $9.60/hour => unknown/hour (change unknown/hour, unknown/month" \
+        in render_diff(diff, "table")
+    assert json.loads(render_diff(diff, "json"))["cost"]["deltaUsdPerHour"] is None
+
+
+def test_an_unconfirmed_price_stays_marked_and_totals_add_the_shown_figures(make_plan, node):
+    base = make_plan({"a": node()}, usd_per_hour={"a": 1.004})
+    head = make_plan({"a": node(), "b": node()}, usd_per_hour={"a": 1.004, "b": 1.004})
+    head["cost"]["unconfirmed"] = ["b"]
+    diff = diff_plans(base, head)
+    # $1.00 + $1.00 shown: $2.00, not $2.01 (2.008 rounded).
+    assert "$1.00/hour => ~$2.00 (unconfirmed)/hour (change ~+$1.00 (unconfirmed)/hour" \
+        in render_diff(diff, "table")
 
 
 def test_bad_format_and_bad_base_file(make_plan, tmp_path):
@@ -191,7 +222,7 @@ def test_steps_follow_the_engine_create_before_delete_and_unknown_outputs():
         del plan["resources"][0]["inputs"]["accountId"]
     replaced = diff_plans(base, moved).steps.by_urn()[sa["urn"]]
     assert (replaced.op, replaced.delete_first) == ("replace", False)
-    assert "+- gcp:serviceaccount/account:Account  runtime" in render_diff(
+    assert "+-gcp:serviceaccount:Account: runtime (replace)" in render_diff(
         diff_plans(base, moved), "table")
 
 
@@ -204,9 +235,9 @@ def test_secrets_are_masked_and_long_values_shortened(make_plan, node):
     text = render_diff(diff_plans(base, head), "table")
     data = json.loads(render_diff(diff_plans(base, head), "json"))
     assert "token" not in text and "token" not in json.dumps(data)
-    assert "~ description [secret] → [secret] (update in place)" in text
+    assert "~ description: [secret] => [secret] (update in place)" in text
     assert "chars, sha256 " in text and "x" * 100 not in text
-    assert "Resources: ~ 1 to update" in text
+    assert "Resources:\n    ~ 1 to update\n    3 unchanged" in text
 
 
 def test_an_update_of_a_waiting_queued_node_says_it_is_held(make_plan):
@@ -221,3 +252,46 @@ def test_an_update_of_a_waiting_queued_node_says_it_is_held(make_plan):
     assert warning.startswith("TPU node q is queued: if its request is still waiting, this "
                               "update (metadata.k) is held and applied once the node exists; "
                               "the request keeps its place in the queue")
+
+
+def test_protect_refuses_replace_and_delete_and_unprotecting_at_once_warns(make_plan, node):
+    """step_generator.go: a replace of a resource protected before and after is an error;
+    step.go DeleteStep.Apply: so is a protected delete; unprotected in the same change,
+    the replace goes ahead (a warning says what is lost)."""
+    base = make_plan({"trainer": node()})
+    base["resources"][0]["protect"] = True  # the bucket
+    moved = copy.deepcopy(base)
+    moved["resources"][0]["inputs"]["location"] = "EU"
+    moved["resources"][0]["inputs"]["name"] = "b"
+    base["resources"][0]["inputs"]["name"] = "b"
+    base["resources"][0]["inputs"]["location"] = "US"
+    diff = diff_plans(base, moved)
+    [bucket] = diff.refused
+    assert bucket.op == "replace" and "marked for protection" in bucket.refused
+    text = render_diff(diff, "markdown")
+    assert "> [!CAUTION]" in text and "error: unable to replace resource" in text
+    assert json.loads(render_diff(diff, "json"))["refused"] == [bucket.urn]
+    unprotected = copy.deepcopy(moved)
+    unprotected["resources"][0]["protect"] = False
+    diff = diff_plans(base, unprotected)
+    assert diff.refused == [] and [s.op for s in diff.replacements] == ["replace"]
+    assert any("unprotects and replaces it at once" in w for w in replacement_warnings(diff))
+    gone = copy.deepcopy(base)
+    del gone["resources"][0]
+    [delete] = diff_plans(base, gone).refused
+    assert delete.op == "delete" and "cannot be deleted\nbecause it is protected" in \
+        delete.refused and "pulumi state unprotect" in delete.refused
+
+
+def test_a_retained_delete_says_the_resource_stays(make_plan):
+    """step.go DeleteStep.Apply: a retainOnDelete resource's delete only leaves the state."""
+    base = make_plan()
+    base["resources"][0]["retainOnDelete"] = True
+    gone = copy.deepcopy(base)
+    del gone["resources"][0]
+    diff = diff_plans(base, gone)
+    [delete] = diff.removed and diff.steps.of("delete")
+    assert delete.stays_in_gcp.startswith("retainOnDelete") and not delete.refused
+    assert "checkpoints will stay in GCP: retainOnDelete" in " ".join(
+        replacement_warnings(diff))
+    assert "      stays in GCP: retainOnDelete" in render_diff(diff, "table")

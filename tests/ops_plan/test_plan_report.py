@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ops.plan.report import render
+from ops.plan.report import elide, fitted_widths, render
 from policy.evaluate import evaluate
 
 
@@ -143,7 +143,27 @@ def test_the_plan_shows_the_gcp_names_it_will_create():
     from ops.plan.offline import offline_plan
     from ops.plan.report import plain
 
-    text = render(plain(offline_plan("dev").to_json()), "table")
+    text = render(plain(offline_plan("dev").to_json()), "markdown")
     for name in ("gs://acme-ml-dev-dev-checkpoints", "dev-trainer in us-central1-a",
                  "dev-runtime@acme-ml-dev.iam.gserviceaccount.com", "dev-tpu-us-central1"):
         assert name in text
+
+
+def test_the_terminal_tables_fit_100_columns():
+    """The platform plan's tables (the widest: long team names, accounts, types) fit a
+    100-column terminal; an elided cell keeps its head and its tail."""
+    from ops.plan.offline import offline_plan
+    from ops.plan.report import plain
+
+    text = render(plain(offline_plan("platform").to_json()), "table")
+    tables = text[text.index("\nnode "):]
+    assert max(len(line) for line in tables.splitlines()) <= 100
+    assert "gcp:storage:Bucket" in tables and "gcp:storage/bucket:Bucket" not in tables
+    assert "[CiIdentity:ci-vision]" in tables
+
+
+def test_elide_keeps_head_and_tail():
+    assert elide("platform-vision-deployer@acme-ml-shared.iam.gserviceaccount.com", 20) == \
+        "platform-…ccount.com"
+    assert elide("short", 20) == "short"
+    assert fitted_widths([60, 60, 9], 100) == [43, 44, 9]

@@ -50,8 +50,8 @@ def test_runtime_version_change_warns_of_replacement(plans):
     diff = diff_plans(plans["dev"], head)
     [replaced] = diff.replacements
     assert replaced.type == V2VM and replaced.replaced_paths == ("runtimeVersion",)
-    assert ('TPU node trainer will be REPLACED: node trainer: runtimeVersion '
-            '"tpu-vm-tf-2.18.0-pjrt" → "tpu-vm-tf-2.18.1-pjrt" (immutable: replace, delete '
+    assert ('TPU node trainer will be REPLACED: node trainer: runtimeVersion: '
+            '"tpu-vm-tf-2.18.0-pjrt" => "tpu-vm-tf-2.18.1-pjrt" (immutable: replace, delete '
             'first; its spot capacity may not come back') in render_diff(diff, "markdown")
 
 
@@ -70,7 +70,7 @@ def test_new_node_adds_its_cost(plans):
     [node] = [r for r in diff.added if r["type"] == V2VM]
     [cost] = plans["dev"]["cost"]["nodes"]
     assert node["component"].endswith(cost["name"]) and cost["usdPerHour"] > 0
-    assert diff.usd_per_hour_delta == pytest.approx(cost["usdPerHour"])
+    assert diff.usd_per_hour_delta == round(cost["usdPerHour"], 2)
     assert f"change +${cost['usdPerHour']:,.2f}/hour" in render_diff(diff, "markdown")
 
 
@@ -177,3 +177,26 @@ def test_the_plan_lists_the_warnings_the_program_logs(stack):
         "regions, every epoch (cloud.google.com/storage/pricing, data transfer within Google "
         "Cloud); keep the data in a bucket in us-central2, or the node in the bucket's region"]
     assert f"WARNING: {far[0]}" in render(plain(plan.to_json()), "table", [])
+
+
+def _with_v4_pod(provisioning: str) -> Callable[[Nodes], None]:
+    def add(nodes: Nodes) -> None:
+        nodes.append({"name": "pod", "zone": "us-central2-b", "generation": "v4",
+                      "topology": "2x2x4", "provisioning": provisioning,
+                      "job": nodes[0]["job"]})
+    return add
+
+
+def test_an_unpriced_pod_makes_the_cost_unknown_and_unconfirmed_stays_marked(plans):
+    """A v4 spot pod has no list price (components/catalog.py): the head's total and
+    the change are unknown, not "$4.86 => $4.86"; made on-demand (priced, unconfirmed),
+    the change from the unknown total stays unknown and the head keeps its mark."""
+    spot = plan_with_nodes("dev", _with_v4_pod("spot"))
+    assert spot["cost"]["unpriced"] == ["pod"]
+    text = render_diff(diff_plans(plans["dev"], spot), "table")
+    assert "TPU cost: $4.86/hour => unknown/hour (change unknown/hour, unknown/month" in text
+    on_demand = plan_with_nodes("dev", _with_v4_pod("on-demand"))
+    text = render_diff(diff_plans(spot, on_demand), "table")
+    assert "TPU cost: unknown/hour => ~$56.38 (unconfirmed)/hour (change unknown/hour" in text
+    report = render(spot, "table")
+    assert "Estimated cost: unknown/hour, unknown/month" in report

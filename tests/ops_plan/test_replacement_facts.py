@@ -18,7 +18,15 @@ from ops.plan.facts.generate import (
     resource_fields,
 )
 from ops.plan.offline import offline_plan
-from ops.plan.steps import delete_first, replaces, shrinks
+from ops.plan.steps import (
+    LIST_NORMALISERS,
+    NORMALISERS,
+    delete_first,
+    no_diff,
+    replaces,
+    shrinks,
+    value_at,
+)
 from tests.repo_stacks import repo_stacks
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -54,6 +62,68 @@ def test_every_entry_and_rule_cites_repo_path_and_commit():
             assert source["repo"] == "tpu-stack" or COMMIT.match(source["commit"]), token
     for rule, sources in facts()["rules"].items():
         assert all(COMMIT.match(s["commit"]) and s["line"] > 0 for s in sources), rule
+
+
+# Normalisations the preview reads but does not model (it compares those values as
+# written, so it may show a change the engine does not): none of them is on an input
+# the program sets today (checked below).
+UNMODELLED = {"diffSuppressEnableLogging",
+              "IpDiffSuppress", "jwksJsonDiffSuppress",
+              "EmptyOrDefaultStringSuppress", "inline", "hierachicalNamespaceDiffSuppress",
+              "CompareCryptoKeyVersions"}
+ENGINE_RULES = {"protectRefusesReplace", "protectedDependentBails", "protectRefusesDelete",
+                "retainOnDeleteKeeps", "deletesBesideARefusalRun",
+                "deleteFirstDependentsGoFirst", "sameStepWithoutDiff", "displayPrefixes",
+                "displayOldToNew", "displaySummary", "normalisedBeforeDiff"}
+
+
+def test_every_normalisation_cites_its_line_and_is_modelled_or_listed():
+    seen = set()
+    for token, entry in facts()["types"].items():
+        for path, rule in entry.get("normalise", {}).items():
+            assert rule["kind"] in ("StateFunc", "DiffSuppressFunc"), (token, path)
+            assert rule["repo"] == "hashicorp/terraform-provider-google-beta", (token, path)
+            assert COMMIT.match(rule["commit"]) and rule["line"] > 0 and rule["path"], token
+            seen.add(rule["function"])
+    assert seen - UNMODELLED == {*NORMALISERS, *LIST_NORMALISERS} & seen
+    assert "inline:upper" in seen  # the bucket's location (resource_storage_bucket.go)
+    assert set(facts()["rules"]) >= ENGINE_RULES
+
+
+def test_no_unmodelled_normalisation_is_on_an_input_the_program_sets():
+    for stack in repo_stacks():
+        for r in offline_plan(stack).run.registrations:
+            for path, rule in (type_facts(r.type) or {}).get("normalise", {}).items():
+                if rule["function"] in UNMODELLED:
+                    for key in (path, path + "s"):  # the bridge's plural list names
+                        assert value_at(r.inputs, key.replace("[]", "")) is None, (r.type, key)
+
+
+@pytest.mark.parametrize(("token", "path", "old", "new", "same"), [
+    ("gcp:storage/bucket:Bucket", "location", "US", "us", True),
+    ("gcp:storage/bucket:Bucket", "location", "US", "EU", False),
+    ("gcp:projects/iAMMember:IAMMember", "member", "group:ML@acme.example",
+     "group:ml@acme.example", True),
+    ("gcp:projects/iAMMember:IAMMember", "member", "principal://X", "principal://x", False),
+    ("gcp:projects/iAMMember:IAMMember", "project", "projects/p", "p", True),
+    ("gcp:compute/subnetwork:Subnetwork", "network",
+     "https://www.googleapis.com/compute/v1/projects/p/global/networks/vpc", "vpc", True),
+    ("gcp:compute/subnetwork:Subnetwork", "network",
+     "https://www.googleapis.com/compute/v1/projects/p/global/networks/vpc",
+     "projects/p/global/networks/vpc", True),
+    ("gcp:compute/subnetwork:Subnetwork", "network", "projects/p/global/networks/a", "b", False),
+    ("gcp:cloudquota/sQuotaPreference:SQuotaPreference", "quotaConfig.preferredValue",
+     None, "0", True),
+    ("gcp:storage/bucketIAMMember:BucketIAMMember", "bucket", "b/x", "x", True),
+    ("gcp:compute/firewall:Firewall", "sourceRanges", ["b", "a"], ["a", "b"], True),
+    ("gcp:compute/firewall:Firewall", "sourceRanges", ["0.0.0.0/0"], None, True),
+    ("gcp:compute/firewall:Firewall", "sourceRanges", ["10.0.0.0/8"], None, False),
+    ("gcp:tpu/v2Vm:V2Vm", "serviceAccount.scopes", ["a", "https://www.googleapis.com/auth/pubsub"],
+     ["a"], True),
+    ("gcp:tpu/v2Vm:V2Vm", "serviceAccount.scopes", ["a"], ["b"], False),
+])
+def test_normalised_values_compare_as_the_provider_compares_them(token, path, old, new, same):
+    assert no_diff(type_facts(token), path, old, new) is same
 
 
 def test_the_provider_facts_read_as_the_provider_behaves():
@@ -115,6 +185,9 @@ func ResourceThing() *schema.Resource {
 				Type:     schema.TypeString,
 				Required: true,
 				ForceNew: true,
+				StateFunc: func(s interface{}) string {
+					return strings.ToUpper(s.(string))
+				},
 				Description: `A { brace in a raw string.`,
 			},
 			"config": {
@@ -124,7 +197,8 @@ func ResourceThing() *schema.Resource {
 				Elem: &schema.Resource{
 					Schema: map[string]*schema.Schema{
 						"zone": {Type: schema.TypeString, Optional: true, ForceNew: true},
-						"tier": {Type: schema.TypeString, Optional: true},
+						"tier": {Type: schema.TypeString, Optional: true,
+							DiffSuppressFunc: tpgresource.CaseDiffSuppress},
 					},
 				},
 			},
@@ -146,6 +220,9 @@ def test_the_generator_reads_a_go_schema():
     fields = resource_fields(GO_SCHEMA, None)
     assert sorted(pulumi_path(f) for f in fields if f.force_new) == [
         "config.zone", "name", "rules[].kind"]
+    normalised = {pulumi_path(f): f.normalise[:2] for f in fields if f.normalise}
+    assert normalised == {"name": ("StateFunc", "inline:upper"),
+                          "config.tier": ("DiffSuppressFunc", "CaseDiffSuppress")}
     assert conditional_force_new(GO_SCHEMA) == {"size_gb": "IsShrinkage"}
 
 

@@ -13,7 +13,13 @@ command line, and copies no code from them, only the facts:
 
     .venv/infra/bin/python -m ops.plan.facts.generate \\
         --provider PATH/terraform-provider-google-beta --magic-modules PATH/magic-modules \\
-        --pulumi-gcp PATH/pulumi-gcp --bridge PATH/pulumi-terraform-bridge --pulumi PATH/pulumi
+        --pulumi-gcp PATH/pulumi-gcp --bridge PATH/pulumi-terraform-bridge --pulumi PATH/pulumi \\
+        --plugin-sdk PATH/terraform-plugin-sdk [--plugin-sdk-commit COMMIT]
+
+It also records each field's value normalisation (`StateFunc`, `DiffSuppressFunc`: the
+SDK's diff, which the bridge runs, compares normalised values) and where the engine
+rules the preview mirrors (protect, retainOnDelete, delete-first dependents, same
+steps, the display) are, in pulumi/pulumi.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ class TypeSource:
     files: tuple[str, ...]  # provider files holding its schema (parent schema first)
     schemas: tuple[str, ...]  # `var NAME = map[...]` schemas; empty: the resource's own
     mmv1: str | None = None  # magic-modules product YAML, for generated resources
+    # The provider's Delete that only drops the resource from state (its function, as
+    # text): the resource stays in GCP when Pulumi deletes it.
+    delete_only_forgets: str | None = None
 
 
 GO = "google-beta/services/"
@@ -52,7 +61,8 @@ TYPES: dict[str, TypeSource] = {
     "gcp:cloudquota/sQuotaPreference:SQuotaPreference": TypeSource(
         "google_cloud_quotas_quota_preference",
         (GO + "cloudquotas/resource_cloud_quotas_quota_preference.go",), (),
-        "mmv1/products/cloudquotas/QuotaPreference.yaml"),
+        "mmv1/products/cloudquotas/QuotaPreference.yaml",
+        "func resourceCloudQuotasQuotaPreferenceDelete"),
     "gcp:compute/firewall:Firewall": TypeSource(
         "google_compute_firewall", (GO + "compute/resource_compute_firewall.go",), (),
         "mmv1/products/compute/Firewall.yaml"),
@@ -136,6 +146,54 @@ ENGINE_DEPENDENTS = ("pkg/resource/deploy/step_generator.go",
                      "func (sg *stepGenerator) calculateDependentReplacements")
 ENGINE_UNKNOWN = ("pkg/resource/deploy/step_generator.go",
                   "pv = resource.MakeComputed(resource.NewProperty(\"<unknown>\"))")
+# The engine rules the preview mirrors beyond replacement (ops/plan/steps.py), each at
+# the line that decides it, in pulumi/pulumi.
+STEP_GENERATOR = "pkg/resource/deploy/step_generator.go"
+ENGINE_RULES: dict[str, list[tuple[str, str]]] = {
+    # continueStepsFromDiff: a replace of a resource protected before and after is an
+    # error (preview goes on to show the diff, `up` bails before any step).
+    "protectRefusesReplace": [(STEP_GENERATOR, "if new.Protect && old.Protect && "
+                                               "!sg.deployment.opts.IgnoreProtect {")],
+    # A protected resource a delete-first root would delete first: error and bail.
+    "protectedDependentBails": [(STEP_GENERATOR, "as part of replacing %q ")],
+    # DeleteStep.Apply: a protected delete (not a replacement's) fails, preview too.
+    "protectRefusesDelete": [("pkg/resource/deploy/step.go",
+                              "if !s.replacing && s.old.Protect && "
+                              "!s.deployment.opts.IgnoreProtect {")],
+    # ... and a retainOnDelete one only leaves the state.
+    "retainOnDeleteKeeps": [("pkg/resource/deploy/step.go",
+                             "} else if s.old.RetainOnDelete {")],
+    # Deletes run in antichains, in parallel: the ones beside a refused delete still run.
+    "deletesBesideARefusalRun": [
+        ("pkg/resource/deploy/deployment_executor.go",
+         "deleteChains := ex.stepGen.ScheduleDeletes(deleteSteps)"),
+        ("pkg/resource/deploy/step_executor.go",
+         "func (se *stepExecutor) ExecuteParallel(antichain antichain)")],
+    # Only a delete-first replacement deletes its dependents first, before itself.
+    "deleteFirstDependentsGoFirst": [
+        (STEP_GENERATOR, "toReplace, err = sg.calculateDependentReplacements(old)"),
+        (STEP_GENERATOR, "NewDeleteReplacementStep(sg.deployment, sg.deletes, "
+                         "dependentResource, true, oldViews))")],
+    # No diff (a protect-only change): a same step, counted unchanged.
+    "sameStepWithoutDiff": [(STEP_GENERATOR, "updateSteps = append(updateSteps, "
+                                             "NewSameStep(sg.deployment, event, old, new))")],
+    # What `pulumi preview --diff` prints: prefixes, `old => new`, the summary.
+    "displayPrefixes": [("pkg/resource/deploy/step.go", "func RawPrefix(op display.StepOp)")],
+    "displayOldToNew": [("pkg/backend/display/object_diff.go", 'p.writeVerbatim(" => ")')],
+    "displaySummary": [("pkg/backend/display/diff.go", "func renderSummaryEvent("),
+                       ("pkg/backend/display/diff.go",
+                        'summaryPieces = append(summaryPieces, fmt.Sprintf("%d unchanged", '
+                        'sameCount))')],
+}
+# The bridge diffs the provider's state against the new config with the SDK's own diff,
+# which applies a field's StateFunc to the new value and drops a change its
+# DiffSuppressFunc suppresses (pulumi/terraform-plugin-sdk, the bridge's replacement
+# of terraform-plugin-sdk/v2 in its go.mod).
+BRIDGE_SDK_DIFF = ("pkg/tfbridge/provider.go",
+                   "return p.tf.Diff(ctx, res.TFName, state, config, shim.DiffOptions{")
+SDK_STATE_FUNC = ("helper/schema/schema.go", "n = schema.StateFunc(n)")
+SDK_DIFF_SUPPRESS = ("helper/schema/schema.go",
+                     "schema.DiffSuppressFunc(attrK, attrV.Old, attrV.New, rd)")
 
 
 class Checkout:
@@ -217,6 +275,9 @@ class Field:
     force_new: bool
     input: bool  # Optional or Required
     string: bool
+    # The schema's value normalisation, if any: ("StateFunc" | "DiffSuppressFunc",
+    # the function's name (an inline one: `inline:upper` and the like), its line).
+    normalise: tuple[str, str, int] | None = None
 
 
 def schema_fields(text: str, open_at: int, prefix: tuple[str, ...] = ()) -> Iterator[Field]:
@@ -233,13 +294,37 @@ def schema_fields(text: str, open_at: int, prefix: tuple[str, ...] = ()) -> Iter
         listy = re.search(r"Type:\s*schema\.Type(List|Set)\b", flat) is not None
         yield Field(path, re.search(r"ForceNew:\s*true", flat) is not None,
                     re.search(r"(Optional|Required):\s*true", flat) is not None,
-                    re.search(r"Type:\s*schema\.TypeString\b", flat) is not None)
+                    re.search(r"Type:\s*schema\.TypeString\b", flat) is not None,
+                    normalisation(text, body_at + 1, body))
         if (nested := _SCHEMA_MAP.search(body)) is not None:
             # The bridge flattens a MaxItems=1 block to an object (pulumi-terraform-bridge
             # docs: "MaxItemsOne"); other lists keep their items.
             item = path if one or not listy else (*prefix, match.group(1) + "[]")
             yield from schema_fields(text, body_at + 1 + nested.end() - 1, item)
         index = body_end + 1
+
+
+_NORMALISE = re.compile(r"\b(StateFunc|DiffSuppressFunc):\s*([\w.]+)")
+_INLINE_KINDS = (("strings.ToUpper(", "inline:upper"), ("strings.ToLower(", "inline:lower"))
+
+
+def normalisation(text: str, body_start: int, body: str) -> tuple[str, str, int] | None:
+    """The field's own StateFunc or DiffSuppressFunc (not a nested field's): kind, function
+    name (`tpgresource.` dropped; an inline function is named by what it does when that is
+    one call, `inline:upper`, else `inline`), and its line in the file."""
+    for match in _NORMALISE.finditer(body):
+        if body[:match.start()].count("{") != body[:match.start()].count("}"):
+            continue  # a nested field's
+        kind, name = match.group(1), match.group(2).removeprefix("tpgresource.")
+        if name == "func":
+            # The body's brace: after the signature, whose `interface{}` has braces too.
+            opened = re.compile(r"\)\s*(string|bool)\s*\{").search(body, match.end()).end() - 1
+            inner = body[opened:closing(body, opened) + 1]
+            calls = [word for needle, word in _INLINE_KINDS if needle in inner]
+            name = calls[0] if len(calls) == 1 and inner.count("return") == 1 else "inline"
+        line = text[:body_start + match.start()].count("\n") + 1
+        return kind, name, line
+    return None
 
 
 def resource_fields(source: str, schema_var: str | None) -> list[Field]:
@@ -322,14 +407,24 @@ def auto_named(info: str, fields: list[Field], autonaming_all: bool) -> str | No
 
 # --- the facts ---------------------------------------------------------------------
 
+def normalise_entry(field: Field, where: dict[str, Any]) -> dict[str, Any]:
+    assert field.normalise is not None
+    kind, function, line = field.normalise
+    return {"kind": kind, "function": function, **where, "line": line}
+
+
 def type_entry(token: str, source: TypeSource, provider: Checkout, mm: Checkout,
                gcp_infos: dict[str, str], autonaming_all: bool) -> dict[str, Any]:
     fields: list[Field] = []
     conditions: dict[str, str] = {}
+    normalise: dict[str, dict[str, Any]] = {}
     for index, path in enumerate(source.files):
         text = provider.read(path)
         schema_var = source.schemas[index] if source.schemas else None
-        fields += resource_fields(text, schema_var)
+        found = resource_fields(text, schema_var)
+        fields += found
+        normalise.update({pulumi_path(f): normalise_entry(f, provider.cite(path))
+                          for f in found if f.normalise is not None})
         conditions.update(conditional_force_new(text))
     info = gcp_infos.get(source.terraform, "")
     auto = auto_named(info, fields, autonaming_all)
@@ -339,8 +434,11 @@ def type_entry(token: str, source: TypeSource, provider: Checkout, mm: Checkout,
         "forceNewIf": {camel(k): v for k, v in sorted(conditions.items())},
         "deleteBeforeReplace": bool(re.search(r"DeleteBeforeReplace:\s*true", info)),
         "autoName": camel(auto) if auto else None,
+        "normalise": dict(sorted(normalise.items())),
         "source": [provider.cite(path) for path in source.files],
     }
+    if source.delete_only_forgets:
+        entry["deleteOnlyForgets"] = provider.cite(source.files[0], source.delete_only_forgets)
     if source.mmv1:
         entry["mmv1"] = {**mm.cite(source.mmv1), "immutable": mmv1_immutable(mm.read(source.mmv1))}
     return entry
@@ -368,6 +466,7 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
     mm = Checkout("GoogleCloudPlatform/magic-modules", args.magic_modules)
     bridge = Checkout("pulumi/pulumi-terraform-bridge", args.bridge)
     engine = Checkout("pulumi/pulumi", args.pulumi)
+    sdk = Checkout("pulumi/terraform-plugin-sdk", args.plugin_sdk, args.plugin_sdk_commit)
     resources_go = gcp.read(PULUMI_GCP[0])
     autonaming_all = PULUMI_GCP[1] in resources_go
     infos = resource_infos(resources_go)
@@ -388,6 +487,10 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
             "resourceOptionOverridesProvider": [engine.cite(*ENGINE_OVERRIDE)],
             "dependentsDiffWithUnknowns": [engine.cite(*ENGINE_DEPENDENTS),
                                            engine.cite(*ENGINE_UNKNOWN)],
+            "normalisedBeforeDiff": [bridge.cite(*BRIDGE_SDK_DIFF), sdk.cite(*SDK_STATE_FUNC),
+                                     sdk.cite(*SDK_DIFF_SUPPRESS)],
+            **{rule: [engine.cite(*where) for where in places]
+               for rule, places in ENGINE_RULES.items()},
         },
         "types": types,
     }
@@ -395,8 +498,11 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for flag in ("provider", "magic-modules", "pulumi-gcp", "bridge", "pulumi"):
+    for flag in ("provider", "magic-modules", "pulumi-gcp", "bridge", "pulumi", "plugin-sdk"):
         parser.add_argument(f"--{flag}", type=Path, required=True)
+    # The bridge pins pulumi/terraform-plugin-sdk by a pseudo-version (its go.mod); give
+    # the commit read when that one is not in the checkout.
+    parser.add_argument("--plugin-sdk-commit", default="HEAD")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     args.out.write_text(json.dumps(generate(args), indent=1, sort_keys=True) + "\n")
