@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from components import gcp_credentials
@@ -22,6 +24,7 @@ from ops.tpu.api import STATUS_KEYS, NodeStatus
 
 JOB_ENDED = {"succeeded", "failed"}
 WORKER0_STATUS = "worker-0/status.json"  # worker 0 runs the job, as with guest attributes
+LISTINGS_IN_FLIGHT = 16  # bucket listings at once (one per logs bucket: one per team)
 
 
 class LogsError(RuntimeError):
@@ -55,9 +58,14 @@ class AgentLogs:
         self.project = project
         self._client = client
         self._auth = auth
+        self._lock = threading.Lock()
 
     @property
     def client(self) -> Any:
+        with self._lock:  # listings of several buckets share one client: make it once
+            return self._make_client()
+
+    def _make_client(self) -> Any:
         if self._client is None:
             from google.cloud import storage
 
@@ -123,9 +131,14 @@ def published_jobs(logs: AgentLogs, nodes: list[NodeStatus]) -> dict[NodeKey, di
         if prefix.startswith("gs://"):
             bucket, path = split_gs(prefix if prefix.endswith("/") else prefix + "/")
             wanted.setdefault((bucket, parent_of(path)), {})[path] = node
+    # A team's nodes publish to its own bucket: the listings go side by side. One storage
+    # client serves the threads ("it is safe to share instances across threads",
+    # google-cloud-python storage docs/index.rst, PR 5763).
+    with ThreadPoolExecutor(max_workers=max(1, min(LISTINGS_IN_FLIGHT, len(wanted)))) as pool:
+        listings = pool.map(lambda place: logs.published(*place), wanted)
     found = {}
-    for (bucket, parent), by_path in wanted.items():
-        for path, fields in logs.published(bucket, parent).items():
+    for by_path, listed in zip(wanted.values(), listings, strict=True):
+        for path, fields in listed.items():
             if path in by_path:
                 found[(by_path[path].zone, by_path[path].node_id)] = fields
     return found
