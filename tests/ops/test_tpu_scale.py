@@ -416,3 +416,35 @@ def test_a_team_stack_takes_its_cap_from_the_platform_stack_file() -> None:
     assert {n.capacity for n in vision.nodes} <= {"onDemand", "spot", "reserved"}
     assert vision.caps == {"vision": platform.caps["vision"]} and platform.caps["vision"]
     assert {n.team for n in platform.nodes} <= set(platform.caps), "every team has a cap"
+
+
+def test_each_teams_logs_bucket_is_listed_beside_the_others() -> None:
+    """A team's agents publish to the team's bucket: one listing each, side by side."""
+    import threading
+    import time
+
+    from node_agent.contract import STATUS_KEY
+    from ops.tpu.logs import published_jobs
+
+    class Listings:
+        def __init__(self) -> None:
+            self.lock, self.now, self.peak = threading.Lock(), 0, 0
+
+        def published(self, bucket: str, parent: str) -> dict[str, dict[str, str]]:
+            with self.lock:
+                self.now += 1
+                self.peak = max(self.peak, self.now)
+            time.sleep(LATENCY)
+            with self.lock:
+                self.now -= 1
+            return {f"{parent}{bucket}-node/": {"state": "running"}}
+
+    nodes = [replace(status_of(f"{team}-node", "READY", {}),
+                     metadata={STATUS_KEY: f"gs://{team}/status/{team}-node/"})
+             for team in TEAMS]
+    listings = Listings()
+
+    jobs = published_jobs(listings, nodes)  # type: ignore[arg-type]
+
+    assert jobs == {(ZONES[0], f"{team}-node"): {"state": "running"} for team in TEAMS}
+    assert listings.peak >= 2, "four buckets listed one after another"
