@@ -238,9 +238,10 @@ class TpuApi:
     credentials (StackTarget.auth), as its gcp provider uses them.
 
     One client serves every thread: google-cloud-python's generated client docs say "it
-    is safe to share instances across threads" (docs/multiprocessing.rst, included by
-    packages/google-cloud-tpu/docs/index.rst); the REST transport's requests/urllib3
-    pool is thread-safe too (googleapis/google-cloud-python PR 5763). `per_project`:
+    is safe to share instances across threads" (multiprocessing.rst, included by
+    packages/google-cloud-tpu/docs/index.rst; docs/tpu-facts.md); the REST transport's
+    requests/urllib3 pool is thread-safe too (googleapis/google-cloud-python PR 5763).
+    `per_project`:
     requests in flight per project (default: requests_per_project()); `in_flight`:
     threads reading pairs at once.
     """
