@@ -68,9 +68,10 @@ def with_jobs(
 ) -> list[NodeStatus]:
     """The nodes with their agent's job status.
 
-    The status comes from one listing of the logs bucket (the agents' status.json
-    metadata) where it is there, else from the node's guest attributes: one call per
-    node, so only for the nodes the listing lacks (an older agent, no storage access).
+    The status comes from one listing per logs bucket (the agents' status.json
+    metadata; a team's bucket each, listed side by side) where it is there, else from
+    the node's guest attributes: one call per node, so only for the nodes the listings
+    lack (an older agent, no storage access).
     """
     readable = [n for n in nodes if n.state in READABLE_STATES]
     logs = logs or agent_logs.AgentLogs(target.project, auth=target.auth())
