@@ -448,3 +448,16 @@ def test_each_teams_logs_bucket_is_listed_beside_the_others() -> None:
 
     assert jobs == {(ZONES[0], f"{team}-node"): {"state": "running"} for team in TEAMS}
     assert listings.peak >= 2, "four buckets listed one after another"
+
+
+def test_a_bad_bound_setting_is_one_line_and_exit_2(
+    tpuctl, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(REQUESTS_PER_PROJECT_ENV, "lots")
+
+    code, _out, err = tpuctl("status", "--stack", "platform")
+
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f"tpuctl: error: {REQUESTS_PER_PROJECT_ENV}='lots': use a whole number of requests "
+        "in flight per project, 1 or more (default 8)"]
