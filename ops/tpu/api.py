@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any, Generic, Literal, TypeVar
 
 from google.api_core import exceptions as gexc
@@ -118,8 +119,8 @@ class NodeStatus:
         return cls(
             zone=zone,
             node_id=node_id,
-            state=tpu_v2.Node.State(pb.state).name,
-            health=tpu_v2.Node.Health(pb.health).name if pb.health else "",
+            state=_enum_name(tpu_v2.Node.State, pb.state),
+            health=_enum_name(tpu_v2.Node.Health, pb.health) if pb.health else "",
             accelerator_type=pb.accelerator_type,
             runtime_version=pb.runtime_version,
             spot=bool(scheduling.spot or scheduling.preemptible),
@@ -208,6 +209,12 @@ def interleaved(places: Iterable[Place]) -> list[Place]:
     depth = max((len(zones) for zones in by_project.values()), default=0)
     return [(project, zones[rank]) for rank in range(depth)
             for project, zones in by_project.items() if rank < len(zones)]
+
+
+@lru_cache(maxsize=256)
+def _enum_name(enum: Any, value: int) -> str:
+    """An enum value's name, looked up once (10,000 nodes make 20,000 lookups)."""
+    return enum(value).name
 
 
 def _parts(name: str) -> tuple[str, str, str]:
