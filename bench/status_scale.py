@@ -32,6 +32,7 @@ import json
 import multiprocessing
 import os
 import re
+import statistics
 import sys
 import threading
 import time
@@ -286,16 +287,19 @@ def tpuctl_status(api: TpuApi, target: StackTarget, logs: AgentLogs) -> int:
     return render(target, read.items, lines)
 
 
-def timed(fake: FakeProcess, session: SlowSession, run: Callable[[], int]
+def timed(fake: FakeProcess, session: SlowSession, run: Callable[[], int], repeat: int
           ) -> tuple[float, int, int, int, int]:
-    """Wall time, nodes shown running, requests, peak requests in flight (all, per project)."""
-    fake.order("reset")
-    session.requests = 0
-    start = time.perf_counter()
-    seen = run()
-    wall = time.perf_counter() - start
+    """Median wall time of `repeat` runs (the machine may be shared), nodes shown running,
+    requests, peak requests in flight (all, per project) of the last run."""
+    walls = []
+    for _ in range(repeat):
+        fake.order("reset")
+        session.requests = 0
+        start = time.perf_counter()
+        seen = run()
+        walls.append(time.perf_counter() - start)
     calls, peak, peak_project = fake.order("figures")
-    return wall, seen, calls + session.requests, peak, peak_project
+    return statistics.median(walls), seen, calls + session.requests, peak, peak_project
 
 
 def main() -> None:
@@ -307,6 +311,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.05, help="seconds per request")
     parser.add_argument("--per-project", type=int, default=tpu_api.DEFAULT_REQUESTS_PER_PROJECT,
                         help="TPU API requests in flight per project")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each; the median counts")
     parser.add_argument("--transport", choices=("grpc", "rest"), default="grpc",
                         help="the TpuClient's transport (default grpc, as against GCP)")
     args = parser.parse_args()
@@ -334,7 +339,8 @@ def main() -> None:
             "tpuctl status: pairs concurrently, team summaries":
                 lambda: tpuctl_status(api, target, logs),
         }
-        figures = {name: timed(fake, session, run) for name, run in runs.items()}
+        figures = {name: timed(fake, session, run, max(1, args.repeat))
+                   for name, run in runs.items()}
     finally:
         fake.close()
     report(figures, args, len(target.places), setup)
@@ -346,7 +352,8 @@ def report(figures: dict[str, tuple[float, int, int, int, int]], args: argparse.
           f"{args.zones} zones), {args.latency * 1000:.0f} ms per request ({args.transport}), "
           f"at most "
           f"{args.per_project} in flight per project (fake TPU API and objects.list on "
-          f"loopback; fixtures set up in {setup:.0f} s without latency)")
+          f"loopback; fixtures set up in {setup:.0f} s without latency); median of "
+          f"{args.repeat} runs")
     print(f"{'run':62} {'seconds':>8} {'requests':>9} {'peak':>5} {'/proj':>6} {'nodes':>6} "
           f"{'vs baseline':>12}")
     base = next(iter(figures.values()))[0]
