@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -25,6 +25,8 @@ from typing import Any, Generic, Literal, TypeVar
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exceptions
 from google.cloud import tpu_v2
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
 from components import gcp_credentials
 from components.naming import MANAGED_BY, label_value
@@ -188,12 +190,12 @@ class Read(Generic[T]):
         return self.items
 
 
-def requests_per_project(env: dict[str, str] | None = None) -> int:
+def requests_per_project(env: Mapping[str, str] | None = None) -> int:
     """`$TPU_STACK_TPU_REQUESTS_PER_PROJECT`, else the default; one clear message if bad."""
     text = (os.environ if env is None else env).get(REQUESTS_PER_PROJECT_ENV, "").strip()
     if not text:
         return DEFAULT_REQUESTS_PER_PROJECT
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise TpuApiError(f"{REQUESTS_PER_PROJECT_ENV}={text!r}: use a whole number of "
                           f"requests in flight per project, 1 or more "
                           f"(default {DEFAULT_REQUESTS_PER_PROJECT})")
@@ -355,6 +357,10 @@ class TpuApi:
         except gexc.GoogleAPICallError as error:
             raise TpuApiError(
                 f"{method} on {target} failed: {error.code} {error.message}"
+            ) from error
+        except (json_format.ParseError, DecodeError) as error:  # an answer cut short
+            raise TpuApiError(
+                f"{method} on {target}: the TPU API's answer could not be read ({error})"
             ) from error
 
     # ---- reads ---------------------------------------------------------------

@@ -264,7 +264,8 @@ class FakeTpuApi:
         message: str = "",
         zone: str | None = None,
     ) -> None:
-        """The next `times` matching requests (in `zone`, if given) answer with HTTP `status`."""
+        """The next `times` matching requests (in `zone`, if given) answer with HTTP `status`
+        (200: `message` is the body as it is, e.g. JSON cut short)."""
         self._faults.append(_Fault(status, times, action, collection, message, zone))
 
     def node(self, zone: str, node_id: str) -> tpu_v2.Node | None:
@@ -336,6 +337,8 @@ class FakeTpuApi:
                 and fault.zone in (None, zone)
             ):
                 fault.remaining -= 1
+                if fault.status == 200:  # an answer cut short: `message` is the whole body
+                    return 200, fault.message
                 status = {403: "PERMISSION_DENIED", 503: "UNAVAILABLE", 429: "RESOURCE_EXHAUSTED"}
                 return _error(
                     fault.status, status.get(fault.status, "UNKNOWN"), fault.message or "injected"

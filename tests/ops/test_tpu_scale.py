@@ -106,7 +106,7 @@ def test_the_bound_is_a_setting_with_one_clear_message_when_wrong(
 ) -> None:
     assert requests_per_project({}) == 8
     assert requests_per_project({REQUESTS_PER_PROJECT_ENV: "3"}) == 3
-    for bad in ("0", "-2", "many", "2.5"):
+    for bad in ("0", "-2", "many", "2.5", "²"):
         with pytest.raises(TpuApiError) as raised:
             requests_per_project({REQUESTS_PER_PROJECT_ENV: bad})
         assert str(raised.value).startswith(f"{REQUESTS_PER_PROJECT_ENV}={bad!r}: use a whole")
@@ -182,6 +182,21 @@ def test_a_pair_that_keeps_failing_is_unread_and_not_lasting(
     (unread,) = read.unread
     assert (unread.zone, unread.kind, unread.lasting) == (ZONES[1], "failed", False)
     assert "kept failing" in unread.error
+
+
+def test_an_answer_cut_short_is_an_unread_pair_not_a_traceback(
+    platform: dict[str, FakeTpuApi],
+) -> None:
+    platform["vision"].fail(200, action="list", zone=ZONES[2], message='{"nodes": [{"na')
+    target = platform_target(("vision",))
+
+    read = TpuApi(deadline=10.0).read_nodes(target.places, target.stack)
+
+    assert len(read.items) == 2
+    (unread,) = read.unread
+    assert unread.zone == ZONES[2] and unread.kind == "failed"
+    assert unread.error.startswith(f"list_nodes on {ZONES[2]}: the TPU API's answer could not "
+                                   "be read")
 
 
 def test_status_shows_the_rest_and_one_row_for_the_unread_pair(
