@@ -372,8 +372,9 @@ class TpuApi:
         page of it), the places concurrently; an Unread per place that failed."""
 
         def listed(project: str, zone: str) -> list[NodeStatus]:
-            return [NodeStatus.from_node(n) for n in self.list_nodes(project, zone)
-                    if belongs_to(n.labels, stack)]
+            # Labels filtered on the plain dict: proto-plus wraps a map on every read.
+            return [status for status in map(NodeStatus.from_node, self.list_nodes(project, zone))
+                    if belongs_to(status.labels, stack)]
 
         found, unread = self.each_place(places, listed)
         nodes = [node for place_nodes in found.values() for node in place_nodes]
