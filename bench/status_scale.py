@@ -287,19 +287,25 @@ def tpuctl_status(api: TpuApi, target: StackTarget, logs: AgentLogs) -> int:
     return render(target, read.items, lines)
 
 
+Figures = tuple[float, float, int, int, int, int]
+
+
 def timed(fake: FakeProcess, session: SlowSession, run: Callable[[], int], repeat: int
-          ) -> tuple[float, int, int, int, int]:
-    """Median wall time of `repeat` runs (the machine may be shared), nodes shown running,
+          ) -> Figures:
+    """Median wall time of `repeat` runs (the machine may be shared), median CPU seconds of
+    this process (tpuctl's own work; the fakes run elsewhere), nodes shown running,
     requests, peak requests in flight (all, per project) of the last run."""
-    walls = []
+    walls, cpus = [], []
     for _ in range(repeat):
         fake.order("reset")
         session.requests = 0
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         seen = run()
         walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
     calls, peak, peak_project = fake.order("figures")
-    return statistics.median(walls), seen, calls + session.requests, peak, peak_project
+    return (statistics.median(walls), statistics.median(cpus), seen, calls + session.requests,
+            peak, peak_project)
 
 
 def main() -> None:
@@ -346,7 +352,7 @@ def main() -> None:
     report(figures, args, len(target.places), setup)
 
 
-def report(figures: dict[str, tuple[float, int, int, int, int]], args: argparse.Namespace,
+def report(figures: dict[str, Figures], args: argparse.Namespace,
            pairs: int, setup: float) -> None:
     print(f"{args.nodes} nodes in {pairs} (project, zone) pairs ({args.projects} projects x "
           f"{args.zones} zones), {args.latency * 1000:.0f} ms per request ({args.transport}), "
@@ -354,14 +360,15 @@ def report(figures: dict[str, tuple[float, int, int, int, int]], args: argparse.
           f"{args.per_project} in flight per project (fake TPU API and objects.list on "
           f"loopback; fixtures set up in {setup:.0f} s without latency); median of "
           f"{args.repeat} runs")
-    print(f"{'run':62} {'seconds':>8} {'requests':>9} {'peak':>5} {'/proj':>6} {'nodes':>6} "
-          f"{'vs baseline':>12}")
+    print(f"{'run':62} {'seconds':>8} {'cpu s':>6} {'requests':>9} {'peak':>5} {'/proj':>6} "
+          f"{'nodes':>6} {'vs baseline':>12}")
     base = next(iter(figures.values()))[0]
-    for name, (wall, seen, requests_made, peak, peak_project) in figures.items():
-        print(f"{name:62} {wall:8.2f} {requests_made:9d} {peak:5d} {peak_project:6d} "
+    for name, (wall, cpu, seen, requests_made, peak, peak_project) in figures.items():
+        print(f"{name:62} {wall:8.2f} {cpu:6.2f} {requests_made:9d} {peak:5d} {peak_project:6d} "
               f"{seen:6d} {base / wall:11.1f}x")
     status = list(figures.values())[-1][0]
-    print(f"tpuctl status under 2 s: {'yes' if status < 2 else 'NO'} ({status:.2f} s)")
+    print(f"tpuctl status under 2 s: {'yes' if status < 2 else 'NO'} ({status:.2f} s; load "
+          f"average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
 
 
 if __name__ == "__main__":
