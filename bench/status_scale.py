@@ -10,7 +10,7 @@ GCS emulator took minutes to take 10,000 uploads), so their JSON work is not cou
 tpuctl's. Then every request to either waits `--latency` seconds (50 ms by default, a
 round trip to a Google API from outside its region). Both runs use the real TpuClient
 (on gRPC, its default transport and tpuctl's against GCP; `--transport rest` as the
-tests use it, where parsing JSON costs the client about 0.15 ms a node) and the real
+tests use it, where the client parses every node's JSON in Python) and the real
 storage client:
 
 - baseline: the sequential walk tpuctl did before issue 30, one (project, zone) after
