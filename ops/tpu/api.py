@@ -4,21 +4,29 @@ A stack's nodes are found with ONE `list_nodes` call per (project, zone) the sta
 uses (a team's nodes live in the team's project, docs/teams.md), filtered by the
 labels every tpu-stack resource carries (`stack`, `managed-by=pulumi`,
 docs/design.md "Labels everywhere"), never one `get` per node.
+
+The (project, zone) pairs are read concurrently (`each_place`), at most
+`per_project` requests in flight per project (every call takes its project's slot),
+and a pair that cannot be read is one `Unread` beside what the others returned.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
+from functools import lru_cache
+from typing import Any, Generic, Literal, TypeVar
 
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exceptions
 from google.cloud import tpu_v2
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
 from components import gcp_credentials
 from components.naming import MANAGED_BY, label_value
@@ -49,10 +57,30 @@ PERMISSIONS = {
 
 
 Place = tuple[str, str]  # (project, zone): where the TPU API lists nodes
+T = TypeVar("T")
+
+# Requests in flight at once per project. The TPU API's request quota is per project
+# and per minute, shared by everyone using the project (cloud.google.com/tpu/docs/quota
+# documents chip quotas only; the request figure for tpu.googleapis.com is on the
+# console's Quotas page: unconfirmed here), so the bound is a setting. A 429 past it is
+# retried with backoff (components/queued_tpu.py, transient_retry).
+REQUESTS_PER_PROJECT_ENV = "TPU_STACK_TPU_REQUESTS_PER_PROJECT"
+DEFAULT_REQUESTS_PER_PROJECT = 8
+# Threads reading (project, zone) pairs at once, over all projects (within each
+# project's bound): 100 pairs at 50 ms a request are two rounds.
+DEFAULT_IN_FLIGHT = 64
+
+# Why a call failed: `denied` (403) and `no-zone` (a zone the API does not serve for the
+# project) stay until someone changes IAM or the stack; `failed` may pass.
+Failure = Literal["denied", "no-zone", "failed"]
 
 
 class TpuApiError(RuntimeError):
     """A TPU API failure reduced to one sentence a person can act on."""
+
+    def __init__(self, message: str, kind: Failure = "failed") -> None:
+        super().__init__(message)
+        self.kind: Failure = kind
 
 
 class NoCredentialsError(TpuApiError):
@@ -93,8 +121,8 @@ class NodeStatus:
         return cls(
             zone=zone,
             node_id=node_id,
-            state=tpu_v2.Node.State(pb.state).name,
-            health=tpu_v2.Node.Health(pb.health).name if pb.health else "",
+            state=_enum_name(tpu_v2.Node.State, pb.state),
+            health=_enum_name(tpu_v2.Node.Health, pb.health) if pb.health else "",
             accelerator_type=pb.accelerator_type,
             runtime_version=pb.runtime_version,
             spot=bool(scheduling.spot or scheduling.preemptible),
@@ -130,6 +158,67 @@ class QueuedStatus:
         )
 
 
+@dataclass(frozen=True, order=True)
+class Unread:
+    """A (project, zone) pair the TPU API could not be read at, and why."""
+
+    project: str
+    zone: str
+    error: str
+    kind: Failure = "failed"
+
+    @property
+    def lasting(self) -> bool:
+        """Waiting does not fix it: a permission or a zone the API does not serve."""
+        return self.kind != "failed"
+
+
+@dataclass(frozen=True)
+class Read(Generic[T]):
+    """What the pairs that could be read returned, and one `Unread` per pair that could not."""
+
+    items: list[T]
+    unread: list[Unread] = field(default_factory=list)
+
+    def complete(self) -> list[T]:
+        """The items when every pair was read, else the first pair's TpuApiError."""
+        if self.unread:
+            first = self.unread[0]
+            more = f" (and {len(self.unread) - 1} more (project, zone) pairs)" \
+                if len(self.unread) > 1 else ""
+            raise TpuApiError(first.error + more, first.kind)
+        return self.items
+
+
+def requests_per_project(env: Mapping[str, str] | None = None) -> int:
+    """`$TPU_STACK_TPU_REQUESTS_PER_PROJECT`, else the default; one clear message if bad."""
+    text = (os.environ if env is None else env).get(REQUESTS_PER_PROJECT_ENV, "").strip()
+    if not text:
+        return DEFAULT_REQUESTS_PER_PROJECT
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise TpuApiError(f"{REQUESTS_PER_PROJECT_ENV}={text!r}: use a whole number of "
+                          f"requests in flight per project, 1 or more "
+                          f"(default {DEFAULT_REQUESTS_PER_PROJECT})")
+    return int(text)
+
+
+def interleaved(places: Iterable[Place]) -> list[Place]:
+    """Each project's first zone, then each one's second, ...: consecutive reads go to
+    different projects, so a project's bound holds back no other project's reads."""
+    by_project: dict[str, list[str]] = {}
+    for project, zone in sorted(set(places)):
+        by_project.setdefault(project, []).append(zone)
+    depth = max((len(zones) for zones in by_project.values()), default=0)
+    return [(project, zones[rank]) for rank in range(depth)
+            for project, zones in by_project.items() if rank < len(zones)]
+
+
+@lru_cache(maxsize=256)
+def _enum_name(enum: Any, value: int) -> str:
+    """An enum value's name, looked up once (10,000 nodes make 20,000 lookups)."""
+    return enum(value).name
+
+
 def _parts(name: str) -> tuple[str, str, str]:
     # projects/<p>/locations/<zone>/nodes/<id>: (p, zone, id)
     parts = name.split("/")
@@ -156,6 +245,14 @@ class TpuApi:
     Not bound to a project: every call names its project (`parent`, `name`), so one
     client serves a stack whose nodes span the team projects. `auth`: the stack's gcp
     credentials (StackTarget.auth), as its gcp provider uses them.
+
+    One client serves every thread: google-cloud-python's generated client docs say "it
+    is safe to share instances across threads" (multiprocessing.rst, included by
+    packages/google-cloud-tpu/docs/index.rst; docs/tpu-facts.md); the REST transport's
+    requests/urllib3 pool is thread-safe too (googleapis/google-cloud-python PR 5763).
+    `per_project`:
+    requests in flight per project (default: requests_per_project()); `in_flight`:
+    threads reading pairs at once.
     """
 
     def __init__(
@@ -163,14 +260,25 @@ class TpuApi:
         client: tpu_v2.TpuClient | None = None,
         deadline: float = 60.0,
         auth: gcp_credentials.GcpAuth | None = None,
+        per_project: int | None = None,
+        in_flight: int = DEFAULT_IN_FLIGHT,
     ) -> None:
         self._client = client
         self._auth = auth
         self._retry = transient_retry(deadline)
         self._credentials: Any = None  # the google.auth credentials, until checked once
+        self.per_project = per_project or requests_per_project()
+        self.in_flight = in_flight
+        self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
+        self._slots: dict[str, threading.BoundedSemaphore] = {}
 
     @property
     def client(self) -> tpu_v2.TpuClient:
+        with self._lock:  # threads share one client: make it once
+            return self._make_client()
+
+    def _make_client(self) -> tpu_v2.TpuClient:
         if self._client is None:
             try:
                 if not os.environ.get(ENDPOINT_ENV):
@@ -190,9 +298,13 @@ class TpuApi:
         """Refresh the credentials once, before the first call: an expired login or a
         revoked key would otherwise reach gRPC as a 503 ("Getting metadata from plugin
         failed") that is retried until the deadline."""
-        credentials, self._credentials = self._credentials, None
-        if credentials is None or credentials.valid:
-            return
+        with self._refresh_lock:  # threads share them: the first refreshes, the rest wait
+            credentials = self._credentials
+            if credentials is not None and not credentials.valid:
+                self._refresh(credentials)  # raises, and every later call raises the same
+            self._credentials = None
+
+    def _refresh(self, credentials: Any) -> None:
         from google.auth.transport.requests import Request
 
         auth = self._auth or gcp_credentials.resolve({}, os.environ)
@@ -212,12 +324,42 @@ class TpuApi:
         operations awaited here (`wait` seconds), so later pages fail the same way.
         """
         function: Callable[..., Any] = getattr(self.client, method)
+        project = _project_of(request)
         self._refreshed()
-        with self._explained(method, target, _project_of(request)):
-            result = function(request=request, retry=self._retry)
-            if method.startswith("list_"):
-                return list(result)
+        with self._explained(method, target, project):
+            with self._slot(project):
+                result = function(request=request, retry=self._retry)
+                if method.startswith("list_"):
+                    return list(result)  # the pager asks for every next_page_token
             return result.result(timeout=wait) if wait is not None else result
+
+    @contextmanager
+    def _slot(self, project: str) -> Iterator[None]:
+        """Hold one of the project's `per_project` slots for a request (and its pages)."""
+        with self._lock:
+            slot = self._slots.setdefault(project, threading.BoundedSemaphore(self.per_project))
+        with slot:
+            yield
+
+    def each_place(self, places: Iterable[Place], read: Callable[[str, str], T]
+                   ) -> tuple[dict[Place, T], list[Unread]]:
+        """`read(project, zone)` for every pair, concurrently; a pair whose read fails is
+        one Unread, the others still count. No credentials fails the whole walk."""
+        ordered = interleaved(places)
+        if not ordered:
+            return {}, []
+        self.client  # noqa: B018 - made once, before the threads; NoCredentialsError here
+        with ThreadPoolExecutor(max_workers=min(self.in_flight, len(ordered))) as pool:
+            futures = {place: pool.submit(read, *place) for place in ordered}
+        found, unread = {}, []
+        for (project, zone), future in futures.items():
+            try:
+                found[(project, zone)] = future.result()
+            except NoCredentialsError:
+                raise
+            except TpuApiError as error:
+                unread.append(Unread(project, zone, str(error), error.kind))
+        return found, sorted(unread)
 
     @contextmanager
     def _explained(self, method: str, target: str, project: str) -> Iterator[None]:
@@ -227,13 +369,14 @@ class TpuApi:
             permission = PERMISSIONS.get(method, "a tpu.* permission")
             raise TpuApiError(
                 f"permission denied: {method} on {target} in project {project} needs "
-                f"IAM permission {permission} (e.g. roles/tpu.viewer or roles/tpu.admin)"
+                f"IAM permission {permission} (e.g. roles/tpu.viewer or roles/tpu.admin)",
+                "denied",
             ) from error
         except gexc.NotFound as error:
             if "Location" in str(error.message):
                 raise TpuApiError(
                     f"zone {target!r} is unknown to the TPU API for project {project}: "
-                    f"{error.message}"
+                    f"{error.message}", "no-zone",
                 ) from error
             raise TpuApiError(f"{method}: {target} not found ({error.message})") from error
         except gexc.RetryError as error:
@@ -244,31 +387,48 @@ class TpuApi:
             raise TpuApiError(
                 f"{method} on {target} failed: {error.code} {error.message}"
             ) from error
+        except (json_format.ParseError, DecodeError) as error:  # an answer cut short
+            raise TpuApiError(
+                f"{method} on {target}: the TPU API's answer could not be read ({error})"
+            ) from error
 
     # ---- reads ---------------------------------------------------------------
     def list_nodes(self, project: str, zone: str) -> list[tpu_v2.Node]:
         return self.call("list_nodes", zone, parent=parent(project, zone))
 
+    def read_nodes(self, places: Iterable[Place], stack: str) -> Read[NodeStatus]:
+        """Every node of `stack` at `places` (project, zone): one list per place (every
+        page of it), the places concurrently; an Unread per place that failed."""
+
+        def listed(project: str, zone: str) -> list[NodeStatus]:
+            # Labels filtered on the plain dict: proto-plus wraps a map on every read.
+            return [status for status in map(NodeStatus.from_node, self.list_nodes(project, zone))
+                    if belongs_to(status.labels, stack)]
+
+        found, unread = self.each_place(places, listed)
+        nodes = [node for place_nodes in found.values() for node in place_nodes]
+        return Read(sorted(nodes, key=lambda n: (n.zone, n.node_id, n.project)), unread)
+
     def stack_nodes(self, places: Iterable[Place], stack: str) -> list[NodeStatus]:
-        """Every node of `stack` at `places` (project, zone): one list call per place."""
-        found: list[NodeStatus] = []
-        for project, zone in sorted(set(places)):
-            found += [
-                NodeStatus.from_node(n)
-                for n in self.list_nodes(project, zone)
-                if belongs_to(n.labels, stack)
-            ]
-        return sorted(found, key=lambda n: (n.zone, n.node_id, n.project))
+        """read_nodes, all or nothing: TpuApiError if any place could not be read."""
+        return self.read_nodes(places, stack).complete()
+
+    def read_queued(self, places: Iterable[Place], node_ids: Iterable[str]
+                    ) -> Read[QueuedStatus]:
+        """Queued resources (they carry no labels) that provision any of `node_ids`:
+        one list per (project, zone), the places concurrently."""
+        wanted = set(node_ids)
+
+        def listed(project: str, zone: str) -> list[QueuedStatus]:
+            queued = self.call("list_queued_resources", zone, parent=parent(project, zone))
+            return [q for q in map(QueuedStatus.from_queued, queued) if wanted & set(q.node_ids)]
+
+        found, unread = self.each_place(places, listed)
+        return Read(sorted((q for items in found.values() for q in items),
+                           key=lambda q: q.name), unread)
 
     def stack_queued(self, places: Iterable[Place], node_ids: Iterable[str]) -> list[QueuedStatus]:
-        """Queued resources (they carry no labels) that provision any of `node_ids`:
-        one list call per (project, zone)."""
-        wanted = set(node_ids)
-        found = []
-        for project, zone in sorted(set(places)):
-            listed = self.call("list_queued_resources", zone, parent=parent(project, zone))
-            found += [q for q in map(QueuedStatus.from_queued, listed) if wanted & set(q.node_ids)]
-        return found
+        return self.read_queued(places, node_ids).complete()
 
     def job_status(self, node: NodeStatus) -> dict[str, str]:
         """The agent's status from worker 0's guest attributes (`tpu-stack/<key>`), or {}."""
@@ -286,11 +446,9 @@ class TpuApi:
     def with_job_status(self, nodes: list[NodeStatus], workers: int = 8) -> list[NodeStatus]:
         """Nodes with `job` filled in; guest attributes are per node, so fetched concurrently.
 
-        At most `workers` calls in flight: the TPU API limits requests per minute per
-        project (cloud.google.com/tpu/docs/quota; the default figure for
-        tpu.googleapis.com is shown on the console's Quotas page, not on that page:
-        unconfirmed), and every user of the project shares it. status.py asks here
-        only for nodes whose status the logs bucket's one listing lacks."""
+        At most `workers` calls in flight, and `per_project` per project (REQUESTS_PER_
+        PROJECT_ENV). status.py asks here only for nodes whose status the logs bucket's
+        one listing lacks."""
         readable = [n for n in nodes if n.state in READABLE_STATES]
         with ThreadPoolExecutor(max_workers=workers) as pool:
             statuses = dict(

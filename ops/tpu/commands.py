@@ -2,7 +2,10 @@
 
 The logic lives in small modules beside it (api.py, preflight.py, status.py,
 actions.py, logs.py); this module only parses options and renders.
-Exit codes: 0 fine, 1 the check or wait failed, 2 the command could not run.
+Exit codes: 0 fine, 1 the check or wait failed, 2 the command could not run (no
+(project, zone) pair could be read, among other reasons), 3 a partial read: some
+pairs could not be read, everything else is shown (and acted on), and one row per
+unread pair names its project, zone and error. A failed check or wait stays 1.
 """
 
 from __future__ import annotations
@@ -10,12 +13,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import cast
 
 import typer
-from rich.console import RenderableType
+from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -30,7 +34,7 @@ from ops.tpu import logs as agent_logs
 from ops.tpu import preflight
 from ops.tpu import quota as tpu_quota
 from ops.tpu import status as node_status
-from ops.tpu.api import NoCredentialsError, NodeStatus, TpuApi, TpuApiError
+from ops.tpu.api import NoCredentialsError, NodeStatus, Read, TpuApi, TpuApiError, Unread
 from ops.tpu.target import StackTarget, TargetError, load_target
 
 console = make_console()
@@ -40,6 +44,9 @@ console = make_console()
 StackOption = typer.Option("dev", "--stack", "-s", metavar="NAME",
                            help="Stack name (Pulumi.<stack>.yaml).")
 ApplyOption = typer.Option(False, "--apply", help="Make the changes (default: dry run).")
+TeamOption = typer.Option(None, "--team", "-t", metavar="TEAM",
+                          help="Only this team's nodes (the zones of its project).")
+PARTIAL_READ = 3  # exit code: some (project, zone) pairs could not be read
 _DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smh]?)$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
 
@@ -67,11 +74,30 @@ def _api(target: StackTarget) -> TpuApi:
     return TpuApi(auth=target.auth())
 
 
+def _load(stack: str, team: str | None) -> StackTarget:
+    target = load_target(stack)
+    return target if team is None else target.for_team(team)
+
+
+def _readable(target: StackTarget, read: Read[NodeStatus]) -> None:
+    """A read of no pair at all is no partial read: the command cannot run (exit 2)."""
+    if read.unread and len(read.unread) == len(target.places):
+        read.complete()
+
+
+def _partial(target: StackTarget, unread: list[Unread]) -> None:
+    """One row per unread (project, zone), then exit 3; nothing when every pair was read."""
+    if unread:
+        console.print(node_status.unread_table(target, unread))
+        raise typer.Exit(PARTIAL_READ)
+
+
 # ---- preflight -----------------------------------------------------------------
 
 
 def preflight_cmd(
     stack: str = StackOption,
+    team: str | None = TeamOption,
     offline: bool = typer.Option(False, "--offline", help="Check against the catalog only."),
     live: bool = typer.Option(False, "--live", help="Fail unless the zone's offers were checked "
                                                     "(no fallback to the catalog; CI uses it)."),
@@ -80,7 +106,7 @@ def preflight_cmd(
     if offline and live:
         raise typer.BadParameter("--live and --offline exclude each other", param_hint="--live")
     with clear_errors():
-        target = load_target(stack)
+        target = _load(stack, team)
         if offline:
             report = preflight.preflight(target, None)
         else:
@@ -102,6 +128,11 @@ def preflight_cmd(
         raise typer.Exit(1)
     if live and not report.live:
         fail("--live: the zone's offers were not checked", code=1)
+    if live and report.unread:
+        fail(f"--live: the offers of {len(report.unread)} (project, zone) pairs were not "
+             "checked", code=1)
+    if report.unread:  # each is a row of the table above
+        raise typer.Exit(PARTIAL_READ)
 
 
 # ---- status / wait ---------------------------------------------------------------
@@ -109,6 +140,7 @@ def preflight_cmd(
 
 def status_cmd(
     stack: str = StackOption,
+    team: str | None = TeamOption,
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
     interval: str = typer.Option("15s", "--interval", metavar="DURATION",
                                  help="Refresh period with --watch."),
@@ -117,38 +149,55 @@ def status_cmd(
         help="Show the stack's last `tpuctl rehearse` here, no API calls (also the fallback "
              "without Google credentials)."),
 ) -> None:
-    """One row per node: state, health, symptoms and the agent's job status."""
+    """One row per node: state, health, symptoms and the agent's job status; a summary
+    line per team (nodes by state, chips against the team's cap, goodput)."""
     period = seconds(interval, "--interval")
     with clear_errors():
-        target = load_target(stack)
+        target = _load(stack, team)
         if offline:
             console.print(_rehearsal_view(target))
             return
         api = _api(target)
         if not watch:
-            _status_or_rehearsal(api, target)
+            view, unread = _status_or_rehearsal(api, target, team)
+            console.print(view)
+            _partial(target, unread)
             return
         with Live(console=console, auto_refresh=False) as live:
             try:
                 while True:
-                    live.update(_status_now(api, target), refresh=True)
+                    view, unread = _status_now(api, target, team)
+                    parts = [view, node_status.unread_table(target, unread)] if unread else [view]
+                    live.update(Group(*parts), refresh=True)
                     time.sleep(period)
             except KeyboardInterrupt:
                 return
 
 
-def _status_now(api: TpuApi, target: StackTarget) -> RenderableType:
-    nodes = node_status.collect(api, target)
-    return node_status.status_table(target, nodes, node_status.collect_queued(api, target))
+def _status_now(api: TpuApi, target: StackTarget, team: str | None = None
+                ) -> tuple[RenderableType, list[Unread]]:
+    """The table and a line per team, from every pair that could be read; the pairs not.
+    The queued resources are listed while the nodes are (the same per-project bound)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        queued_read = pool.submit(node_status.read_queued, api, target)
+        read = node_status.read_stack(api, target)
+        queued = queued_read.result()
+    _readable(target, read)
+    nodes = read.items if team is None else node_status.of_team(target, read.items, team)
+    unread = sorted(set(read.unread) | set(queued.unread))
+    table = node_status.status_table(target, nodes, queued.items, unread=unread)
+    lines = [node_status.summary_line(s)
+             for s in node_status.team_summaries(target, nodes, unread)]
+    return Group(table, *lines), unread
 
 
-def _status_or_rehearsal(api: TpuApi, target: StackTarget) -> None:
+def _status_or_rehearsal(api: TpuApi, target: StackTarget, team: str | None = None
+                         ) -> tuple[RenderableType, list[Unread]]:
     """Live status. Without credentials, the stack's last rehearsal if there is one,
     and still exit 2, as every verb that cannot reach the API (the rehearsal is no
     node's state): `--offline` shows it without the error."""
     try:
-        console.print(_status_now(api, target))
-        return
+        return _status_now(api, target, team)
     except NoCredentialsError as error:
         if not node_status.rehearsed(target):
             raise NoCredentialsError(f"{error} (or `tpuctl rehearse --stack {target.stack}` "
@@ -169,6 +218,7 @@ def _rehearsal_view(target: StackTarget) -> RenderableType:
 
 def wait_cmd(
     stack: str = StackOption,
+    team: str | None = TeamOption,
     until: str = typer.Option("ready", "--until", help="ready | running | done"),
     timeout: str = typer.Option("30m", "--timeout", metavar="DURATION",
                                 help="Give up after this long (e.g. 45m)."),
@@ -181,11 +231,13 @@ def wait_cmd(
         )
     limit, period = seconds(timeout, "--timeout"), seconds(poll, "--poll")
     with clear_errors():
-        target = load_target(stack)
+        target = _load(stack, team)
         outcome = _wait_with_progress(
             _api(target), target, cast(node_status.Until, until), limit, period
         )
-    console.print(node_status.status_table(target, outcome.nodes))
+    console.print(node_status.status_table(target, outcome.nodes, unread=outcome.unread))
+    if outcome.unread:
+        console.print(node_status.unread_table(target, outcome.unread))
     colour = "green" if outcome.reached else "red"
     console.print(Text(outcome.reason, style=colour))
     if not outcome.reached:
@@ -217,23 +269,33 @@ def _wait_with_progress(
 # ---- recover / janitor ---------------------------------------------------------------
 
 
-def recover_cmd(stack: str = StackOption, apply: bool = ApplyOption) -> None:
+def recover_cmd(
+    stack: str = StackOption, team: str | None = TeamOption, apply: bool = ApplyOption
+) -> None:
     """Delete (or re-queue) PREEMPTED and TERMINATED nodes so `pulumi up --refresh`
     recreates them and training resumes from its checkpoint."""
     with clear_errors():
-        target = load_target(stack)
+        target = _load(stack, team)
         api = _api(target)
-        nodes = api.stack_nodes(target.places, target.stack)
-        actions = node_actions.recovery_plan(nodes, node_status.collect_queued(api, target))
+        read = api.read_nodes(target.places, target.stack)
+        _readable(target, read)
+        queued = node_status.read_queued(api, target)
+        unread = sorted(set(read.unread) | set(queued.unread))
+        # A request whose node's zone was not read may still have its node: never reset it.
+        blind = {(u.project, u.zone) for u in read.unread}
+        requests = [q for q in queued.items if (q.name.split("/")[1], q.zone) not in blind]
+        actions = node_actions.recovery_plan(read.items, requests)
         _act(api, actions, apply, "nothing to recover: no PREEMPTED or TERMINATED nodes")
     if actions and apply:
         console.print(
             "next: `pulumi up --refresh` recreates the nodes; jobs resume from checkpoints"
         )
+    _partial(target, unread)
 
 
 def janitor_cmd(
     stack: str = StackOption,
+    team: str | None = TeamOption,
     idle_minutes: float = typer.Option(
         60.0, "--idle-minutes", min=0, help="Idle longer than this."
     ),
@@ -241,11 +303,13 @@ def janitor_cmd(
 ) -> None:
     """Stop single-host nodes whose job finished or that sit idle; report pod slices."""
     with clear_errors():
-        target = load_target(stack)
+        target = _load(stack, team)
         api = _api(target)
-        nodes = node_status.collect(api, target)
-        actions = node_actions.janitor_plan(nodes, idle_minutes, datetime.now(timezone.utc))
+        read = node_status.read_stack(api, target)
+        _readable(target, read)
+        actions = node_actions.janitor_plan(read.items, idle_minutes, datetime.now(timezone.utc))
         _act(api, actions, apply, "nothing to clean up: every node is busy")
+    _partial(target, read.unread)
 
 
 def _act(api: TpuApi, actions: list[node_actions.Action], apply: bool, nothing: str) -> None:
@@ -293,7 +357,9 @@ def logs_cmd(
         return
     with clear_errors():
         target = load_target(stack)
-        chosen = _pick_node(_api(target).stack_nodes(target.places, target.stack), target, node)
+        read = _api(target).read_nodes(target.places, target.stack)
+        _readable(target, read)
+        chosen = _pick_node(read.items, target, node, read.unread)
         prefix = agent_logs.status_prefix(chosen)
         logs = agent_logs.AgentLogs(target.project, auth=target.auth())
         if follow:
@@ -335,10 +401,14 @@ def _print_raw(text: str) -> None:
     console.out(text, end="", highlight=False)
 
 
-def _pick_node(nodes: list[NodeStatus], target: StackTarget, wanted: str | None) -> NodeStatus:
+def _pick_node(nodes: list[NodeStatus], target: StackTarget, wanted: str | None,
+               unread: list[Unread] | None = None) -> NodeStatus:
+    blind = "".join(f"; {u.project} {u.zone} could not be read: {u.error}"
+                    for u in unread or [])
     if not nodes:
         raise TargetError(
             f"stack {target.stack} has no nodes in {', '.join(target.zones) or 'any zone'}"
+            + blind
         )
     if wanted is None:
         return nodes[0]
@@ -349,7 +419,7 @@ def _pick_node(nodes: list[NodeStatus], target: StackTarget, wanted: str | None)
             return node
     raise TargetError(
         f"--node {wanted}: not a node of stack {target.stack} "
-        f"({', '.join(n.node_id for n in nodes)})"
+        f"({', '.join(n.node_id for n in nodes)}){blind}"
     )
 
 

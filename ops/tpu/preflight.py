@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from components import catalog
-from ops.tpu.api import NoCredentialsError, TpuApi
+from ops.tpu.api import NoCredentialsError, TpuApi, Unread
 from ops.tpu.target import ExpectedNode, StackTarget
 
 Outcome = Literal["ok", "fail", "not checked"]
@@ -36,6 +36,7 @@ class PreflightReport:
     live: bool  # False: the TPU API was not asked (offline or no credentials)
     note: str = ""
     credentials_error: str = ""  # why the TPU API could not be asked (exit 2)
+    unread: tuple[Unread, ...] = ()  # (project, zone) pairs whose offers could not be read
 
     @property
     def ok(self) -> bool:
@@ -63,16 +64,19 @@ def catalog_checks(node: ExpectedNode) -> list[Check]:
     ]
 
 
-def live_checks(api: TpuApi, target: StackTarget) -> list[Check]:
-    """One list of accelerator types and one of runtime versions per (project, zone):
-    what a zone offers depends on the project asking."""
-    offered = {
-        (project, zone): (api.accelerator_types(project, zone),
-                          api.runtime_versions(project, zone))
-        for project, zone in target.places
-    }
-    checks = []
+def live_checks(api: TpuApi, target: StackTarget) -> tuple[list[Check], list[Unread]]:
+    """One list of accelerator types and one of runtime versions per (project, zone),
+    the pairs concurrently: what a zone offers depends on the project asking. A pair
+    that cannot be read is one row: "fail" for a zone the API does not serve the
+    project (no node can be made there), else "not checked"."""
+    offered, unread = api.each_place(
+        target.places, lambda project, zone: (api.accelerator_types(project, zone),
+                                              api.runtime_versions(project, zone)))
+    checks = [Check(f"{u.zone} ({u.project})", "zone's offers",
+                    "fail" if u.kind == "no-zone" else "not checked", u.error) for u in unread]
     for node in target.nodes:
+        if (node.project, node.zone) not in offered:
+            continue
         types, runtimes = offered[(node.project, node.zone)]
         wanted = node.tpu.accelerator_type
         checks.append(_offered(node, f"zone offers {wanted}", wanted in types, sorted(types)))
@@ -84,7 +88,7 @@ def live_checks(api: TpuApi, target: StackTarget) -> list[Check]:
                 sorted(runtimes),
             )
         )
-    return checks
+    return checks, unread
 
 
 def _offered(node: ExpectedNode, what: str, ok: bool, choices: list[str]) -> Check:
@@ -138,11 +142,11 @@ def preflight(
             note="offline: checked against the catalog only",
         )
     try:
-        checks += live_checks(api, target)
+        live, unread = live_checks(api, target)
     except NoCredentialsError as error:
         return PreflightReport(
             (*checks, *quota_checks(target, None)), live=False,
             note="checked against the catalog only", credentials_error=str(error),
         )
-    checks += quota_checks(target, quota)
-    return PreflightReport(tuple(checks), live=True)
+    checks += live + quota_checks(target, quota)
+    return PreflightReport(tuple(checks), live=True, unread=tuple(unread))

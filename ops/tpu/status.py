@@ -4,21 +4,35 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from rich.console import Group, RenderableType
+from rich.cells import cell_len, set_cell_size
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.segment import Segment
+from rich.style import Style
 from rich.table import Table
-from rich.text import Span, Text
+from rich.text import Text
 
 from components import catalog
 from components.archive import REPO_ROOT
+from components.naming import label_value
 from ops.local import rehearsal_record as record
 from ops.tpu import logs as agent_logs
-from ops.tpu.api import READABLE_STATES, STATUS_KEYS, NodeStatus, QueuedStatus, TpuApi
-from ops.tpu.target import StackTarget
+from ops.tpu.api import (
+    READABLE_STATES,
+    STATUS_KEYS,
+    NodeStatus,
+    QueuedStatus,
+    Read,
+    TpuApi,
+    Unread,
+)
+from ops.tpu.target import ExpectedNode, StackTarget
 
 Until = Literal["ready", "running", "done"]
 UNTIL_CHOICES: tuple[Until, ...] = ("ready", "running", "done")
@@ -33,16 +47,33 @@ STATE_STYLE = {"READY": "green", REHEARSED: "cyan", f"{REHEARSED} (stale)": "yel
                "CREATING": "yellow", "PREEMPTED": "red", "TERMINATED": "red"}
 
 
+def read_stack(
+    api: TpuApi, target: StackTarget, logs: agent_logs.AgentLogs | None = None
+) -> Read[NodeStatus]:
+    """Every node of the stack with its job status, from the (project, zone) pairs that
+    could be read (concurrently, api.read_nodes), and one Unread per pair that could not."""
+    listing = api.read_nodes(target.places, target.stack)
+    return Read(with_jobs(api, target, listing.items, logs), listing.unread)
+
+
 def collect(
     api: TpuApi, target: StackTarget, logs: agent_logs.AgentLogs | None = None
 ) -> list[NodeStatus]:
-    """Every node of the stack (one list per zone) with its agent's job status.
+    """read_stack, all or nothing: TpuApiError if a (project, zone) could not be read."""
+    return with_jobs(api, target, api.stack_nodes(target.places, target.stack), logs)
 
-    The status comes from one listing of the logs bucket (the agents' status.json
-    metadata) where it is there, else from the node's guest attributes: one call per
-    node, so only for the nodes the listing lacks (an older agent, no storage access).
+
+def with_jobs(
+    api: TpuApi, target: StackTarget, nodes: list[NodeStatus],
+    logs: agent_logs.AgentLogs | None = None,
+) -> list[NodeStatus]:
+    """The nodes with their agent's job status.
+
+    The status comes from one listing per logs bucket (the agents' status.json
+    metadata; a team's bucket each, listed side by side) where it is there, else from
+    the node's guest attributes: one call per node, so only for the nodes the listings
+    lack (an older agent, no storage access).
     """
-    nodes = api.stack_nodes(target.places, target.stack)
     readable = [n for n in nodes if n.state in READABLE_STATES]
     logs = logs or agent_logs.AgentLogs(target.project, auth=target.auth())
     listed = agent_logs.published_jobs(logs, readable) if readable else {}
@@ -77,12 +108,17 @@ def rehearsed(target: StackTarget, root: Path | None = None) -> list[NodeStatus]
     return sorted(nodes, key=lambda n: (n.zone, n.node_id))
 
 
-def collect_queued(api: TpuApi, target: StackTarget) -> list[QueuedStatus]:
+def read_queued(api: TpuApi, target: StackTarget) -> Read[QueuedStatus]:
     """The stack's queued resources; no call at all for a stack without queued nodes."""
     if not target.queued_node_ids:
-        return []
+        return Read([])
     places = {(node.project, node.zone) for node in target.nodes if node.queued}
-    return api.stack_queued(places, target.queued_node_ids)
+    return api.read_queued(places, target.queued_node_ids)
+
+
+def collect_queued(api: TpuApi, target: StackTarget) -> list[QueuedStatus]:
+    """read_queued, all or nothing."""
+    return read_queued(api, target).complete()
 
 
 def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
@@ -105,12 +141,14 @@ def status_table(
     nodes: list[NodeStatus],
     queued: Sequence[QueuedStatus] = (),
     rehearsal: Path | None = None,
+    unread: Sequence[Unread] = (),
 ) -> RenderableType:
     """One row per node; with `rehearsal`, the offline view of that rehearsal's state.
-    Every cell is text as it is: a job's message `[line 3 ...]` is no markup."""
+    Every cell is text as it is: a job's message `[line 3 ...]` is no markup. A node
+    whose (project, zone) is `unread` gets no row: unread_table has one for its pair."""
     source = f"rehearsal, offline: {rehearsal}" if rehearsal else ", ".join(target.projects)
     title = f"stack {target.stack} ({source})"
-    rows = status_rows(target, nodes, queued, "not rehearsed" if rehearsal else "ABSENT")
+    rows = status_rows(target, nodes, queued, "not rehearsed" if rehearsal else "ABSENT", unread)
     advice = [line for node in nodes if (line := utilisation_advice(node))]
     notes = Text("\n".join(advice), style="yellow") if advice else None
     if len(rows) > BOXED_ROWS:
@@ -125,7 +163,8 @@ def status_table(
 
 
 def status_rows(
-    target: StackTarget, nodes: list[NodeStatus], queued: Sequence[QueuedStatus], missing: str
+    target: StackTarget, nodes: list[NodeStatus], queued: Sequence[QueuedStatus], missing: str,
+    unread: Sequence[Unread] = (),
 ) -> list[Row]:
     rows = []
     for node in nodes:
@@ -137,14 +176,32 @@ def status_rows(
         rows.append((cells, STATE_STYLE.get(node.state, "")))
     requests = {node_id: q.state for q in queued for node_id in q.node_ids}
     zones = {node.node_id: node.zone for node in target.nodes}
-    for node_id in absent(target, nodes):
+    for node_id in unseen(target, nodes, unread):
         state = f"QUEUED {requests[node_id]}" if node_id in requests else missing
         cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "", "", "")
         rows.append((cells, "red" if state == "ABSENT" else ""))
     return rows
 
 
-def plain_columns(title: str, rows: list[Row]) -> Text:
+def unseen(target: StackTarget, nodes: list[NodeStatus], unread: Sequence[Unread]) -> list[str]:
+    """Absent node ids, but for those in a (project, zone) that could not be read."""
+    blind = {(u.project, u.zone) for u in unread}
+    return [node_id for node_id in absent(target, nodes)
+            if (n := target.expected(node_id)) is None or (n.project, n.zone) not in blind]
+
+
+def unread_table(target: StackTarget, unread: Sequence[Unread]) -> Table:
+    """One row per (project, zone) the TPU API could not be read at, and why."""
+    table = Table(title=f"could not read {len(unread)} of {len(target.places)} "
+                        f"(project, zone) pairs; nodes there are not shown")
+    for column in ("project", "zone", "error"):
+        table.add_column(column)
+    for item in unread:
+        table.add_row(item.project, item.zone, Text(item.error, style="red"))
+    return table
+
+
+def plain_columns(title: str, rows: list[Row]) -> PlainColumns:
     """The rows as left-aligned columns under a bold header, lines never wrapped."""
     widths = [max(len(column), *(len(cells[i]) for cells, _ in rows))
               for i, column in enumerate(COLUMNS)]
@@ -153,15 +210,40 @@ def plain_columns(title: str, rows: list[Row]) -> Text:
     def line(cells: tuple[str, ...]) -> str:
         return GAP.join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
-    lines = [title, line(COLUMNS)]
-    spans = [Span(len(title) + 1, len(title) + 1 + len(lines[1]), "bold")]
-    offset = len(title) + len(lines[1]) + 2
-    for cells, style in rows:
-        lines.append(line(cells))
-        if style:
-            spans.append(Span(offset + state_at, offset + state_at + len(cells[3]), style))
-        offset += len(lines[-1]) + 1
-    return Text("\n".join(lines), spans=spans, no_wrap=True, overflow="ellipsis")
+    lines = [(line(cells), state_at, state_at + len(cells[3]), style) for cells, style in rows]
+    return PlainColumns(title, line(COLUMNS), lines)
+
+
+@dataclass(frozen=True)
+class PlainColumns:
+    """Ready-made lines, each cut to the width with an ellipsis, never wrapped: rich's
+    Text measures and wraps every line of a long text (2.4 s of 10,000 rows,
+    bench/status_scale.py); these go out as they are."""
+
+    title: str
+    header: str
+    lines: list[tuple[str, int, int, str]]  # text, where the styled state starts, ends, style
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width, newline = options.max_width, Segment.line()
+        styles = {style: console.get_style(style) for *_, style in self.lines if style}
+        yield from (Segment(_cut(self.title, width)), newline,
+                    Segment(_cut(self.header, width), Style(bold=True)), newline)
+        for text, start, end, style in self.lines:
+            text = _cut(text, width)
+            if style and start < len(text):
+                yield Segment(text[:start])
+                yield Segment(text[start:end], styles[style])
+                yield Segment(text[end:])
+            else:
+                yield Segment(text)
+            yield newline
+
+
+def _cut(line: str, width: int) -> str:
+    if len(line) <= width and (line.isascii() or cell_len(line) <= width):
+        return line
+    return set_cell_size(line, width - 1) + "…"
 
 
 def goodput_percent(job: dict[str, str]) -> str:
@@ -255,6 +337,148 @@ def smaller_slice(node: NodeStatus, busy: float) -> str:
             f"{choice.replicas} replicas and within its HBM")
 
 
+# ---- per-team summary ------------------------------------------------------------
+CAPACITY_WORDS = {"onDemand": "on-demand", "spot": "spot", "reserved": "reserved"}
+Use = tuple[str, str]  # (TPU family, capacity), as StackTarget.caps counts chips
+
+
+@dataclass(frozen=True)
+class TeamSummary:
+    """One team's nodes as the API listed them, against its cap from the stack's settings."""
+
+    team: str
+    states: dict[str, int]  # node state -> nodes
+    absent: int  # nodes the stack declares that the API does not have
+    chips: dict[Use, int]  # in use: every node the API lists holds its chips
+    cap: Mapping[Use, int] | None  # None: no cap in this stack (its own team)
+    productive: float  # goodput seconds summed over the team's nodes
+    accounted: float
+    reporting: int  # nodes whose agent published goodput
+    unread: int  # (project, zone) pairs of the team that could not be read
+
+    @property
+    def goodput(self) -> float | None:
+        return 100.0 * self.productive / self.accounted if self.accounted else None
+
+    @property
+    def over_cap(self) -> list[Use]:
+        cap = self.cap or {}
+        return sorted(use for use, chips in self.chips.items()
+                      if self.cap is not None and chips > cap.get(use, 0))
+
+
+def team_of(target: StackTarget, node: NodeStatus) -> str:
+    """The node's team: the stack config's, else its `team` label."""
+    expected = target.expected(node.node_id)
+    return expected.team if expected and expected.team else node.labels.get("team", "")
+
+
+def team_summaries(
+    target: StackTarget, nodes: Sequence[NodeStatus], unread: Sequence[Unread] = ()
+) -> list[TeamSummary]:
+    """One summary per team with nodes declared, listed or capped, by name."""
+    listed: dict[str, list[NodeStatus]] = {}
+    for node in nodes:
+        listed.setdefault(team_of(target, node), []).append(node)
+    declared: dict[str, list[ExpectedNode]] = {}
+    for expected in target.nodes:
+        declared.setdefault(expected.team, []).append(expected)
+    teams = sorted((set(declared) | set(target.caps) | set(listed)) - {""})
+    missing = set(unseen(target, list(nodes), unread))
+    return [_summary(target, team, listed.get(team, []), declared.get(team, []), missing,
+                     unread) for team in teams]
+
+
+def _summary(target: StackTarget, team: str, nodes: list[NodeStatus],
+             declared: list[ExpectedNode], missing: set[str],
+             unread: Sequence[Unread]) -> TeamSummary:
+    chips: Counter[Use] = Counter()
+    productive = accounted = 0.0
+    reporting = 0
+    for node in nodes:
+        use = _use(target, node)
+        if use is not None:
+            chips[use[0]] += use[1]
+        seconds = _goodput_seconds(node.job)
+        if seconds is not None:
+            productive, accounted, reporting = (productive + seconds[0], accounted + seconds[1],
+                                                reporting + 1)
+    places = {(n.project, n.zone) for n in declared}
+    return TeamSummary(
+        team, dict(sorted(Counter(n.state for n in nodes).items())),
+        sum(1 for n in declared if n.node_id in missing), dict(chips),
+        target.caps.get(team), productive, accounted, reporting,
+        sum(1 for u in unread if (u.project, u.zone) in places))
+
+
+def _use(target: StackTarget, node: NodeStatus) -> tuple[Use, int] | None:
+    """((family, capacity), chips) of a listed node; None for a type the catalog lacks."""
+    tpu = _slice(node.accelerator_type)
+    if tpu is None:
+        return None
+    expected = target.expected(node.node_id)
+    capacity = expected.capacity if expected and expected.capacity else (
+        "spot" if node.spot else "onDemand")
+    return (tpu.generation.name, capacity), tpu.chips
+
+
+@lru_cache(maxsize=64)
+def _slice(accelerator_type: str) -> catalog.Slice | None:
+    try:
+        return catalog.parse_accelerator_type(accelerator_type)
+    except catalog.CatalogError:
+        return None
+
+
+def _goodput_seconds(job: dict[str, str]) -> tuple[float, float] | None:
+    """(productive, all accounted) seconds of the agent's goodput, or None."""
+    try:
+        goodput = json.loads(job.get("goodput", ""))
+        productive, total = goodput["productive"], goodput["total"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    numbers = all(isinstance(x, (int, float)) and x >= 0 for x in (productive, total))
+    return (float(productive), float(total)) if numbers and total > 0 else None
+
+
+def summary_line(summary: TeamSummary) -> Text:
+    """`team nlp: 3 nodes (READY 2, PREEMPTED 1); chips 40 of 64 (v4 on-demand 32/32,
+    v5e spot 8/32); goodput 95.3% over 2 nodes`."""
+    count = sum(summary.states.values())
+    states = ", ".join(f"{state} {n}" for state, n in summary.states.items())
+    parts = [f"{count} node{'s' if count != 1 else ''}" + (f" ({states})" if states else "")]
+    if summary.absent:
+        parts[0] += f", {summary.absent} absent"
+    parts.append(_chips_text(summary))
+    goodput = summary.goodput
+    parts.append(f"goodput {goodput:.1f}% over {summary.reporting} node"
+                 f"{'s' if summary.reporting != 1 else ''}" if goodput is not None
+                 else "goodput -")
+    if summary.unread:
+        parts.append(f"{summary.unread} (project, zone) unread")
+    style = "red" if summary.over_cap or summary.unread else ""
+    return Text(f"team {summary.team}: " + "; ".join(parts), style=style)
+
+
+def _chips_text(summary: TeamSummary) -> str:
+    used = sum(summary.chips.values())
+    if summary.cap is None:
+        return f"chips {used} (no team cap in this stack)"
+    uses = sorted(set(summary.chips) | set(summary.cap))
+    detail = ", ".join(f"{family} {CAPACITY_WORDS.get(capacity, capacity)} "
+                       f"{summary.chips.get((family, capacity), 0)}/"
+                       f"{summary.cap.get((family, capacity), 0)}"
+                       for family, capacity in uses)
+    over = " OVER CAP" if summary.over_cap else ""
+    return f"chips {used} of cap {sum(summary.cap.values())}{over}" + (
+        f" ({detail})" if detail else "")
+
+
+def of_team(target: StackTarget, nodes: Sequence[NodeStatus], team: str) -> list[NodeStatus]:
+    """The nodes of `team` (by the stack config, else by their `team` label)."""
+    return [n for n in nodes if team_of(target, n) in (team, label_value(team))]
+
+
 def node_reached(node: NodeStatus, until: Until) -> bool:
     if until == "done":
         return node.job.get("state") == FINISHED
@@ -300,6 +524,12 @@ class WaitOutcome:
     reached: bool
     nodes: list[NodeStatus]
     reason: str
+    unread: tuple[Unread, ...] = ()
+
+
+def unread_reasons(unread: Sequence[Unread]) -> list[str]:
+    """Pairs that cannot be read until someone acts (IAM, the stack's zones)."""
+    return [f"{u.project} {u.zone} cannot be read: {u.error}" for u in unread if u.lasting]
 
 
 def wait_until(
@@ -314,14 +544,19 @@ def wait_until(
 ) -> WaitOutcome:
     start = clock()
     while True:
-        nodes = collect(api, target)
+        read = read_stack(api, target)
+        nodes, unread = read.items, read.unread
         elapsed = clock() - start
         on_poll(nodes, elapsed)
-        if reached(target, nodes, until):
+        if not unread and reached(target, nodes, until):
             return WaitOutcome(True, nodes, f"{until} after {elapsed:.0f} s")
-        problems = stuck(nodes, collect_queued(api, target))
+        queued = read_queued(api, target)
+        unread = sorted(set(unread) | set(queued.unread))
+        problems = unread_reasons(unread) + stuck(nodes, queued.items)
         if problems:
-            return WaitOutcome(False, nodes, "; ".join(problems))
+            return WaitOutcome(False, nodes, "; ".join(problems), tuple(unread))
         if elapsed >= timeout:
-            return WaitOutcome(False, nodes, f"not {until} after {timeout:.0f} s")
+            more = f"; {len(unread)} (project, zone) unread" if unread else ""
+            return WaitOutcome(False, nodes, f"not {until} after {timeout:.0f} s{more}",
+                               tuple(unread))
         sleep(poll)

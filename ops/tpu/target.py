@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,8 @@ class ExpectedNode:
     spot: bool
     queued: bool
     project: str
+    team: str = ""  # the `team` label it carries (the stack's own team for its own nodes)
+    capacity: str = ""  # NodeSettings.capacity: what the team's cap counts it against
 
     @property
     def region(self) -> str:
@@ -58,6 +61,9 @@ class StackTarget:
     nodes: tuple[ExpectedNode, ...]
     # The stack file's gcp: credential keys (GCP_AUTH_KEYS), values as YAML reads them.
     gcp: Mapping[str, Any] = field(default_factory=dict)
+    # team -> {(TPU family, capacity): chips the team may hold} (tpu-stack:teams.<t>.quota);
+    # a team absent here has no cap in this stack.
+    caps: Mapping[str, Mapping[tuple[str, str], int]] = field(default_factory=dict)
 
     def auth(self, env: Mapping[str, str] | None = None) -> gcp_credentials.GcpAuth:
         """The credentials the stack's gcp provider would use (its config, then the
@@ -86,10 +92,27 @@ class StackTarget:
         return [node.node_id for node in self.nodes if node.queued]
 
     def expected(self, node_id: str) -> ExpectedNode | None:
-        return next((node for node in self.nodes if node.node_id == node_id), None)
+        return self._by_id.get(node_id)
+
+    @cached_property
+    def _by_id(self) -> dict[str, ExpectedNode]:
+        """Node id -> node: status looks every listed node up (10,000 on a platform)."""
+        return {node.node_id: node for node in reversed(self.nodes)}  # the first one wins
+
+    @property
+    def teams(self) -> list[str]:
+        return sorted({node.team for node in self.nodes if node.team} | set(self.caps))
+
+    def for_team(self, team: str) -> StackTarget:
+        """The stack as one team sees it: its nodes only, so only its places are read."""
+        if team not in self.teams:
+            known = ", ".join(self.teams) or "none"
+            raise TargetError(f"--team {team}: not a team of stack {self.stack} (teams: {known})")
+        return replace(self, nodes=tuple(n for n in self.nodes if n.team == team))
 
 
-def target_for(settings: StackSettings) -> StackTarget:
+def target_for(settings: StackSettings, platform: StackSettings | None = None) -> StackTarget:
+    """`platform`: a team stack's platform stack, where its team's cap is set."""
     nodes = tuple(
         ExpectedNode(
             logical=node.name,
@@ -100,20 +123,45 @@ def target_for(settings: StackSettings) -> StackTarget:
             spot=node.spot,
             queued=node.provisioning == "queued",
             project=settings.node_project(team),
+            team=team or settings.team,  # the label components/naming.py gives it
+            capacity=node.capacity,
         )
         for team, node in settings.named_nodes
     )
-    return StackTarget(project=settings.gcp_project, stack=settings.stack, nodes=nodes)
+    teams = (platform or settings).teams
+    caps = {team: team_cap(teams[team].quota) for team in teams
+            if team in settings.teams or team == settings.team}
+    return StackTarget(project=settings.gcp_project, stack=settings.stack, nodes=nodes,
+                       caps=caps)
+
+
+def team_cap(quota: Any) -> dict[tuple[str, str], int]:
+    """{(family, capacity): chips} of a TeamQuota, the entries above zero."""
+    return {(family, capacity): quota.chips(family).of(capacity)
+            for family in catalog.GENERATIONS for capacity in ("onDemand", "spot", "reserved")
+            if quota.chips(family).of(capacity)}
 
 
 def load_target(stack: str, root: Path = REPO_ROOT,
                 env: Mapping[str, str] | None = None) -> StackTarget:
     """The stack's target from Pulumi.yaml + Pulumi.<stack>.yaml, or one clear TargetError."""
     try:
-        target = target_for(settings_for(stack, root))
+        settings = settings_for(stack, root)
+        target = target_for(settings, platform_settings(settings, root))
         return replace(target, gcp=gcp_config(stack, root, os.environ if env is None else env))
     except (SettingsError, StackFileError) as error:
         raise TargetError(str(error)) from None
+
+
+def platform_settings(settings: StackSettings, root: Path) -> StackSettings | None:
+    """A team stack's platform stack (`tpu-stack:platformStack`, org/project/<stack>), if
+    its file is in this checkout and valid: the team's cap is set there. Else None."""
+    if not settings.platform_stack:
+        return None
+    try:
+        return settings_for(settings.platform_stack.rsplit("/", 1)[-1], root)
+    except (SettingsError, StackFileError):
+        return None
 
 
 def gcp_config(stack: str, root: Path, env: Mapping[str, str]) -> dict[str, Any]:

@@ -14,7 +14,10 @@ nothing. A fake serves one project; `add_project` serves another (a team's) at t
 same endpoint with its own nodes, and a request for any other project is refused.
 `latency` (seconds, 0 unless a test or bench sets it) delays every
 answer as a round trip to tpu.googleapis.com would; requests in flight at once
-wait side by side, as they do on the real API.
+wait side by side, as they do on the real API, and the fake the client talks to
+records how many were in flight at once (`peak_in_flight`, per project
+`peak_by_project`). `page_size` caps every list page (0: one page), so a client
+must follow `next_page_token`; a page token it did not hand out is refused (400).
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
@@ -90,6 +94,7 @@ class _Fault:
     action: str | None
     collection: str | None
     message: str
+    zone: str | None = None
 
 
 @dataclass
@@ -100,6 +105,9 @@ class FakeTpuApi:
     calls: list[Call] = field(default_factory=list)
     latency: float = 0.0
     projects: dict[str, FakeTpuApi] = field(default_factory=dict)
+    page_size: int = 0
+    peak_in_flight: int = 0
+    peak_by_project: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -109,6 +117,7 @@ class FakeTpuApi:
         self._faults: list[_Fault] = []
         self._queued_scripts: dict[str, list[str]] = {}
         self._server: ThreadingHTTPServer | None = None
+        self._in_flight: dict[str, int] = {}
 
     # ---- lifecycle ---------------------------------------------------------
     @property
@@ -133,9 +142,31 @@ class FakeTpuApi:
     # ---- scripting ---------------------------------------------------------
     def add_project(self, project: str) -> FakeTpuApi:
         """Another project served at this endpoint, offering the same zones."""
-        other = FakeTpuApi(project, dict(self.accelerator_types), dict(self.runtime_versions))
+        other = FakeTpuApi(project, dict(self.accelerator_types), dict(self.runtime_versions),
+                           page_size=self.page_size)
         self.projects[project] = other
         return other
+
+    @contextmanager
+    def serving(self, path: str) -> Iterator[None]:
+        """One request in flight for as long as it is answered (latency included)."""
+        match = PATH.match(urlsplit(path).path)
+        project = match["project"] if match else "?"
+        with self._lock:
+            self._in_flight[project] = self._in_flight.get(project, 0) + 1
+            self.peak_by_project[project] = max(self.peak_by_project.get(project, 0),
+                                                self._in_flight[project])
+            self.peak_in_flight = max(self.peak_in_flight, sum(self._in_flight.values()))
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight[project] -= 1
+
+    def reset_peaks(self) -> None:
+        with self._lock:
+            self.peak_in_flight = 0
+            self.peak_by_project.clear()
 
     def zones(self) -> set[str]:
         return set(self.accelerator_types) | set(self.runtime_versions)
@@ -231,9 +262,11 @@ class FakeTpuApi:
         action: str | None = None,
         collection: str | None = None,
         message: str = "",
+        zone: str | None = None,
     ) -> None:
-        """The next `times` matching requests answer with HTTP `status`."""
-        self._faults.append(_Fault(status, times, action, collection, message))
+        """The next `times` matching requests (in `zone`, if given) answer with HTTP `status`
+        (200: `message` is the body as it is, e.g. JSON cut short)."""
+        self._faults.append(_Fault(status, times, action, collection, message, zone))
 
     def node(self, zone: str, node_id: str) -> tpu_v2.Node | None:
         scripted = self._nodes.get((zone, node_id))
@@ -254,7 +287,9 @@ class FakeTpuApi:
         return sum(1 for c in self.calls if c.action == action and c.collection == collection)
 
     # ---- request handling (called by the HTTP handler) ------------------------
-    def handle(self, method: str, url: str, body: bytes) -> tuple[int, str]:
+    def handle(self, method: str, url: str, body: bytes, binary: bool = False
+               ) -> tuple[int, Any]:
+        """(HTTP status, the answer as JSON text; with `binary`, a message's wire bytes)."""
         parts = urlsplit(url)
         match = PATH.match(parts.path)
         if match is None:
@@ -262,7 +297,7 @@ class FakeTpuApi:
         if match["project"] != self.project:
             other = self.projects.get(match["project"])
             if other is not None:
-                return other.handle(method, url, body)
+                return other.handle(method, url, body, binary)
             # What Google APIs answer for a project the caller cannot see or that does
             # not exist (wording as seen from googleapis services; unconfirmed for TPU).
             return _error(403, "PERMISSION_DENIED",
@@ -272,28 +307,38 @@ class FakeTpuApi:
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
         with self._lock:
             self.calls.append(Call(method, action, collection, zone, rid))
-            fault = self._take_fault(action, collection)
+            fault = self._take_fault(action, collection, zone)
             if fault is not None:
                 return fault
             if zone not in self.zones():
                 return _error(
                     404, "NOT_FOUND", f"Location {zone} is not found or access is unauthorized."
                 )
+            if not _token_ok(query.get("pageToken", "")):
+                return _error(400, "INVALID_ARGUMENT", "invalid page token")
             route = getattr(self, ROUTES.get((collection, action), ""), None)
             if route is None:
                 return _error(
                     400, "INVALID_ARGUMENT", f"fake: {method} {parts.path} not implemented"
                 )
-            return route(zone, rid, query, body)
+            status, answer = route(zone, rid, query, body)
+            if isinstance(answer, str):
+                return status, answer
+            # Serialised under the lock: a node's live message may change right after.
+            return status, type(answer).serialize(answer) if binary else type(answer).to_json(
+                answer)
 
-    def _take_fault(self, action: str, collection: str) -> tuple[int, str] | None:
+    def _take_fault(self, action: str, collection: str, zone: str) -> tuple[int, str] | None:
         for fault in self._faults:
             if (
                 fault.remaining
                 and fault.action in (None, action)
                 and fault.collection in (None, collection)
+                and fault.zone in (None, zone)
             ):
                 fault.remaining -= 1
+                if fault.status == 200:  # an answer cut short: `message` is the whole body
+                    return 200, fault.message
                 status = {403: "PERMISSION_DENIED", 503: "UNAVAILABLE", 429: "RESOURCE_EXHAUSTED"}
                 return _error(
                     fault.status, status.get(fault.status, "UNKNOWN"), fault.message or "injected"
@@ -303,24 +348,22 @@ class FakeTpuApi:
     # nodes
     def _list_nodes(
         self, zone: str, _rid: None, query: dict[str, str], _body: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         nodes = [self._read(s) for (z, _), s in sorted(self._nodes.items()) if z == zone]
-        page, token = _page(nodes, query)
-        return 200, tpu_v2.ListNodesResponse.to_json(
-            tpu_v2.ListNodesResponse(nodes=page, next_page_token=token)
-        )
+        page, token = _page(nodes, query, self.page_size)
+        return 200, tpu_v2.ListNodesResponse(nodes=page, next_page_token=token)
 
     def _get_node(
         self, zone: str, rid: str, _query: dict[str, str], _body: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         scripted = self._nodes.get((zone, rid))
         if scripted is None:
             return _not_found("node", zone, rid)
-        return 200, tpu_v2.Node.to_json(self._read(scripted))
+        return 200, self._read(scripted)
 
     def _create_node(
         self, zone: str, _rid: None, query: dict[str, str], body: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         node_id = query["nodeId"]
         if (zone, node_id) in self._nodes:
             return _error(409, "ALREADY_EXISTS", f"node {node_id} already exists")
@@ -332,7 +375,7 @@ class FakeTpuApi:
 
     def _patch_node(
         self, zone: str, rid: str, query: dict[str, str], body: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         scripted = self._nodes.get((zone, rid))
         if scripted is None:
             return _not_found("node", zone, rid)
@@ -345,7 +388,7 @@ class FakeTpuApi:
 
     def _delete_node(
         self, zone: str, rid: str, _query: dict[str, str], _body: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         scripted = self._nodes.pop((zone, rid), None)
         if scripted is None:
             return _not_found("node", zone, rid)
@@ -358,17 +401,17 @@ class FakeTpuApi:
 
     def _stop_node(
         self, zone: str, rid: str, _query: dict[str, str], _body: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         return self._set_node_state(zone, rid, NodeState.STOPPED)
 
     def _start_node(
         self, zone: str, rid: str, _query: dict[str, str], _body: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         return self._set_node_state(zone, rid, NodeState.READY)
 
     def _guest_attributes(
         self, zone: str, rid: str, _q: dict[str, str], body: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         if (zone, rid) not in self._nodes:
             return _not_found("node", zone, rid)
         request = json.loads(body or b"{}")
@@ -391,12 +434,12 @@ class FakeTpuApi:
             response.guest_attributes.append(
                 tpu_v2.GuestAttributes(query_path=prefix, query_value=value)
             )
-        return 200, tpu_v2.GetGuestAttributesResponse.to_json(response)
+        return 200, response
 
     # queued resources
     def _create_queued(
         self, zone: str, _rid: None, query: dict[str, str], body: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         queued_id = query["queuedResourceId"]
         if (zone, queued_id) in self._queued:
             return _error(409, "ALREADY_EXISTS", f"queued resource {queued_id} already exists")
@@ -407,23 +450,23 @@ class FakeTpuApi:
         self._queued[(zone, queued_id)] = _Scripted(queued, [QueuedState[s] for s in states[1:]])
         return _done(zone, queued_id, tpu_v2.QueuedResource.pb(queued))
 
-    def _get_queued(self, zone: str, rid: str, _q: dict[str, str], _body: bytes) -> tuple[int, str]:
+    def _get_queued(self, zone: str, rid: str, _q: dict[str, str], _body: bytes) -> tuple[int, Any]:
         scripted = self._queued.get((zone, rid))
         if scripted is None:
             return _not_found("queued resource", zone, rid)
-        return 200, tpu_v2.QueuedResource.to_json(self._read_queued(zone, scripted))
+        return 200, self._read_queued(zone, scripted)
 
     def _list_queued(
         self, zone: str, _rid: None, query: dict[str, str], _b: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         items = [self._read_queued(z, s) for (z, _), s in sorted(self._queued.items()) if z == zone]
-        page, token = _page(items, query)
+        page, token = _page(items, query, self.page_size)
         response = tpu_v2.ListQueuedResourcesResponse(queued_resources=page, next_page_token=token)
-        return 200, tpu_v2.ListQueuedResourcesResponse.to_json(response)
+        return 200, response
 
     def _delete_queued(
         self, zone: str, rid: str, query: dict[str, str], _b: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         """As the API documents `DeleteQueuedResourceRequest.force` (google-cloud-tpu
         1.27): without force only an ACCEPTED, FAILED or SUSPENDED request is deleted;
         with force its nodes go first, then the request, whatever its state."""
@@ -444,7 +487,7 @@ class FakeTpuApi:
         del self._queued[(zone, rid)]
         return _done(zone, rid, empty_pb2.Empty())
 
-    def _reset_queued(self, zone: str, rid: str, _q: dict[str, str], _b: bytes) -> tuple[int, str]:
+    def _reset_queued(self, zone: str, rid: str, _q: dict[str, str], _b: bytes) -> tuple[int, Any]:
         scripted = self._queued.get((zone, rid))
         if scripted is None:
             return _not_found("queued resource", zone, rid)
@@ -457,27 +500,27 @@ class FakeTpuApi:
     # catalog
     def _list_accelerator_types(
         self, zone: str, _rid: None, query: dict[str, str], _b: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         types = [
             tpu_v2.AcceleratorType(name=self._name(zone, "acceleratorTypes", t), type_=t)
             for t in self.accelerator_types.get(zone, [])
         ]
-        page, token = _page(types, query)
+        page, token = _page(types, query, self.page_size)
         response = tpu_v2.ListAcceleratorTypesResponse(
             accelerator_types=page, next_page_token=token
         )
-        return 200, tpu_v2.ListAcceleratorTypesResponse.to_json(response)
+        return 200, response
 
     def _list_runtime_versions(
         self, zone: str, _rid: None, query: dict[str, str], _b: bytes
-    ) -> tuple[int, str]:
+    ) -> tuple[int, Any]:
         versions = [
             tpu_v2.RuntimeVersion(name=self._name(zone, "runtimeVersions", v), version=v)
             for v in self.runtime_versions.get(zone, [])
         ]
-        page, token = _page(versions, query)
+        page, token = _page(versions, query, self.page_size)
         response = tpu_v2.ListRuntimeVersionsResponse(runtime_versions=page, next_page_token=token)
-        return 200, tpu_v2.ListRuntimeVersionsResponse.to_json(response)
+        return 200, response
 
     # ---- internals -----------------------------------------------------------
     def _name(self, zone: str, collection: str, rid: str) -> str:
@@ -494,7 +537,7 @@ class FakeTpuApi:
         else:
             self._nodes[(zone, node_id)] = scripted
 
-    def _set_node_state(self, zone: str, rid: str, state: NodeState) -> tuple[int, str]:
+    def _set_node_state(self, zone: str, rid: str, state: NodeState) -> tuple[int, Any]:
         scripted = self._nodes.get((zone, rid))
         if scripted is None:
             return _not_found("node", zone, rid)
@@ -533,14 +576,20 @@ def _action(method: str, rid: str | None) -> str:
     return {"POST": "create", "DELETE": "delete", "PATCH": "patch"}.get(method, method.lower())
 
 
-def _page(items: list, query: dict[str, str]) -> tuple[list, str]:
+def _page(items: list, query: dict[str, str], cap: int = 0) -> tuple[list, str]:
+    """One page from the offset the token names; the client's pageSize, at most `cap`."""
     start = int(query.get("pageToken") or 0)
-    size = int(query.get("pageSize") or 0) or len(items) or 1
+    size = int(query.get("pageSize") or 0) or cap or len(items) or 1
+    size = min(size, cap) if cap else size
     rest = items[start + size :]
     return items[start : start + size], str(start + size) if rest else ""
 
 
-def _done(zone: str, rid: str, response: object) -> tuple[int, str]:
+def _token_ok(token: str) -> bool:
+    return token == "" or token.isdigit()
+
+
+def _done(zone: str, rid: str, response: object) -> tuple[int, Any]:
     operation = operations_pb2.Operation(
         name=f"projects/-/locations/{zone}/operations/op-{rid}", done=True
     )
@@ -548,11 +597,11 @@ def _done(zone: str, rid: str, response: object) -> tuple[int, str]:
     return 200, json_format.MessageToJson(operation)
 
 
-def _error(code: int, status: str, message: str) -> tuple[int, str]:
+def _error(code: int, status: str, message: str) -> tuple[int, Any]:
     return code, json.dumps({"error": {"code": code, "status": status, "message": message}})
 
 
-def _not_found(kind: str, zone: str, rid: str) -> tuple[int, str]:
+def _not_found(kind: str, zone: str, rid: str) -> tuple[int, Any]:
     return _error(404, "NOT_FOUND", f"{kind} {rid} not found in {zone}")
 
 
@@ -563,9 +612,10 @@ def _handler_for(api: FakeTpuApi) -> type[BaseHTTPRequestHandler]:
 
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
-            if api.latency:
-                time.sleep(api.latency)  # outside the fake's lock: concurrent calls overlap
-            status, text = api.handle(self.command, self.path, self.rfile.read(length))
+            with api.serving(self.path):
+                if api.latency:
+                    time.sleep(api.latency)  # outside the fake's lock: calls overlap
+                status, text = api.handle(self.command, self.path, self.rfile.read(length))
             payload = text.encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -588,3 +638,84 @@ def running(api: FakeTpuApi) -> Iterator[FakeTpuApi]:
         yield api
     finally:
         api.stop()
+
+
+# ---- the same fake over gRPC, the transport TpuClient uses by default -------------------
+GRPC_SERVICE = "google.cloud.tpu.v2.Tpu"
+# HTTP status -> gRPC status code, as Google APIs map them (google.rpc.Code).
+GRPC_CODES = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+              409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL",
+              503: "UNAVAILABLE"}
+
+
+def _list_path(collection: str) -> Any:
+    def path(request: Any) -> tuple[str, str, bytes]:
+        query = urlencode({k: v for k, v in (("pageSize", request.page_size),
+                                             ("pageToken", request.page_token)) if v})
+        return "GET", f"/v2/{request.parent}/{collection}" + (f"?{query}" if query else ""), b""
+    return path
+
+
+def _grpc_routes() -> dict[str, tuple[Any, Any, Any]]:
+    """gRPC method -> (request type, response type, the REST request the fake answers)."""
+    guest = tpu_v2.GetGuestAttributesRequest
+    return {
+        "ListNodes": (tpu_v2.ListNodesRequest, tpu_v2.ListNodesResponse, _list_path("nodes")),
+        "ListQueuedResources": (tpu_v2.ListQueuedResourcesRequest,
+                                tpu_v2.ListQueuedResourcesResponse,
+                                _list_path("queuedResources")),
+        "ListAcceleratorTypes": (tpu_v2.ListAcceleratorTypesRequest,
+                                 tpu_v2.ListAcceleratorTypesResponse,
+                                 _list_path("acceleratorTypes")),
+        "ListRuntimeVersions": (tpu_v2.ListRuntimeVersionsRequest,
+                                tpu_v2.ListRuntimeVersionsResponse,
+                                _list_path("runtimeVersions")),
+        "GetNode": (tpu_v2.GetNodeRequest, tpu_v2.Node,
+                    lambda r: ("GET", f"/v2/{r.name}", b"")),
+        "GetGuestAttributes": (guest, tpu_v2.GetGuestAttributesResponse,
+                               lambda r: ("POST", f"/v2/{r.name}:getGuestAttributes",
+                                          guest.to_json(r).encode())),
+    }
+
+
+class GrpcFront:
+    """`api`'s reads over gRPC on loopback (insecure): `client()` is a TpuClient on the
+    gRPC transport. Every call is answered by `api.handle` as its REST twin is, with the
+    same latency, overlap records and errors (mapped to gRPC codes)."""
+
+    def __init__(self, api: FakeTpuApi) -> None:
+        import grpc
+
+        self.api = api
+        handlers = {name: grpc.unary_unary_rpc_method_handler(
+            partial(self._answer, route), request_deserializer=request.deserialize,
+            response_serializer=bytes)  # the fake answers in wire bytes already
+            for name, (request, _response, route) in _grpc_routes().items()}
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=64))
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(GRPC_SERVICE, handlers),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def _answer(self, route: Any, request: Any, context: Any) -> bytes:
+        import grpc
+
+        method, path, body = route(request)
+        with self.api.serving(path):
+            if self.api.latency:
+                time.sleep(self.api.latency)
+            status, answer = self.api.handle(method, path, body, binary=True)
+        if status != 200:
+            message = json.loads(answer)["error"]["message"]
+            context.abort(getattr(grpc.StatusCode, GRPC_CODES.get(status, "UNKNOWN")), message)
+        return answer
+
+    def client(self) -> tpu_v2.TpuClient:
+        import grpc
+        from google.cloud.tpu_v2.services.tpu.transports import TpuGrpcTransport
+
+        channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        return tpu_v2.TpuClient(transport=TpuGrpcTransport(channel=channel))
+
+    def stop(self) -> None:
+        self.server.stop(grace=None)

@@ -23,7 +23,8 @@ def test_stack_nodes_come_from_one_list_per_zone_filtered_by_labels(
         (OTHER_ZONE, "dev-b", True),
         (ZONE, "dev-a", False),
     ]
-    assert [(c.action, c.zone) for c in fake_tpu.calls] == [("list", OTHER_ZONE), ("list", ZONE)]
+    assert sorted((c.action, c.zone) for c in fake_tpu.calls) == [
+        ("list", OTHER_ZONE), ("list", ZONE)], "one list per zone, read side by side"
 
 
 def test_node_states_move_creating_ready_preempted(fake_tpu: FakeTpuApi, tpu: TpuApi) -> None:
