@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO
 
 from node_agent import devices
-from node_agent.common import AgentError, Backoff, TransientError, log, parse_utc
+from node_agent.common import AgentError, Backoff, TransientError, log, parse_utc, utc_now
 from node_agent.contract import (
     EXIT_FAILED,
     EXIT_NO_DATA,
@@ -49,6 +49,7 @@ from node_agent.contract import (
     STATUS_KEY,
     STOPPED_EXITS,
 )
+from node_agent.deadlines import Hang, hang_message, named_worker
 from node_agent.desired import Desired, node_settings
 from node_agent.environment import grpc_tpu_name, job_environment, read_environment_file
 from node_agent.goodput import Goodput, settle_run
@@ -82,7 +83,7 @@ def maintenance_lead_seconds() -> float:
     return float(os.environ.get("TPU_STACK_MAINTENANCE_LEAD_SECONDS")
                  or MAINTENANCE_LEAD_SECONDS)
 
-ACTIVE_STATES = ("installing", "running", "retrying", "waiting-for-data", "preempted")
+ACTIVE_STATES = ("installing", "running", "retrying", "waiting-for-data", "preempted", "hung")
 
 
 class Agent:
@@ -254,7 +255,7 @@ class Agent:
                             message="finished earlier; not rerun")
             return EXIT_OK
         self._begin_accounting(desired)
-        retry, data_poll, crashes = Backoff(), Backoff(cap=DATA_POLL_CAP_SECONDS), 0
+        retry, data_poll, crashes, hangs = Backoff(), Backoff(cap=DATA_POLL_CAP_SECONDS), 0, 0
         tpu_busy = False  # the job said another process holds the TPU
         while True:
             if (interrupted := self._interrupted(desired)) is not None:
@@ -288,6 +289,12 @@ class Agent:
                                  f"(exit code {code}); starting the job again")
                 retry.reset()
                 continue
+            if run.hang is not None and not (self.terminated.is_set() or self._notice()):
+                hangs = self._after_hang(retry, run, hangs)
+                if hangs > 1 and (interrupted := self._pause(
+                        retry, desired, f"hung again in phase {run.hang['phase']}")) is not None:
+                    return interrupted
+                continue
             if code == EXIT_OK:
                 return self._succeeded(desired)
             if code in STOPPED_EXITS or self.terminated.is_set() or self._notice():
@@ -315,6 +322,18 @@ class Agent:
                 why = self._tpu_held(desired) or why
             if (interrupted := self._pause(retry, desired, why)) is not None:
                 return interrupted
+
+    def _after_hang(self, retry: Backoff, run: JobRun, hangs: int) -> int:
+        """Hangs in a row without progress, this one counted. A job that trained before
+        it hung starts again from its last checkpoint at once; one that hangs again
+        without a step backs off (the caller pauses) like a transient failure, for as
+        long as the node lives: a hang is never `failed` (a worker may come back)."""
+        if run.step > run.start_step:
+            retry.reset()
+            hangs = 0
+        durable = max(run.start_step, run.saved_step or 0)
+        self.status.note(f"hung job stopped; starting it again from step {durable}")
+        return hangs + 1
 
     def _tpu_held(self, desired: Desired) -> str | None:
         """Who holds this host's TPU, as a status message; None when nothing does.
@@ -439,6 +458,8 @@ class Agent:
             if reason := self._notice():
                 self.status.note(f"{reason}: stopping the job so it saves inside the notice")
                 return self.job.stop(), None
+            if (hang := self.job.overdue()) is not None:
+                return self._stop_hung(hang, desired), None
             if window := self._maintenance_due():
                 self.status.note(f"maintenance window from {window['start']} to "
                                  f"{window.get('end', '?')}: stopping the job so it saves first")
@@ -450,6 +471,17 @@ class Agent:
                 self.status.note(f"job stopped for the update (exit code {code})")
                 return code, update
         return self.job.wait(), None
+
+    def _stop_hung(self, hang: Hang, desired: Desired) -> int:
+        """State `hung` (phase, seconds since the last progress line), the job's stacks
+        to job.log, then its stop (docs/design.md, "Deadlines"). On a pod only worker 0
+        runs the job, so its hang is the node's; a worker its last lines name is named."""
+        run = self.job.run
+        worker = named_worker(run.recent, self.attributes.get(NETWORK_ENDPOINTS_KEY, "")) \
+            if desired.workers == "0" else None
+        self.status.set(state="hung", phase=hang.phase, hang=hang.view() | {"at": utc_now()},
+                        message=hang_message(hang, run.stacks_signal is not None, worker))
+        return self.job.stop_hung(hang)
 
     def _maintenance_due(self) -> dict[str, str] | None:
         """The announced window, once it starts within MAINTENANCE_LEAD_SECONDS and the

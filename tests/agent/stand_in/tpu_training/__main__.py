@@ -13,12 +13,16 @@ this job for those two cases. The config's `standIn` picks the behaviour:
   C4's `tpu_busy` line and exit 69, else train to step 8 and finish. A lock file
   owned by another user that is not writable fails as open(O_RDWR) fails for a
   process that is not root (the tests run as root, where it would not).
+- `slow_first`: the job's phase lines (`started`, `tpu_ready`, `resumed_from=0`), then a
+  first execution of `seconds` (tracing and compilation, merely slow), then steps 1 to 8
+  a tenth of a second apart, and finish.
 """
 
 import fcntl
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 
@@ -50,6 +54,15 @@ def main() -> int:
                   file=sys.stderr, flush=True)
             return 69
         print("tpu_training step=8 loss=0.1", flush=True)
+        return 0
+    if config["standIn"] == "slow_first":
+        for line in ("started tpu_init_seconds=300", "tpu_ready replicas=1",
+                     "resumed_from=0"):
+            print(f"tpu_training {line}", flush=True)
+        time.sleep(config["seconds"])
+        for step in range(1, 9):
+            print(f"tpu_training step={step} loss=0.5", flush=True)
+            time.sleep(0.1)
         return 0
     runs = int(out.read_text()) if out.exists() else 0
     out.write_text(str(runs + 1))
