@@ -75,10 +75,17 @@ def announce_start() -> None:
     on TPU initialisation (`started`, the job's first line). faulthandler's handler is C
     code that writes without the GIL, so it answers while the main thread is blocked in
     TensorFlow (a read that never returns); docs.python.org/3/library/faulthandler.html,
-    `register(signum, all_threads=True)`."""
-    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
-    print(f"tpu_training started stacks={STACKS_SIGNAL.name} "
-          f"tpu_init_seconds={tpu_init_seconds(os.environ):g}", flush=True)
+    `register(signum, file, all_threads=True)`. It writes to the process's own stderr
+    (file descriptor 2), which the agent keeps in job.log; with none, `stacks` is left
+    out and the agent sends no signal."""
+    stacks = ""
+    try:
+        faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
+        stacks = f" stacks={STACKS_SIGNAL.name}"
+    except (AttributeError, OSError, RuntimeError, ValueError):
+        pass  # no stderr with a file descriptor (sys.__stderr__ is None or has no fileno)
+    print(f"tpu_training started{stacks} tpu_init_seconds={tpu_init_seconds(os.environ):g}",
+          flush=True)
 
 
 def _run(args: argparse.Namespace, stop: StopFlag) -> int:
