@@ -324,11 +324,11 @@ class Agent:
                 return interrupted
 
     def _after_hang(self, retry: Backoff, run: JobRun, hangs: int) -> int:
-        """Hangs in a row without progress, this one counted. A job that trained before
-        it hung starts again from its last checkpoint at once; one that hangs again
-        without a step backs off (the caller pauses) like a transient failure, for as
+        """Hangs in a row without progress, this one counted. A job that saved a new
+        checkpoint before it hung starts again from it at once; one that hangs again
+        without one backs off (the caller pauses) like a transient failure, for as
         long as the node lives: a hang is never `failed` (a worker may come back)."""
-        if run.step > run.start_step:
+        if (run.saved_step or 0) > run.start_step:
             retry.reset()
             hangs = 0
         durable = max(run.start_step, run.saved_step or 0)

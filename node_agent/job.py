@@ -54,6 +54,7 @@ class Job:
         job = json.loads(config.read_text())
         self.clock = PhaseClock(Deadlines.for_job(job, env), int(job.get("trainSteps") or 0),
                                 time.monotonic())
+        self.status.progress(phase=self.clock.phase, progressAt=utc_now())
         self.process = subprocess.Popen(command, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         start_new_session=True)

@@ -94,3 +94,41 @@ def test_a_merely_slow_first_execution_is_not_hung(
     assert "hang" not in node.status_object()
     assert "no progress" not in node.job_log()
     assert node.job_log().count("starting job") == 1
+
+
+LOST = ("tensorflow.python.framework.errors_impl.UnavailableError: Socket closed\n"
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:2")
+
+
+def test_a_pod_clients_hang_is_the_nodes_names_the_lost_worker_and_backs_off_when_again(
+        make_node: Callable[..., Node], stand_in: tuple[str, str], tmp_path: Path) -> None:
+    endpoints = ",".join(f"unknown:unknown:10.130.0.{4 + n}" for n in range(4))
+    node = make_node(*stand_in, {"standIn": "hang", "out": str(tmp_path / "unused"),
+                                 "lost": LOST, "trainSteps": 100},
+                     workers="0", worker=0,
+                     extra={"worker-network-endpoints": endpoints},
+                     env={"TPU_STACK_FIRST_EXECUTION_DEADLINE_SECONDS": "3",
+                          "TPU_STACK_STOP_DEADLINE_SECONDS": "1",
+                          "TPU_STACK_STACKS_WAIT_SECONDS": "0.5"})
+    boot = node.start()
+    try:
+        node.wait_for(lambda: node.guest.get("state") == "hung"
+                      and "worker 2" in node.guest.get("message", ""), "state hung")
+        message = node.guest["message"]
+        node.wait_for(lambda: node.guest.get("state") == "retrying"
+                      and "hung again" in node.guest.get("message", ""), "a backoff", 60)
+        boot.send_signal(signal.SIGTERM)
+        boot.communicate(timeout=60)
+    finally:
+        stop(boot)
+
+    # One step measured, no execution after it: the first execution's deadline still holds.
+    assert re.fullmatch(r"no progress line for \d+s in phase execution \(deadline 3s\); the "
+                        r"job's last lines name worker 2 \(10\.130\.0\.6\): its TPU runtime "
+                        r"may have died; its stacks are in job\.log; stopping it to restart "
+                        r"from the last checkpoint", message), message
+    log = node.job_log()
+    assert re.search(r'File ".*tpu_training/__main__\.py", line \d+ in wait_forever', log)
+    assert log.count("hung job stopped; starting it again from step 0") >= 2
+    assert re.search(r"state=retrying hung again in phase execution; retrying in \d+s "
+                     r"\(attempt 1\)", log)

@@ -16,12 +16,18 @@ this job for those two cases. The config's `standIn` picks the behaviour:
 - `slow_first`: the job's phase lines (`started`, `tpu_ready`, `resumed_from=0`), then a
   first execution of `seconds` (tracing and compilation, merely slow), then steps 1 to 8
   a tenth of a second apart, and finish.
+- `hang`: as a job does (faulthandler on SIGUSR1, `started stacks=SIGUSR1`), the phase
+  lines, one step, then `lost` on stderr (what TensorFlow said of a lost worker), then
+  block forever in `wait_forever` (its stacks name it).
 """
 
+import faulthandler
 import fcntl
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +46,10 @@ def take_tpu() -> bool:
     return True  # held until this process exits, as libtpu holds it
 
 
+def wait_forever() -> None:
+    threading.Event().wait()  # SIGTERM's default action ends it; the agent kills it anyway
+
+
 def main() -> int:
     config = json.loads(Path(sys.argv[sys.argv.index("--config") + 1]).read_text())
     out = Path(config["out"])
@@ -55,6 +65,13 @@ def main() -> int:
             return 69
         print("tpu_training step=8 loss=0.1", flush=True)
         return 0
+    if config["standIn"] == "hang":
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+        for line in ("started stacks=SIGUSR1 tpu_init_seconds=300", "tpu_ready replicas=8",
+                     "resumed_from=0", "step=5 loss=1.0"):
+            print(f"tpu_training {line}", flush=True)
+        print(config["lost"], file=sys.stderr, flush=True)
+        wait_forever()
     if config["standIn"] == "slow_first":
         for line in ("started tpu_init_seconds=300", "tpu_ready replicas=1",
                      "resumed_from=0"):
