@@ -181,9 +181,11 @@ class PhaseClock:
 
 
 # A pod's TensorFlow client names the worker it lost as a task of the job `worker`
-# (tensorflow/python/eager/remote.py, connect_to_cluster: job_name="worker", one task per
-# worker in the cluster resolver's order; an RPC error carries "/job:worker/replica:0/
-# task:<n>", the exact wording of a dead runtime's error unconfirmed), or by its address.
+# (tensorflow/python/distribute/cluster_resolver/tpu/tpu_cluster_resolver.py,
+# `TPUClusterResolver(job_name='worker')`: one task per address of TPU_NAME, which the
+# agent lists in `worker-network-endpoints` order; TF's RPC errors name the remote
+# target "/job:worker/replica:0/task:<n>"; the wording of a dead runtime's error on a
+# TPU pod is unconfirmed), or by its address.
 TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
 
 
