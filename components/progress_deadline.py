@@ -14,14 +14,15 @@ than an interval. Pure, like components/stop_save.py, whose estimates it reuses:
   small model); measured against those, every deadline the agent can keep without
   stopping healthy jobs would warn.
 
-A `progressDeadlineSeconds` under the longest execution is warned of too: a healthy
-job would be stopped as hung.
+A `progressDeadlineSeconds` under the longest execution is warned of too (a healthy
+job would be stopped as hung), and one under the stop (that execution, then the save:
+stop_save's estimates), which it bounds as well: the save would be killed.
 """
 
 from __future__ import annotations
 
 from components.settings import NodeSettings, StackSettings
-from components.stop_save import longest_execution_seconds
+from components.stop_save import longest_execution_seconds, stop_save_seconds
 from node_agent.deadlines import EXECUTION_FLOOR_SECONDS, EXECUTION_MULTIPLE
 from tpu_training.config import JobConfig
 
@@ -51,6 +52,11 @@ def progress_deadline_warning(node: NodeSettings, job: JobConfig) -> str | None:
                 f"is shorter than its longest execution (about {execution:.1f} s): the agent "
                 f"would stop a healthy job as hung; give at least {EXECUTION_MULTIPLE:g} "
                 f"times that")
+    stop = execution + stop_save_seconds(job)
+    if given and deadline < stop:
+        return (f"node {node.name}: job {node.job}'s progressDeadlineSeconds ({deadline:g} s) "
+                f"also bounds its stop, which takes about {stop:.0f} s (an execution, then "
+                f"the save): the agent would kill the job before its stop save is written")
     interval = checkpoint_interval_seconds(job)
     if deadline <= interval:
         return None

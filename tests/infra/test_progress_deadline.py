@@ -11,7 +11,7 @@ from components.progress_deadline import (
     stack_warnings,
 )
 from components.settings import load_settings
-from components.stop_save import longest_execution_seconds
+from components.stop_save import longest_execution_seconds, stop_save_seconds
 from ops.plan.offline import offline_plan
 from ops.plan.report import plain
 from tests.infra.stack_fixtures import as_cli, config, job, node
@@ -73,6 +73,17 @@ def test_a_given_deadline_is_the_execution_deadline_and_is_checked_both_ways():
         "node trainer: job mnist's progressDeadlineSeconds (20 s) is shorter than its "
         "longest execution (about 30.0 s): the agent would stop a healthy job as hung; give "
         "at least 5 times that")
+
+
+def test_a_given_deadline_under_the_stop_save_is_warned_of():
+    n, j = only(settings_of(widthMultiplier=4, progressDeadlineSeconds=15))  # 4.6 GiB saves
+    stop = longest_execution_seconds(n, j) + stop_save_seconds(j)
+    assert 15 < stop < 60
+    assert progress_deadline_warning(n, j) == (
+        f"node trainer: job mnist's progressDeadlineSeconds (15 s) also bounds its stop, "
+        f"which takes about {stop:.0f} s (an execution, then the save): the agent would "
+        f"kill the job before its stop save is written")
+    assert stack_warnings(settings_of(widthMultiplier=4, progressDeadlineSeconds=60)) == []
 
 
 def test_the_preview_warns_on_the_node_and_the_plan_lists_it(monkeypatch):
