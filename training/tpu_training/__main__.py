@@ -77,15 +77,19 @@ def announce_start() -> None:
     TensorFlow (a read that never returns); docs.python.org/3/library/faulthandler.html,
     `register(signum, file, all_threads=True)`. It writes to the process's own stderr
     (file descriptor 2), which the agent keeps in job.log; with none, `stacks` is left
-    out and the agent sends no signal."""
+    out and the agent sends no signal; without a valid bound, `tpu_init_seconds` is left
+    out and the agent assumes the default."""
     stacks = ""
     try:
         faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
         stacks = f" stacks={STACKS_SIGNAL.name}"
     except (AttributeError, OSError, RuntimeError, ValueError):
         pass  # no stderr with a file descriptor (sys.__stderr__ is None or has no fileno)
-    print(f"tpu_training started{stacks} tpu_init_seconds={tpu_init_seconds(os.environ):g}",
-          flush=True)
+    try:  # a bad value is the strategy's error to report, where it is used
+        bound = f" tpu_init_seconds={tpu_init_seconds(os.environ):g}"
+    except JobConfigError:
+        bound = ""
+    print(f"tpu_training started{stacks}{bound}", flush=True)
 
 
 def _run(args: argparse.Namespace, stop: StopFlag) -> int:
