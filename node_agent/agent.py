@@ -364,7 +364,16 @@ class Agent:
 
     def _job_error(self, code: int, run: JobRun) -> str:
         what = f"job exited with code {code}" if code >= 0 else f"job killed by signal {-code}"
-        return f"{what}: {run.error}" if run.error else f"{what}; see job.log"
+        said = f"{what}: {run.error}" if run.error else f"{what}; see job.log"
+        return said + self._lost_worker(run)
+
+    def _lost_worker(self, run: JobRun) -> str:
+        """On a pod, the worker the job's last lines name (docs/design.md, "Deadlines")."""
+        if self.workers != "0":
+            return ""
+        worker = named_worker(run.recent, self.attributes.get(NETWORK_ENDPOINTS_KEY, ""))
+        return f" (the job's last lines name {worker}: its TPU runtime may have died)" \
+            if worker else ""
 
     def _interrupted(self, desired: Desired) -> int | Desired | None:
         """SIGTERM or a notice (nothing to stop: the job is not running), or an update."""

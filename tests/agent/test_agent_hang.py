@@ -132,3 +132,24 @@ def test_a_pod_clients_hang_is_the_nodes_names_the_lost_worker_and_backs_off_whe
     assert log.count("hung job stopped; starting it again from step 0") >= 2
     assert re.search(r"state=retrying hung again in phase execution; retrying in \d+s "
                      r"\(attempt 1\)", log)
+
+
+def test_a_pod_clients_crash_names_the_lost_worker_too(
+        make_node: Callable[..., Node], stand_in: tuple[str, str], tmp_path: Path) -> None:
+    endpoints = ",".join(f"unknown:unknown:10.130.0.{4 + n}" for n in range(4))
+    node = make_node(*stand_in, {"standIn": "lost", "out": str(tmp_path / "unused"),
+                                 "lost": LOST}, workers="0", worker=0,
+                     extra={"worker-network-endpoints": endpoints})
+    boot = node.start()
+    try:
+        node.wait_for(lambda: node.guest.get("state") == "retrying"
+                      and "worker 2" in node.guest.get("message", ""), "the retry")
+        message = node.guest["message"]
+        boot.send_signal(signal.SIGTERM)
+        boot.communicate(timeout=60)
+    finally:
+        stop(boot)
+
+    assert message.startswith(
+        "job exited with code 1: Socket closed (the job's last lines name worker 2 "
+        "(10.130.0.6): its TPU runtime may have died); retrying in "), message

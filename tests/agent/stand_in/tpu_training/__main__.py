@@ -19,6 +19,8 @@ this job for those two cases. The config's `standIn` picks the behaviour:
 - `hang`: as a job does (faulthandler on SIGUSR1, `started stacks=SIGUSR1`), the phase
   lines, one step, then `lost` on stderr (what TensorFlow said of a lost worker), then
   block forever in `wait_forever` (its stacks name it).
+- `lost`: `lost` on stderr, then an error line and exit 1 (a pod client that lost a
+  worker and gave up).
 """
 
 import faulthandler
@@ -72,6 +74,10 @@ def main() -> int:
             print(f"tpu_training {line}", flush=True)
         print(config["lost"], file=sys.stderr, flush=True)
         wait_forever()
+    if config["standIn"] == "lost":
+        print(config["lost"], file=sys.stderr, flush=True)
+        print("tpu_training: error: Socket closed", file=sys.stderr, flush=True)
+        return 1
     if config["standIn"] == "slow_first":
         for line in ("started tpu_init_seconds=300", "tpu_ready replicas=1",
                      "resumed_from=0"):
