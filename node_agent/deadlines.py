@@ -16,7 +16,8 @@ line of the stdout contract; the process's start before the first one):
   never under a floor; the first execution's deadline until one is measured;
 - `final`, after the step line at `trainSteps`: the final save, evaluation, the export:
   as the first execution;
-- `stop`, from the agent's SIGTERM: then SIGKILL.
+- `stop`, from the agent's SIGTERM, whatever the job prints then (`job.Job.stop`):
+  then SIGKILL.
 
 `progressDeadlineSeconds` (the job's key), when set, is the deadline of every phase
 after `tpu_init`.
