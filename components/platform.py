@@ -25,6 +25,7 @@ from components.identity import PROJECT_ROLES, IdentityArgs, RuntimeIdentity
 from components.locality import cross_region_warning
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
+from components.progress_deadline import progress_deadline_warning
 from components.project import APIS, BUDGETS_API, Project, ProjectArgs
 from components.project import stack_warnings as project_stack_warnings
 from components.settings import BillingSettings, NodeSettings, StackSettings
@@ -273,7 +274,8 @@ class TpuPlatform(pulumi.ComponentResource):
         tpu_node = TpuNode(f"{prefix}{node.name}", self._node_args(node, job, placement),
                            opts=self._child())
         for warning in (stop_save_warning(node, job),  # at preview and up
-                        cross_region_warning(self.settings, node, job)):
+                        cross_region_warning(self.settings, node, job),
+                        progress_deadline_warning(node, job)):
             if warning:
                 pulumi.log.warn(warning, resource=tpu_node)
         return tpu_node

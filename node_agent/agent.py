@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO
 
 from node_agent import devices
-from node_agent.common import AgentError, Backoff, TransientError, log, parse_utc
+from node_agent.common import AgentError, Backoff, TransientError, log, parse_utc, utc_now
 from node_agent.contract import (
     EXIT_FAILED,
     EXIT_NO_DATA,
@@ -49,6 +49,7 @@ from node_agent.contract import (
     STATUS_KEY,
     STOPPED_EXITS,
 )
+from node_agent.deadlines import Hang, hang_message, named_worker
 from node_agent.desired import Desired, node_settings
 from node_agent.environment import grpc_tpu_name, job_environment, read_environment_file
 from node_agent.goodput import Goodput, settle_run
@@ -83,7 +84,7 @@ def maintenance_lead_seconds() -> float:
     return float(os.environ.get("TPU_STACK_MAINTENANCE_LEAD_SECONDS")
                  or MAINTENANCE_LEAD_SECONDS)
 
-ACTIVE_STATES = ("installing", "running", "retrying", "waiting-for-data", "preempted")
+ACTIVE_STATES = ("installing", "running", "retrying", "waiting-for-data", "preempted", "hung")
 
 
 class Agent:
@@ -256,7 +257,7 @@ class Agent:
                             message="finished earlier; not rerun")
             return EXIT_OK
         self._begin_accounting(desired)
-        retry, data_poll, crashes = Backoff(), Backoff(cap=DATA_POLL_CAP_SECONDS), 0
+        retry, data_poll, crashes, hangs = Backoff(), Backoff(cap=DATA_POLL_CAP_SECONDS), 0, 0
         tpu_busy = False  # the job said another process holds the TPU
         while True:
             if (interrupted := self._interrupted(desired)) is not None:
@@ -290,6 +291,12 @@ class Agent:
                                  f"(exit code {code}); starting the job again")
                 retry.reset()
                 continue
+            if run.hang is not None and not (self.terminated.is_set() or self._notice()):
+                hangs = self._after_hang(retry, run, hangs)
+                if hangs > 1 and (interrupted := self._pause(
+                        retry, desired, f"hung again in phase {run.hang['phase']}")) is not None:
+                    return interrupted
+                continue
             if code == EXIT_OK:
                 return self._succeeded(desired)
             if code in STOPPED_EXITS or self.terminated.is_set() or self._notice():
@@ -317,6 +324,18 @@ class Agent:
                 why = self._tpu_held(desired) or why
             if (interrupted := self._pause(retry, desired, why)) is not None:
                 return interrupted
+
+    def _after_hang(self, retry: Backoff, run: JobRun, hangs: int) -> int:
+        """Hangs in a row without progress, this one counted. A job that saved a new
+        checkpoint before it hung starts again from it at once; one that hangs again
+        without one backs off (the caller pauses) like a transient failure, for as
+        long as the node lives: a hang is never `failed` (a worker may come back)."""
+        if (run.saved_step or 0) > run.start_step:
+            retry.reset()
+            hangs = 0
+        durable = max(run.start_step, run.saved_step or 0)
+        self.status.note(f"hung job stopped; starting it again from step {durable}")
+        return hangs + 1
 
     def _tpu_held(self, desired: Desired) -> str | None:
         """Who holds this host's TPU, as a status message; None when nothing does.
@@ -347,7 +366,16 @@ class Agent:
 
     def _job_error(self, code: int, run: JobRun) -> str:
         what = f"job exited with code {code}" if code >= 0 else f"job killed by signal {-code}"
-        return f"{what}: {run.error}" if run.error else f"{what}; see job.log"
+        said = f"{what}: {run.error}" if run.error else f"{what}; see job.log"
+        return said + self._lost_worker(run)
+
+    def _lost_worker(self, run: JobRun) -> str:
+        """On a pod, the worker the job's last lines name (docs/design.md, "Deadlines")."""
+        if self.workers != "0":
+            return ""
+        worker = named_worker(run.recent, self.attributes.get(NETWORK_ENDPOINTS_KEY, ""))
+        return f" (the job's last lines name {worker}: its TPU runtime may have died)" \
+            if worker else ""
 
     def _interrupted(self, desired: Desired) -> int | Desired | None:
         """SIGTERM or a notice (nothing to stop: the job is not running), or an update."""
@@ -441,6 +469,8 @@ class Agent:
             if reason := self._notice():
                 self.status.note(f"{reason}: stopping the job so it saves inside the notice")
                 return self.job.stop(), None
+            if (hang := self.job.overdue()) is not None:
+                return self._stop_hung(hang, desired), None
             if window := self._maintenance_due():
                 self.status.note(f"maintenance window from {window['start']} to "
                                  f"{window.get('end', '?')}: stopping the job so it saves first")
@@ -452,6 +482,17 @@ class Agent:
                 self.status.note(f"job stopped for the update (exit code {code})")
                 return code, update
         return self.job.wait(), None
+
+    def _stop_hung(self, hang: Hang, desired: Desired) -> int:
+        """State `hung` (phase, seconds since the last progress line), the job's stacks
+        to job.log, then its stop (docs/design.md, "Deadlines"). On a pod only worker 0
+        runs the job, so its hang is the node's; a worker its last lines name is named."""
+        run = self.job.run
+        worker = named_worker(run.recent, self.attributes.get(NETWORK_ENDPOINTS_KEY, "")) \
+            if desired.workers == "0" else None
+        self.status.set(state="hung", phase=hang.phase, hang=hang.view() | {"at": utc_now()},
+                        message=hang_message(hang, run.stacks_signal is not None, worker))
+        return self.job.stop_hung(hang)
 
     def _maintenance_due(self) -> dict[str, str] | None:
         """The announced window, once it starts within MAINTENANCE_LEAD_SECONDS and the

@@ -16,13 +16,18 @@ def settle_run(run: JobRun, code: int, wall: float) -> dict[str, float]:
     or the time after its last report when it died) is the remainder of its wall time.
     A run that ended without saving its last steps (a crash, a kill, a failed stop
     save) lost them: their share of its productive seconds moves to `lost_progress`,
-    and so does the unreported remainder of a run that had been training.
+    and so does the unreported remainder of a run that had been training. A run the
+    agent stopped as hung lost the seconds from its last progress line to its exit
+    (`run.hang["lost"]`, within the unreported remainder) whatever phase it hung in.
     """
     added = {category: run.reported.get(category, 0.0) for category in JOB_CATEGORIES}
     remainder = max(0.0, wall - sum(added.values()))
+    hung = min(remainder, float((run.hang or {}).get("lost", 0.0)))  # type: ignore[arg-type]
     clean = code in (EXIT_OK, EXIT_PREEMPTED) or run.step <= run.start_step
     if clean:
-        added["program_startup"] += remainder
+        added["program_startup"] += remainder - hung
+        if hung:
+            added["lost_progress"] = hung
         return added
     durable = max(run.start_step, run.saved_step or 0)
     trained = run.reported_step - run.start_step

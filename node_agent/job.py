@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,12 +13,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-from node_agent.common import log
+from node_agent.common import log, utc_now
 from node_agent.contract import EXIT_PREEMPTED
-from node_agent.job_lines import JobRun
+from node_agent.deadlines import STOP_SECONDS, Deadlines, Hang, PhaseClock
+from node_agent.job_lines import PROGRESS_PREFIX, JobRun
 from node_agent.status import Status
 
-STOP_GRACE_SECONDS = 120.0  # the unit's TimeoutStopSec leaves room above this
+STOP_GRACE_SECONDS = STOP_SECONDS  # the unit's TimeoutStopSec leaves room above this
 EXIT_AFTER_STOP_SECONDS = 3.0  # after `stopped_at=N` (its checkpoint saved) the job gets this
 
 
@@ -44,10 +46,15 @@ class Job:
         self.sessions: set[int] = set()  # every job started leads a session of its own
         self.on_progress: Callable[[JobRun, str], None] = lambda _run, _what: None
         self._reader: threading.Thread | None = None
+        self.clock = PhaseClock(Deadlines(), 0, time.monotonic())
 
     def start(self, config: Path, env: Mapping[str, str], cwd: Path) -> None:
         command = [sys.executable, "-m", "tpu_training", "run", "--config", str(config)]
         self.run = JobRun()
+        job = json.loads(config.read_text())
+        self.clock = PhaseClock(Deadlines.for_job(job, env), int(job.get("trainSteps") or 0),
+                                time.monotonic())
+        self.status.progress(phase=self.clock.phase, progressAt=utc_now())
         self.process = subprocess.Popen(command, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         start_new_session=True)
@@ -60,12 +67,35 @@ class Job:
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
-    def stop(self, grace: float = STOP_GRACE_SECONDS) -> int:
-        """SIGTERM (the job checkpoints and exits 75), SIGKILL after `grace` seconds, or
+    def overdue(self) -> Hang | None:
+        """The running job's phase has passed its deadline (docs/design.md, "Deadlines")."""
+        return self.clock.overdue(time.monotonic()) if self.poll() is None else None
+
+    def stop_hung(self, hang: Hang) -> int:
+        """Stacks of every thread to job.log (the signal the job's `started` line named,
+        then a moment), then the stop; the run keeps the hang and, once it exited, the
+        seconds since its last progress line (goodput counts them lost)."""
+        assert self.process is not None
+        if (name := self.run.stacks_signal) in signal.Signals.__members__:
+            self.status.note(f"no progress for {hang.seconds:.0f}s in phase {hang.phase} "
+                             f"(deadline {hang.deadline:.0f}s): {name} for the job's stacks")
+            self.process.send_signal(signal.Signals[name])
+            time.sleep(self.clock.deadlines.stacks_wait)
+        last_progress = self.clock.last_progress
+        code = self.stop()
+        self.run.hang = hang.view() | {"lost": round(time.monotonic() - last_progress, 1)}
+        return code
+
+    def stop(self, grace: float | None = None) -> int:
+        """SIGTERM (the job checkpoints and exits 75), SIGKILL after `grace` seconds (the
+        job's stop deadline by default), or
         EXIT_AFTER_STOP_SECONDS after the job said its stop checkpoint is saved: a
         TensorFlow process can spend longer than a spot VM's notice tearing itself down
         (16 s for mnist_cnn on a loaded 2-core machine), and the checkpoint is durable."""
         assert self.process is not None
+        self.clock.stopping(time.monotonic())
+        self.status.progress(phase="stop")
+        grace = self.clock.deadline() if grace is None else grace
         deadline = time.monotonic() + grace
         saved_at: float | None = None
         if self.process.poll() is None:
@@ -100,8 +130,23 @@ class Job:
             line = raw.decode(errors="replace")
             self.status.append_job_line(line)
             changed = self.run.read(line)
+            if line.startswith(PROGRESS_PREFIX):
+                self._timed(changed)
             if changed:
                 self.on_progress(self.run, changed)
+
+    def _timed(self, changed: str | None) -> None:
+        """A progress line: the phase clock moves on, status gets phase and time."""
+        now, clock = time.monotonic(), self.clock
+        if changed == "started":
+            clock.started(self.run.tpu_init_seconds, now)
+        elif changed == "ready":
+            clock.tpu_ready(now)
+        elif changed == "step":
+            clock.executed(self.run.executions, self.run.step, now)
+        else:
+            clock.progressed(now)
+        self.status.progress(phase=clock.phase, progressAt=utc_now())
 
 
 def stop_stale_job(root: Path) -> None:

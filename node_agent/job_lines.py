@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 
@@ -12,6 +13,13 @@ SAVED_LINE = re.compile(r"^tpu_training saved (.*)$")
 GOODPUT_LINE = re.compile(r"^tpu_training goodput (.*)$")
 WAITING_LINE = re.compile(r"^tpu_training waiting_for_data pattern=(.*)$")
 ERROR_LINE = re.compile(r"^tpu_training: error: (.*)$")
+# The job's first line: the signal its faulthandler dumps every thread's stack on, and
+# its bound on TPU initialisation; then the line once the TPU is initialised
+# (docs/design.md, "Deadlines").
+STARTED_LINE = re.compile(r"^tpu_training started (.*)$")
+TPU_READY_LINE = re.compile(r"^tpu_training tpu_ready\b")
+PROGRESS_PREFIX = "tpu_training "  # every line of the stdout contract (errors have a colon)
+RECENT_LINES = 40  # other output kept for the status message (a pod worker named)
 # Contract C4: the job found the TPU held by another process and exits 69 at once.
 TPU_BUSY_LINE = re.compile(r"^tpu_training tpu_busy holders=(.*)$")
 # How busy the TPU is (tpu_training.perf): at least every 50 executions and at the end.
@@ -54,16 +62,34 @@ class JobRun:
     error: str | None = None
     tpu_busy: str | None = None  # `tpu_busy holders=...`: what the job saw holding the TPU
     perf: dict[str, object] | None = None  # the latest perf line (perf_fields)
+    stacks_signal: str | None = None  # `started stacks=SIGUSR1`: its faulthandler's signal
+    tpu_init_seconds: float | None = None  # `started tpu_init_seconds=...`
+    executions: int = 0  # `step=` lines
+    recent: collections.deque[str] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=RECENT_LINES))
+    hang: dict[str, object] | None = None  # set by the agent when it stopped the run as hung
 
     def read(self, line: str) -> str | None:
-        """Take in one line; which part changed ("step", "save", "goodput") or None."""
+        """Take in one line; which part changed ("started", "ready", "step", "save",
+        "goodput") or None."""
         line = line.rstrip("\n")
+        if not line.startswith(PROGRESS_PREFIX):
+            self.recent.append(line)
+        if match := STARTED_LINE.match(line):
+            values = key_values(match[1])
+            self.stacks_signal = values.get("stacks")
+            self.tpu_init_seconds = seconds_fields(match[1]).get("tpu_init_seconds")
+            return "started"
+        if TPU_READY_LINE.match(line):
+            return "ready"
         if match := RESUMED_LINE.match(line):
             self.start_step = self.step = int(match[1])
             return "step"
         if match := STOPPED_LINE.match(line):
             self.stopped_at = int(match[1])
             self.saved_step = self.stopped_at
+        if STEP_LINE.match(line):
+            self.executions += 1
         if match := STEP_LINE.match(line) or STOPPED_LINE.match(line):
             self.step = max(self.step, int(match[1]))
             return "step"

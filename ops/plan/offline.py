@@ -12,7 +12,7 @@ from typing import Any
 
 import pulumi
 
-from components import locality, project, stop_save
+from components import locality, progress_deadline, project, stop_save
 from components.archive import PackageError
 from components.cost import RATES, StackCost, settings_cost
 from components.settings import StackSettings, load_settings
@@ -57,7 +57,8 @@ class Plan:
             # What the program warns on its nodes at preview and up, the same text.
             "warnings": [*stop_save.stack_warnings(self.settings),
                          *locality.stack_warnings(self.settings),
-                         *project.stack_warnings(self.settings)],
+                         *project.stack_warnings(self.settings),
+                         *progress_deadline.stack_warnings(self.settings)],
         }
 
     def _resource_json(self, r: Registration) -> dict[str, Any]:

@@ -36,7 +36,7 @@ STATUS_NAMESPACE = "tpu-stack"  # docs/design.md: the agent's guest attributes l
 # Nodes whose guest attributes can be read (a stopped or preempted VM publishes none).
 READABLE_STATES = {"READY", "STOPPING"}
 STATUS_KEYS = ("state", "step", "package", "message", "updated", "node", "goodput", "lastSave",
-               "stopSave", "perf")
+               "stopSave", "perf", "phase", "progressAt", "hang")
 
 # The IAM permission each call needs (docs.cloud.google.com/iam/docs/roles-permissions/tpu).
 PERMISSIONS = {

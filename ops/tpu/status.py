@@ -21,6 +21,7 @@ from rich.text import Text
 from components import catalog
 from components.archive import REPO_ROOT
 from components.naming import label_value
+from node_agent.common import parse_utc
 from ops.local import rehearsal_record as record
 from ops.tpu import logs as agent_logs
 from ops.tpu.api import (
@@ -38,7 +39,9 @@ Until = Literal["ready", "running", "done"]
 UNTIL_CHOICES: tuple[Until, ...] = ("ready", "running", "done")
 # The agent's job states (docs/design.md, "The training package").
 FINISHED = "succeeded"
-ACTIVE_JOB = {"installing", "running", "retrying", "waiting-for-data"}
+ACTIVE_JOB = {"installing", "running", "retrying", "waiting-for-data", "hung"}
+# States whose job has a phase under way (docs/design.md, "Deadlines").
+PHASE_STATES = {"running", "hung"}
 # `tpuctl rehearse --stack <s>` keeps each node's status objects here (ops/local/rehearse.py,
 # keep_status): <node>/status-objects/worker-<n>/status.json, as under the node's prefix.
 REHEARSAL_ROOT = REPO_ROOT / ".cache" / "rehearse"
@@ -127,8 +130,8 @@ def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
     return [node.node_id for node in target.nodes if node.node_id not in present]
 
 
-COLUMNS = ("node", "zone", "type", "state", "health", "job", "step", "goodput", "input wait",
-           "MFU", "message", "updated")
+COLUMNS = ("node", "zone", "type", "state", "health", "job", "step", "phase", "goodput",
+           "input wait", "MFU", "message", "updated")
 # Up to this many rows a boxed rich Table; past it aligned plain columns, because rich
 # measures and renders every cell on its own (2,000 rows took seconds, bench/status_scale.py).
 BOXED_ROWS = 200
@@ -165,20 +168,23 @@ def status_table(
 def status_rows(
     target: StackTarget, nodes: list[NodeStatus], queued: Sequence[QueuedStatus], missing: str,
     unread: Sequence[Unread] = (),
+    now: float | None = None,
 ) -> list[Row]:
+    now = time.time() if now is None else now
     rows = []
     for node in nodes:
         job = node.job
         health = "; ".join((node.health, *node.symptoms)).strip("; ")
         cells = (node.node_id, node.zone, node.accelerator_type, node.state, health,
-                 job.get("state", "-"), job.get("step", ""), goodput_percent(job),
-                 *perf_cells(job), job.get("message", ""), job.get("updated", ""))
+                 job.get("state", "-"), job.get("step", ""), job_phase(job, now),
+                 goodput_percent(job), *perf_cells(job), job.get("message", ""),
+                 job.get("updated", ""))
         rows.append((cells, STATE_STYLE.get(node.state, "")))
     requests = {node_id: q.state for q in queued for node_id in q.node_ids}
     zones = {node.node_id: node.zone for node in target.nodes}
     for node_id in unseen(target, nodes, unread):
         state = f"QUEUED {requests[node_id]}" if node_id in requests else missing
-        cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "", "", "")
+        cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "", "", "", "")
         rows.append((cells, "red" if state == "ABSENT" else ""))
     return rows
 
@@ -244,6 +250,16 @@ def _cut(line: str, width: int) -> str:
     if len(line) <= width and (line.isascii() or cell_len(line) <= width):
         return line
     return set_cell_size(line, width - 1) + "…"
+
+
+def job_phase(job: dict[str, str], now: float) -> str:
+    """The phase of a running or hung job and the seconds since its last progress line
+    (the agent's `phase` and `progressAt`), e.g. "execution 12s"; "" otherwise."""
+    phase = job.get("phase", "")
+    if job.get("state") not in PHASE_STATES or not phase:
+        return ""
+    at = parse_utc(job.get("progressAt", ""))
+    return phase if at is None else f"{phase} {max(0.0, now - at):.0f}s"
 
 
 def goodput_percent(job: dict[str, str]) -> str:

@@ -210,5 +210,6 @@ def test_a_tpu_held_by_another_process_exits_69_at_once_naming_the_holders(capsy
 
     monkeypatch.setattr(train, "run", held)
     code, out, errors = run_cli(capsys, "run", "--config", str(job_file()))
-    assert (code, out) == (69, "tpu_training tpu_busy holders=7,9\n")
+    started = "tpu_training started stacks=SIGUSR1 tpu_init_seconds=300\n"
+    assert (code, out) == (69, f"{started}tpu_training tpu_busy holders=7,9\n")
     assert errors == ["tpu_training: error: TPU 'local' did not initialise: AbortedError: held"]

@@ -222,3 +222,22 @@ def test_the_notice_is_the_nodes_not_the_stack_jobs():
     assert "unknown key" in problems_of({**STACK_JOB, "noticeSeconds": 30})["noticeSeconds"]
     assert problems_of({**STACK_JOB, **LOCATIONS, "noticeSeconds": 0}, resolved=True) == {
         "noticeSeconds": "must be a number of seconds more than 0, got 0"}
+
+
+@pytest.mark.parametrize("seconds", [10, 90.5])
+def test_progress_deadline_is_a_number_of_seconds_of_at_least_ten(seconds):
+    job = JobConfig.from_dict({**STACK_JOB, "progressDeadlineSeconds": seconds}, resolved=False)
+    assert job.progressDeadlineSeconds == seconds
+    node = job.resolve(data_root="gs://d/", checkpoint_dir="gs://c/", export_dir="gs://e/",
+                       tensorboard_dir="gs://t/", notice_seconds=30)
+    assert node.progressDeadlineSeconds == seconds  # the node's agent reads it
+
+
+@pytest.mark.parametrize(("seconds", "message"), [
+    (9.5, "must be a number of seconds of at least 10, got 9.5"),
+    (math.inf, "must be a number of seconds of at least 10, got inf"),
+    ("60", "must be a number, got '60'"),
+])
+def test_a_bad_progress_deadline_is_named(seconds, message):
+    data = {**STACK_JOB, "progressDeadlineSeconds": seconds}
+    assert problems_of(data) == {"progressDeadlineSeconds": message}

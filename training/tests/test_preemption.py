@@ -67,10 +67,12 @@ class Job:
 
     @property
     def progress(self) -> list[str]:
-        """The progress lines, without the accounting (saved, goodput)."""
+        """The progress lines, without the accounting (saved, goodput) and the phase
+        markers before training (started, tpu_ready)."""
         return [line for line in self.lines
                 if not line.startswith(("tpu_training saved ", "tpu_training goodput ",
-                                        "tpu_training perf "))]
+                                        "tpu_training perf ", "tpu_training started ",
+                                        "tpu_training tpu_ready "))]
 
     @property
     def stop_saves(self) -> list[int]:
@@ -100,7 +102,7 @@ def test_sigterm_saves_exits_75_and_the_rerun_resumes_there(endless_job):
     # here only catches a hang (a busy 2-core machine took 11.5 s for what takes 2).
     assert time.monotonic() - signalled < 60
     stopped = first.steps[-1]  # the execution under way finished and printed its line
-    assert first.lines[0] == "tpu_training resumed_from=0"
+    assert first.progress[0] == "tpu_training resumed_from=0"
     assert first.progress[-1] == f"tpu_training stopped_at={stopped}"
     assert first.stop_saves == ([] if stopped % 20 == 0 else [stopped])  # unless just saved
     after_stop = first.lines[read:]
@@ -112,7 +114,7 @@ def test_sigterm_saves_exits_75_and_the_rerun_resumes_there(endless_job):
 
     rerun = start()
     assert rerun.wait_for_step(1) == stopped + 5
-    assert rerun.lines[0] == f"tpu_training resumed_from={stopped}"
+    assert rerun.progress[0] == f"tpu_training resumed_from={stopped}"
     assert rerun.stop(signal.SIGTERM) == 75
 
 
@@ -125,7 +127,7 @@ def test_sigkill_loses_at_most_one_checkpoint_interval(endless_job):
 
     rerun = start()
     rerun.wait_for_step(1)
-    resumed = int(rerun.lines[0].removeprefix("tpu_training resumed_from="))
+    resumed = int(rerun.progress[0].removeprefix("tpu_training resumed_from="))
     assert resumed % 20 == 0
     # Saves are written in the background: at most an interval and the write under way.
     assert max(written_steps(killed.lines), default=0) <= resumed <= last

@@ -98,7 +98,7 @@ def test_after_sigterm_the_epoch_goes_on_without_repeating_or_skipping(recorded_
     rerun = recorded_job()
     rerun.wait_for_step(2 * EPOCH_STEPS + 2)
     assert rerun.stop(signal.SIGTERM) == 75
-    assert rerun.lines[0] == f"tpu_training resumed_from={stopped}"
+    assert rerun.progress[0] == f"tpu_training resumed_from={stopped}"
     consumed = before + rerun.consumed()
     assert epochs_of(consumed, 2) == [EVERY_RECORD_ONCE] * 2
     assert consumed[:RECORDS] != consumed[RECORDS:2 * RECORDS]  # each epoch its own order
@@ -114,7 +114,7 @@ def test_after_sigkill_only_the_steps_since_the_last_checkpoint_are_replayed(rec
     rerun = recorded_job()
     rerun.wait_for_step(EPOCH_STEPS + 2)
     assert rerun.stop(signal.SIGTERM) == 75
-    resumed = int(rerun.lines[0].removeprefix("tpu_training resumed_from="))
+    resumed = int(rerun.progress[0].removeprefix("tpu_training resumed_from="))
     # Saves are written in the background: the last one said to be written before the
     # kill, or one written after the last line read.
     written = max(written_steps(killed.lines), default=0)

@@ -13,12 +13,21 @@ failure is one line on stderr, `tpu_training: error: <message>`.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
 from tpu_training import exits
-from tpu_training.config import MODEL_NAMES, RECORD_FORMATS, JobConfig, JobConfigError
+from tpu_training.config import (
+    MODEL_NAMES,
+    RECORD_FORMATS,
+    JobConfig,
+    JobConfigError,
+    tpu_init_seconds,
+)
 from tpu_training.goodput import Goodput
 from tpu_training.stopping import StopFlag
 
@@ -56,8 +65,36 @@ class _OneLineError(Exception):
     """A failure worth one line, not a traceback."""
 
 
+# The node agent sends this when the job passed a deadline (docs/design.md, "Deadlines"):
+# every thread's Python stack goes to stderr, which the agent keeps in job.log.
+STACKS_SIGNAL = signal.SIGUSR1
+
+
+def announce_start() -> None:
+    """Dump every thread's stack on STACKS_SIGNAL, from now on, and say so with the bound
+    on TPU initialisation (`started`, the job's first line). faulthandler's handler is C
+    code that writes without the GIL, so it answers while the main thread is blocked in
+    TensorFlow (a read that never returns); docs.python.org/3/library/faulthandler.html,
+    `register(signum, file, all_threads=True)`. It writes to the process's own stderr
+    (file descriptor 2), which the agent keeps in job.log; with none, `stacks` is left
+    out and the agent sends no signal; without a valid bound, `tpu_init_seconds` is left
+    out and the agent assumes the default."""
+    stacks = ""
+    try:
+        faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
+        stacks = f" stacks={STACKS_SIGNAL.name}"
+    except (AttributeError, OSError, RuntimeError, ValueError):
+        pass  # no stderr with a file descriptor (sys.__stderr__ is None or has no fileno)
+    try:  # a bad value is the strategy's error to report, where it is used
+        bound = f" tpu_init_seconds={tpu_init_seconds(os.environ):g}"
+    except JobConfigError:
+        bound = ""
+    print(f"tpu_training started{stacks}{bound}", flush=True)
+
+
 def _run(args: argparse.Namespace, stop: StopFlag) -> int:
     goodput = Goodput()  # TensorFlow's import is program start-up
+    announce_start()
     config = JobConfig.from_dict(_load_json(args.config), resolved=True)
     from tpu_training import strategy, train  # TensorFlow loads here, not for --help
     from tpu_training.tf_env import tf

@@ -63,6 +63,12 @@ DEFAULT_CHECKPOINT_EVERY_MINUTES = 1.0
 REMOTE_SCHEMES: tuple[str, ...] = ("gs://",)
 LOCAL_SCHEMES: tuple[str, ...] = ("ram://",)
 
+# With TPU_STACK_STRATEGY=tpu the job retries TPU initialisation this long, then exits 69
+# (tpu_training.strategy); it announces the bound on its `started` line, and the node
+# agent's deadline for start-up and TPU initialisation is derived from it.
+TPU_INIT_SECONDS_ENV = "TPU_STACK_TPU_INIT_SECONDS"
+DEFAULT_TPU_INIT_SECONDS = 300.0
+
 
 class JobConfigError(ValueError):
     """Every problem of one job config, each as (key, what is wrong and allowed)."""
@@ -99,6 +105,9 @@ class JobConfig:
     tensorboardDir: str | None = None
     noticeSeconds: float | None = None  # the node's stop notice; bounds an execution
     peakFlopsPerSecond: float | None = None  # the slice's peak: the perf line's MFU
+    # The node agent's deadline for every phase after TPU initialisation (docs/design.md,
+    # "Deadlines"); the job itself does not read it.
+    progressDeadlineSeconds: float | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, resolved: bool = True) -> JobConfig:
@@ -151,6 +160,22 @@ def train_flops_per_example(job: JobConfig) -> float:
     return 6 * FORWARD_MACS[job.model] * width**2 * area
 
 
+def tpu_init_seconds(environ: Mapping[str, str]) -> float:
+    """How long the job retries TPU initialisation: `TPU_STACK_TPU_INIT_SECONDS`, else
+    the default; a bad value is one JobConfigError naming the variable."""
+    text = environ.get(TPU_INIT_SECONDS_ENV)
+    if text is None:
+        return DEFAULT_TPU_INIT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise JobConfigError.single(
+            TPU_INIT_SECONDS_ENV, f"must be a number of seconds, 0 or more, got {text!r}")
+    return seconds
+
+
 def absolute(path: str, root: str) -> str:
     """`path` as given when it is already absolute, else under `root`."""
     if is_absolute(path):
@@ -168,7 +193,10 @@ _REQUIRED = tuple(name for name, f in _FIELDS.items()
 _INTS = ("globalBatchSize", "trainSteps", "stepsPerExecution", "checkpointEverySteps",
          "warmupSteps", "imageSize", "numClasses")
 _NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes", "noticeSeconds",
-            "peakFlopsPerSecond")
+            "peakFlopsPerSecond", "progressDeadlineSeconds")
+# Below this a deadline would mostly catch a busy host (a checkpoint write, a pause),
+# not a hang; the agent's tests shorten deadlines through its environment instead.
+MIN_PROGRESS_DEADLINE_SECONDS = 10.0
 _MIN_IMAGE_SIZE = 32  # ResNet downsamples by 32 before its pooling layer
 _MAX_WIDTH = 4
 
@@ -245,6 +273,11 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     if peak is not None and not 0 < peak < float("inf"):
         problems.append(("peakFlopsPerSecond", f"must be a number of FLOPs per second more "
                                                f"than 0, got {peak}"))
+    deadline = data.get("progressDeadlineSeconds")
+    if deadline is not None and not MIN_PROGRESS_DEADLINE_SECONDS <= deadline < float("inf"):
+        problems.append(("progressDeadlineSeconds",
+                         f"must be a number of seconds of at least "
+                         f"{MIN_PROGRESS_DEADLINE_SECONDS:g}, got {deadline}"))
     rate = data.get("learningRate")
     if rate is not None and not 0 < rate < 10:
         problems.append(("learningRate", f"must be between 0 and 10 (exclusive), got {rate}"))

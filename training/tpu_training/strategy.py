@@ -43,14 +43,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tpu_training import exits
-from tpu_training.config import JobConfigError
+from tpu_training.config import JobConfigError, tpu_init_seconds
 from tpu_training.exits import UnavailableError
 from tpu_training.tf_env import tf
 
 STRATEGY_ENV = "TPU_STACK_STRATEGY"
 CPU_REPLICAS_ENV = "TPU_STACK_CPU_REPLICAS"
-TPU_INIT_SECONDS_ENV = "TPU_STACK_TPU_INIT_SECONDS"
-DEFAULT_TPU_INIT_SECONDS = 300.0
 FIRST_RETRY_SECONDS = 2.0
 MAX_RETRY_SECONDS = 30.0
 STRATEGY_KINDS = ("auto", "tpu", "cpu")
@@ -87,7 +85,7 @@ def make_strategy(kind: str | None = None, cpu_replicas: int | None = None, *,
         raise JobConfigError.single(
             STRATEGY_ENV, f"{kind!r} is not allowed; use one of {', '.join(STRATEGY_KINDS)}")
     if kind == "tpu":
-        return retried(tpu_strategy, _tpu_init_seconds(), stopped=stopped)
+        return retried(tpu_strategy, tpu_init_seconds(os.environ), stopped=stopped)
     replicas = cpu_replicas or _cpu_replicas_from_env()
     # Looking for a TPU starts TensorFlow, after which the CPU can no longer be split.
     devices = split_cpu(replicas) if replicas > 1 else None
@@ -207,20 +205,6 @@ def split_cpu(replicas: int) -> list[str]:
                 f"{CPU_REPLICAS_ENV}={replicas}: the CPU is already initialised with "
                 f"{len(tf.config.list_logical_devices('CPU'))} logical devices") from error
     return [device.name for device in tf.config.list_logical_devices("CPU")]
-
-
-def _tpu_init_seconds() -> float:
-    text = os.environ.get(TPU_INIT_SECONDS_ENV)
-    if text is None:
-        return DEFAULT_TPU_INIT_SECONDS
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise JobConfigError.single(
-            TPU_INIT_SECONDS_ENV, f"must be a number of seconds, 0 or more, got {text!r}")
-    return seconds
 
 
 def _cpu_replicas_from_env() -> int:

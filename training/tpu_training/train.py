@@ -34,6 +34,8 @@ as TF's own preemption save is (checkpoint.py, `in_preemption_save_context`).
 
 Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdout lines"):
 
+    tpu_training started stacks=SIGUSR1 tpu_init_seconds=<s>   first (tpu_training.__main__)
+    tpu_training tpu_ready replicas=<n>    the strategy is made (the TPU initialised)
     tpu_training resumed_from=<N>          once, at start (0: fresh)
     tpu_training step=<N> loss=<float>     once per execution
     tpu_training saved step=<N> seconds=<s> bytes=<b> reason=<steps|minutes|stop|final> \
@@ -117,6 +119,7 @@ def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
     # First: a TPU must initialise, and CPUs be split, before TensorFlow runs any op.
     with goodput.timed("tpu_init"):
         strategy = strategy or strategies.make_strategy(stopped=lambda: stop.requested)
+    _say(out, f"tpu_ready replicas={strategy.num_replicas_in_sync}")
     check_batch(config.globalBatchSize, strategy.num_replicas_in_sync)
     spec = models.model_spec(config)
     if dataset_fn is None:

@@ -13,12 +13,24 @@ this job for those two cases. The config's `standIn` picks the behaviour:
   C4's `tpu_busy` line and exit 69, else train to step 8 and finish. A lock file
   owned by another user that is not writable fails as open(O_RDWR) fails for a
   process that is not root (the tests run as root, where it would not).
+- `slow_first`: the job's phase lines (`started`, `tpu_ready`, `resumed_from=0`), then a
+  first execution of `seconds` (tracing and compilation, merely slow), then steps 1 to 8
+  a tenth of a second apart, and finish.
+- `hang`: as a job does (faulthandler on SIGUSR1, `started stacks=SIGUSR1`), the phase
+  lines, one step, then `lost` on stderr (what TensorFlow said of a lost worker), then
+  block forever in `wait_forever` (its stacks name it).
+- `lost`: `lost` on stderr, then an error line and exit 1 (a pod client that lost a
+  worker and gave up).
 """
 
+import faulthandler
 import fcntl
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 
@@ -36,6 +48,10 @@ def take_tpu() -> bool:
     return True  # held until this process exits, as libtpu holds it
 
 
+def wait_forever() -> None:
+    threading.Event().wait()  # SIGTERM's default action ends it; the agent kills it anyway
+
+
 def main() -> int:
     config = json.loads(Path(sys.argv[sys.argv.index("--config") + 1]).read_text())
     out = Path(config["out"])
@@ -50,6 +66,26 @@ def main() -> int:
                   file=sys.stderr, flush=True)
             return 69
         print("tpu_training step=8 loss=0.1", flush=True)
+        return 0
+    if config["standIn"] == "hang":
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+        for line in ("started stacks=SIGUSR1 tpu_init_seconds=300", "tpu_ready replicas=8",
+                     "resumed_from=0", "step=5 loss=1.0"):
+            print(f"tpu_training {line}", flush=True)
+        print(config["lost"], file=sys.stderr, flush=True)
+        wait_forever()
+    if config["standIn"] == "lost":
+        print(config["lost"], file=sys.stderr, flush=True)
+        print("tpu_training: error: Socket closed", file=sys.stderr, flush=True)
+        return 1
+    if config["standIn"] == "slow_first":
+        for line in ("started tpu_init_seconds=300", "tpu_ready replicas=1",
+                     "resumed_from=0"):
+            print(f"tpu_training {line}", flush=True)
+        time.sleep(config["seconds"])
+        for step in range(1, 9):
+            print(f"tpu_training step={step} loss=0.5", flush=True)
+            time.sleep(0.1)
         return 0
     runs = int(out.read_text()) if out.exists() else 0
     out.write_text(str(runs + 1))
