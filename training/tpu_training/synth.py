@@ -49,7 +49,9 @@ def write_dataset(out_dir: str, spec: ModelSpec | BertSpec, *, examples: int = 4
     files = [f"{out_dir.rstrip('/')}/{shard_name(prefix, i, shards)}" for i in range(shards)]
     rng = np.random.default_rng(seed)
     if isinstance(spec, BertSpec):
-        language = BertLanguage.draw(rng, spec.vocab_size)
+        # One language per vocabulary, whatever the seed: an eval set written with
+        # another seed speaks the training set's language.
+        language = BertLanguage.draw(np.random.default_rng(LANGUAGE_SEED), spec.vocab_size)
         chunks = (_bert_records(rng, language, spec, min(CHUNK_EXAMPLES, examples - start))
                   for start in range(0, examples, CHUNK_EXAMPLES))
     elif record_format == "imagenet":
@@ -146,6 +148,7 @@ MIN_BERT_VOCAB = 128
 MASKED_LM_PROB = 0.15
 SHORT_SEQ_PROB = 0.1
 TOPIC_WORDS = 4  # each topic a cycle of this many words
+LANGUAGE_SEED = 0
 
 
 @dataclasses.dataclass(frozen=True)
