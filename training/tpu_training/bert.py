@@ -34,7 +34,9 @@ LAYER_NORM_EPSILON = 1e-12  # modeling.py layer_norm: epsilon=1e-12
 DROPOUT_RATE = 0.1  # hidden_dropout_prob and attention_probs_dropout_prob
 # optimization.py AdamWeightDecayOptimizer: weight_decay_rate 0.01, beta_1 0.9,
 # beta_2 0.999, epsilon 1e-6, no decay on LayerNorm and bias; gradients clipped to a
-# global norm of 1.0 (create_optimizer).
+# global norm of 1.0 (create_optimizer). tf_keras' AdamW, used here, also corrects the
+# moments' bias, which that optimizer does not; its decay is decoupled the same way
+# (the weight times the rate times the learning rate).
 WEIGHT_DECAY = 0.01
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPSILON = 1e-6
