@@ -53,6 +53,33 @@ def job_config(model: str, batch: int, per_execution: int, root: str) -> JobConf
         "exportDir": f"{root}/export", "tensorboardDir": f"{root}/tb"})
 
 
+def input_rates(config: JobConfig, written: synth.SynthResult, batches: int = 300
+                ) -> dict[str, float]:
+    """Examples/s of the two input pipelines alone (one host, one pipeline), best of 3."""
+    from official.nlp.data import pretrain_dataloader
+
+    spec, context = bert.bert_spec(config), tf.distribute.InputContext()
+    params = pretrain_dataloader.BertPretrainDataConfig(
+        input_path=written.pattern, global_batch_size=config.globalBatchSize,
+        is_training=True, seq_length=spec.seq_length,
+        max_predictions_per_seq=spec.max_predictions, use_next_sentence_label=True)
+    iterators = {
+        "ours": iter(data.make_dataset_fn(written.files, spec, config.globalBatchSize,
+                                          record_format=config.recordFormat)(context)),
+        "tensorflow/models": iter(pretrain_dataloader.BertPretrainDataLoader(params)
+                                  .load(context))}
+    best = dict.fromkeys(iterators, 0.0)
+    for round_ in range(4):
+        for name, iterator in iterators.items():
+            started = time.perf_counter()
+            for _ in range(batches):
+                next(iterator)
+            if round_:  # the first round fills the pipelines
+                rate = batches * config.globalBatchSize / (time.perf_counter() - started)
+                best[name] = max(best[name], rate)
+    return best
+
+
 def ours(config: JobConfig, files: list[str], strategy) -> Callable[[int], None]:
     """The job's step and input: `run(executions)`."""
     spec = models.model_spec(config)
@@ -151,6 +178,7 @@ def main() -> None:
         config = job_config(args.model, args.batch, args.per_execution, root)
         written = synth.write_dataset(f"{root}/data", bert.bert_spec(config),
                                       examples=EXAMPLES, shards=SHARDS)
+        inputs = input_rates(config, written)
         sides = {"ours": ours(config, written.files, strategy),
                  "tensorflow/models": model_garden(config, written.pattern, strategy)}
         executions = max(1, args.steps // args.per_execution)
@@ -174,6 +202,9 @@ def main() -> None:
     models_side = "tensorflow/models"
     print(f"  ratio ours / tensorflow/models: {best['ours'] / best[models_side]:.2f}x "
           f"examples/s, {min(cpu[models_side]) / min(cpu['ours']):.2f}x CPU per example")
+    print(f"  input pipelines alone: ours {inputs['ours']:.0f}, tensorflow/models "
+          f"{inputs[models_side]:.0f} examples/s, "
+          f"{inputs['ours'] / inputs[models_side]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -106,6 +106,30 @@ def test_the_export_serves_the_encoder_convention(finished):
                                atol=1e-5)
 
 
+def test_the_tpu_precision_path_trains_in_bfloat16_and_exports_float32(
+        strategy, bert_data_dir, tmp_path, monkeypatch):
+    """mixed_bfloat16 as on a TPU, run on the CPU replicas (oneDNN has bfloat16 kernels)."""
+    monkeypatch.setattr(train, "precision_policy", lambda _strategy: "mixed_bfloat16")
+    config = JobConfig.from_dict(resolved(tmp_path, bert_data_dir, trainSteps=10))
+    seen = {}
+    build = bert.build_pretrainer
+
+    def observed(spec):
+        model = build(spec)
+        seen["dtype"] = model.encoder.get_layer("transformer_layer_0").qkv.compute_dtype
+        return model
+
+    monkeypatch.setattr(bert, "build_pretrainer", observed)
+    result = train.run(config, strategy=strategy, out=io.StringIO())
+    assert result.outcome is train.Outcome.FINISHED and all(np.isfinite(result.losses))
+    assert seen["dtype"] == "bfloat16"
+    serve = tf.saved_model.load(config.exportDir).signatures["serving_default"]
+    ids = tf.constant([[synth.CLS_ID, 200, synth.SEP_ID]], tf.int32)
+    outputs = serve(input_word_ids=ids, input_mask=tf.ones_like(ids),
+                    input_type_ids=tf.zeros_like(ids))
+    assert outputs["pooled_output"].dtype == tf.float32
+
+
 def test_the_checkpoint_table_matches_the_checkpoint_written(finished):
     config, _, lines = finished
     written = [int(re.search(r" bytes=(\d+) ", line)[1]) for line in lines

@@ -193,13 +193,15 @@ class MaskedLM(keras.layers.Layer):
 
     def call(self, sequence, positions):
         picked = tf.gather(sequence, positions, batch_dims=1)
-        hidden = self.norm(self.transform(picked))
-        table = tf.cast(self.embeddings.embeddings, hidden.dtype)
-        # One 2-D product against the table (an einsum over [B, P, H] was slower on CPU).
+        # In the compute dtype (bfloat16 on TPU) up to the logits, which leave float32,
+        # as official/nlp/layers/masked_lm.py computes them and the task casts them.
+        hidden = tf.cast(self.norm(self.transform(picked)), self.compute_dtype)
+        table = tf.cast(self.embeddings.embeddings, self.compute_dtype)
+        # One 2-D product against the table.
         flat = tf.reshape(hidden, [-1, self.spec.hidden])
-        logits = tf.matmul(tf.cast(flat, table.dtype), table, transpose_b=True)
+        logits = tf.matmul(flat, table, transpose_b=True) + tf.cast(self.bias, self.compute_dtype)
         logits = tf.reshape(logits, [tf.shape(picked)[0], -1, self.spec.vocab_size])
-        return tf.cast(logits, tf.float32) + self.bias
+        return tf.cast(logits, tf.float32)
 
 
 class Pretrainer(keras.Model):

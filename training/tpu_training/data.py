@@ -228,6 +228,8 @@ def make_dataset_fn(files: list[str], spec: ModelSpec, global_batch_size: int,
     counts kept in `index`. Evaluation (`training=False`): one pass, the last partial
     batch dropped (TPUs need static shapes).
     """
+    if isinstance(spec, BertSpec):  # BERT reads one format only
+        record_format = "bert_pretraining"
     return EpochInput(tuple(files), spec, global_batch_size, training, record_format,
                       index=index)
 

@@ -127,8 +127,10 @@ def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
         return job.run(dataset_fn, stop, eval_dataset_fn)
     except tf.errors.InvalidArgumentError as error:
         # A record further in than the one checked at start may not parse (BERT's
-        # fixed-length features): one error naming the feature, exit 65.
-        records = (bert_data.records_error(error, spec, "trainData")
+        # fixed-length features): one error naming the feature, exit 65. Past
+        # trainSteps only the evaluation reads records.
+        key = "evalData" if job.step >= config.trainSteps else "trainData"
+        records = (bert_data.records_error(error, spec, key)
                    if isinstance(spec, bert.BertSpec) else None)
         if records is None:
             raise
