@@ -37,7 +37,7 @@ import tempfile
 import time
 
 from tpu_training import data, models, synth
-from tpu_training.config import MODEL_NAMES, JobConfig
+from tpu_training.config import IMAGE_MODELS, JobConfig
 from tpu_training.tf_env import tf
 
 BATCH = 256
@@ -145,7 +145,7 @@ def best_of(pipelines: dict[str, tf.data.Dataset], rounds: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", choices=("raw", "imagenet"), default="raw")
-    parser.add_argument("--model", choices=MODEL_NAMES, default=None,
+    parser.add_argument("--model", choices=IMAGE_MODELS, default=None,
                         help="default: mnist_cnn (raw), resnet50 (imagenet)")
     parser.add_argument("--image-size", type=int, default=None,
                         help="resnet models; default 64 (raw), 224 (imagenet)")

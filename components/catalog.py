@@ -66,6 +66,10 @@ class Generation:
     # run both cores as one "megacore" device (cloud.google.com/tpu/docs/v4,
     # /v5p: "megacore"); v5e and v6e have one core per chip.
     replicas_per_chip: int
+    # HBM per chip, each generation's system architecture page (cloud.google.com/tpu/docs/
+    # v2, v3, v4: 16, 32, 32 GiB; v5e, v5p, v6e: "HBM2 capacity" 16 GB, "HBM2e" 95 GB, 32
+    # GB); docs/tpu-facts.md, "Generations". A chip running two replicas (v2, v3: one a
+    # TensorCore) gives each half; settings refuse a BERT batch that cannot fit it.
     hbm_gib_per_chip: int
     max_chips: int
     zones: tuple[str, ...]

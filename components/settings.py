@@ -37,7 +37,7 @@ from components.naming import (
     label_key_problem,
     label_value_problem,
 )
-from tpu_training.config import JobConfig, JobConfigError
+from tpu_training.config import JobConfig, JobConfigError, train_device_bytes
 
 NAMESPACE = "tpu-stack"
 GCP_PROJECT_KEY = "gcp:project"
@@ -939,6 +939,7 @@ def node_problems(key: str, node: NodeSettings, job_names: Mapping[str, Any],
         yield (f"{key}.job", f"{node.job!r} is not a key of {jobs_key} ({allowed})")
     elif node.job in jobs:
         yield from _batch_problems(key, node, tpu, jobs[node.job], jobs_key)
+        yield from _hbm_problems(key, tpu, jobs[node.job], f"{jobs_key}.{node.job}")
 
 
 def _slice_problems(key: str, node: NodeSettings) -> Problems:
@@ -997,6 +998,39 @@ def _batch_problems(key: str, node: NodeSettings, tpu: catalog.Slice,
         yield (f"{jobs_key}.{node.job}.globalBatchSize",
                f"{job.globalBatchSize} is not divisible by the {tpu.replicas} replicas of "
                f"{key} ({tpu.accelerator_type}); use a multiple of {tpu.replicas}")
+
+
+def _hbm_problems(key: str, tpu: catalog.Slice, job: JobConfig, job_key: str) -> Problems:
+    """A batch whose replica share cannot fit one replica's HBM (catalog: HBM per chip
+    over the replicas a chip runs). The need is a lower bound (`train_device_bytes`:
+    weights and optimizer state, activations with the attention scores recomputed), so
+    what is refused cannot fit; what passes may still need a smaller batch."""
+    replicas = tpu.replicas
+    need = train_device_bytes(job, job.globalBatchSize // replicas)
+    if need is None or job.globalBatchSize % replicas:
+        return
+    gen = tpu.generation
+    have = gen.hbm_gib_per_chip * 2**30 / gen.replicas_per_chip
+    if need <= have:
+        return
+    fixed = train_device_bytes(job, 0) or 0
+    per_example = (train_device_bytes(job, 1) or 0) - fixed
+    fits = max(0, int((have - fixed) // per_example)) * replicas
+    advice = f"use a globalBatchSize of at most {fits}" if fits else \
+        "its weights and optimizer state alone do not fit"
+    yield (f"{job_key}.globalBatchSize",
+           f"{job.globalBatchSize} is {job.globalBatchSize // replicas} examples per replica "
+           f"on {key} ({tpu.accelerator_type}, {replicas} replicas); {job.model} at "
+           f"maxSeqLength {job.maxSeqLength} needs at least {need / 2**30:.1f} GiB of HBM for "
+           f"them, and a {gen.name} chip has {gen.hbm_gib_per_chip} GiB ({_hbm_share(gen)}, "
+           f"cloud.google.com/tpu/docs/{gen.name}): {advice}, or a larger slice")
+
+
+def _hbm_share(gen: catalog.Generation) -> str:
+    if gen.replicas_per_chip == 1:
+        return "one replica per chip"
+    return f"{gen.hbm_gib_per_chip // gen.replicas_per_chip} GiB per replica, " \
+           f"{gen.replicas_per_chip} per chip"
 
 
 def _queue_problems(key: str, node: NodeSettings) -> Problems:

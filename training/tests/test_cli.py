@@ -29,7 +29,8 @@ def run_job(capsys, job_file, **overrides) -> tuple[int, list[str]]:
 def test_unknown_model_is_one_usage_error(capsys, job_file):
     assert run_job(capsys, job_file, model="vgg16") == (2, [
         "tpu_training: error: model: 'vgg16' is not a known model; allowed: "
-        "mnist_cnn, resnet18, resnet50"])
+        "mnist_cnn, resnet18, resnet50, bert_tiny, bert_mini, bert_small, bert_medium, "
+        "bert_base, bert_large"])
 
 
 def test_missing_data_waits_for_data_exit_66(capsys, job_file, tmp_path):

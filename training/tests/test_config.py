@@ -70,7 +70,9 @@ def test_every_problem_is_reported_at_once_each_naming_its_key():
 
 def test_the_error_message_names_each_key():
     with pytest.raises(JobConfigError, match=r"^model: 'gpt' is not a known model; allowed: "
-                                             r"mnist_cnn, resnet18, resnet50$"):
+                                             r"mnist_cnn, resnet18, resnet50, bert_tiny, "
+                                             r"bert_mini, bert_small, bert_medium, bert_base, "
+                                             r"bert_large$"):
         JobConfig.from_dict({**STACK_JOB, "model": "gpt"}, resolved=False)
 
 
@@ -154,7 +156,8 @@ def test_record_format_defaults_to_raw_and_imagenet_is_for_resnets():
         "recordFormat": "imagenet records are RGB photos for resnet18, resnet50; mnist_cnn "
                         "reads raw records only"}
     assert problems_of({**resnet, "recordFormat": "png"}) == {
-        "recordFormat": "'png' is not a record format; allowed: raw, imagenet"}
+        "recordFormat": "'png' is not a record format; allowed: raw, imagenet, "
+                        "bert_pretraining"}
     assert problems_of({**resnet, "recordFormat": 1}) == {
         "recordFormat": "must be a non-empty string, got 1"}
 

@@ -115,7 +115,8 @@ def _run(args: argparse.Namespace, stop: StopFlag) -> int:
 
 
 _SYNTH_FLAGS = {"imageSize": "--image-size", "numClasses": "--num-classes",
-                "recordFormat": "--format"}
+                "recordFormat": "--format", "maxSeqLength": "--max-seq-length",
+                "maxPredictionsPerSeq": "--max-predictions-per-seq", "vocabSize": "--vocab-size"}
 
 
 def _synth(args: argparse.Namespace, _stop: StopFlag) -> int:
@@ -123,7 +124,10 @@ def _synth(args: argparse.Namespace, _stop: StopFlag) -> int:
         config = JobConfig.from_dict(
             {"model": args.model, "trainData": args.out, "globalBatchSize": 1, "trainSteps": 1,
              "stepsPerExecution": 1, "checkpointEverySteps": 1, "imageSize": args.image_size,
-             "numClasses": args.num_classes, "recordFormat": args.format}, resolved=False)
+             "numClasses": args.num_classes, "recordFormat": args.format,
+             "maxSeqLength": args.max_seq_length,
+             "maxPredictionsPerSeq": args.max_predictions_per_seq,
+             "vocabSize": args.vocab_size}, resolved=False)
     except JobConfigError as error:
         raise JobConfigError([(_SYNTH_FLAGS.get(key, key), message)
                               for key, message in error.problems]) from error
@@ -133,9 +137,14 @@ def _synth(args: argparse.Namespace, _stop: StopFlag) -> int:
                           "every shard needs a record")
     from tpu_training import models, synth
 
+    if config.is_bert and config.vocabSize < synth.MIN_BERT_VOCAB:
+        raise JobConfigError.single("--vocab-size", f"{config.vocabSize} is fewer than the "
+                                                    f"{synth.MIN_BERT_VOCAB} synth needs (BERT's "
+                                                    "special tokens are ids 0 to 103)")
+
     result = synth.write_dataset(args.out, models.model_spec(config), examples=args.examples,
                                  shards=args.shards, prefix=args.prefix, seed=args.seed,
-                                 record_format=args.format)
+                                 record_format=config.recordFormat)
     print(f"tpu_training synth wrote {result.examples} examples in {len(result.files)} "
           f"shards: {result.pattern}", flush=True)
     return 0
@@ -161,12 +170,17 @@ def _parser() -> argparse.ArgumentParser:
     synth = commands.add_parser("synth", help="write a learnable synthetic TFRecord dataset")
     synth.add_argument("--out", required=True, help="directory (local, gs:// or ram://)")
     synth.add_argument("--model", required=True, choices=MODEL_NAMES)
-    synth.add_argument("--format", choices=RECORD_FORMATS, default="raw",
-                       help="raw pixels, or imagenet (JPEG, imagenet_to_gcs.py's schema)")
+    synth.add_argument("--format", choices=RECORD_FORMATS,
+                       help="raw pixels (image models' default), imagenet (JPEG, "
+                            "imagenet_to_gcs.py's schema), or bert_pretraining (BERT models' "
+                            "default and only format: create_pretraining_data.py's schema)")
     synth.add_argument("--examples", type=_positive, default=4096)
     synth.add_argument("--shards", type=_positive, default=16)
     synth.add_argument("--image-size", type=_positive, help="resnet models (default 224)")
     synth.add_argument("--num-classes", type=_positive, help="default: the model's")
+    synth.add_argument("--max-seq-length", type=_positive, help="BERT (default 128)")
+    synth.add_argument("--max-predictions-per-seq", type=_positive, help="BERT (default 20)")
+    synth.add_argument("--vocab-size", type=_positive, help="BERT (default 30522)")
     synth.add_argument("--prefix", default="train", help="file names: PREFIX-00000-of-00016")
     synth.add_argument("--seed", type=int, default=0)
     synth.set_defaults(command=_synth)

@@ -14,12 +14,32 @@ raises one `JobConfigError` listing every problem with its key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
-# The models the package knows; `tpu_training.models` builds them (with TensorFlow).
-MODEL_NAMES: tuple[str, ...] = ("mnist_cnn", "resnet18", "resnet50")
+# The models the package knows; `tpu_training.models` builds the image models and
+# `tpu_training.bert` the BERT encoders (with TensorFlow).
+IMAGE_MODELS: tuple[str, ...] = ("mnist_cnn", "resnet18", "resnet50")
+# BERT at the sizes google-research/bert publishes (README.md, "BERT-Tiny" ... and the
+# BERT-Base and BERT-Large checkpoints): layers L and hidden size H; H / 64 attention
+# heads and a 4H feed-forward layer (the README: "all ... have H/64 attention heads"
+# and "a feed-forward/filter size of 4H"; modeling.py BertConfig).
+BERT_SIZES: dict[str, tuple[int, int]] = {
+    "bert_tiny": (2, 128), "bert_mini": (4, 256), "bert_small": (4, 512),
+    "bert_medium": (8, 512), "bert_base": (12, 768), "bert_large": (24, 1024),
+}
+BERT_MODELS: tuple[str, ...] = tuple(BERT_SIZES)
+MODEL_NAMES: tuple[str, ...] = (*IMAGE_MODELS, *BERT_MODELS)
+# google-research/bert modeling.py BertConfig: max_position_embeddings 512,
+# type_vocab_size 2 (bert_config.json of every published checkpoint).
+BERT_MAX_POSITIONS = 512
+BERT_TYPE_VOCAB = 2
+BERT_HEAD_SIZE = 64
+# The job keys of BERT and their defaults (run_pretraining.py: max_seq_length 128,
+# max_predictions_per_seq 20; the uncased WordPiece vocabulary has 30522 entries).
+BERT_DEFAULTS = {"maxSeqLength": 128, "maxPredictionsPerSeq": 20, "vocabSize": 30522}
 
 # The bytes of a checkpoint (float32 weights and SGD momentum, step), so the preview
 # can tell whether a stop save fits a node's notice without TensorFlow: the trunk at
@@ -39,8 +59,9 @@ FORWARD_MACS = {"mnist_cnn": 379_078_912, "resnet18": 1_814_073_344, "resnet50":
 DEFAULT_CLASSES = {"mnist_cnn": 10, "resnet18": 1000, "resnet50": 1000}
 
 # How records are laid out (`tpu_training.data`): `raw`, the package's own uint8 pixels;
-# `imagenet`, JPEG Examples as tensorflow/tpu's imagenet_to_gcs.py writes them.
-RECORD_FORMATS: tuple[str, ...] = ("raw", "imagenet")
+# `imagenet`, JPEG Examples as tensorflow/tpu's imagenet_to_gcs.py writes them;
+# `bert_pretraining`, google-research/bert create_pretraining_data.py's Examples.
+RECORD_FORMATS: tuple[str, ...] = ("raw", "imagenet", "bert_pretraining")
 # The models that can read each non-raw format (every model reads raw records).
 IMAGENET_MODELS: tuple[str, ...] = ("resnet18", "resnet50")
 
@@ -99,7 +120,10 @@ class JobConfig:
     imageSize: int | None = None
     numClasses: int | None = None
     widthMultiplier: float | None = None
-    recordFormat: str = "raw"
+    recordFormat: str = "raw"  # bert_pretraining for a BERT model (from_dict sets it)
+    maxSeqLength: int | None = None
+    maxPredictionsPerSeq: int | None = None
+    vocabSize: int | None = None
     checkpointDir: str | None = None
     exportDir: str | None = None
     tensorboardDir: str | None = None
@@ -116,7 +140,10 @@ class JobConfig:
         if problems:
             raise JobConfigError(problems)
         # None means "the default" for every key, also for those whose default is not None.
-        return cls(**{key: value for key, value in data.items() if value is not None})
+        given = {key: value for key, value in data.items() if value is not None}
+        if given["model"] in BERT_MODELS:
+            given = {"recordFormat": "bert_pretraining", **BERT_DEFAULTS, **given}
+        return cls(**given)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -138,6 +165,10 @@ class JobConfig:
         )
 
     @property
+    def is_bert(self) -> bool:
+        return self.model in BERT_MODELS
+
+    @property
     def max_execution_seconds(self) -> float | None:
         """How long one execution may take, so that it and the stop save fit the notice."""
         if self.noticeSeconds is None:
@@ -146,7 +177,10 @@ class JobConfig:
 
 
 def checkpoint_bytes(job: JobConfig) -> int:
-    """About how many bytes one checkpoint of `job` writes (CHECKPOINT_TRUNK_BYTES)."""
+    """About how many bytes one checkpoint of `job` writes (CHECKPOINT_TRUNK_BYTES; BERT:
+    its weights and AdamW's or LAMB's two moments, float32)."""
+    if job.is_bert:
+        return BERT_CHECKPOINT_BYTES_PER_PARAMETER * bert_parameters(job)
     width = job.widthMultiplier or 1.0
     classes = job.numClasses or DEFAULT_CLASSES[job.model]
     features = max(1, round(HEAD_FEATURES[job.model] * width))
@@ -154,7 +188,10 @@ def checkpoint_bytes(job: JobConfig) -> int:
 
 
 def train_flops_per_example(job: JobConfig) -> float:
-    """About how many FLOPs one training example of `job` takes (FORWARD_MACS)."""
+    """About how many FLOPs one training example of `job` takes (FORWARD_MACS; BERT:
+    `bert_forward_macs`)."""
+    if job.is_bert:
+        return 6 * bert_forward_macs(job)
     width = job.widthMultiplier or 1.0
     area = 1.0 if job.model == "mnist_cnn" else ((job.imageSize or 224) / 224) ** 2
     return 6 * FORWARD_MACS[job.model] * width**2 * area
@@ -176,6 +213,94 @@ def tpu_init_seconds(environ: Mapping[str, str]) -> float:
     return seconds
 
 
+# ---- BERT's sizes, in the layout of tpu_training.bert --------------------------------
+# A checkpoint holds each weight and the optimizer's two moments, float32 (the step is
+# a few bytes); training/tests/test_bert.py holds it to the real checkpoint.
+BERT_CHECKPOINT_BYTES_PER_PARAMETER = 12
+# Mixed-precision Adam keeps 16 bytes per parameter on the device: float32 weights,
+# gradients and two moments (Rajbhandari et al. 2019, "ZeRO", section 3.1: 2 + 2 + 12
+# bytes with half-precision weights and gradients; Keras' mixed_bfloat16 keeps float32
+# variables and casts them per step).
+BERT_DEVICE_BYTES_PER_PARAMETER = 16
+# Activations kept for the backward pass, per transformer layer and token, in units of
+# the hidden size: 34 bytes with 16-bit activations when the attention scores are
+# recomputed (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+# Transformer Models", section 4.1 and 5, "selective activation recomputation":
+# sbh(34 + 5as/h) without it, 34sbh with it). The smaller figure, so that a batch refused
+# for it cannot fit however XLA rematerialises the scores.
+BERT_ACTIVATION_BYTES_PER_TOKEN_AND_HIDDEN = 34
+# The masked-LM logits of every prediction (float32) and their gradient.
+BERT_LOGIT_BYTES = 8
+# google-research/bert optimization.py trains with Adam(W) at a global batch of 256
+# (README: "batch size of 256 ... learning rate of 1e-4"; paper section A.2). Larger
+# batches take LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning:
+# Training BERT in 76 minutes", which trains BERT at batches of 512 to 65536); the
+# switch point is this package's choice: where the LAMB paper's smallest batches are.
+BERT_BASE_LEARNING_RATE = 1e-4
+LAMB_MIN_GLOBAL_BATCH = 8192
+# The batch a model's base learning rate is given for.
+BASE_LEARNING_RATE_BATCH = 256
+
+
+def bert_shape(job: JobConfig) -> tuple[int, int, int, int, int, int]:
+    """(layers, hidden, heads, sequence, predictions, vocabulary) of a BERT job."""
+    layers, hidden = BERT_SIZES[job.model]
+    return (layers, hidden, hidden // BERT_HEAD_SIZE,
+            job.maxSeqLength or BERT_DEFAULTS["maxSeqLength"],
+            job.maxPredictionsPerSeq or BERT_DEFAULTS["maxPredictionsPerSeq"],
+            job.vocabSize or BERT_DEFAULTS["vocabSize"])
+
+
+def bert_parameters(job: JobConfig) -> int:
+    """The trainable weights of the encoder and its pre-training heads (tpu_training.bert):
+    embeddings, per layer 12H^2 + 13H, the pooler, the masked-LM transform and output
+    bias (its weights are the word embeddings), the next-sentence layer."""
+    layers, hidden, _, _, _, vocab = bert_shape(job)
+    embeddings = (vocab + BERT_MAX_POSITIONS + BERT_TYPE_VOCAB) * hidden + 2 * hidden
+    per_layer = 12 * hidden**2 + 13 * hidden
+    heads = (hidden**2 + hidden) + (hidden**2 + 3 * hidden + vocab) + (2 * hidden + 2)
+    return embeddings + layers * per_layer + heads
+
+
+def bert_forward_macs(job: JobConfig) -> int:
+    """Multiply-adds of one example's forward pass: every token through each layer's
+    projections (12H^2) and attention (2SH), the pooler on one token, the masked-LM head
+    (H^2 + HV) on each prediction, the next-sentence layer."""
+    layers, hidden, _, sequence, predictions, vocab = bert_shape(job)
+    encoder = sequence * layers * (12 * hidden**2 + 2 * sequence * hidden)
+    return encoder + hidden**2 + predictions * (hidden**2 + hidden * vocab) + 2 * hidden
+
+
+def train_device_bytes(job: JobConfig, per_replica_batch: int) -> int | None:
+    """At least how many bytes of accelerator memory one replica needs to train `job` at
+    `per_replica_batch` (None: no estimate for the model; image models have none)."""
+    if not job.is_bert:
+        return None
+    layers, hidden, _, sequence, predictions, vocab = bert_shape(job)
+    activations = (layers * sequence * hidden * BERT_ACTIVATION_BYTES_PER_TOKEN_AND_HIDDEN
+                   + predictions * vocab * BERT_LOGIT_BYTES)
+    return BERT_DEVICE_BYTES_PER_PARAMETER * bert_parameters(job) + per_replica_batch * activations
+
+
+def scaled_learning_rate(job: JobConfig, base: float) -> float:
+    """The peak learning rate for `job`'s globalBatchSize from a `base` given for 256.
+
+    Image models: the linear rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD",
+    section 2.1: "multiply the learning rate by k"), the ResNet recipe. BERT: the
+    square-root rule (You et al. 2019, the LAMB paper, section 4: "we use the square
+    root LR scaling rule"), with BERT's 1e-4 at 256 as the base.
+    """
+    ratio = job.globalBatchSize / BASE_LEARNING_RATE_BATCH
+    return base * (math.sqrt(ratio) if job.is_bert else ratio)
+
+
+def optimizer_name(job: JobConfig) -> str:
+    """sgd (momentum, image models), adamw (BERT) or lamb (BERT at large global batches)."""
+    if not job.is_bert:
+        return "sgd"
+    return "lamb" if job.globalBatchSize >= LAMB_MIN_GLOBAL_BATCH else "adamw"
+
+
 def absolute(path: str, root: str) -> str:
     """`path` as given when it is already absolute, else under `root`."""
     if is_absolute(path):
@@ -191,7 +316,8 @@ _FIELDS = {f.name: f for f in dataclasses.fields(JobConfig)}
 _REQUIRED = tuple(name for name, f in _FIELDS.items()
                   if f.default is dataclasses.MISSING)
 _INTS = ("globalBatchSize", "trainSteps", "stepsPerExecution", "checkpointEverySteps",
-         "warmupSteps", "imageSize", "numClasses")
+         "warmupSteps", "imageSize", "numClasses", "maxSeqLength", "maxPredictionsPerSeq",
+         "vocabSize")
 _NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes", "noticeSeconds",
             "peakFlopsPerSecond", "progressDeadlineSeconds")
 # Below this a deadline would mostly catch a busy host (a checkpoint write, a pause),
@@ -240,6 +366,35 @@ def _type_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
+def _bert_problems(data: Mapping[str, Any], model: str) -> list[tuple[str, str]]:
+    """The BERT keys: only for BERT models, in the ranges the encoder takes."""
+    problems = []
+    given = [key for key in BERT_DEFAULTS if data.get(key) is not None]
+    if model not in BERT_MODELS:
+        return [(key, f"applies to BERT models ({', '.join(BERT_MODELS)}), not {model}")
+                for key in given if model in MODEL_NAMES]
+    for key in ("imageSize", "numClasses", "widthMultiplier"):
+        if data.get(key) is not None:
+            problems.append((key, f"applies to image models, not {model}"))
+    sequence = _setting_or(data, "maxSeqLength")
+    if not 2 <= sequence <= BERT_MAX_POSITIONS:
+        problems.append(("maxSeqLength", f"must be 2 to {BERT_MAX_POSITIONS} (BERT's position "
+                                         f"embeddings), got {sequence}"))
+    predictions = _setting_or(data, "maxPredictionsPerSeq")
+    if not 1 <= predictions <= max(1, sequence):
+        problems.append(("maxPredictionsPerSeq", f"must be 1 to maxSeqLength ({sequence}), "
+                                                 f"got {predictions}"))
+    vocab = _setting_or(data, "vocabSize")
+    if vocab < 2:
+        problems.append(("vocabSize", f"must be at least 2, got {vocab}"))
+    return problems
+
+
+def _setting_or(data: Mapping[str, Any], key: str) -> int:
+    value = data.get(key)
+    return BERT_DEFAULTS[key] if value is None else value
+
+
 def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     problems = []
     model = data["model"]
@@ -254,6 +409,14 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
         problems.append(("recordFormat", f"imagenet records are RGB photos for "
                                          f"{', '.join(IMAGENET_MODELS)}; {model} reads raw "
                                          "records only"))
+    elif model in BERT_MODELS and record_format not in (None, "bert_pretraining"):
+        problems.append(("recordFormat", f"{model} reads bert_pretraining records "
+                                         "(create_pretraining_data.py's); leave it unset or "
+                                         "set bert_pretraining"))
+    elif record_format == "bert_pretraining" and model in IMAGE_MODELS:
+        problems.append(("recordFormat", f"bert_pretraining records are for "
+                                         f"{', '.join(BERT_MODELS)}, not {model}"))
+    problems += _bert_problems(data, model)
     for key in ("globalBatchSize", "trainSteps", "stepsPerExecution",
                 "checkpointEverySteps", "numClasses"):
         value = data.get(key)

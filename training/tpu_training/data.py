@@ -32,7 +32,11 @@ are decoded on the host, in parallel across tf.data's threads (Cloud TPU perform
 guide, "Model is input bound"; tensorflow.org/guide/data_performance, "Parallelizing
 data transformation").
 
-`python -m tpu_training synth [--format imagenet]` writes either format.
+`bert_pretraining`, google-research/bert's pre-training Examples, BERT models only:
+`tpu_training.bert_data`, which this pipeline's windows and batches carry.
+
+`python -m tpu_training synth [--format imagenet]` writes either image format, and
+`synth --model bert_tiny` BERT records.
 
 The pipeline follows the Cloud TPU input guidance (docs/tpu-facts.md, "tf.data on
 TPU"): files are listed once, sharded per input pipeline, read `interleave`d in
@@ -69,6 +73,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from tpu_training import bert_data
+from tpu_training.bert import BertSpec
 from tpu_training.config import JobConfigError
 from tpu_training.exits import NoDataError, RecordsError
 from tpu_training.models import ModelSpec
@@ -165,7 +171,9 @@ def check_records(files: list[str], spec: ModelSpec, *, key: str = "trainData",
         raise RecordsError.single(
             key, f"{files[0]} holds records that are not tf.train.Examples") from error
     features = example.features.feature
-    if record_format == "imagenet":
+    if record_format == "bert_pretraining":
+        bert_data.check_record(features, files[0], spec, key)
+    elif record_format == "imagenet":
         _check_imagenet(features, files[0], spec, key)
     else:
         _check_raw(features, files[0], spec, key)
@@ -220,6 +228,8 @@ def make_dataset_fn(files: list[str], spec: ModelSpec, global_batch_size: int,
     counts kept in `index`. Evaluation (`training=False`): one pass, the last partial
     batch dropped (TPUs need static shapes).
     """
+    if isinstance(spec, BertSpec):  # BERT reads one format only
+        record_format = "bert_pretraining"
     return EpochInput(tuple(files), spec, global_batch_size, training, record_format,
                       index=index)
 
@@ -280,7 +290,10 @@ class EpochInput:
             first = tf.logical_and(tf.equal(epoch, start_epoch), tf.equal(index, first_window))
             return tf.where(first, tf.constant(first_batch, tf.int64), tf.constant(0, tf.int64))
 
-        if self.record_format == "imagenet":
+        if self.record_format == "bert_pretraining":
+            batches = bert_data.batches(windows, self.spec, batch_size, self.seed, skipped,
+                                        window_order)
+        elif self.record_format == "imagenet":
             batches = imagenet_batches(windows, self.spec, batch_size, self.seed, skipped)
         else:
             batches = raw_batches(windows, self.spec, batch_size, self.seed, skipped)
@@ -288,7 +301,9 @@ class EpochInput:
 
     def _eval_batches(self, files: list[str], batch_size: int) -> tf.data.Dataset:
         chunks = read_chunks(files, self.spec, training=False, record_format=self.record_format)
-        if self.record_format == "imagenet":
+        if self.record_format == "bert_pretraining":
+            batches = bert_data.eval_batches(chunks, self.spec, batch_size)
+        elif self.record_format == "imagenet":
             batches = (chunks.unbatch()
                        .map(lambda record: parse_imagenet(record, self.spec, training=False),
                             num_parallel_calls=tf.data.AUTOTUNE)
@@ -599,7 +614,9 @@ def pipeline_options() -> tf.data.Options:
     return options
 
 
-def _record_bytes(spec: ModelSpec, record_format: str) -> int:
+def _record_bytes(spec: ModelSpec | BertSpec, record_format: str) -> int:
+    if record_format == "bert_pretraining":
+        return bert_data.record_bytes(spec)
     return IMAGENET_RECORD_BYTES if record_format == "imagenet" else _pixels(spec)
 
 

@@ -1,6 +1,9 @@
 """The models a job can train, by the names in `config.MODEL_NAMES`.
 
-Every model takes float32 pixel values in [0, 255] of shape `image_shape`,
+`model_spec` gives the spec of any of them, `task_for` what trains, evaluates and exports
+it: `ImageTask` here for the image models, `tpu_training.bert.BertTask` for BERT.
+
+Every image model takes float32 pixel values in [0, 255] of shape `image_shape`,
 rescales them itself (so the exported SavedModel takes the pixels the records
 hold) and ends in a float32 softmax, whatever the compute dtype: under
 `mixed_bfloat16` the trunk runs in bfloat16 and the output stays float32
@@ -12,8 +15,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from tpu_training import bert
 from tpu_training.config import JobConfig
-from tpu_training.tf_env import keras
+from tpu_training.tf_env import keras, tf
 
 DEFAULT_IMAGE_SIZE = 224
 MNIST_SHAPE = (28, 28, 1)
@@ -30,7 +34,9 @@ class ModelSpec:
     width: float = 1.0  # multiplies every layer's filters and units
 
 
-def model_spec(config: JobConfig) -> ModelSpec:
+def model_spec(config: JobConfig) -> ModelSpec | bert.BertSpec:
+    if config.is_bert:
+        return bert.bert_spec(config)
     width = config.widthMultiplier or 1.0
     if config.model == "mnist_cnn":
         return ModelSpec(config.model, MNIST_SHAPE, config.numClasses or 10, 0.1, width)
@@ -110,3 +116,61 @@ _TRUNKS: dict[str, Callable] = {
     "resnet18": _resnet(_basic_block, (2, 2, 2, 2)),
     "resnet50": _resnet(_bottleneck_block, (3, 4, 6, 3)),
 }
+
+
+def task_for(spec: ModelSpec | bert.BertSpec) -> ImageTask | bert.BertTask:
+    """What trains, evaluates and exports the model of `spec`."""
+    return bert.BertTask(spec) if isinstance(spec, bert.BertSpec) else ImageTask(spec)
+
+
+class ImageTask:
+    """An image classifier: pixels and labels in, softmax cross-entropy, SGD with Nesterov
+    momentum, accuracy; exported as `images` to `probabilities` and `classes`."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+
+    def build_model(self) -> keras.Model:
+        return build_model(self.spec)
+
+    def optimizer(self, _config: JobConfig, rate) -> keras.optimizers.Optimizer:
+        return keras.optimizers.SGD(rate, momentum=0.9, nesterov=True)
+
+    def loss(self, model: keras.Model, batch: tuple, global_batch_size: int) -> tf.Tensor:
+        """This replica's share of the global batch's mean loss."""
+        from tpu_training.data import model_pixels
+
+        images, labels = batch
+        probabilities = model(model_pixels(images, self.spec), training=True)
+        per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
+        return tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+
+    def eval_metrics(self) -> dict[str, keras.metrics.Metric]:
+        return {"eval_accuracy": keras.metrics.SparseCategoricalAccuracy(),
+                "eval_loss": keras.metrics.SparseCategoricalCrossentropy()}
+
+    def eval_update(self, model: keras.Model, batch: tuple, metrics: dict) -> None:
+        from tpu_training.data import model_pixels
+
+        images, labels = batch
+        probabilities = model(model_pixels(images, self.spec), training=False)
+        for metric in metrics.values():
+            metric.update_state(labels, probabilities)
+
+    def eval_results(self, metrics: dict) -> dict[str, float]:
+        return {name: float(metric.result()) for name, metric in metrics.items()}
+
+    def export(self, model: keras.Model, directory: str) -> None:
+        """A float32 copy of the model (the caller sets the float32 policy)."""
+        serving = build_model(self.spec)
+        serving.set_weights(model.get_weights())
+
+        @tf.function(input_signature=[
+            tf.TensorSpec([None, *self.spec.image_shape], tf.float32, name="images")])
+        def serve(images: tf.Tensor) -> dict[str, tf.Tensor]:
+            probabilities = serving(images, training=False)
+            return {"probabilities": probabilities,
+                    "classes": tf.argmax(probabilities, axis=-1, output_type=tf.int32)}
+
+        serving.save(directory, include_optimizer=False, save_format="tf",
+                     signatures={"serving_default": serve})

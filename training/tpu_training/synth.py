@@ -5,7 +5,9 @@ prototype blended with noise, so labels follow the inputs and a model can learn
 them. ImageNet: JPEG photos of varied sizes, each its class's colour blended with
 noise, in exactly the schema of tensorflow/tpu `tools/datasets/imagenet_to_gcs.py`
 (labels from 1) plus one bounding box, as ILSVRC's training records carry; a colour
-survives the random crops and flips of training. Files are sharded like a real
+survives the random crops and flips of training. BERT: sequence pairs in the schema of
+google-research/bert `create_pretraining_data.py` (`tpu_training.bert_data`), masked
+as it masks them, from a language a model can learn (`_bert_records`). Files are sharded like a real
 dataset (`train-00000-of-00016.tfrecord`), nothing is downloaded, and the same seed
 writes the same records.
 """
@@ -16,6 +18,7 @@ import dataclasses
 
 import numpy as np
 
+from tpu_training.bert import BertSpec
 from tpu_training.models import ModelSpec
 from tpu_training.tf_env import tf
 
@@ -38,14 +41,20 @@ def shard_name(prefix: str, index: int, shards: int) -> str:
     return f"{prefix}-{index:05d}-of-{shards:05d}.tfrecord"
 
 
-def write_dataset(out_dir: str, spec: ModelSpec, *, examples: int = 4096, shards: int = 16,
-                  prefix: str = "train", seed: int = 0,
+def write_dataset(out_dir: str, spec: ModelSpec | BertSpec, *, examples: int = 4096,
+                  shards: int = 16, prefix: str = "train", seed: int = 0,
                   record_format: str = "raw") -> SynthResult:
     """Write `examples` records for `spec` round-robin into `shards` files under `out_dir`."""
     tf.io.gfile.makedirs(out_dir)
     files = [f"{out_dir.rstrip('/')}/{shard_name(prefix, i, shards)}" for i in range(shards)]
     rng = np.random.default_rng(seed)
-    if record_format == "imagenet":
+    if isinstance(spec, BertSpec):
+        # One language per vocabulary, whatever the seed: an eval set written with
+        # another seed speaks the training set's language.
+        language = BertLanguage.draw(np.random.default_rng(LANGUAGE_SEED), spec.vocab_size)
+        chunks = (_bert_records(rng, language, spec, min(CHUNK_EXAMPLES, examples - start))
+                  for start in range(0, examples, CHUNK_EXAMPLES))
+    elif record_format == "imagenet":
         colours = rng.integers(0, 256, size=(spec.num_classes, 3))
         chunks = (_imagenet_records(rng, colours, spec, start, min(CHUNK_EXAMPLES,
                                                                    examples - start))
@@ -123,5 +132,101 @@ def imagenet_example_bytes(jpeg: bytes, label: int, height: int, width: int,
         "image/object/bbox/ymin": floats(box[0][0]), "image/object/bbox/ymax": floats(box[0][1]),
         "image/object/bbox/xmin": floats(box[1][0]), "image/object/bbox/xmax": floats(box[1][1]),
         "image/object/bbox/label": ints(label),
+    })
+    return tf.train.Example(features=features).SerializeToString()
+
+
+# ---- BERT ------------------------------------------------------------------------------
+# The special tokens of BERT's uncased WordPiece vocabulary (vocab.txt): [PAD] 0, [UNK]
+# 100, [CLS] 101, [SEP] 102, [MASK] 103; words follow.
+PAD_ID, CLS_ID, SEP_ID, MASK_ID = 0, 101, 102, 103
+FIRST_WORD_ID = 104
+MIN_BERT_VOCAB = 128
+# create_pretraining_data.py: masked_lm_prob 0.15; of the masked tokens 80% become
+# [MASK], 10% a random word, 10% stay; short_seq_prob 0.1; next sentence random half
+# the time.
+MASKED_LM_PROB = 0.15
+SHORT_SEQ_PROB = 0.1
+TOPIC_WORDS = 4  # each topic a cycle of this many words
+LANGUAGE_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BertLanguage:
+    """Topics, each a cycle of TOPIC_WORDS words: a sentence walks its topic's cycle, the
+    next sentence continues it and a random one walks another topic's. A masked word
+    follows from its neighbours, the next-sentence label from the two topics."""
+
+    topics: np.ndarray  # [topics, TOPIC_WORDS] word ids
+    vocab_size: int
+
+    @classmethod
+    def draw(cls, rng: np.random.Generator, vocab_size: int) -> BertLanguage:
+        words = rng.permutation(np.arange(FIRST_WORD_ID, vocab_size))
+        count = len(words) // TOPIC_WORDS
+        return cls(words[:count * TOPIC_WORDS].reshape(count, TOPIC_WORDS), vocab_size)
+
+    def sentence(self, rng: np.random.Generator, topic: int, start: int, length: int
+                 ) -> list[int]:
+        cycle = self.topics[topic]
+        return [int(cycle[(start + i) % TOPIC_WORDS]) for i in range(length)]
+
+
+def _bert_records(rng: np.random.Generator, language: BertLanguage, spec: BertSpec,
+                  count: int):
+    for _ in range(count):
+        yield bert_example_bytes(*_bert_instance(rng, language, spec), spec)
+
+
+def _bert_instance(rng: np.random.Generator, language: BertLanguage, spec: BertSpec):
+    """One instance as create_pretraining_data.py builds it: [CLS] A [SEP] B [SEP], its
+    segments, masked positions and labels, and the next-sentence label (1: random)."""
+    room = spec.seq_length - 3
+    total = room if rng.random() >= SHORT_SEQ_PROB else int(rng.integers(2, room + 1))
+    length_a = int(rng.integers(1, total)) if total > 1 else 1
+    length_b = max(1, total - length_a)
+    topic, start = int(rng.integers(len(language.topics))), int(rng.integers(TOPIC_WORDS))
+    random_next = bool(rng.random() < 0.5)
+    first = language.sentence(rng, topic, start, length_a)
+    if random_next:
+        other = (topic + int(rng.integers(1, len(language.topics)))) % len(language.topics)
+        second = language.sentence(rng, other, int(rng.integers(TOPIC_WORDS)), length_b)
+    else:
+        second = language.sentence(rng, topic, start + length_a, length_b)
+    tokens = [CLS_ID, *first, SEP_ID, *second, SEP_ID][:spec.seq_length]
+    segments = ([0] * (length_a + 2) + [1] * (length_b + 1))[:spec.seq_length]
+    candidates = [i for i, token in enumerate(tokens) if token not in (CLS_ID, SEP_ID)]
+    picks = min(spec.max_predictions, max(1, round(len(tokens) * MASKED_LM_PROB)))
+    positions = sorted(int(i) for i in rng.choice(candidates, size=min(picks, len(candidates)),
+                                                  replace=False))
+    labels = [tokens[i] for i in positions]
+    for i in positions:
+        roll = rng.random()
+        if roll < 0.8:
+            tokens[i] = MASK_ID
+        elif roll < 0.9:
+            tokens[i] = int(rng.integers(FIRST_WORD_ID, language.vocab_size))
+    return tokens, segments, positions, labels, int(random_next)
+
+
+def bert_example_bytes(tokens: list[int], segments: list[int], positions: list[int],
+                       labels: list[int], next_sentence: int, spec: BertSpec) -> bytes:
+    """One record as create_pretraining_data.py's write_instance_to_example_files writes
+    it: padded with 0 to maxSeqLength and maxPredictionsPerSeq, weights 1.0 on real
+    predictions."""
+    def ints(values: list[int], length: int) -> tf.train.Feature:
+        padded = list(values) + [0] * (length - len(values))
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=padded))
+
+    sequence, predictions = spec.seq_length, spec.max_predictions
+    weights = [1.0] * len(positions) + [0.0] * (predictions - len(positions))
+    features = tf.train.Features(feature={
+        "input_ids": ints(tokens, sequence),
+        "input_mask": ints([1] * len(tokens), sequence),
+        "segment_ids": ints(segments, sequence),
+        "masked_lm_positions": ints(positions, predictions),
+        "masked_lm_ids": ints(labels, predictions),
+        "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(value=weights)),
+        "next_sentence_labels": ints([next_sentence], 1),
     })
     return tf.train.Example(features=features).SerializeToString()

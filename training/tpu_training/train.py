@@ -45,7 +45,8 @@ Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdo
     tpu_training perf step=<N> examples_per_sec=<x> input_wait_share=<s> mfu=<u|na>
                                            every 50 executions (first after 10) and at
                                            the end of training (tpu_training.perf)
-    tpu_training eval_accuracy=<x> eval_loss=<y>   at the end, with evalData
+    tpu_training eval_accuracy=<x> eval_loss=<y>   at the end, with evalData (BERT: masked-LM
+                                           accuracy, and eval_nsp_accuracy=<z> after them)
     tpu_training stopped_at=<N>            SIGTERM: checkpoint saved, exit 75
     tpu_training complete=<N> export=<dir> finished (or found finished): exit 0
 """
@@ -61,9 +62,15 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from tpu_training import data, models, perf
+from tpu_training import bert, bert_data, data, models, perf
 from tpu_training import strategy as strategies
-from tpu_training.config import LOCATION_KEYS, JobConfig, JobConfigError, train_flops_per_example
+from tpu_training.config import (
+    LOCATION_KEYS,
+    JobConfig,
+    JobConfigError,
+    scaled_learning_rate,
+    train_flops_per_example,
+)
 from tpu_training.exits import StopSaveError
 from tpu_training.goodput import Goodput
 from tpu_training.stopping import StopFlag
@@ -130,6 +137,16 @@ def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
     job = Job(config, spec, strategy, out, goodput)
     try:
         return job.run(dataset_fn, stop, eval_dataset_fn)
+    except tf.errors.InvalidArgumentError as error:
+        # A record further in than the one checked at start may not parse (BERT's
+        # fixed-length features): one error naming the feature, exit 65. Past
+        # trainSteps only the evaluation reads records.
+        key = "evalData" if job.step >= config.trainSteps else "trainData"
+        records = (bert_data.records_error(error, spec, key)
+                   if isinstance(spec, bert.BertSpec) else None)
+        if records is None:
+            raise
+        raise records from error
     finally:
         reached[0] = job.step
 
@@ -171,13 +188,18 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
                 "total_steps": self.total_steps}
 
 
-def learning_rate(config: JobConfig, spec: models.ModelSpec) -> WarmupCosine:
-    """The linear scaling rule: the base rate (per 256 examples) times globalBatchSize / 256."""
+def learning_rate(config: JobConfig, spec: models.ModelSpec | bert.BertSpec
+                  ) -> keras.optimizers.schedules.LearningRateSchedule:
+    """The base rate (per 256 examples) scaled with globalBatchSize
+    (`config.scaled_learning_rate`: linear for image models, square root for BERT);
+    image models warm up, then decay on a cosine, BERT as `bert.learning_rate` says."""
+    if isinstance(spec, bert.BertSpec):
+        return bert.learning_rate(config, spec)
     base = config.learningRate if config.learningRate is not None else spec.base_learning_rate
     warmup = config.warmupSteps
     if warmup is None:
         warmup = min(MAX_DEFAULT_WARMUP, config.trainSteps // 10)
-    return WarmupCosine(base * config.globalBatchSize / 256, warmup, config.trainSteps)
+    return WarmupCosine(scaled_learning_rate(config, base), warmup, config.trainSteps)
 
 
 def precision_policy(strategy: tf.distribute.Strategy) -> str:
@@ -188,15 +210,15 @@ def precision_policy(strategy: tf.distribute.Strategy) -> str:
 class Job:
     """One job's model, optimizer, checkpoints and summaries, built under `strategy`."""
 
-    def __init__(self, config: JobConfig, spec: models.ModelSpec,
+    def __init__(self, config: JobConfig, spec: models.ModelSpec | bert.BertSpec,
                  strategy: tf.distribute.Strategy, out: TextIO, goodput: Goodput | None = None):
         self.config, self.spec, self.strategy, self.out = config, spec, strategy, out
+        self.task = models.task_for(spec)
         self.goodput = goodput or Goodput()
         keras.mixed_precision.set_global_policy(precision_policy(strategy))
         with strategy.scope():
-            self.model = models.build_model(spec)
-            self.optimizer = keras.optimizers.SGD(learning_rate(config, spec), momentum=0.9,
-                                                  nesterov=True)
+            self.model = self.task.build_model()
+            self.optimizer = self.task.optimizer(config, learning_rate(config, spec))
             self.optimizer.build(self.model.trainable_variables)
             self.loss_metric = keras.metrics.Mean("loss")
         checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
@@ -367,21 +389,19 @@ class Job:
             flops_per_example=flops, probe_seconds=probe_seconds,
             peak_flops_per_second=config.peakFlopsPerSecond if on_tpu else None)
 
-    def replica_loss(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        """One replica's share of the batch's mean loss (a training pass of the model)."""
-        probabilities = self.model(data.model_pixels(images, self.spec), training=True)
-        per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
-        return tf.nn.compute_average_loss(per_example,
-                                          global_batch_size=self.config.globalBatchSize)
+    def replica_loss(self, *batch: tf.Tensor) -> tf.Tensor:
+        """One replica's share of the batch's mean loss (a training pass of the model):
+        the task's, so the perf probe times the same pass the steps run."""
+        return self.task.loss(self.model, batch, self.config.globalBatchSize)
 
     def train_steps_fn(self) -> Callable:
         """`train_steps(iterator, num_steps)`: one execution of `num_steps` steps on device."""
         model, optimizer, strategy = self.model, self.optimizer, self.strategy
         loss_metric, replica_loss = self.loss_metric, self.replica_loss
 
-        def step_fn(images: tf.Tensor, labels: tf.Tensor) -> None:
+        def step_fn(*batch) -> None:
             with tf.GradientTape() as tape:
-                loss = replica_loss(images, labels)
+                loss = replica_loss(*batch)
             gradients = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
             loss_metric.update_state(loss * strategy.num_replicas_in_sync)
@@ -394,15 +414,13 @@ class Job:
         return train_steps
 
     def evaluate(self, dataset_fn: data.DatasetFn) -> dict[str, float]:
-        """Accuracy and loss over one pass of the eval data, printed and summarised."""
+        """The task's metrics (accuracy and loss; BERT: also next-sentence accuracy) over
+        one pass of the eval data, printed and summarised."""
         with self.strategy.scope():
-            accuracy = keras.metrics.SparseCategoricalAccuracy()
-            loss = keras.metrics.SparseCategoricalCrossentropy()
+            task_metrics = self.task.eval_metrics()
 
-        def step_fn(images: tf.Tensor, labels: tf.Tensor) -> None:
-            probabilities = self.model(data.model_pixels(images, self.spec), training=False)
-            accuracy.update_state(labels, probabilities)
-            loss.update_state(labels, probabilities)
+        def step_fn(*batch) -> None:
+            self.task.eval_update(self.model, batch, task_metrics)
 
         @tf.function
         def eval_step(batch) -> None:
@@ -415,7 +433,7 @@ class Job:
         if not batches:
             raise JobConfigError.single("evalData", f"holds fewer records than one global "
                                                     f"batch ({self.config.globalBatchSize})")
-        metrics = {"eval_accuracy": float(accuracy.result()), "eval_loss": float(loss.result())}
+        metrics = self.task.eval_results(task_metrics)
         _say(self.out, " ".join(f"{name}={value:.6f}" for name, value in metrics.items()))
         with self.writer.as_default(step=self.step):
             for name, value in metrics.items():
@@ -434,21 +452,10 @@ class Job:
     def _export(self, metrics: dict[str, float]) -> None:
         """A float32 copy of the model, so serving needs no TPU and no bfloat16 kernels."""
         keras.mixed_precision.set_global_policy("float32")
-        serving = models.build_model(self.spec)
-        serving.set_weights(self.model.get_weights())
-
-        @tf.function(input_signature=[
-            tf.TensorSpec([None, *self.spec.image_shape], tf.float32, name="images")])
-        def serve(images: tf.Tensor) -> dict[str, tf.Tensor]:
-            probabilities = serving(images, training=False)
-            return {"probabilities": probabilities,
-                    "classes": tf.argmax(probabilities, axis=-1, output_type=tf.int32)}
-
         if tf.io.gfile.exists(self.config.exportDir):
             # Replace, never merge: TF's ram:// filesystem appends to a file opened with "w".
             tf.io.gfile.rmtree(self.config.exportDir)
-        serving.save(self.config.exportDir, include_optimizer=False, save_format="tf",
-                     signatures={"serving_default": serve})
+        self.task.export(self.model, self.config.exportDir)
         marker = {"step": self.step, "model": self.spec.name, "trainSteps": self.config.trainSteps,
                   "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **metrics}
         with tf.io.gfile.GFile(_join(self.config.exportDir, COMPLETE_MARKER), "w") as out:
