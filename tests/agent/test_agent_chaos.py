@@ -181,3 +181,22 @@ def test_a_new_agent_takes_over_the_running_job_and_its_notices(
     assert node.status_object()["stopSave"]["step"] == int(out.read_text())
     assert lines(r"^tpu_training stopped_at=(\d+)", log) == [int(out.read_text())]
     assert "Traceback" not in output, output
+
+
+def test_a_stop_during_the_jobs_start_up_is_a_clean_stop(
+        make_node: Callable[..., Node], stand_in: tuple[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "started"
+    node = make_node(*stand_in, {"standIn": "slow-start", "out": str(out)})
+    boot = node.start()
+    try:
+        node.wait_for(out.exists, "the job to start")
+        node.metadata.preempt()
+        output, _ = boot.communicate(timeout=120)
+    finally:
+        stop(boot)
+
+    # Killed by SIGTERM before it could handle it: it had not trained, nothing is lost.
+    assert boot.returncode == EXIT_PREEMPTED, output
+    assert node.guest["state"] == "preempted"
+    assert "during the job's start-up, before it trained: resumes from step 0" in \
+        node.guest["message"]

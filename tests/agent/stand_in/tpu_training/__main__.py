@@ -17,6 +17,8 @@ this job for those two cases. The config's `standIn` picks the behaviour:
   saved in `out`; SIGTERM saves the step reached (`saved ... reason=stop`,
   `stopped_at=N`) and exits 75, as the real job does (docs/design.md, "Job stdout
   lines"). The pid of each run is appended to `out`.pids.
+- `slow-start`: 60 s of start-up before anything is installed (the default SIGTERM
+  disposition kills it), standing in for a job stopped before its handler exists.
 """
 
 import fcntl
@@ -68,6 +70,10 @@ def main() -> int:
     out = Path(config["out"])
     if config["standIn"] == "train":
         return train(config, out)
+    if config["standIn"] == "slow-start":
+        out.write_text("starting")
+        time.sleep(60)
+        return 0
     if config["standIn"] == "environment":
         out.write_text(json.dumps(dict(os.environ)))
         print("tpu_training step=1 loss=0.5", flush=True)
