@@ -219,12 +219,18 @@ class Agent:
         return view
 
     def _watch_agent_code(self) -> None:
-        """Long-poll the startup script: when the agent it carries is not this one,
-        write it over this agent's file and hand over to it."""
+        """Long-poll the startup script: when it changes to carry an agent that is not
+        this one, write it over this agent's file and hand over to it. Its value at
+        start is left to the bootstrap, which runs it (it reloads an agent systemd
+        started from the disk before the script wrote the new one)."""
         if self.agent_file is None:
             return  # not run from a zipapp (tests, `python -m node_agent`)
+        first = [True]
 
         def changed(script: str) -> None:
+            if first[0]:
+                first[0] = False
+                return
             data = handover.zipapp_in_script(script)
             if data is None or handover.version_of(data) == self.version:
                 return

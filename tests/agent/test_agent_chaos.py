@@ -23,6 +23,7 @@ from components.archive import Archive, build_archive, pack
 from node_agent import build, handover
 from node_agent.contract import STARTUP_SCRIPT_KEY
 from ops.local.local_node import IMAGE_PYTHON
+from ops.local.rehearse import SYSTEMCTL
 from ops.local.storage_emulator import StorageEmulator
 from tests.agent.conftest import (
     STAND_IN,
@@ -200,3 +201,42 @@ def test_a_stop_during_the_jobs_start_up_is_a_clean_stop(
     assert node.guest["state"] == "preempted"
     assert "during the job's start-up, before it trained: resumes from step 0" in \
         node.guest["message"]
+
+
+def test_a_rerun_of_the_startup_script_with_a_new_agent_reloads_the_service_in_place(
+        make_node: Callable[..., Node], gcs: StorageEmulator, tmp_path: Path) -> None:
+    uri, sha = stand_in_package(gcs, tmp_path, "reload")
+    out = tmp_path / "steps"
+    node = make_node(uri, sha, training(out))
+    bin_dir, units = tmp_path / "bin", tmp_path / "units"
+    for folder in (bin_dir, units):
+        folder.mkdir()
+    (bin_dir / "systemctl").write_text(SYSTEMCTL)  # the stand-in for systemd
+    (bin_dir / "systemctl").chmod(0o755)
+    node.env_extra |= {"TPU_STACK_INIT": "systemd", "TPU_STACK_UNIT_DIR": str(units),
+                       "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    # The unit's agent: `systemctl enable --now` (a child of the bootstrap) execs it.
+    service = node.start(start_new_session=True)
+    new_agent = agent_variant("reload")
+    try:
+        node.wait_for(lambda: int(node.guest.get("step", 0)) >= 3, "training")
+        script = tmp_path / "new-startup-script.sh"
+        script.write_text(build.startup_script(new_agent))
+        rerun = subprocess.run(["bash", str(script)], env=node.env, capture_output=True,
+                               text=True, timeout=60, check=False)
+        node.wait_for(lambda: agent_health(node).get("version") ==
+                      handover.version_of(new_agent), "the reloaded agent")
+        node.metadata.preempt()
+        node.wait_for(lambda: node.guest.get("state") == "preempted", "the stop save")
+        os.killpg(service.pid, signal.SIGTERM)  # the VM goes down
+        output, _ = service.communicate(timeout=120)
+    finally:
+        if service.poll() is None:
+            os.killpg(service.pid, signal.SIGKILL)
+
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert (node.root / "agent.pyz").read_bytes() == new_agent
+    log = node.job_log_path().read_text()
+    assert f"hands over to agent {handover.version_of(new_agent)}" in log, output
+    assert len((tmp_path / "steps.pids").read_text().split()) == 1  # the job was kept
+    assert node.status_object()["stopSave"]["step"] == int(out.read_text())
