@@ -149,7 +149,8 @@ class Agent:
                                               lambda window: self.status.set(maintenance=window),
                                               self.loops)
         self._watch_agent_code()
-        self.status.set(agent=self._agent_view())
+        self._shown_health = self._agent_view()
+        self.status.set(agent=self._shown_health)
         try:
             prefix, self.workers = node_settings(self.attributes)
         except AgentError as error:
@@ -208,15 +209,14 @@ class Agent:
         if self.reexec.is_set() and not self.terminated.is_set():
             self._hand_over()
         if (view := self._agent_view()) != self._shown_health:
+            self._shown_health = view
             self.status.set(agent=view)
 
     # -- the agent replacing itself (node_agent/handover.py) ----------------------------
 
     def _agent_view(self) -> dict[str, object]:
         """The status's `agent`: the version running, and whether any loop faulted."""
-        view = {"version": self.version} | self.loops.health()
-        self._shown_health = view
-        return view
+        return {"version": self.version} | self.loops.health()
 
     def _watch_agent_code(self) -> None:
         """Long-poll the startup script: when it changes to carry an agent that is not
