@@ -11,8 +11,12 @@ without TensorFlow:
   from the model's FLOPs per example (`train_flops_per_example`) and the slice's peak
   FLOPs at an assumed utilisation (catalog, both partly unconfirmed).
 
-The two must fit the shares of the notice they may use; the rest is the agent noticing,
-the process exit and the OS shutting down.
+The worst case counts two saves: an asynchronous interval save may have started just
+before the notice, and the stop save first waits for it (training/tpu_training/
+train.py, `_save` -> `_report_written(wait=True)` -> `CheckpointManager.sync()`), so
+the stop is one execution, the save in flight, then the stop save. Together they must
+fit the shares of the notice they may use; the rest is the agent noticing, the
+process exit and the OS shutting down.
 """
 
 from __future__ import annotations
@@ -46,21 +50,30 @@ def longest_execution_seconds(node: NodeSettings, job: JobConfig) -> float:
     return min(job.stepsPerExecution * step, max(bound, step))
 
 
+SAVES_IN_A_STOP = 2  # the interval save still being written, then the stop save
+
+
+def worst_stop_seconds(node: NodeSettings, job: JobConfig) -> float:
+    """The longest stop: the execution under way, a save in flight, the stop save."""
+    return longest_execution_seconds(node, job) + SAVES_IN_A_STOP * stop_save_seconds(job)
+
+
 def stop_save_warning(node: NodeSettings, job: JobConfig) -> str | None:
-    """Why `node`'s stop (the execution under way, then the save) may not fit its notice,
-    or None when it fits."""
+    """Why `node`'s stop (the execution under way, a save in flight, then the stop
+    save) may not fit its notice, or None when it fits."""
     notice = catalog.stop_notice_seconds(spot=node.spot)
     budget = notice * (EXECUTION_SHARE_OF_NOTICE + catalog.STOP_SAVE_SHARE_OF_NOTICE)
     execution, save = longest_execution_seconds(node, job), stop_save_seconds(job)
-    if execution + save <= budget:
+    if worst_stop_seconds(node, job) <= budget:
         return None
     rate = catalog.GCS_STREAM_WRITE_BYTES_PER_SECOND / 2**20
     return (f"node {node.name}: a checkpoint of job {node.job} ({job.model}) is about "
             f"{checkpoint_bytes(job) / 2**20:,.0f} MiB, about {save:.0f} s to GCS at "
-            f"{rate:.0f} MiB/s, after an execution of up to {execution:.1f} s; a "
-            f"{'spot' if node.spot else 'standard'} node's stop notice is {notice} s and "
-            f"the two should fit in {budget:.1f} s, so a preemption may lose the work since "
-            f"the last periodic checkpoint (checkpointEveryMinutes bounds it)")
+            f"{rate:.0f} MiB/s; a stop may take an execution of up to {execution:.1f} s, "
+            f"an interval save still being written and the stop save ({execution + 2 * save:.0f}"
+            f" s); a {'spot' if node.spot else 'standard'} node's stop notice is {notice} s "
+            f"and the stop should fit in {budget:.1f} s, so a preemption may lose the work "
+            f"since the last periodic checkpoint (checkpointEveryMinutes bounds it)")
 
 
 def stack_warnings(settings: StackSettings) -> list[str]:

@@ -30,11 +30,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-from node_agent import devices
+from node_agent import devices, handover
 from node_agent.common import AgentError, Backoff, TransientError, log, parse_utc, utc_now
 from node_agent.contract import (
     EXIT_FAILED,
@@ -50,7 +51,7 @@ from node_agent.contract import (
     STOPPED_EXITS,
 )
 from node_agent.deadlines import Hang, hang_message, named_worker
-from node_agent.desired import Desired, node_settings
+from node_agent.desired import Desired, Release, node_settings
 from node_agent.environment import grpc_tpu_name, job_environment, read_environment_file
 from node_agent.goodput import Goodput, settle_run
 from node_agent.install import Installer
@@ -60,7 +61,11 @@ from node_agent.metadata import DEFAULT_METADATA_HOST, Metadata, node_id, worker
 from node_agent.runtime_metrics import RuntimeMetrics
 from node_agent.status import Status
 from node_agent.storage import Storage, storage_endpoint
+from node_agent.supervise import Loops
+from node_agent.updates import Updater
 from node_agent.watchers import (
+    MAINTENANCE_RETRY_CAP_SECONDS,
+    LongPoll,
     MaintenanceWatcher,
     NoticeWatcher,
     ReleaseWatcher,
@@ -78,6 +83,7 @@ WORKER_0_POLL_SECONDS = 1.0
 # Save this long before a maintenance window starts: the longest notice (120 s on a
 # standard VM, docs/tpu-facts.md) plus room for the save and the job's teardown.
 MAINTENANCE_LEAD_SECONDS = 300.0
+FOLLOW_SECONDS = 1.0  # the main loop looks at the job, notices and updates this often
 
 
 def maintenance_lead_seconds() -> float:
@@ -88,23 +94,30 @@ ACTIVE_STATES = ("installing", "running", "retrying", "waiting-for-data", "preem
 
 
 class Agent:
-    def __init__(self, root: Path, stay: bool):
+    def __init__(self, root: Path, stay: bool, handed: Mapping[str, object] | None = None):
         self.root = root
         self.stay = stay
         self.started_at = time.time()
+        self.loops = Loops()
         self.metadata = Metadata(os.environ.get("GCE_METADATA_HOST") or DEFAULT_METADATA_HOST)
         self.storage = Storage(self.metadata, storage_endpoint())
         self.installer = Installer(root, self.storage)
         # One request for every attribute: a reboot's time to launch is mostly requests.
         self.attributes = self.metadata.attributes()
         self.worker = worker_number(self.attributes)
-        self.status = Status(self.metadata, self.storage, root, self.worker)
+        self.status = Status(self.metadata, self.storage, root, self.worker, self.loops)
         self.status.prefix = self.attributes.get(STATUS_KEY) or None
         self.previous = self.status.previous()
-        self.job = Job(root, self.status)
+        self.job = Job(root, self.status, self.loops)
         self.job.on_progress = self._progress
+        self.updater = Updater(self.installer, self.loops)
         self.wake = threading.Event()
         self.terminated = threading.Event()
+        self.reexec = threading.Event()  # SIGHUP or new agent code: hand over to it
+        self.agent_file = handover.running_file()
+        self.version = handover.file_version(self.agent_file)
+        self.handed = dict(handed or {})
+        self._agent_code_stop = threading.Event()
         self.workers = "all"
         self.releases: ReleaseWatcher | None = None
         self.notices: NoticeWatcher | None = None
@@ -114,18 +127,33 @@ class Agent:
         self.goodput = Goodput("")
         self._since = time.monotonic()  # start of the span not yet accounted
         self.runtime_metrics = RuntimeMetrics()  # duty cycle and HBM, where tpu-info runs
+        self._launched = time.monotonic()  # when the job now running started
+        self._candidate: Desired | None = None  # a release being installed as an update
+        self._running_package = ""  # the package of the job started last
+        self._stop_sent = False  # the agent sent the running job SIGTERM
+        self._shown_health: dict[str, object] = {}
+        self._following: Desired | None = None  # the release whose job runs
 
     def terminate(self, *_: object) -> None:
         self.terminated.set()
+        self.wake.set()
+
+    def hang_up(self, *_: object) -> None:
+        """SIGHUP (the unit's ExecReload=): hand over to the agent.pyz on disk."""
+        self.reexec.set()
         self.wake.set()
 
     def run(self) -> int:
         """Run the node's current release. As a service, an outcome is followed by
         watching for a new release (or, after a notice, for the notice to clear); the
         agent itself exits only when stopped, so systemd restarts only a crashed agent."""
-        self.notices = NoticeWatcher(self.metadata, self.wake)
+        self.notices = NoticeWatcher(self.metadata, self.wake, self.loops)
         self.maintenance = MaintenanceWatcher(self.metadata, self.wake,
-                                              lambda window: self.status.set(maintenance=window))
+                                              lambda window: self.status.set(maintenance=window),
+                                              self.loops)
+        self._watch_agent_code()
+        self._shown_health = self._agent_view()
+        self.status.set(agent=self._shown_health)
         try:
             prefix, self.workers = node_settings(self.attributes)
         except AgentError as error:
@@ -133,9 +161,10 @@ class Agent:
             self.maintenance.stop()
             self.status.close()
             return EXIT_FAILED
-        self.releases = ReleaseWatcher(self.storage, prefix, self.wake, self.status.note)
+        self.releases = ReleaseWatcher(self.storage, prefix, self.wake, self.status.note,
+                                       self.loops)
         try:
-            desired = self._first_release()
+            desired = self._adopt() or self._first_release()
             code = EXIT_PREEMPTED
             while desired is not None:
                 code = self._run_once(desired)
@@ -159,7 +188,10 @@ class Agent:
             self.releases.stop()
             self.notices.stop()
             self.maintenance.stop()
+            self.updater.stop()
+            self._agent_code_stop.set()
             self.status.close()
+            self.loops.stop()
 
     def _notice(self) -> str | None:
         return self.notices.reason() if self.notices else None
@@ -169,9 +201,100 @@ class Agent:
         while not self.terminated.is_set():
             if done():
                 return True
-            self.wake.wait()
-            self.wake.clear()
+            self._sleep(None)
         return False
+
+    def _sleep(self, seconds: float | None) -> None:
+        """Until a wake-up (or `seconds`); the one place the main loop waits, so a
+        requested hand-over to a new agent happens at any of them."""
+        self.wake.wait(seconds)
+        self.wake.clear()
+        if self.reexec.is_set() and not self.terminated.is_set():
+            self._hand_over()
+        if (view := self._agent_view()) != self._shown_health:
+            self._shown_health = view
+            self.status.set(agent=view)
+
+    # -- the agent replacing itself (node_agent/handover.py) ----------------------------
+
+    def _agent_view(self) -> dict[str, object]:
+        """The status's `agent`: the version running, and whether any loop faulted."""
+        return {"version": self.version} | self.loops.health()
+
+    def _watch_agent_code(self) -> None:
+        """Long-poll the startup script: when it changes to carry an agent that is not
+        this one, write it over this agent's file and hand over to it. Its value at
+        start is left to the bootstrap, which runs it (it reloads an agent systemd
+        started from the disk before the script wrote the new one)."""
+        if self.agent_file is None:
+            return  # not run from a zipapp (tests, `python -m node_agent`)
+        first = [True]
+
+        def changed(script: str) -> None:
+            if first[0]:
+                first[0] = False
+                return
+            data = handover.zipapp_in_script(script)
+            if data is None or handover.version_of(data) == self.version:
+                return
+            assert self.agent_file is not None
+            if handover.file_version(self.agent_file) != handover.version_of(data):
+                handover.write_agent(self.agent_file, data)
+            self.status.note(f"the startup script carries agent {handover.version_of(data)}"
+                             f" (this is {self.version}): handing over to it")
+            self.hang_up()
+
+        poll = LongPoll(self.metadata, handover.AGENT_CODE_PATH, self._agent_code_stop,
+                        changed, retry_cap=MAINTENANCE_RETRY_CAP_SECONDS)
+        self.loops.start("watch agent code", poll.step, self._agent_code_stop)
+
+    def _hand_over(self) -> None:
+        """Exec the agent.pyz on disk in place if it is another version, handing it the
+        running job; returns only when there is nothing to do or the exec failed."""
+        self.reexec.clear()
+        new = handover.file_version(self.agent_file)
+        if self.agent_file is None or new in (self.version, "unknown"):
+            return
+        desired = self._following
+        state: dict[str, object] = {"from": self.version, "worker": self.worker}
+        if self.job.alive() and desired is not None:
+            state |= {"job": self.job.handover(), "release": vars(desired.release),
+                      "workers": desired.workers, "goodput": self.goodput.totals,
+                      "goodputJob": self.goodput.job,
+                      "launchedAgo": time.monotonic() - self._launched,
+                      "stopSent": self._stop_sent, "windows": sorted(self._checkpointed_windows)}
+        self.status.note(f"agent {self.version} hands over to agent {new}"
+                         + (f" (job pid {self.job.process.pid} keeps running)"
+                            if "job" in state and self.job.process else ""))
+        self.status.flush()
+        handover.save(self.root, state)
+        handover.exec_agent(self.agent_file)
+        (self.root / handover.HANDOVER_FILE).unlink(missing_ok=True)  # the exec failed
+        self.job.resume_reading()
+
+    def _adopt(self) -> Desired | None:
+        """The release whose job an earlier agent of this process handed over, its job
+        adopted; None when there is none (or it is gone)."""
+        state, self.handed = self.handed, {}
+        job = state.get("job")
+        if not isinstance(job, dict) or not self.job.adopt(job):
+            return None
+        desired = Desired(Release(**state["release"]), str(state["workers"]))  # type: ignore[arg-type]
+        self.goodput = Goodput(str(state.get("goodputJob") or desired.run_key),
+                               state.get("goodput"))  # type: ignore[arg-type]
+        self._launched = time.monotonic() - float(state.get("launchedAgo") or 0)  # type: ignore[arg-type]
+        self._stop_sent = bool(state.get("stopSent"))
+        self._checkpointed_windows = set(state.get("windows") or [])  # type: ignore[arg-type]
+        self._running_package = desired.package_sha256
+        self.previous = {}
+        assert self.releases is not None
+        self.releases.taken(desired.release)
+        self.status.set(state="running", package=desired.package_sha256,
+                        release=desired.release.uri, step=self.job.run.step,
+                        message=f"agent {self.version} took over job pid "
+                                f"{self.job.process.pid if self.job.process else '?'} from agent "
+                                f"{state.get('from')}")
+        return desired
 
     def _serves_worker_0(self, desired: Desired) -> bool:
         return desired.workers == "0" and self.worker != 0
@@ -210,15 +333,13 @@ class Agent:
                 shown = self.releases.problem
                 self.status.set(state="retrying", message=f"{shown}; checking every "
                                 f"{release_poll_seconds():.0f}s")
-            self.wake.wait()
-            self.wake.clear()
+            self._sleep(None)
         return None
 
     def _wait_for_release(self, desired: Desired) -> Desired | None:
         """A release other than `desired`, or None on SIGTERM."""
         while not self.terminated.is_set():
-            self.wake.wait()
-            self.wake.clear()
+            self._sleep(None)
             if (new := self._new_release(desired)) is not None:
                 return new
         return None
@@ -229,19 +350,25 @@ class Agent:
         return None if new == desired else new
 
     def _run_once(self, desired: Desired | int) -> int:
-        """Install and run `desired`, following updates; the exit code."""
+        """Install and run `desired`, following updates; the exit code. A supervised
+        loop: anything unexpected is logged with its traceback and backed off like a
+        transient failure (a job still running is followed again, never started twice);
+        the agent exiting would let systemd SIGKILL the job without a save."""
         backoff = Backoff()
-        try:
-            while isinstance(desired, Desired):
-                try:
-                    desired = self._supervise(desired)
-                except TransientError as error:  # e.g. the metadata server, for a moment
-                    interrupted = self._pause(backoff, desired, str(error))
-                    desired = desired if interrupted is None else interrupted
-            return desired
-        except AgentError as error:
-            self.status.set(state="failed", message=str(error))
-            return EXIT_FAILED
+        while isinstance(desired, Desired):
+            try:
+                desired = self._supervise(desired)
+            except AgentError as error:
+                self.status.set(state="failed", message=str(error))
+                return EXIT_FAILED
+            except Exception as error:  # TransientError: e.g. the metadata server, for a moment
+                if not isinstance(error, TransientError):
+                    self.loops.fault("main", error)
+                why = str(error) if isinstance(error, TransientError) else \
+                    f"agent error {type(error).__name__}: {error}"
+                interrupted = self._pause(backoff, desired, why)
+                desired = desired if interrupted is None else interrupted
+        return desired
 
     def _supervise(self, desired: Desired) -> int | Desired:
         """Run `desired` to its outcome (an exit code) or to an update (the new Desired):
@@ -259,28 +386,33 @@ class Agent:
         self._begin_accounting(desired)
         retry, data_poll, crashes, hangs = Backoff(), Backoff(cap=DATA_POLL_CAP_SECONDS), 0, 0
         tpu_busy = False  # the job said another process holds the TPU
+        train_data = str(json.loads(desired.job_json).get("trainData") or "")
         while True:
-            if (interrupted := self._interrupted(desired)) is not None:
-                return interrupted
-            try:
-                package_dir = self._install(desired)
-            except TransientError as error:
-                if (interrupted := self._pause(retry, desired, str(error))) is not None:
+            package_dir = self.installer.package_dir(desired.package_sha256)
+            if not self.job.alive():  # else: adopted from an earlier agent, followed on
+                if (interrupted := self._interrupted(desired)) is not None:
                     return interrupted
-                continue
-            # No data yet: wait here rather than start TensorFlow (and the TPU) only to
-            # hear exit 66; the job still checks every pattern itself.
-            train_data = str(json.loads(desired.job_json).get("trainData") or "")
-            if train_data and not self._data_present(train_data):
-                if (interrupted := self._wait_for_data(data_poll, desired, train_data)) \
-                        is not None:
-                    return interrupted
-                continue
-            # Once the job found the TPU taken, start it again only when nothing holds it.
-            if tpu_busy and (held := self._tpu_held(desired)):
-                if (interrupted := self._pause(retry, desired, held)) is not None:
-                    return interrupted
-                continue
+                try:
+                    installed = self._install(desired)
+                except TransientError as error:
+                    if (interrupted := self._pause(retry, desired, str(error))) is not None:
+                        return interrupted
+                    continue
+                if not isinstance(installed, Path):
+                    return installed  # a stop or an update came during the install
+                # No data yet: wait here rather than start TensorFlow (and the TPU) only
+                # to hear exit 66; the job still checks every pattern itself.
+                if train_data and not self._data_present(train_data):
+                    if (interrupted := self._wait_for_data(data_poll, desired, train_data)) \
+                            is not None:
+                        return interrupted
+                    continue
+                # Once the job found the TPU taken, start it again only when nothing
+                # holds it.
+                if tpu_busy and (held := self._tpu_held(desired)):
+                    if (interrupted := self._pause(retry, desired, held)) is not None:
+                        return interrupted
+                    continue
             code, update = self._run_job(desired, package_dir)
             if update is not None:
                 return update
@@ -299,7 +431,8 @@ class Agent:
                 continue
             if code == EXIT_OK:
                 return self._succeeded(desired)
-            if code in STOPPED_EXITS or self.terminated.is_set() or self._notice():
+            if code in STOPPED_EXITS or self.terminated.is_set() or self._notice() or \
+                    self._stopped_in_start_up(code, run):
                 return self._stopped(code, run)
             if code in PERMANENT_EXITS:
                 self.status.set(state="failed", message=self._job_error(code, run))
@@ -359,10 +492,22 @@ class Agent:
                              f"{devices.lockfile_path()} (as TensorFlow's message advises)")
         return None
 
-    def _install(self, desired: Desired) -> Path:
+    def _install(self, desired: Desired) -> Path | int | Desired:
+        """The installed package (installed in the background, updates.Updater), or
+        what interrupted the wait for it (a stop, or another release installed first);
+        its failure is raised (TransientError: back off; AgentError: failed)."""
         if not self.installer.package_dir(desired.package_sha256).is_dir():
             self.status.set(state="installing", package=desired.package_sha256, message="")
-        return self.installer.ensure(desired.package_uri, desired.package_sha256)
+        self.updater.offer(desired)
+        while (result := self.updater.result(desired)) is None:
+            if self.terminated.is_set() or self._notice():
+                return self._interrupted(desired) or EXIT_PREEMPTED
+            if not self.updater.busy(desired):
+                self.updater.offer(desired)
+            self._sleep(FOLLOW_SECONDS)
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     def _job_error(self, code: int, run: JobRun) -> str:
         what = f"job exited with code {code}" if code >= 0 else f"job killed by signal {-code}"
@@ -392,8 +537,7 @@ class Agent:
                                                   f"(attempt {backoff.attempts})")
         deadline = time.monotonic() + delay
         while (left := deadline - time.monotonic()) > 0:
-            self.wake.wait(left)
-            self.wake.clear()
+            self._sleep(left)
             if (interrupted := self._interrupted(desired)) is not None:
                 return interrupted
         return None
@@ -409,8 +553,7 @@ class Agent:
             while True:
                 deadline = time.monotonic() + backoff.next_delay()
                 while (left := deadline - time.monotonic()) > 0:
-                    self.wake.wait(left)
-                    self.wake.clear()
+                    self._sleep(left)
                     if (interrupted := self._interrupted(desired)) is not None:
                         return interrupted
                 if self._data_present(pattern):
@@ -441,12 +584,17 @@ class Agent:
                               tpu_name=self._pod_tpu_name() if desired.workers == "0" else "",
                               runtime_version=self.attributes.get(RUNTIME_KEY, ""),
                               image_env=read_environment_file(Path("/etc/environment")))
-        self.status.note(f"starting job: package {desired.package_sha256}, config {config}")
-        self._account("infrastructure_recovery")
-        launched = time.monotonic()
-        self.job.start(config, env, cwd=package_dir)
-        self.status.set(state="running", package=desired.package_sha256,
-                        release=desired.release.uri, message="")
+        if self.job.alive():
+            launched = self._launched
+        else:
+            self.status.note(f"starting job: package {desired.package_sha256}, config {config}")
+            self._account("infrastructure_recovery")
+            self._stop_sent = False
+            launched = self._launched = time.monotonic()
+            self.job.start(config, env, cwd=package_dir)
+            self.status.set(state="running", package=desired.package_sha256,
+                            release=desired.release.uri, message="")
+            self._prune(desired)
         code, update = self._follow(desired)
         self.goodput.merge(settle_run(self.job.run, code, time.monotonic() - launched))
         self._since = time.monotonic()
@@ -459,26 +607,30 @@ class Agent:
         endpoints = self.attributes.get(NETWORK_ENDPOINTS_KEY, "").strip()
         return grpc_tpu_name(endpoints) if endpoints else node_id(self.attributes, self.metadata)
 
+    def _stop_job(self) -> int:
+        self._stop_sent = True
+        return self.job.stop()
+
     def _follow(self, desired: Desired) -> tuple[int, Desired | None]:
+        self._following = desired
         while self.job.poll() is None:
-            self.wake.wait(1.0)
-            self.wake.clear()
+            self._sleep(FOLLOW_SECONDS)
             if self.terminated.is_set():
                 self.status.note("SIGTERM: stopping the job so it checkpoints")
-                return self.job.stop(), None
+                return self._stop_job(), None
             if reason := self._notice():
                 self.status.note(f"{reason}: stopping the job so it saves inside the notice")
-                return self.job.stop(), None
+                return self._stop_job(), None
             if (hang := self.job.overdue()) is not None:
                 return self._stop_hung(hang, desired), None
             if window := self._maintenance_due():
                 self.status.note(f"maintenance window from {window['start']} to "
                                  f"{window.get('end', '?')}: stopping the job so it saves first")
                 self._maintenance_stop = True
-                return self.job.stop(), None
+                return self._stop_job(), None
             update = self._update(desired)
             if update is not None:
-                code = self.job.stop()
+                code = self._stop_job()
                 self.status.note(f"job stopped for the update (exit code {code})")
                 return code, update
         return self.job.wait(), None
@@ -492,6 +644,7 @@ class Agent:
             if desired.workers == "0" else None
         self.status.set(state="hung", phase=hang.phase, hang=hang.view() | {"at": utc_now()},
                         message=hang_message(hang, run.stacks_signal is not None, worker))
+        self._stop_sent = True
         return self.job.stop_hung(hang)
 
     def _maintenance_due(self) -> dict[str, str] | None:
@@ -511,23 +664,44 @@ class Agent:
         return window
 
     def _update(self, desired: Desired) -> Desired | None:
-        """A new release, installed while the old job still runs; None if none."""
-        new = self._new_release(desired)
-        if new is None:
+        """A new release once its package is installed (in the background, while the
+        current job runs and keeps receiving notices); None until then."""
+        if (new := self._new_release(desired)) is not None:
+            self._candidate = new
+            if not self.installer.package_dir(new.package_sha256).is_dir():
+                self.status.set(message=f"update: installing release {new.release.uri} in "
+                                        "the background")
+            self.updater.offer(new)
+        new = self._candidate
+        if new is None or (result := self.updater.result(new)) is None:
             return None
-        try:
-            self.status.set(message=f"update: installing release {new.release.uri}")
-            self.installer.ensure(new.package_uri, new.package_sha256)
-        except TransientError as error:
+        self._candidate = None
+        if isinstance(result, TransientError):
+            assert self.releases is not None
             self.releases.forget(new.release)
             self.status.set(message=f"update not installed yet, still running the current "
-                                    f"job: {error}")
+                                    f"job: {result}")
             return None
-        except AgentError as error:
-            self.status.set(message=f"update refused, still running the current job: {error}")
+        if isinstance(result, AgentError):
+            self.status.set(message=f"update refused, still running the current job: {result}")
             return None
         self.status.note("update installed: stopping the job so it checkpoints")
         return new
+
+    def _prune(self, desired: Desired) -> None:
+        """Keep the package now running and the one that ran before it."""
+        keep = {desired.package_sha256} | ({self._running_package} - {""})
+        self._running_package = desired.package_sha256
+        if self._candidate is not None:
+            keep.add(self._candidate.package_sha256)
+        try:
+            removed = self.installer.prune(keep)
+        except OSError as error:
+            log(f"pruning packages: {error}")
+            return
+        if removed:
+            self.status.note(f"removed installed packages {', '.join(removed)} (kept "
+                             f"{', '.join(sorted(keep))})")
 
     def _succeeded(self, desired: Desired) -> int:
         done = self.root / "done" / desired.run_key
@@ -536,9 +710,19 @@ class Agent:
         self.status.set(state="succeeded", message="job finished")
         return EXIT_OK
 
+    def _stopped_in_start_up(self, code: int, run: JobRun) -> bool:
+        """Killed by our SIGTERM before it could install its handler (the interpreter
+        still starting): it had not resumed, so it had nothing to save."""
+        return code == -signal.SIGTERM and run.step <= run.start_step and \
+            not run.reported and self._stop_sent
+
     def _stopped(self, code: int, run: JobRun) -> int:
         """The job stopped on a signal (ours or the VM's): `preempted`, not `failed`."""
         why = self._notice() or ("SIGTERM" if self.terminated.is_set() else "a stop signal")
+        if code == -signal.SIGTERM and self._stopped_in_start_up(code, run):
+            self.status.set(state="preempted", message=f"stopped ({why}) during the job's "
+                            f"start-up, before it trained: resumes from step {run.start_step}")
+            return EXIT_PREEMPTED
         if code == EXIT_PREEMPTED:
             saved = run.stop_save["step"] if run.stop_save else run.stopped_at or run.step
             self.status.set(state="preempted", stopSave=run.stop_save,
@@ -602,18 +786,51 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] != ["run"] or any(arg != "--stay" for arg in args[1:]):
         print(__doc__, file=sys.stderr)
         return 2
+    # The stop signals first (a SIGTERM before this would kill the agent and leave
+    # the job to systemd's SIGKILL); one that came during a hand-over is pending until
+    # the unblock below (node_agent/handover.py).
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    handover.unblock_signals()
     root = Path(os.environ.get("TPU_STACK_ROOT") or DEFAULT_ROOT)
     root.mkdir(parents=True, exist_ok=True)
     lock = hold_lock(root)
     if lock is None:
         log(f"another agent already supervises {root}; leaving it alone")
         return EXIT_OK
-    stop_stale_job(root)
-    try:
-        agent = Agent(root, stay="--stay" in args)
-    except (AgentError, TransientError) as error:
-        log(str(error))
-        return EXIT_FAILED
+    handed = handover.take(root)
+    if handed is None:
+        stop_stale_job(root)
+    agent = start_agent(root, "--stay" in args, handed, stopping)
+    if agent is None:
+        return EXIT_FAILED if not stopping.is_set() else EXIT_PREEMPTED
     signal.signal(signal.SIGTERM, agent.terminate)
     signal.signal(signal.SIGINT, agent.terminate)
+    signal.signal(signal.SIGHUP, agent.hang_up)
+    if stopping.is_set():
+        agent.terminate()
+    handover.mark_capable(root)
     return agent.run()
+
+
+def start_agent(root: Path, stay: bool, handed: Mapping[str, object] | None,
+                stopping: threading.Event) -> Agent | None:
+    """The agent, once the metadata server answers (a transient failure backs off for
+    as long as the node lives); None on a permanent problem or a stop signal."""
+    backoff = Backoff(base=1.0, cap=60.0)
+    while not stopping.is_set():
+        try:
+            return Agent(root, stay, handed)
+        except TransientError as error:
+            delay = backoff.next_delay()
+            log(f"starting: {error}; trying again in {delay:.0f}s")
+            stopping.wait(delay)
+        except AgentError as error:
+            log(str(error))
+            return None
+        except Exception:  # a bug on a rare path: logged, backed off, tried again
+            log(f"starting: {traceback.format_exc().rstrip()}")
+            stopping.wait(backoff.next_delay())
+    return None

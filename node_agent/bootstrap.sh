@@ -16,6 +16,9 @@ agent_tmp=$(mktemp "$root/.agent.pyz.XXXXXX")
 base64 -d > "$agent_tmp" <<'TPU_STACK_AGENT_ZIPAPP'
 @AGENT_ZIPAPP_BASE64@
 TPU_STACK_AGENT_ZIPAPP
+# A different agent.pyz than the one on disk: a running agent hands over to it (below).
+agent_changed=yes
+if cmp -s "$agent_tmp" "$root/agent.pyz"; then agent_changed=no; fi
 mv -f "$agent_tmp" "$root/agent.pyz"
 
 # TPU_STACK_INIT: auto (default), systemd or foreground. sd_booted(3): systemd
@@ -59,13 +62,31 @@ SuccessExitStatus=75 76
 KillSignal=SIGTERM
 KillMode=mixed
 TimeoutStopSec=150
+# A new agent.pyz takes over in place: SIGHUP makes the agent exec it, keeping its pid
+# (MAINPID), its cgroup and the job (node_agent/handover.py). systemd.service(5),
+# ExecReload=: its example is "kill -HUP \$MAINPID".
+ExecReload=/bin/kill -HUP \$MAINPID
 
 [Install]
 WantedBy=multi-user.target
 UNIT
+    was_active=no
+    if systemctl is-active --quiet "$unit"; then was_active=yes; fi
     systemctl daemon-reload
     # `start` on an active unit does nothing: a rerun never starts a second job.
     systemctl enable --now "$unit"
+    # systemd may have started the agent from the disk before this script wrote a new
+    # one (a metadata change does not rerun the script either; the agent watches the
+    # script for that). An agent that can hand over (it leaves run/agent-handover)
+    # execs the new file in place on `reload`, the job kept; an older one is restarted,
+    # which stops the job with a checkpoint first.
+    if [[ $was_active == yes && $agent_changed == yes ]]; then
+      if [[ -f $root/run/agent-handover ]]; then
+        systemctl reload "$unit"
+      else
+        systemctl restart "$unit"
+      fi
+    fi
     ;;
   foreground)
     exec "$python" "$root/agent.pyz" run

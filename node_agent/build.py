@@ -44,9 +44,10 @@ def zipapp() -> bytes:
     return out.getvalue()
 
 
-def startup_script() -> str:
-    """The bootstrap with the zipapp embedded; refuses to outgrow a metadata value."""
-    encoded = base64.b64encode(zipapp()).decode()
+def startup_script(agent: bytes | None = None) -> str:
+    """The bootstrap with the zipapp (`agent`, else this checkout's) embedded; refuses
+    to outgrow a metadata value."""
+    encoded = base64.b64encode(zipapp() if agent is None else agent).decode()
     lines = "\n".join(encoded[i:i + BASE64_LINE] for i in range(0, len(encoded), BASE64_LINE))
     script = (HERE / "bootstrap.sh").read_text().replace(ZIPAPP_MARKER, lines, 1)
     size = len(script.encode())

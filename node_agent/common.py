@@ -1,10 +1,32 @@
-"""What every part of the agent shares: its errors, retries with backoff, HTTP, its log."""
+"""What every part of the agent shares: its errors, retries with backoff, HTTP, its log.
+
+The fault model of every remote call the agent makes (the metadata server, the GCS
+JSON and upload APIs) lives here, in one place:
+
+- transient (retried with backoff, for as long as the node lives): any connection,
+  TLS (`ssl.SSLError`, `SSLEOFError` mid-body included: both are OSError) or timeout
+  failure; a body cut short (`http.client.IncompleteRead`, or fewer bytes than its
+  Content-Length: http.client's `read(amt)` returns short data on an early EOF
+  without raising, Lib/http/client.py `HTTPResponse.readinto`); a body that does not
+  decode or parse (`ValueError`, which `JSONDecodeError` and `UnicodeDecodeError`
+  are); HTTP 408, 429 and every 5xx. Cloud Storage's retry strategy names these
+  (cloud.google.com/storage/docs/retry-strategy: "408 Request Timeout, 429 Too Many
+  Requests, 5xx", plus "socket timeouts and TCP disconnects"); the metadata server
+  "may return 503 for a short time" during maintenance and asks clients to retry
+  (cloud.google.com/compute/docs/metadata/querying-metadata, "Handling metadata
+  server errors", as docs/tpu-facts.md quotes).
+- final (no retry: the caller names the problem): any other 4xx whose error body
+  arrived whole (its Content-Length, 0 included, or chunked to its end). A 4xx whose
+  body was cut short, or is empty with nothing saying where it ends, is not a definite
+  answer (a connection broken mid-answer) and counts as transient.
+"""
 
 from __future__ import annotations
 
 import datetime
 import hashlib
 import http.client
+import json
 import random
 import sys
 import time
@@ -28,7 +50,14 @@ class AgentError(Exception):
 
 
 class TransientError(Exception):
-    """A failure worth retrying (connection trouble, HTTP 429 or 5xx)."""
+    """A failure worth retrying (see the fault model above)."""
+
+
+TRANSIENT_STATUSES = frozenset({408, 429})  # and every 5xx
+
+
+def transient_status(code: int) -> bool:
+    return code in TRANSIENT_STATUSES or code >= 500
 
 
 def log(message: str) -> None:
@@ -84,27 +113,70 @@ def retrying(action: Callable[[], T], what: str, attempts: int = RETRY_ATTEMPTS)
 
 
 def open_url(request: urllib.request.Request, timeout: float) -> http.client.HTTPResponse:
-    """urlopen, sorting failures into TransientError or HTTPError (to the caller)."""
+    """urlopen, sorting failures by the fault model: TransientError, or an HTTPError
+    (to the caller) for a final 4xx, its whole body in `error.body`."""
     try:
         return urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as error:
-        if error.code == 429 or error.code >= 500:
+        if transient_status(error.code):
             raise TransientError(f"HTTP {error.code}") from None
+        try:
+            error.body = read_body(error)[0]  # type: ignore[attr-defined]
+        except TransientError as broken:
+            raise TransientError(f"HTTP {error.code} with a broken body: {broken}") from None
+        finally:
+            error.close()
+        framed = error.headers.get("Content-Length") is not None or \
+            "chunked" in (error.headers.get("Transfer-Encoding") or "").lower()
+        if not error.body and not framed:  # type: ignore[attr-defined]
+            raise TransientError(f"HTTP {error.code} without a body") from None
         raise
-    except (OSError, http.client.HTTPException) as error:
-        raise TransientError(str(error)) from None
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        raise TransientError(str(error) or type(error).__name__) from None
 
 
-def read_body(response: IO[bytes], out: IO[bytes] | None = None) -> tuple[bytes, str]:
-    """The body (or its copy into `out`) and its sha256; a broken transfer is transient."""
-    digest, chunks = hashlib.sha256(), []
+def read_body(response: IO[bytes], out: IO[bytes] | None = None,
+              deadline: float | None = None) -> tuple[bytes, str]:
+    """The body (or its copy into `out`) and its sha256; a broken transfer, fewer
+    bytes than the Content-Length announced, or one still arriving at the monotonic
+    `deadline` (a socket timeout bounds each read, not a trickle), is transient."""
+    digest, chunks, size = hashlib.sha256(), [], 0
     try:
         while chunk := response.read(CHUNK):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TransientError(f"transfer still running after its deadline "
+                                     f"({size} bytes so far)")
             digest.update(chunk)
+            size += len(chunk)
             if out is None:
                 chunks.append(chunk)
             else:
                 out.write(chunk)
-    except (ConnectionError, TimeoutError, http.client.HTTPException) as error:
-        raise TransientError(f"transfer interrupted: {error}") from None
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        raise TransientError(f"transfer interrupted: {error or type(error).__name__}") \
+            from None
+    headers = getattr(response, "headers", None)
+    announced = headers.get("Content-Length") if headers is not None else None
+    if announced is not None and announced.strip().isdigit() and int(announced) != size:
+        raise TransientError(f"transfer cut short: {size} of {int(announced)} bytes")
     return b"".join(chunks), digest.hexdigest()
+
+
+def decode_text(body: bytes, what: str) -> str:
+    """UTF-8 text of an answer; one that does not decode is a broken answer (transient)."""
+    try:
+        return body.decode()
+    except UnicodeDecodeError as error:
+        raise TransientError(f"{what}: the answer is not UTF-8 text: {error}") from None
+
+
+def parse_json(body: bytes | str, what: str, kind: type = dict) -> object:
+    """A JSON answer of type `kind`; one that does not parse, or is of another type,
+    is a broken answer (transient: the next attempt may get it whole)."""
+    try:
+        value = json.loads(body)
+    except ValueError as error:
+        raise TransientError(f"{what}: the answer is not JSON: {error}") from None
+    if not isinstance(value, kind):
+        raise TransientError(f"{what}: the answer is not a JSON {kind.__name__}")
+    return value

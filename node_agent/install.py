@@ -9,12 +9,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-from node_agent.common import AgentError
+from node_agent.common import AgentError, TransientError, log
 from node_agent.storage import Storage
 
 # How messages name a release's fields (contract C1: {job, package, sha256}).
 PACKAGE_SETTING = "the release's package"
 SHA256_SETTING = "the release's sha256"
+# pip installs a package's few wheels from local files in seconds; one still running
+# after this is stuck (a hung filesystem, a wedged subprocess) and is killed: the
+# install counts as transient and is tried again. The agent installs in the
+# background (agent.Updater), so this bounds how long an update waits, never a stop.
+PIP_TIMEOUT_SECONDS = 600.0
+# A download whose sha256 differs is tried again: a body cut short without a
+# Content-Length looks whole. The same wrong sha256 twice is the object's real
+# content, and refused.
+SHA256_ATTEMPTS = 3
 TF_KERAS_WHEEL = re.compile(r"^tf_keras-(\d+)\.(\d+)(?:\.[^-]*)?-.*\.whl$")
 
 
@@ -102,10 +111,30 @@ class Installer:
 
     def _download(self, package_uri: str, sha256: str, archive: Path) -> None:
         assert self.storage is not None
-        got = self.storage.download(package_uri, archive, PACKAGE_SETTING)
-        if got != sha256:
-            raise AgentError(f"{SHA256_SETTING}: {package_uri} has sha256 {got}, "
-                             f"not {sha256}; refusing to run it")
+        seen: set[str] = set()
+        for _ in range(SHA256_ATTEMPTS):
+            got = self.storage.download(package_uri, archive, PACKAGE_SETTING)
+            if got == sha256:
+                return
+            if got in seen:  # the same bytes twice: the object's real content
+                raise AgentError(f"{SHA256_SETTING}: {package_uri} has sha256 {got}, "
+                                 f"not {sha256}; refusing to run it")
+            seen.add(got)
+            log(f"download {package_uri}: sha256 {got}, not {sha256}; downloading again "
+                "(a transfer cut short looks whole without a Content-Length)")
+        raise TransientError(f"download {package_uri}: {len(seen)} different sha256s, "
+                             f"none {sha256}: transfers keep breaking")
+
+    def prune(self, keep: set[str]) -> list[str]:
+        """Remove every installed package but `keep` (the running one and the one
+        before it): one folder per release would fill the disk without bound."""
+        removed = []
+        folder = self.root / "packages"
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if path.name not in keep and not path.name.startswith("."):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path.name)
+        return removed
 
 
 def install_wheels(work: Path) -> None:
@@ -122,7 +151,12 @@ def install_wheels(work: Path) -> None:
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
                "--disable-pip-version-check", "--no-cache-dir", "--no-compile", "--target",
                str(work / "site"), *wheels]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, check=False,
+                                timeout=PIP_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise TransientError(f"pip did not finish installing within "
+                             f"{PIP_TIMEOUT_SECONDS:.0f}s; killed it") from None
     if result.returncode != 0:
         raise AgentError(f"pip could not install {', '.join(Path(w).name for w in wheels)}: "
                          f"{result.stderr.strip()[-400:]}")

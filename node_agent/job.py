@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -11,16 +13,19 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO
+from typing import Protocol
 
 from node_agent.common import log, utc_now
 from node_agent.contract import EXIT_PREEMPTED
 from node_agent.deadlines import STOP_SECONDS, Deadlines, Hang, PhaseClock
 from node_agent.job_lines import PROGRESS_PREFIX, JobRun
 from node_agent.status import Status
+from node_agent.supervise import Loop, Loops
 
 STOP_GRACE_SECONDS = STOP_SECONDS  # the unit's TimeoutStopSec leaves room above this
 EXIT_AFTER_STOP_SECONDS = 3.0  # after `stopped_at=N` (its checkpoint saved) the job gets this
+READ_WAIT_SECONDS = 0.5  # the reader looks up this often (to pause for a hand-over)
+LONGEST_LINE_BYTES = 1 << 20  # a longer run of output without a newline counts as a line
 
 
 def process_start_time(pid: int) -> str | None:
@@ -34,35 +39,147 @@ def process_start_time(pid: int) -> str | None:
     return None if fields[0] == "Z" else fields[19]
 
 
-class Job:
-    """The training process: its own session, a pid file, output parsed into a JobRun."""
+class Process(Protocol):
+    pid: int
 
-    def __init__(self, root: Path, status: Status):
+    def poll(self) -> int | None: ...
+    def wait(self) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
+class Adopted:
+    """A job process this agent did not start but inherited: an earlier agent of the
+    same process (exec in place, see agent.py) started it, so it is still this
+    process's child and waitpid(2) reaps it, as Popen would."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def _reap(self, flags: int) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # reaped elsewhere: its code is lost
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self) -> int:
+        code = self._reap(0)
+        assert code is not None
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Job:
+    """The training process: its own session, a pid file, output parsed into a JobRun.
+
+    Its output is read from the pipe's file descriptor in a supervised loop that never
+    stops before the end of the output: a line that cannot be taken in is logged and
+    skipped (the job would block on a full pipe otherwise). The reader can pause and
+    hand the descriptor, the unread part of a line and the JobRun to a new agent."""
+
+    def __init__(self, root: Path, status: Status, loops: Loops | None = None):
         self.pid_file = root / "run" / "job.pid"
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
         self.status = status
-        self.process: subprocess.Popen[bytes] | None = None
+        self.loops = loops or Loops()
+        self.process: Process | None = None
         self.run = JobRun()
         self.sessions: set[int] = set()  # every job started leads a session of its own
         self.on_progress: Callable[[JobRun, str], None] = lambda _run, _what: None
-        self._reader: threading.Thread | None = None
+        self._fd: int | None = None
+        self._stdout: object = None  # keeps Popen's pipe object (and so the fd) open
+        self._partial = b""
+        self._reader_stop = threading.Event()
+        self._reader: Loop | None = None
+        self._config: Path | None = None
         self.clock = PhaseClock(Deadlines(), 0, time.monotonic())
 
     def start(self, config: Path, env: Mapping[str, str], cwd: Path) -> None:
         command = [sys.executable, "-m", "tpu_training", "run", "--config", str(config)]
         self.run = JobRun()
-        job = json.loads(config.read_text())
-        self.clock = PhaseClock(Deadlines.for_job(job, env), int(job.get("trainSteps") or 0),
-                                time.monotonic())
+        process = subprocess.Popen(command, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        self.process = process
+        self.sessions.add(process.pid)
+        self.pid_file.write_text(f"{process.pid} {process_start_time(process.pid)}\n")
+        assert process.stdout is not None
+        self._stdout = process.stdout
+        self._read_from(process.stdout.fileno(), b"")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def handover(self) -> dict[str, object]:
+        """Pause the reader and describe the running job for a new agent of this same
+        process (its descriptor made inheritable across exec)."""
+        assert self.process is not None and self._fd is not None
+        self._reader_stop.set()
+        if self._reader is not None:
+            self._reader.done.wait(READ_WAIT_SECONDS * 4)
+        os.set_inheritable(self._fd, True)
+        return {"pid": self.process.pid, "started": process_start_time(self.process.pid),
+                "fd": self._fd, "partial": self._partial.decode(errors="replace"),
+                "run": {**dataclasses.asdict(self.run), "recent": list(self.run.recent)},
+                "sessions": sorted(self.sessions), "config": str(self._config or "")}
+
+    def resume_reading(self) -> None:
+        """Go on reading after a hand-over that did not happen."""
+        if self._fd is not None and (self._reader is None or self._reader.done.is_set()):
+            self._read_from(self._fd, self._partial)
+
+    def adopt(self, state: Mapping[str, object]) -> bool:
+        """Follow the job an earlier agent of this process handed over; False when it
+        is not the process that was described (then nothing is adopted)."""
+        pid, fd = int(state["pid"]), int(state["fd"])  # type: ignore[call-overload]
+        if process_start_time(pid) != state.get("started"):
+            return False
+        self.process = Adopted(pid)
+        run = dict(state["run"])  # type: ignore[call-overload]
+        recent = run.pop("recent", [])
+        self.run = JobRun(**run)
+        self.run.recent.extend(recent)
+        self._adopt_clock(Path(str(state.get("config") or "")))
+        self.sessions |= set(state.get("sessions") or [pid])  # type: ignore[arg-type]
+        os.set_inheritable(fd, False)
+        self._read_from(fd, str(state.get("partial") or "").encode())
+        return True
+
+    def _start_clock(self, job: Mapping[str, object], env: Mapping[str, str]) -> None:
+        steps = job.get("trainSteps")
+        self.clock = PhaseClock(Deadlines.for_job(job, env),
+                                steps if isinstance(steps, int) else 0, time.monotonic())
         self.status.progress(phase=self.clock.phase, progressAt=utc_now())
-        self.process = subprocess.Popen(command, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        self.sessions.add(self.process.pid)
-        self.pid_file.write_text(f"{self.process.pid} {process_start_time(self.process.pid)}\n")
-        self._reader = threading.Thread(target=self._read_output, args=(self.process.stdout,),
-                                        daemon=True)
-        self._reader.start()
+
+    def _adopt_clock(self, config: Path) -> None:
+        """The phase clock of a job handed over mid-run: its deadlines from its config,
+        its phase from what the run has seen (the time of its last line is not handed
+        over: it counts from now)."""
+        self._config = config
+        try:
+            job = json.loads(config.read_text())
+        except (OSError, ValueError):
+            job = {}
+        self._start_clock(job if isinstance(job, dict) else {}, os.environ)
+        now = time.monotonic()
+        self.clock.started(self.run.tpu_init_seconds, now)
+        if self.run.executions:
+            self.clock.executed(self.run.executions, self.run.step, now)
 
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -121,12 +238,40 @@ class Job:
         assert self.process is not None
         code = self.process.wait()
         if self._reader is not None:
-            self._reader.join(timeout=10)
+            self._reader.done.wait(10)
         self.pid_file.unlink(missing_ok=True)
         return code
 
-    def _read_output(self, stream: IO[bytes]) -> None:
-        for raw in stream:
+    def _read_from(self, fd: int, partial: bytes) -> None:
+        self._fd, self._partial = fd, partial
+        self._reader_stop = threading.Event()
+        self._reader = self.loops.start("job-output", self._read_some, self._reader_stop)
+
+    def _read_some(self) -> bool:
+        """One read of the job's output; False at its end."""
+        assert self._fd is not None
+        ready, _, _ = select.select([self._fd], [], [], READ_WAIT_SECONDS)
+        if not ready:
+            return True
+        chunk = os.read(self._fd, 1 << 16)
+        if not chunk:
+            if self._partial:
+                self._take(self._partial)
+                self._partial = b""
+            if self._stdout is None:  # an adopted descriptor is this reader's to close
+                os.close(self._fd)
+            return False
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for line in lines:
+            self._take(line + b"\n")
+        if len(self._partial) > LONGEST_LINE_BYTES:
+            self._take(self._partial + b"\n")
+            self._partial = b""
+        return True
+
+    def _take(self, raw: bytes) -> None:
+        """One line of output into job.log and the JobRun; a failure loses the line only."""
+        try:
             line = raw.decode(errors="replace")
             self.status.append_job_line(line)
             changed = self.run.read(line)
@@ -134,6 +279,8 @@ class Job:
                 self._timed(changed)
             if changed:
                 self.on_progress(self.run, changed)
+        except Exception as error:  # the reader never stops (see the class)
+            log(f"job output line not taken in: {type(error).__name__}: {error}")
 
     def _timed(self, changed: str | None) -> None:
         """A progress line: the phase clock moves on, status gets phase and time."""

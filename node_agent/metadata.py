@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
-from node_agent.common import AgentError, open_url, read_body, retrying
+from node_agent.common import (
+    RETRY_ATTEMPTS,
+    AgentError,
+    TransientError,
+    decode_text,
+    open_url,
+    parse_json,
+    read_body,
+    retrying,
+)
 from node_agent.contract import GUEST_NAMESPACE, NODE_KEY, TPU_ENV_KEY, WORKER_NUMBER_KEY
 
 DEFAULT_METADATA_HOST = "metadata.google.internal"
 WATCH_TIMEOUT_SECONDS = 60
+T = TypeVar("T")
 
 
 class Metadata:
@@ -27,56 +37,78 @@ class Metadata:
         self._token: tuple[str, float] | None = None
 
     def get(self, path: str, query: Mapping[str, str] | None = None,
-            timeout: float = 10.0) -> tuple[str | None, str]:
+            timeout: float = 10.0, attempts: int = RETRY_ATTEMPTS) -> tuple[str | None, str]:
         """(value or None when absent, ETag)."""
+        return self.get_parsed(path, lambda text: text, query, timeout, attempts)
+
+    def get_parsed(self, path: str, parse: Callable[[str], T],
+                   query: Mapping[str, str] | None = None, timeout: float = 10.0,
+                   attempts: int = RETRY_ATTEMPTS) -> tuple[T | None, str]:
+        """(parse(value) or None when absent, ETag). The parse runs inside the retried
+        call: an answer that does not parse is transient (common's fault model)."""
         url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
         request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
 
-        def fetch() -> tuple[str | None, str]:
+        def fetch() -> tuple[T | None, str]:
             try:
                 with open_url(request, timeout) as response:
-                    return read_body(response)[0].decode(), response.headers.get("ETag", "")
+                    text = decode_text(read_body(response)[0], f"metadata {path}")
+                    return parse(text), response.headers.get("ETag", "")
             except urllib.error.HTTPError as error:
                 if error.code == 404:
                     return None, ""
                 raise AgentError(f"metadata {path}: HTTP {error.code}") from None
 
-        return retrying(fetch, f"metadata {path}")
+        return retrying(fetch, f"metadata {path}", attempts)
 
     def attributes(self) -> dict[str, str]:
         """Every instance attribute, in one request."""
-        value, _ = self.get("instance/attributes/", {"recursive": "true"})
-        return json.loads(value or "{}")
+        value, _ = self.get_parsed("instance/attributes/",
+                                   lambda text: parse_json(text, "instance attributes"),
+                                   {"recursive": "true"})
+        return {str(k): str(v) for k, v in (value or {}).items()}  # type: ignore[union-attr]
 
     def watch(self, path: str, last_etag: str | None,
               query: Mapping[str, str] | None = None) -> tuple[str | None, str]:
         """`path` now (no `last_etag`), or once its ETag differs from `last_etag`; a
-        long-poll that times out answers the same value and ETag."""
+        long-poll that times out answers the same value and ETag. One attempt: the
+        watcher backs off itself (watchers.LongPoll)."""
         query = dict(query or {})
         timeout = 10.0
         if last_etag is not None:
             query |= {"wait_for_change": "true", "last_etag": last_etag,
                       "timeout_sec": str(WATCH_TIMEOUT_SECONDS)}
             timeout += WATCH_TIMEOUT_SECONDS
-        return self.get(path, query, timeout)
+        return self.get(path, query, timeout, attempts=1)
 
     def token(self) -> str:
         if self._token is None or self._token[1] < time.monotonic():
-            value, _ = self.get("instance/service-accounts/default/token")
-            if value is None:
+            answer, _ = self.get_parsed("instance/service-accounts/default/token", _token)
+            if answer is None:
                 raise AgentError("the metadata server has no token for the node's "
                                  "service account (is one attached to the TPU node?)")
-            answer = json.loads(value)
-            expires = time.monotonic() + float(answer.get("expires_in", 300)) - 60
-            self._token = (answer["access_token"], expires)
+            self._token = (answer[0], time.monotonic() + answer[1] - 60)
         return self._token[0]
 
     def put_guest_attribute(self, key: str, value: str) -> None:
         url = f"{self.base}instance/guest-attributes/{GUEST_NAMESPACE}/{key}"
         request = urllib.request.Request(url, data=value.encode(), method="PUT",
                                          headers={"Metadata-Flavor": "Google"})
-        with urllib.request.urlopen(request, timeout=5) as response:
-            response.read()
+        with open_url(request, timeout=5) as response:
+            read_body(response)
+
+
+def _token(text: str) -> tuple[str, float]:
+    """(access token, seconds it lasts) of the token endpoint's JSON answer."""
+    answer = parse_json(text, "metadata token")
+    token = answer.get("access_token")  # type: ignore[union-attr]
+    if not isinstance(token, str) or not token:
+        raise TransientError("metadata token: the answer has no access_token")
+    try:
+        lasts = float(answer.get("expires_in", 300))  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        lasts = 300.0
+    return token, lasts
 
 
 def parse_tpu_env(text: str) -> dict[str, str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import threading
@@ -15,6 +14,7 @@ from node_agent.common import AgentError, TransientError, log, utc_now
 from node_agent.contract import STATUS_KEY
 from node_agent.metadata import Metadata
 from node_agent.storage import Storage
+from node_agent.supervise import Loops
 
 STATUS_UPLOAD_SECONDS = 30.0
 STEP_PUBLISH_SECONDS = 2.0
@@ -37,7 +37,8 @@ class Status:
     compact JSON. job.log rolls locally and only its bounded tail goes to GCS.
     """
 
-    def __init__(self, metadata: Metadata, storage: Storage, root: Path, worker: int):
+    def __init__(self, metadata: Metadata, storage: Storage, root: Path, worker: int,
+                 loops: Loops | None = None):
         self.metadata = metadata
         self.storage = storage
         self.worker = worker
@@ -53,7 +54,7 @@ class Status:
         self._last_step_publish = 0.0
         self._uploaded: dict[str, bytes] = {}  # uri -> sha256 of what is there
         self._stop = threading.Event()
-        threading.Thread(target=self._upload_periodically, daemon=True).start()
+        (loops or Loops()).start("status-upload", self._upload_periodically, self._stop)
 
     def status_uri(self, worker: int | None = None) -> str | None:
         """This worker's status object (or another worker's: the prefix is the node's)."""
@@ -93,7 +94,14 @@ class Status:
         return {}
 
     def set(self, **fields: str | int | dict[str, object] | None) -> None:
-        """Change fields (None removes one) and publish everywhere (changes are rare)."""
+        """Change fields (None removes one) and publish everywhere (changes are rare).
+        Never raises: a status that cannot be published is logged, training goes on."""
+        try:
+            self._set(fields)
+        except Exception as error:  # publishing never raises
+            log(f"status not published: {type(error).__name__}: {error}")
+
+    def _set(self, fields: Mapping[str, str | int | dict[str, object] | None]) -> None:
         with self._lock:
             for key, value in fields.items():
                 if value is None:
@@ -113,7 +121,10 @@ class Status:
             self.fields["updated"] = utc_now()
             due = time.monotonic() - self._last_step_publish >= STEP_PUBLISH_SECONDS
         if due:
-            self._publish(upload=False)
+            try:
+                self._publish(upload=False)
+            except Exception as error:  # publishing never raises
+                log(f"status not published: {type(error).__name__}: {error}")
 
     def note(self, message: str) -> None:
         """An agent line, in the agent's log and in job.log."""
@@ -121,16 +132,27 @@ class Status:
         self.append_job_line(f"tpu-stack-agent: {utc_now()} {message}\n")
 
     def append_job_line(self, line: str) -> None:
-        with self._lock:
-            with self.log_path.open("a") as out:
-                out.write(line)
-                rolled = out.tell() > LOG_ROLL_BYTES
-            if rolled:
-                self.log_path.replace(self.log_path.with_name("job.log.1"))
+        """A line into job.log; a full or failing disk loses the line, nothing more."""
+        try:
+            with self._lock:
+                with self.log_path.open("a") as out:
+                    out.write(line)
+                    rolled = out.tell() > LOG_ROLL_BYTES
+                if rolled:
+                    self.log_path.replace(self.log_path.with_name("job.log.1"))
+        except OSError as error:
+            log(f"job.log: {error}")
 
     def close(self) -> None:
         self._stop.set()
         self._upload()
+
+    def flush(self) -> None:
+        """Publish the fields and upload now (before a hand-over to a new agent)."""
+        try:
+            self._publish(upload=True)
+        except Exception as error:  # publishing never raises
+            log(f"status not published: {type(error).__name__}: {error}")
 
     def _snapshot(self) -> dict[str, str | dict[str, object]]:
         with self._lock:
@@ -139,12 +161,15 @@ class Status:
 
     def _publish(self, upload: bool) -> None:
         fields = self._snapshot()
-        (self.dir / "status.json").write_text(self._json(fields))
+        try:
+            (self.dir / "status.json").write_text(self._json(fields))
+        except OSError as error:
+            log(f"status.json: {error}")
         with self._network:
             for key, text in attribute_texts(fields).items():
                 try:
                     self.metadata.put_guest_attribute(key, text)
-                except (OSError, http.client.HTTPException) as error:
+                except Exception as error:  # the fault model's transient ones, and any other
                     log(f"guest attribute {key}: {error}")
                     break
         if upload:
@@ -157,18 +182,18 @@ class Status:
         uri = self.status_uri()
         if not uri:
             return
-        fields = self._snapshot()
-        status = self._json(fields).encode()
-        with self._lock:
-            log_bytes = log_tail(self.log_path, LOG_TAIL_BYTES)
-        with self._network:
-            try:
+        try:
+            fields = self._snapshot()
+            status = self._json(fields).encode()
+            with self._lock:
+                log_bytes = log_tail(self.log_path, LOG_TAIL_BYTES)
+            with self._network:
                 self._upload_if_changed(uri, status, "application/json",
                                         status_metadata(fields))
                 self._upload_if_changed(uri.rsplit("/", 1)[0] + "/job.log", log_bytes,
                                         "text/plain")
-            except (AgentError, TransientError) as error:
-                log(f"status upload: {error}")
+        except Exception as error:  # publishing never raises
+            log(f"status upload: {type(error).__name__}: {error}")
 
     def _upload_if_changed(self, uri: str, data: bytes, content_type: str,
                            metadata: Mapping[str, str] | None = None) -> None:
@@ -178,7 +203,7 @@ class Status:
             self._uploaded[uri] = digest
 
     def _upload_periodically(self) -> None:
-        while not self._stop.wait(STATUS_UPLOAD_SECONDS):
+        if not self._stop.wait(STATUS_UPLOAD_SECONDS):
             self._upload()
 
 

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from node_agent.common import AgentError, open_url, read_body, retrying
+from node_agent.common import AgentError, open_url, parse_json, read_body, retrying
 from node_agent.metadata import Metadata
 
 DEFAULT_STORAGE_ENDPOINT = "https://storage.googleapis.com"
+# One download attempt may take this long (a package is a few MB to a few hundred):
+# every step of a background install is bounded (node_agent/updates.py).
+DOWNLOAD_DEADLINE_SECONDS = 900.0
 
 
 def split_gs_uri(uri: str, setting: str) -> tuple[str, str]:
@@ -62,7 +65,8 @@ class Storage:
             try:
                 with open_url(self._request(url), timeout=60) as response, \
                         destination.open("wb") as out:
-                    return read_body(response, out)[1]
+                    return read_body(response, out,
+                                     time.monotonic() + DOWNLOAD_DEADLINE_SECONDS)[1]
             except urllib.error.HTTPError as error:
                 raise AgentError(_download_refusal(uri, setting, error.code)) from None
 
@@ -96,24 +100,27 @@ class Storage:
             def fetch(url: str = url) -> dict:
                 try:
                     with open_url(self._request(url), timeout=30) as response:
-                        return json.loads(read_body(response)[0] or b"{}")
+                        return parse_json(read_body(response)[0], f"list gs://{bucket}/{prefix}")
                 except urllib.error.HTTPError as error:
                     raise AgentError(f"{setting}: listing gs://{bucket}/{prefix} failed with "
                                      f"HTTP {error.code}") from None
 
             page = retrying(fetch, f"list gs://{bucket}/{prefix}", attempts=attempts)
-            yield from page.get("items") or []
+            items = page.get("items") or []
+            yield from (item for item in items if isinstance(item, dict)) \
+                if isinstance(items, list) else []
             token = page.get("nextPageToken") or ""
             if not token:
                 return
 
     def any_match(self, pattern: str, setting: str) -> bool:
-        """Does any object match the gs:// glob `pattern`? One listing of the prefix
-        before the first wildcard, in pages, stopping at the first match."""
+        """Does `tf.io.gfile.glob(pattern)` find anything? One listing of the prefix
+        before the first wildcard, in pages, stopping at the first match (`gs_glob`)."""
         bucket, name_glob = split_gs_uri(pattern, setting)
-        prefix = re.split(r"[*?\[]", name_glob, maxsplit=1)[0]
-        return any(fnmatch.fnmatchcase(item.get("name", ""), name_glob)
-                   for item in self.list(bucket, prefix, setting, "name"))
+        prefix = re.split(r"[*?\[\\]", name_glob, maxsplit=1)[0]
+        matches = gs_glob(name_glob)
+        return any(matches(path) for item in self.list(bucket, prefix, setting, "name")
+                   for path in object_paths(str(item.get("name", "")), prefix))
 
     def upload(self, uri: str, data: bytes, content_type: str, setting: str,
                metadata: Mapping[str, str] | None = None) -> None:
@@ -132,8 +139,12 @@ class Storage:
         request = self._request(url, body, f"multipart/related; boundary={boundary}")
 
         def send() -> None:
-            with open_url(request, timeout=30) as response:
-                read_body(response)
+            try:
+                with open_url(request, timeout=30) as response:
+                    read_body(response)
+            except urllib.error.HTTPError as error:
+                raise AgentError(f"{setting}: uploading {uri} failed with HTTP {error.code}") \
+                    from None
 
         retrying(send, f"upload {uri}", attempts=3)
 
@@ -145,3 +156,62 @@ def _download_refusal(uri: str, setting: str, code: int) -> str:
         return (f"{setting}: the node's service account may not read {uri} "
                 f"(HTTP {code}); it needs storage.objects.get on the bucket")
     return f"{setting}: downloading {uri} failed with HTTP {code}"
+
+
+def gs_glob(pattern: str) -> Callable[[str], bool]:
+    """Whether an object name matches `pattern` as TensorFlow's GCS file system
+    matches it: `*` and `?` never match `/` (nor does a `[...]` class), `\\` escapes.
+
+    GcsFileSystem::GetMatchingPaths lists every object under the pattern's fixed
+    prefix and keeps each path (objects and the folders their names imply) for which
+    FileSystem::Match holds, which is `fnmatch(pattern, path, FNM_PATHNAME)`
+    (tensorflow/tsl/platform/cloud/gcs_file_system.cc, GetMatchingPaths;
+    xla/tsl/platform/file_system.cc, FileSystem::Match). Python's fnmatch lets `*`
+    cross `/`, so it would find `d/sub/x.tfrecord` for `d/*.tfrecord` where TF does not.
+    """
+    parts, i = [], 0
+    while i < len(pattern):
+        char = pattern[i]
+        i += 1
+        if char == "*":
+            parts.append("[^/]*")
+        elif char == "?":
+            parts.append("[^/]")
+        elif char == "\\" and i < len(pattern):
+            parts.append(re.escape(pattern[i]))
+            i += 1
+        elif char == "[" and (end := _class_end(pattern, i)) is not None:
+            body = pattern[i:end]
+            negate = body[:1] in ("!", "^")
+            body = body[1:] if negate else body
+            parts.append(f"[{'^' if negate else ''}{_class_text(body)}{'/' if negate else ''}]"
+                         if negate else f"(?!/)[{_class_text(body)}]")
+            i = end + 1
+        else:
+            parts.append(re.escape(char))
+    compiled = re.compile("".join(parts) + r"\Z", re.DOTALL)
+    return lambda name: compiled.match(name) is not None
+
+
+def _class_end(pattern: str, start: int) -> int | None:
+    """The index of the `]` closing a class opened before `start` (a `]` first, or
+    after `!`/`^`, is a member), or None when it is not closed (then `[` is literal)."""
+    i = start + (1 if pattern[start:start + 1] in ("!", "^") else 0)
+    i += 1 if pattern[i:i + 1] == "]" else 0
+    end = pattern.find("]", i)
+    return None if end < 0 else end
+
+
+def _class_text(body: str) -> str:
+    return "".join("\\" + c if c in "\\^]" else c for c in body)
+
+
+def object_paths(name: str, prefix: str) -> list[str]:
+    """The paths TF's GCS glob considers for one object: its name and every folder its
+    name implies below the listed prefix's folder (gcs_file_system.cc, AddAllSubpaths)."""
+    paths = [name]
+    folder = prefix.rsplit("/", 1)[0] + "/" if "/" in prefix else ""
+    rest = name[len(folder):].split("/")[:-1]
+    for depth in range(1, len(rest) + 1):
+        paths.append(folder + "/".join(rest[:depth]))
+    return paths

@@ -284,12 +284,28 @@ def worker_view(metadata: dict[str, str], worker: int, hosts: int) -> dict[str, 
     return view
 
 
-# systemctl for a rehearsed worker other than 0: `enable --now UNIT` runs the unit's
-# ExecStart (the agent as a service, `run --stay`) in the foreground, as systemd would.
-SYSTEMCTL = """#!/usr/bin/env bash
-[[ $1 == enable ]] || exit 0
-read -ra command < <(sed -n 's/^ExecStart=//p' "$TPU_STACK_UNIT_DIR/${!#}")
-exec "${command[@]}"
+# systemctl for a rehearsed worker other than 0 (and the agent tests): `enable --now
+# UNIT` or `start UNIT` runs the unit's ExecStart (the agent as a service, `run
+# --stay`) in the foreground, as systemd would, its pid kept as the unit's MAINPID
+# (exec keeps the pid); `is-active` asks whether that pid lives; `reload` runs the
+# unit's ExecReload with $MAINPID, as systemd.service(5) describes.
+SYSTEMCTL = r"""#!/usr/bin/env bash
+unit_file=$TPU_STACK_UNIT_DIR/${!#}
+main_pid=$unit_file.mainpid
+active() { [[ -f $main_pid ]] && kill -0 "$(cat "$main_pid")" 2>/dev/null; }
+case $1 in
+  is-active) active ;;
+  enable|start)
+    if [[ $1 == enable && $2 != --now ]] || active; then exit 0; fi
+    echo $$ > "$main_pid"
+    read -ra command < <(sed -n 's/^ExecStart=//p' "$unit_file")
+    exec "${command[@]}" ;;
+  reload)
+    active || exit 1
+    read -ra command < <(sed -n 's/^ExecReload=//p' "$unit_file")
+    "${command[@]//\$MAINPID/$(cat "$main_pid")}" ;;
+  *) exit 0 ;;
+esac
 """
 
 

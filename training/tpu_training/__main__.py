@@ -12,29 +12,35 @@ failure is one line on stderr, `tpu_training: error: <message>`.
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
-import json
-import os
-import signal
-import sys
-from collections.abc import Sequence
+from tpu_training.stopping import StopFlag
 
-from tpu_training import exits
-from tpu_training.config import (
+# Run as `python -m tpu_training`: the stop handler first, before any other import (a
+# SIGTERM from the agent during start-up then asks for a save instead of killing the
+# process); imported (tests), main() installs it.
+_EARLY_STOP = StopFlag().install() if __name__ == "__main__" else None
+
+import argparse  # noqa: E402 (after the stop handler, on purpose)
+import faulthandler  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+from tpu_training import exits  # noqa: E402
+from tpu_training.config import (  # noqa: E402
     MODEL_NAMES,
     RECORD_FORMATS,
     JobConfig,
     JobConfigError,
     tpu_init_seconds,
 )
-from tpu_training.goodput import Goodput
-from tpu_training.stopping import StopFlag
+from tpu_training.goodput import Goodput  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stop = _EARLY_STOP or StopFlag().install()  # before TensorFlow loads: it still saves
     args = _parser().parse_args(argv)
-    stop = StopFlag().install()  # before TensorFlow loads: a SIGTERM then still saves
     try:
         return args.command(args, stop)
     except JobConfigError as error:

@@ -21,6 +21,12 @@ this job for those two cases. The config's `standIn` picks the behaviour:
   block forever in `wait_forever` (its stacks name it).
 - `lost`: `lost` on stderr, then an error line and exit 1 (a pod client that lost a
   worker and gave up).
+- `train`: a step line every `stepSeconds` up to `steps`, resuming from the step
+  saved in `out`; SIGTERM saves the step reached (`saved ... reason=stop`,
+  `stopped_at=N`) and exits 75, as the real job does (docs/design.md, "Job stdout
+  lines"). The pid of each run is appended to `out`.pids.
+- `slow-start`: 60 s of start-up before anything is installed (the default SIGTERM
+  disposition kills it), standing in for a job stopped before its handler exists.
 """
 
 import faulthandler
@@ -52,9 +58,36 @@ def wait_forever() -> None:
     threading.Event().wait()  # SIGTERM's default action ends it; the agent kills it anyway
 
 
+def train(config: dict, out: Path) -> int:
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
+    with Path(f"{out}.pids").open("a") as pids:
+        pids.write(f"{os.getpid()}\n")
+    step = int(out.read_text()) if out.exists() else 0
+    print(f"tpu_training resumed_from={step}", flush=True)
+    while step < config["steps"] and not stop:
+        time.sleep(config.get("stepSeconds", 0.2))
+        step += 1
+        print(f"tpu_training step={step} loss=0.5", flush=True)
+    out.write_text(str(step))
+    reason = "stop" if stop else "final"
+    print(f"tpu_training saved step={step} seconds=0.01 bytes=1 reason={reason}", flush=True)
+    if stop:
+        print(f"tpu_training stopped_at={step}", flush=True)
+        return 75
+    print(f"tpu_training complete={step} export=none", flush=True)
+    return 0
+
+
 def main() -> int:
     config = json.loads(Path(sys.argv[sys.argv.index("--config") + 1]).read_text())
     out = Path(config["out"])
+    if config["standIn"] == "train":
+        return train(config, out)
+    if config["standIn"] == "slow-start":
+        out.write_text("starting")
+        time.sleep(60)
+        return 0
     if config["standIn"] == "environment":
         out.write_text(json.dumps(dict(os.environ)))
         print("tpu_training step=1 loss=0.5", flush=True)

@@ -1,0 +1,271 @@
+"""The agent's fault model and its supervised loops, unit by unit (issue 27)."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import ssl
+import threading
+import time
+from email.message import Message
+from pathlib import Path
+
+import pytest
+
+from node_agent import common, handover, install, metadata, status, storage, supervise, watchers
+from ops.local.metadata_server import MetadataServer
+from tests.agent.conftest import BUCKET
+from tests.fakes.fault_proxy import Chaos, FaultProxy
+
+GOOD = {"tpu-stack-release": f"gs://{BUCKET}/releases/x/", "tpu-stack-workers": "all"}
+
+
+class _Answer(io.BytesIO):
+    """A response body with headers, as urlopen gives one."""
+
+    def __init__(self, data: bytes, length: int | None = None,
+                 error: BaseException | None = None):
+        super().__init__(data)
+        self.headers = Message()
+        if length is not None:
+            self.headers["Content-Length"] = str(length)
+        self.error = error
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        if not chunk and self.error is not None:
+            raise self.error
+        return chunk
+
+
+@pytest.mark.parametrize("broken", [
+    _Answer(b"0123", error=ssl.SSLEOFError(8, "EOF occurred in violation of protocol")),
+    _Answer(b"0123", error=http.client.IncompleteRead(b"0123", 6)),
+    _Answer(b"0123", error=TimeoutError("timed out")),
+    _Answer(b"0123", length=10),  # http.client returns short data on an early EOF
+], ids=["ssl-eof", "incomplete-read", "timeout", "short-content-length"])
+def test_a_body_cut_short_in_any_way_is_transient(broken: _Answer) -> None:
+    with pytest.raises(common.TransientError):
+        common.read_body(broken)
+
+
+def test_a_whole_body_passes_with_its_sha256() -> None:
+    body, sha = common.read_body(_Answer(b"0123456789", length=10))
+    assert body == b"0123456789"
+    assert sha == "84d89877f0d4041efb6bf91a16f0248f2fd573e6af05c19f96bedb9f882f7882"
+
+
+@pytest.mark.parametrize("text", ['{"a": ', "[1, 2]", b"\xff\xfe"], ids=["cut", "list", "bytes"])
+def test_an_answer_that_does_not_parse_is_transient(text: str | bytes) -> None:
+    with pytest.raises(common.TransientError, match="instance attributes"):
+        common.parse_json(text, "instance attributes")
+
+
+@pytest.mark.parametrize(("code", "transient"), [(408, True), (429, True), (500, True),
+                                                   (503, True), (403, False), (404, False)])
+def test_statuses_follow_the_gcs_retry_strategy(code: int, transient: bool) -> None:
+    assert common.transient_status(code) is transient
+
+
+def test_a_4xx_is_final_only_with_its_whole_body() -> None:
+    with MetadataServer(GOOD) as server:
+        client = metadata.Metadata(server.host)
+        assert client.get("instance/absent") == (None, "")  # 404 with a body: final
+        with FaultProxy(server.host, chaos=Chaos(seed=1, rate=1.0, kinds=("cut",))) as proxy:
+            cut = metadata.Metadata(proxy.address)
+            with pytest.raises(common.TransientError, match="404 with a broken body"):
+                cut.get("instance/absent", attempts=1)
+
+
+def test_metadata_answers_broken_every_way_are_retried_until_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common.time, "sleep", lambda _: None)
+    with MetadataServer(GOOD) as server, \
+            FaultProxy(server.host, chaos=Chaos(seed=5, rate=0.5)) as proxy:
+        client = metadata.Metadata(proxy.address)
+        for _ in range(20):
+            assert client.attributes() == GOOD
+            client._token = None
+            assert client.token() == "fake-metadata-token"
+    assert sum(proxy.chaos_sent.values()) >= 10
+
+
+def test_tf_glob_semantics_star_never_crosses_a_slash() -> None:
+    # tf.io.gfile.glob on gs:// is fnmatch with FNM_PATHNAME (gcs_file_system.cc).
+    matches = storage.gs_glob("d/*.tfrecord")
+    assert matches("d/x.tfrecord")
+    assert not matches("d/sub/x.tfrecord")  # Python's fnmatch would say yes
+    assert storage.gs_glob("d/*/x-?.tfrecord")("d/a/x-1.tfrecord")
+    assert not storage.gs_glob("d/*/x-?.tfrecord")("d/a/b/x-1.tfrecord")
+    assert not storage.gs_glob("d/[!a]x")("d//x")
+    assert storage.gs_glob(r"d/\*")("d/*") and not storage.gs_glob(r"d/\*")("d/x")
+    # A folder implied by an object name is a path TF's glob returns too.
+    assert storage.object_paths("d/sub/x.tfrecord", "d/") == ["d/sub/x.tfrecord", "d/sub"]
+
+
+class _Listing:
+    """Storage.list of one object name."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+
+    def list(self, bucket: str, prefix: str, setting: str, fields: str) -> list[dict]:
+        return [{"name": name} for name in self.names if name.startswith(prefix)]
+
+
+def test_data_only_in_a_subfolder_does_not_match_one_level() -> None:
+    listing = _Listing(["d/sub/x.tfrecord"])
+    check = storage.Storage.any_match
+    assert not check(listing, f"gs://{BUCKET}/d/*.tfrecord", "trainData")  # type: ignore[arg-type]
+    assert check(listing, f"gs://{BUCKET}/d/*/*.tfrecord", "trainData")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("answer", [
+    '{"windowStartTime": "2024-12-01T19:00:01Z", "windowEndTime": "2024-12-01T21:00:01Z", '
+    '"type": "SCHEDULED", "maintenanceStatus": "PENDING"}',
+    '{"window_start_time": "2024-12-01T19:00:01Z", "window_end_time": "2024-12-01T21:00:01Z", '
+    '"type": "SCHEDULED", "maintenance_status": "PENDING"}'], ids=["camelCase", "snake_case"])
+def test_maintenance_is_read_in_both_casings(answer: str) -> None:
+    assert watchers.parse_maintenance(answer) == {
+        "start": "2024-12-01T19:00:01Z", "end": "2024-12-01T21:00:01Z", "type": "SCHEDULED",
+        "status": "PENDING"}
+
+
+class _Ignores:
+    """A metadata server whose key ignores wait_for_change: it answers at once."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def watch(self, path: str, etag: str | None, params: object = None) -> tuple[str, str]:
+        self.calls += 1
+        return "FALSE", "same-etag"
+
+
+def test_a_key_that_ignores_wait_for_change_is_polled_at_most_once_a_second() -> None:
+    server, stopped = _Ignores(), threading.Event()
+    loops = supervise.Loops()
+    poll = watchers.LongPoll(server, "instance/preempted", stopped,  # type: ignore[arg-type]
+                             lambda _value: None)
+    loops.start("poll", poll.step, stopped)
+    time.sleep(2.5)
+    stopped.set()
+    loops.stop()
+    assert 2 <= server.calls <= 4  # without the floor: thousands
+
+
+class _Failing:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def watch(self, path: str, etag: str | None, params: object = None) -> tuple[str, str]:
+        self.calls += 1
+        raise common.TransientError("HTTP 503")
+
+
+def test_a_503_on_upcoming_maintenance_backs_off_without_a_storm() -> None:
+    server, stopped = _Failing(), threading.Event()
+    poll = watchers.LongPoll(server, watchers.UPCOMING_MAINTENANCE_PATH, stopped,  # type: ignore[arg-type]
+                             lambda _value: None,
+                             retry_cap=watchers.MAINTENANCE_RETRY_CAP_SECONDS)
+    delays = [poll.backoff.next_delay() for _ in range(12)]
+    assert delays[-1] >= watchers.MAINTENANCE_RETRY_CAP_SECONDS / 2  # minutes apart
+    loops = supervise.Loops()
+    loops.start("poll", poll.step, stopped)
+    time.sleep(1.5)
+    stopped.set()
+    assert server.calls == 1  # one request, then a wait of many minutes
+
+
+def test_a_loop_that_raises_runs_again_and_a_dead_thread_is_restarted() -> None:
+    loops, stopped, calls = supervise.Loops(), threading.Event(), []
+
+    def body() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("a bad answer")
+        time.sleep(0.05)
+
+    loop = loops.start("flaky", body, stopped)
+    deadline = time.monotonic() + 5
+    while len(calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(calls) >= 3 and loops.health()["threadFaults"] == 1
+    stopped_thread = threading.Event()
+    loop.thread = threading.Thread(target=stopped_thread.set)  # stands in for a dead thread
+    loop.thread.start()
+    loop.thread.join()
+    assert loops.check() == ["flaky"]
+    assert loops.health()["threadRestarts"] == 1 and loop.thread.is_alive()
+    stopped.set()
+    loops.stop()
+
+
+class _Broken:
+    def put_guest_attribute(self, key: str, value: str) -> None:
+        raise common.TransientError("HTTP 503")
+
+    def read(self, *args: object, **kwargs: object) -> None:
+        raise ValueError("not JSON")
+
+    def upload(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("anything at all")
+
+
+def test_publishing_a_status_never_raises(tmp_path: Path) -> None:
+    published = status.Status(metadata=_Broken(), storage=_Broken(),  # type: ignore[arg-type]
+                              root=tmp_path, worker=0)
+    published.prefix = f"gs://{BUCKET}/status/never-raises/"
+    try:
+        published.set(state="running", message="go on")
+        published.progress(step=3)
+        published.flush()
+    finally:
+        published.close()
+    assert json.loads((tmp_path / "status" / "worker-0" / "status.json").read_text())[
+        "state"] == "running"
+
+
+class _Downloads:
+    """A package download answering these sha256s in turn."""
+
+    def __init__(self, shas: list[str]):
+        self.shas = shas
+
+    def download(self, uri: str, destination: Path, setting: str) -> str:
+        return self.shas.pop(0)
+
+
+def test_a_cut_download_is_fetched_again_and_the_same_wrong_sha_twice_refused(
+        tmp_path: Path) -> None:
+    good = "a" * 64
+    installer = install.Installer(tmp_path, _Downloads(["b" * 64, good]))  # type: ignore[arg-type]
+    installer._download("gs://b/p.tar.gz", good, tmp_path / "p")  # the second one is whole
+    refused = install.Installer(tmp_path, _Downloads(["c" * 64, "c" * 64]))  # type: ignore[arg-type]
+    with pytest.raises(common.AgentError, match="refusing to run it"):
+        refused._download("gs://b/p.tar.gz", good, tmp_path / "p")
+    broken = install.Installer(tmp_path, _Downloads(["d" * 64, "e" * 64, "f" * 64]))  # type: ignore[arg-type]
+    with pytest.raises(common.TransientError, match="3 different sha256s"):
+        broken._download("gs://b/p.tar.gz", good, tmp_path / "p")
+
+
+def test_only_the_running_and_the_previous_package_are_kept(tmp_path: Path) -> None:
+    installer = install.Installer(tmp_path, None)
+    for name in ("old", "previous", "running", ".partial-one"):
+        (tmp_path / "packages" / name).mkdir(parents=True)
+    assert installer.prune({"previous", "running"}) == ["old"]
+    assert sorted(p.name for p in (tmp_path / "packages").iterdir()) == [
+        ".partial-one", "previous", "running"]
+
+
+def test_the_agent_in_a_startup_script_is_found_and_checked() -> None:
+    from node_agent import build
+
+    script = build.startup_script()
+    assert handover.zipapp_in_script(script) == build.zipapp()
+    assert handover.zipapp_in_script("#!/bin/bash\necho no agent\n") is None
+    lines = script.splitlines()
+    end = lines.index(handover.HEREDOC)
+    cut = "\n".join(lines[:end - 3] + lines[end:])  # the zip's end (its directory) lost
+    assert handover.zipapp_in_script(cut) is None
