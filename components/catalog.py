@@ -515,6 +515,7 @@ STOP_SAVE_SHARE_OF_NOTICE = 0.5
 # (their pages were not found in the docs searched, 2026-12-03).
 PEAK_BF16_FLOPS_PER_CHIP = {"v2": 45e12, "v3": 123e12, "v4": 275e12, "v5e": 197e12,
                             "v5p": 459e12, "v6e": 918e12}
+PEAK_FLOPS_UNCONFIRMED = frozenset({"v2", "v4"})  # as said above: the preview marks them ~
 
 
 def peak_flops_per_second(tpu: Slice) -> float:
@@ -525,6 +526,7 @@ def peak_flops_per_second(tpu: Slice) -> float:
 # The share of that peak a training step reaches. Unconfirmed: an assumption for ResNet-
 # style convolutional training in bfloat16 (no measured TPU step time for these models).
 ASSUMED_FLOPS_UTILIZATION = 0.3
+ASSUMED_FLOPS_UTILIZATION_CONFIRMED = False  # the preview marks what rests on it ~
 
 
 def stop_notice_seconds(*, spot: bool) -> int:

@@ -9,6 +9,11 @@ So it is priced at the on-demand list price and marked `reserved`, unless it run
 a commitment (`commitment: 1-year | 3-year`, a reservation with a committed use discount
 attached): then at that committed-use price. Every node also carries its price at each
 rate (on-demand, spot, 1-year, 3-year), so the estimate can show them side by side.
+
+Where the node's job is known (a stack's settings), it also carries the cost of one
+training step (`StepCost`): the step's seconds as the stop budget estimates them
+(components/stop_save.py, `step_seconds`: FLOPs-bound at an assumed utilisation) at the
+node's hourly price.
 """
 
 from __future__ import annotations
@@ -17,6 +22,46 @@ from dataclasses import dataclass, field
 
 from components import catalog
 from components.settings import NodeSettings, StackSettings
+from components.stop_save import step_seconds
+from tpu_training.config import JobConfig, train_flops_per_example
+
+SECONDS_PER_HOUR = 3600
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One training step of a node's job: its seconds (FLOPs-bound, stop_save.py) and
+    what it costs at the node's hourly price (None where the catalog has none)."""
+
+    job: str
+    model: str
+    global_batch_size: int
+    flops_per_example: float
+    peak_flops_per_second: float
+    seconds: float
+    usd: float | None
+    # What the figure rests on that the catalog marks unconfirmed: "utilisation",
+    # "peak" (the generation's peak FLOPs), "price".
+    unconfirmed: tuple[str, ...] = ()
+
+    @property
+    def usd_per_1000_steps(self) -> float | None:
+        return None if self.usd is None else self.usd * 1000
+
+
+def step_cost(node: NodeSettings, job: JobConfig, usd_per_hour: float | None,
+              price_confirmed: bool) -> StepCost:
+    """`job`'s training step on `node`, priced at `usd_per_hour` (the node's own rate)."""
+    seconds = step_seconds(node, job)
+    unsure = {"utilisation": not catalog.ASSUMED_FLOPS_UTILIZATION_CONFIRMED,
+              "peak": node.tpu.generation.name in catalog.PEAK_FLOPS_UNCONFIRMED,
+              "price": usd_per_hour is not None and not price_confirmed}
+    return StepCost(
+        job=node.job, model=job.model, global_batch_size=job.globalBatchSize,
+        flops_per_example=train_flops_per_example(job),
+        peak_flops_per_second=catalog.peak_flops_per_second(node.tpu), seconds=seconds,
+        usd=None if usd_per_hour is None else usd_per_hour * seconds / SECONDS_PER_HOUR,
+        unconfirmed=tuple(what for what, unsure in unsure.items() if unsure))
 
 
 @dataclass(frozen=True)
@@ -34,6 +79,7 @@ class NodeCost:
     committed_confirmed: bool = True  # the generation's committed-use prices
     # The slice at every rate (RATES), None where the catalog has no such price.
     by_rate: dict[str, float | None] = field(default_factory=dict)
+    step: StepCost | None = None  # where the node's job is known (settings_cost)
 
     @property
     def spot_saving_usd_per_hour(self) -> float | None:
@@ -90,17 +136,20 @@ class StackCost:
         return {team: StackCost(nodes) for team, nodes in sorted(teams.items())}
 
 
-def node_cost(node: NodeSettings, team: str | None = None, name: str | None = None) -> NodeCost:
+def node_cost(node: NodeSettings, team: str | None = None, name: str | None = None,
+              job: JobConfig | None = None) -> NodeCost:
+    """`node`'s price; with `job` (the job it runs), also the cost of one of its steps."""
     tpu = node.tpu
     price = tpu.generation.price
     confirmed = price.committed_confirmed if node.commitment else price.confirmed
     source = f"{tpu.generation.name}: {price.source}"
     if node.commitment:
         source += f"; committed use: {price.committed_source}"
+    hourly = catalog.usd_per_hour(tpu, spot=node.spot, commitment=node.commitment)
     return NodeCost(
         name=name or node.name,
         chips=tpu.chips,
-        usd_per_hour=catalog.usd_per_hour(tpu, spot=node.spot, commitment=node.commitment),
+        usd_per_hour=hourly,
         on_demand_usd_per_hour=catalog.usd_per_hour(tpu, spot=False),
         team=team,
         spot=node.spot,
@@ -110,6 +159,7 @@ def node_cost(node: NodeSettings, team: str | None = None, name: str | None = No
         commitment=node.commitment,
         committed_confirmed=price.committed_confirmed,
         by_rate=rates(tpu),
+        step=None if job is None else step_cost(node, job, hourly, confirmed),
     )
 
 
@@ -122,17 +172,20 @@ def rates(tpu: catalog.Slice) -> dict[str, float | None]:
 
 
 def settings_cost(settings: StackSettings) -> StackCost:
-    """Every node of the stack. Where the stack serves teams, each node names
-    its team, and a team's node is `<team>-<node>`, as its TpuNode component
-    (`node-<team>-<node>`, components/platform.py) is."""
+    """Every node of the stack, with the cost of a step of its job. Where the stack
+    serves teams, each node names its team, and a team's node is `<team>-<node>`, as its
+    TpuNode component (`node-<team>-<node>`, components/platform.py) is."""
+    # node_jobs lists the nodes in all_nodes' order (the stack's own, then each team's).
+    jobs = [job for _, job in settings.node_jobs]
     if not (settings.teams or settings.is_team_stack):
-        return stack_cost(settings.nodes)
+        return StackCost([node_cost(node, job=job)
+                          for node, job in zip(settings.nodes, jobs, strict=True)])
     def name(team: str, node: NodeSettings) -> str:
         own = team == settings.team and not settings.is_team_stack
         return node.name if own else f"{team}-{node.name}"
 
-    return StackCost([node_cost(node, team, name(team, node))
-                      for team, node in settings.all_nodes])
+    return StackCost([node_cost(node, team, name(team, node), job)
+                      for (team, node), job in zip(settings.all_nodes, jobs, strict=True)])
 
 
 def stack_cost(nodes: list[NodeSettings]) -> StackCost:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pulumi
 
-from components import locality, progress_deadline, project, stop_save
+from components import catalog, locality, progress_deadline, project, stop_save
 from components.archive import PackageError
-from components.cost import RATES, StackCost, settings_cost
+from components.cost import RATES, StackCost, StepCost, settings_cost
 from components.settings import StackSettings, load_settings
 from components.stack_config import file_config
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
@@ -96,7 +96,8 @@ def cost_json(cost: StackCost) -> dict[str, Any]:
              "spotSavingUsdPerHour": n.spot_saving_usd_per_hour,
              "reserved": n.reserved, "priceConfirmed": n.price_confirmed,
              "priceSource": n.price_source, "commitment": n.commitment,
-             "byRate": n.by_rate, "committedConfirmed": n.committed_confirmed}
+             "byRate": n.by_rate, "committedConfirmed": n.committed_confirmed,
+             **({"step": step_json(n.step)} if n.step is not None else {})}
             for n in cost.nodes
         ],
         # Every node at each rate, side by side: on-demand, spot, 1- and 3-year commitments.
@@ -110,6 +111,23 @@ def cost_json(cost: StackCost) -> dict[str, Any]:
         **({"byTeam": {team: {"usdPerHour": c.usd_per_hour, "usdPerMonth": c.usd_per_month}
                        for team, c in cost.by_team().items()}} if cost.by_team() else {}),
     }
+
+
+def significant(value: float | None, digits: int = 4) -> float | None:
+    """`value` to `digits` significant digits: an estimate's JSON without float noise."""
+    return None if value is None else float(f"{value:.{digits}g}")
+
+
+def step_json(step: StepCost) -> dict[str, Any]:
+    """One training step of the node's job: FLOPs-bound seconds at the assumed
+    utilisation (components/stop_save.py) and its cost at the node's rate."""
+    return {"job": step.job, "model": step.model, "globalBatchSize": step.global_batch_size,
+            "flopsPerExample": step.flops_per_example,
+            "peakFlopsPerSecond": step.peak_flops_per_second,
+            "assumedUtilization": catalog.ASSUMED_FLOPS_UTILIZATION,
+            "seconds": significant(step.seconds), "usd": significant(step.usd),
+            "usdPer1000Steps": significant(step.usd_per_1000_steps),
+            "unconfirmed": list(step.unconfirmed)}
 
 
 def offline_plan(stack: str, config: dict[str, str] | None = None) -> Plan:

@@ -8,6 +8,7 @@ so a plan saved by another branch renders the same way.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -235,6 +236,62 @@ def node_tables(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
               markdown=False)])]
 
 
+STEP_HEADERS = ("node", "model", "batch", "step seconds", "USD/step", "USD/1,000 steps",
+                "unconfirmed")
+
+
+def significant(value: float, digits: int = 2) -> str:
+    """`value` in fixed notation to `digits` significant digits, or to the unit where it
+    has more: 0.00021, 0.042, 12, 1,234."""
+    if value == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{decimals}f}"
+
+
+def step_money(usd: float | None) -> str:
+    """A step's cost: cents from $1 up, else two significant digits ($0.00021)."""
+    if usd is None or usd >= 1:
+        return money(usd)
+    return f"${significant(usd)}"
+
+
+def step_rows(plan: Mapping[str, Any]) -> list[list[str]]:
+    """One row per node whose job the plan knows: a training step's estimated seconds
+    and cost at the node's rate (components/cost.py StepCost), `~` where unconfirmed."""
+    rows = []
+    for node in plan.get("cost", {}).get("nodes", []):
+        step = node.get("step")
+        if step is None:
+            continue
+        unsure = step.get("unconfirmed", [])
+        about_time = "~" if {"utilisation", "peak"} & set(unsure) else ""
+        about_usd = "~" if unsure and step.get("usd") is not None else ""
+        rows.append([node["name"], step["model"],
+                     str(step["globalBatchSize"]), f"{about_time}{significant(step['seconds'])}",
+                     about_usd + step_money(step.get("usd")),
+                     about_usd + step_money(step.get("usdPer1000Steps")), ", ".join(unsure)])
+    return rows
+
+
+def step_tables(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
+    """The cost of a training step per node, or nothing for a plan without it."""
+    rows = step_rows(plan)
+    return [table(STEP_HEADERS, rows, markdown=markdown)] if rows else []
+
+
+def step_line(cost: Mapping[str, Any]) -> str | None:
+    """How the step table's figures are made, with their assumption."""
+    steps = [n["step"] for n in cost.get("nodes", []) if n.get("step")]
+    if not steps:
+        return None
+    utilisation = steps[0]["assumedUtilization"]
+    return (f"- a training step: the job's FLOPs per example x globalBatchSize over the "
+            f"slice's peak bf16 FLOPs at an assumed {utilisation:.0%} utilisation "
+            f"(unconfirmed; the stop budget's estimate, components/stop_save.py), at the "
+            f"node's hourly price; a lower bound where input or per-step overhead dominates")
+
+
 def cost_summary(plan: Mapping[str, Any]) -> str:
     cost = plan.get("cost", {})
     hourly = shown_total(plan)
@@ -252,6 +309,8 @@ def cost_summary(plan: Mapping[str, Any]) -> str:
                      f"{', '.join(cost['reserved'])}")
     if rates := rates_line(cost):
         lines.append(rates)
+    if step := step_line(cost):
+        lines.append(step)
     if cost.get("unconfirmed"):
         lines.append(f"- priced from an unconfirmed list price (~): "
                      f"{', '.join(cost['unconfirmed'])}")
@@ -351,6 +410,7 @@ def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown:
         policy_section(violations, markdown=markdown),
         cost_summary(plan),
         *node_tables(plan, markdown=markdown),
+        *step_tables(plan, markdown=markdown),
         f"{len(resources)} resources",
         table(("resource", "GCP name", "type", "component", "protected"), resources,
               markdown=True) if markdown else resource_table(resources),
