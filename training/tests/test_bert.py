@@ -351,7 +351,7 @@ def test_sigterm_saves_and_the_rerun_resumes_in_the_epoch(tmp_path, bert_data_di
 
     rerun = Job(config, tmp_path / "stderr-2.log")
     assert rerun.wait_for_step(1) == stopped + 5
-    assert rerun.lines[0] == f"tpu_training resumed_from={stopped}"
+    assert rerun.progress[0] == f"tpu_training resumed_from={stopped}"
     assert rerun.stop(signal.SIGTERM) == 75
     # The epoch goes on: an epoch is 1024 / 32 = 32 steps, the stop came inside it, and
     # the record index lets the rerun find its place (test_a_resumed_stream_... holds the
