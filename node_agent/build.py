@@ -7,13 +7,18 @@ deterministic, so a node's metadata changes only when the agent's code does:
 names in sorted order, every entry dated 1980-01-01 (the zip format's earliest
 date) with fixed permissions, and stored, not deflated (zlib's output may differ
 between zlib builds; Python's zipfile defaults to ZIP_STORED). The zip travels
-base64-encoded in the bash bootstrap (a metadata value is text).
+base64-encoded in the bash bootstrap (a metadata value is text), so each module goes in
+without its comments and the docstrings of its functions and classes (`lean`): a
+quarter of the bytes, every line where it was (a traceback on the node names the same
+line numbers as the source here).
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import io
+import tokenize
 import zipfile
 from pathlib import Path
 
@@ -36,12 +41,41 @@ def zipapp() -> bytes:
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
         entries = [("__main__.py", ENTRY_POINT)]
-        entries += [(f"node_agent/{path.name}", path.read_bytes()) for path in modules()]
+        entries += [(f"node_agent/{path.name}", lean(path.read_text()).encode())
+                    for path in modules()]
         for name, data in sorted(entries):
             info = zipfile.ZipInfo(name, date_time=FIXED_DATE)
             info.external_attr = 0o644 << 16
             archive.writestr(info, data)
     return out.getvalue()
+
+
+def lean(source: str) -> str:
+    """`source` without comments and without the docstrings of its functions and classes
+    (the module's stays: the agent prints its usage from it), each line kept in place: a
+    docstring becomes `""` and blank lines, a comment is cut from its line."""
+    lines = source.splitlines(keepends=True)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            row, col = token.start
+            line = lines[row - 1]
+            lines[row - 1] = line[:col].rstrip() + ("\n" if line.endswith("\n") else "")
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        first = node.body[0]
+        if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)) or first.end_lineno is None:
+            continue
+        start, end = first.lineno, first.end_lineno
+        if lines[start - 1][:first.col_offset].strip() or \
+                lines[end - 1][first.end_col_offset:].strip():
+            continue  # shares a line with other code: left as it is
+        indent = lines[start - 1][:first.col_offset]
+        lines[start - 1] = f'{indent}""\n'
+        for row in range(start, end):
+            lines[row] = "\n"
+    return "".join(lines)
 
 
 def startup_script(agent: bytes | None = None) -> str:

@@ -112,6 +112,8 @@ class Job:
     def start(self, config: Path, env: Mapping[str, str], cwd: Path) -> None:
         command = [sys.executable, "-m", "tpu_training", "run", "--config", str(config)]
         self.run = JobRun()
+        self._config = config
+        self._start_clock(json.loads(config.read_text()), env)
         process = subprocess.Popen(command, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    start_new_session=True)
