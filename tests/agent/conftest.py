@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from components.archive import TRAINING_DIR, Archive, build_archive, pack
+from node_agent.supervise import Loop
 from ops.local.local_node import IMAGE_PYTHON, LocalNode, node_attributes, publish_release
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator
@@ -33,6 +35,24 @@ def upload_package(gcs: StorageEmulator, archive: Archive) -> str:
     uri = f"gs://{BUCKET}/packages/{archive.filename}"
     gcs.upload(uri, archive.data)
     return uri
+
+
+LOOP_END_SECONDS = 5.0  # a stopped loop ends at its next look (a second or less)
+
+
+@pytest.fixture(autouse=True)
+def no_agent_loop_left_running() -> Iterator[None]:
+    """A test that makes an agent's supervised loops in this process stops them: one left
+    running (a body patched to return None runs again at once) holds the GIL for every
+    later test of the suite."""
+    before = set(threading.enumerate())
+    yield
+    left = [thread for thread in set(threading.enumerate()) - before
+            if isinstance(getattr(getattr(thread, "_target", None), "__self__", None), Loop)]
+    for thread in left:
+        thread.join(LOOP_END_SECONDS)
+    running = sorted(thread.name for thread in left if thread.is_alive())
+    assert not running, f"supervised loops left running: {running}"
 
 
 @pytest.fixture(scope="session")

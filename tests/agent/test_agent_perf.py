@@ -78,7 +78,9 @@ def test_the_runtime_figures_come_from_tpu_info_when_the_vm_has_it(
 
 def test_the_agent_carries_the_latest_figures_in_status_json(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(status.Status, "_upload_periodically", lambda self: None)
+    # No periodic upload: its supervised loop ends at once (a body returning None would
+    # run again at once, forever, and hold the GIL for every later test).
+    monkeypatch.setattr(status.Status, "_upload_periodically", lambda self: False)
     monkeypatch.setattr(status, "STEP_PUBLISH_SECONDS", 0.0)
     metadata = SimpleNamespace(put_guest_attribute=lambda key, text: None)
     published = status.Status(metadata, storage=None, root=tmp_path, worker=0)
@@ -93,3 +95,4 @@ def test_the_agent_carries_the_latest_figures_in_status_json(
                                "mfu": 0.081, "dutyCyclePercent": 40.25, "hbmUsedGiB": 22.5,
                                "hbmTotalGiB": 62.5}
     assert json.loads(status.status_metadata(written)["perf"]) == written["perf"]
+    published.close()
