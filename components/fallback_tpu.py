@@ -57,6 +57,8 @@ FALLBACK_OUTPUTS = ("candidate", "candidate_label", "placement", "attempts", "zo
 # Steer this provider only: a change is an update that touches no cloud field.
 STEERING = ("candidates", "max_wait_seconds", "round_backoff_seconds",
             "create_timeout_seconds", "delete_timeout_seconds", "poll_seconds")
+VIEW_KEYS = ("zone", "runtime_version", "accelerator_type", "accelerator_config_type",
+             "accelerator_topology", "spot", "guaranteed", "reservation_name")
 ACTIVE = "ACTIVE"
 SUSPENDED = ("SUSPENDING", "SUSPENDED")
 
@@ -346,4 +348,8 @@ class FallbackTpu(dyn.Resource, module="tpu", name="FallbackTpu"):
         outputs = (*FALLBACK_OUTPUTS, "state", "queued_resource_name", "node_name",
                    "node_state", "held")
         inputs.update(dict.fromkeys(outputs))
+        # The first candidate's placement at the top level too, the shape of a QueuedTpu's
+        # inputs: the policy pack and the plan's report read a node from them
+        # (policy/tpu_policies.py tpu_view). The provider reads the candidates only.
+        inputs.update({key: candidates[0].get(key) for key in VIEW_KEYS})
         super().__init__(FallbackTpuProvider(), resource_name, inputs, opts)

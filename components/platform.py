@@ -309,6 +309,9 @@ class TpuPlatform(pulumi.ComponentResource):
             service_account_email=placement.service_account_email,
             network=net.network,
             subnetwork=_subnet(net.subnets, node.zone.rsplit("-", 1)[0]),
+            candidate_subnetworks={region: _subnet(net.subnets, region)
+                                   for region in sorted({c.zone.rsplit("-", 1)[0]
+                                                         for c in node.candidates[1:]})},
             network_tag=net.tag,
             labels={**placement.labels, **node.labels, "node": node.name},
             depends_on=placement.depends_on,
