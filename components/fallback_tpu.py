@@ -292,6 +292,42 @@ def _delete(client: Any, name: str, request: dict[str, Any], why: object) -> Non
             f"{request['zone']} --force`") from None
 
 
+# ---- moving a request (tpuctl recover) ------------------------------------------------
+
+
+def props_from_request(queued: Any, placement: dict[str, Any]) -> dict[str, Any]:
+    """The props that queue `queued`'s node (metadata, account, network, labels: all it
+    carries) at `placement`; the subnetwork follows the placement's region, named as
+    components/network.py names it (`placement["subnet_name"]`) in the network's project."""
+    spec = queued.tpu.node_spec[0]
+    node = spec.node
+    project = spec.parent.split("/")[1]
+    subnet_project = node.network_config.subnetwork.split("/")[1] \
+        if node.network_config.subnetwork.startswith("projects/") else project
+    region = placement["zone"].rsplit("-", 1)[0]
+    shared = {
+        "project": project, "node_id": spec.node_id,
+        "queued_resource_id": queued.name.rsplit("/", 1)[-1],
+        "network": node.network_config.network,
+        "enable_external_ips": node.network_config.enable_external_ips,
+        "service_account_email": node.service_account.email,
+        "scopes": list(node.service_account.scope), "metadata": dict(node.metadata),
+        "labels": dict(node.labels), "tags": list(node.tags), "description": node.description,
+    }
+    subnetwork = (f"projects/{subnet_project}/regions/{region}/subnetworks/"
+                  f"{placement['subnet_name']}")
+    return merged(shared, {**placement, "subnetwork": subnetwork})
+
+
+def enqueue(client: Any, props: dict[str, Any], timeout: float) -> str:
+    """Queue `props`' request; its name once the API has it (provisioning follows)."""
+    client.create_queued_resource(
+        parent=_parent(props), queued_resource_id=_queued_id(props),
+        queued_resource=build_queued_resource(props), retry=transient_retry(),
+    ).result(timeout=timeout)
+    return _name(props)
+
+
 # ---- the resource ------------------------------------------------------------------
 
 

@@ -115,7 +115,8 @@ def read_queued(api: TpuApi, target: StackTarget) -> Read[QueuedStatus]:
     """The stack's queued resources; no call at all for a stack without queued nodes."""
     if not target.queued_node_ids:
         return Read([])
-    places = {(node.project, node.zone) for node in target.nodes if node.queued}
+    places = {(node.project, zone) for node in target.nodes if node.queued
+              for zone in node.zones}
     return api.read_queued(places, target.queued_node_ids)
 
 

@@ -48,10 +48,19 @@ class ExpectedNode:
     project: str
     team: str = ""  # the `team` label it carries (the stack's own team for its own nodes)
     capacity: str = ""  # NodeSettings.capacity: what the team's cap counts it against
+    # A node with fallback: each candidate's placement (components/fallback_tpu.py
+    # candidate_props, with its region's `subnet_name`), the node's own first.
+    candidates: tuple[dict[str, Any], ...] = field(default=(), compare=False, hash=False)
+    max_wait_seconds: int = 0
 
     @property
     def region(self) -> str:
         return catalog.region_of(self.zone)
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        """Where the node may live: its zone, or every candidate's."""
+        return tuple(dict.fromkeys(c["zone"] for c in self.candidates)) or (self.zone,)
 
 
 @dataclass(frozen=True)
@@ -79,8 +88,9 @@ class StackTarget:
 
     @property
     def places(self) -> list[tuple[str, str]]:
-        """(project, zone) of every node: where the TPU API lists them."""
-        return sorted({(node.project, node.zone) for node in self.nodes})
+        """(project, zone) of every node, every candidate zone of a node with fallback
+        included: where the TPU API lists them."""
+        return sorted({(node.project, zone) for node in self.nodes for zone in node.zones})
 
     @property
     def projects(self) -> list[str]:
@@ -121,10 +131,12 @@ def target_for(settings: StackSettings, platform: StackSettings | None = None) -
             tpu=node.tpu,
             runtime_version=node.runtime,
             spot=node.spot,
-            queued=node.provisioning == "queued",
+            queued=node.provisioning == "queued" or bool(node.fallback),
             project=settings.node_project(team),
             team=team or settings.team,  # the label components/naming.py gives it
             capacity=node.capacity,
+            candidates=candidate_places(settings, node),
+            max_wait_seconds=node.max_wait_seconds if node.fallback else 0,
         )
         for team, node in settings.named_nodes
     )
@@ -133,6 +145,18 @@ def target_for(settings: StackSettings, platform: StackSettings | None = None) -
             if team in settings.teams or team == settings.team}
     return StackTarget(project=settings.gcp_project, stack=settings.stack, nodes=nodes,
                        caps=caps)
+
+
+def candidate_places(settings: StackSettings, node: Any) -> tuple[dict[str, Any], ...]:
+    """A node with fallback's candidates, as tpuctl recover queues them; () without."""
+    if not node.fallback:
+        return ()
+    from components.fallback_tpu import candidate_props
+
+    naming = settings.platform_naming if settings.is_team_stack else settings.naming
+    return tuple({**candidate_props(c, None),
+                  "subnet_name": naming.network_resource(f"tpu-{catalog.region_of(c.zone)}")}
+                 for c in node.candidates)
 
 
 def team_cap(quota: Any) -> dict[tuple[str, str], int]:
