@@ -174,3 +174,24 @@ def test_the_fake_fails_a_node_create_operation_as_the_real_api_does(fake: FakeT
     failure = capacity.classify(capacity.from_exception(raised.value), WAITS)
     assert failure.kind == "capacity"
     assert f'no more capacity in the zone "{WAITS}"' in failure.detail
+
+
+def test_the_provider_survives_dill_serialisation_in_a_fresh_process() -> None:
+    import base64
+    import json
+    import subprocess
+    import sys
+
+    from pulumi.dynamic.dynamic import serialize_provider
+
+    blob = serialize_provider(FallbackTpuProvider())
+    olds = {"placement": candidate(TAKES), "labels": {"a": "1"}}
+    code = ("import base64, json, sys, dill; p = dill.loads(base64.b64decode(sys.argv[1])); "
+            "olds, news = json.loads(sys.argv[2]), json.loads(sys.argv[3]); "
+            "print(type(p).__name__, p.diff('x', olds, news).replaces)")
+
+    news = {"candidates": [candidate(TAKES)], "labels": {"a": "2"}}
+    out = subprocess.run([sys.executable, "-c", code, blob, json.dumps(olds), json.dumps(news)],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "FallbackTpuProvider []"
+    assert base64.b64decode(blob)
