@@ -91,9 +91,9 @@ def fallback_recovery_plan(expected: Sequence[ExpectedNode], nodes: Sequence[Nod
 
 def _fallback_action(node: ExpectedNode, request: QueuedStatus, node_state: str | None,
                      now: datetime) -> Action | None:
-    at = candidate_index(node, request)
+    at = node.candidate_at(request.zone, request.accelerator_type)
     count = len(node.candidates)
-    here = f"candidate {at + 1}/{count} {request.zone}"
+    here = f"candidate {node.candidate_label(at)}"
     if node_state in LOST_STATES or request.state in ("SUSPENDED", "SUSPENDING"):
         why = f"{node_state or request.state} on {here}: start again from the first candidate"
         return _move(node, request, 0, why) if at else Action(
@@ -115,20 +115,10 @@ def _fallback_action(node: ExpectedNode, request: QueuedStatus, node_state: str 
     return None
 
 
-def candidate_index(node: ExpectedNode, request: QueuedStatus) -> int:
-    """The candidate a request is on: its zone and type (the first in its zone)."""
-    same_zone = [i for i, c in enumerate(node.candidates) if c["zone"] == request.zone]
-    typed = [i for i in same_zone if node.candidates[i].get("accelerator_type") in (
-        None, request.accelerator_type)]
-    return (typed or same_zone or [0])[0]
-
-
 def _move(node: ExpectedNode, request: QueuedStatus, to: int, reason: str) -> Action:
-    target = node.candidates[to]
     return Action("move-queued", request.zone, request.name,
-                  f"{reason}: move to candidate {to + 1}/{len(node.candidates)} "
-                  f"{target['zone']} {target.get('provisioning') or 'on-demand'}",
-                  request.name, to=target)
+                  f"{reason}: move to candidate {node.candidate_label(to)}", request.name,
+                  to=node.candidates[to])
 
 
 # Requests that hold quota and will not provision: FAILED and SUSPENDED ones keep it

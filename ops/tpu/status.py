@@ -154,6 +154,7 @@ def status_table(
     title = f"stack {target.stack} ({source})"
     rows = status_rows(target, nodes, queued, "not rehearsed" if rehearsal else "ABSENT", unread)
     advice = [line for node in nodes if (line := utilisation_advice(node))]
+    advice += candidate_lines(target, queued, time.time())
     notes = Text("\n".join(advice), style="yellow") if advice else None
     if len(rows) > BOXED_ROWS:
         listing = plain_columns(title, rows)
@@ -188,6 +189,37 @@ def status_rows(
         cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "", "", "", "")
         rows.append((cells, "red" if state == "ABSENT" else ""))
     return rows
+
+
+def candidate_lines(target: StackTarget, queued: Sequence[QueuedStatus],
+                    now: float) -> list[str]:
+    """A line per node with fallback whose request the API listed: the candidate it is
+    on (`2/4 us-east5-b spot`), the request's state and for how long, the last
+    failure's class (components/capacity.py) and the time left before the next
+    candidate (its maxWait; `tpuctl recover --apply` moves it)."""
+    from components import capacity
+
+    lines = []
+    for node in target.nodes:
+        request = next((q for q in queued if node.candidates and node.node_id in q.node_ids),
+                       None)
+        if request is None:
+            continue
+        at = node.candidate_at(request.zone, request.accelerator_type)
+        waited = now - request.created.timestamp() if request.created else None
+        since = f" for {waited / 60:.0f} min" if waited is not None else ""
+        parts = [f"{node.logical}: candidate {node.candidate_label(at)}",
+                 f"request {request.state}{since}"]
+        if request.state == "FAILED":
+            failure = capacity.classify(capacity.ApiError(request.error_code,
+                                                          request.error_message), request.zone)
+            parts.append(f"last failure: {failure.kind}")
+        if request.state in ("WAITING_FOR_RESOURCES", "ACCEPTED") and waited is not None:
+            left = node.max_wait_seconds - waited
+            parts.append(f"next candidate in {left / 60:.0f} min" if left > 0 else
+                         "past maxWait: `tpuctl recover --apply` moves it to the next candidate")
+        lines.append("; ".join(parts))
+    return lines
 
 
 def unseen(target: StackTarget, nodes: list[NodeStatus], unread: Sequence[Unread]) -> list[str]:

@@ -57,6 +57,20 @@ class ExpectedNode:
     def region(self) -> str:
         return catalog.region_of(self.zone)
 
+    def candidate_at(self, zone: str, accelerator_type: str = "") -> int:
+        """The candidate (0-based) a request in `zone` of `accelerator_type` is on: the
+        first in that zone of that type, else the first in that zone, else the first."""
+        same_zone = [i for i, c in enumerate(self.candidates) if c["zone"] == zone]
+        typed = [i for i in same_zone
+                 if self.candidates[i].get("accelerator_type") in (None, accelerator_type)]
+        return (typed or same_zone or [0])[0]
+
+    def candidate_label(self, index: int) -> str:
+        """`2/4 us-east5-b spot` (components/fallback_tpu.py label)."""
+        from components.fallback_tpu import label
+
+        return label(index + 1, len(self.candidates), self.candidates[index])
+
     @property
     def zones(self) -> tuple[str, ...]:
         """Where the node may live: its zone, or every candidate's."""

@@ -151,3 +151,27 @@ def test_the_janitor_deletes_requests_past_valid_until_but_not_waiting_ones() ->
     assert [(a.verb, a.zone, a.chips) for a in actions] == [
         ("delete-queued", ZONE, 4), ("delete-queued", OTHER_ZONE, 4)]
     assert "past validUntil" in actions[0].reason
+
+
+def test_status_says_which_candidate_the_node_is_on_and_when_the_next_is_tried() -> None:
+    from ops.tpu.status import candidate_lines
+
+    waiting = status(OTHER_ZONE, "WAITING_FOR_RESOURCES", created=NOW - timedelta(minutes=12))
+    failed = status(ZONE, "FAILED", error_code=8,
+                    error_message=CAPACITY_MESSAGE.format(zone=ZONE))
+
+    [line] = candidate_lines(DEV, [waiting], NOW.timestamp())
+    [failed_line] = candidate_lines(DEV, [failed], NOW.timestamp())
+
+    assert line == (f"trainer: candidate 2/2 {OTHER_ZONE} spot; request WAITING_FOR_RESOURCES "
+                    f"for 12 min; next candidate in 18 min")
+    assert failed_line == (f"trainer: candidate 1/2 {ZONE} spot; request FAILED; "
+                           f"last failure: capacity")
+
+
+def test_status_prints_the_candidate_line(tpuctl, fake_tpu: FakeTpuApi) -> None:
+    queue_request(OTHER_ZONE)
+
+    out = tpuctl("status", "--stack", "dev")
+
+    assert f"trainer: candidate 2/2 {OTHER_ZONE} spot; request WAITING_FOR_RESOURCES" in out
