@@ -127,7 +127,10 @@ class FallbackTpuProvider(QueuedTpuProvider):
 
         client = tpu_client()
         candidates = props.get("candidates") or []
-        # The recorded request first, then every candidate's zone: the node lives in one.
+        # The recorded request first, then every candidate's zone: the node lives in one
+        # (`tpuctl recover` may have moved it). A refresh keeps a changed id in the state
+        # (pulumi/pulumi pkg/resource/deploy/step.go, RefreshStep.Apply: "There is a chance
+        # that the ID has changed").
         order = sorted(range(len(candidates)),
                        key=lambda i: not _same(props.get("placement"), candidates[i]))
         for index in order:
