@@ -67,3 +67,13 @@ def test_a_node_with_fallback_is_one_fallback_tpu_with_a_subnet_per_candidate_re
     regions = {r["inputs"]["region"] for r in resources(plan, "gcp:compute/subnetwork:Subnetwork")}
     assert regions == {"us-central1", "europe-west4", "us-west4"}
     assert evaluate(plan, load_config()) == []  # the pack reads it as a TPU node
+    # tpuctl recover queues a candidate on the subnet the program made for its region.
+    from components.settings import load_settings
+    from ops.tpu.target import target_for
+
+    (expected,) = target_for(load_settings(config, "dev")).nodes
+    for sent, known in zip(node["inputs"]["candidates"], expected.candidates, strict=True):
+        assert sent["subnetwork"].endswith(f"/subnetworks/{known['subnet_name']}")
+        assert {k: v for k, v in sent.items() if k != "subnetwork"} == {
+            k: v for k, v in known.items()
+            if k not in ("subnetwork", "subnet_name") and v is not None}
