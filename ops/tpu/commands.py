@@ -235,7 +235,8 @@ def wait_cmd(
         outcome = _wait_with_progress(
             _api(target), target, cast(node_status.Until, until), limit, period
         )
-    console.print(node_status.status_table(target, outcome.nodes, unread=outcome.unread))
+    console.print(node_status.status_table(target, outcome.nodes, outcome.queued,
+                                           unread=outcome.unread))
     if outcome.unread:
         console.print(node_status.unread_table(target, outcome.unread))
     colour = "green" if outcome.reached else "red"

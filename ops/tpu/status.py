@@ -574,6 +574,7 @@ class WaitOutcome:
     nodes: list[NodeStatus]
     reason: str
     unread: tuple[Unread, ...] = ()
+    queued: tuple[QueuedStatus, ...] = ()  # the last read of the stack's queued resources
 
 
 def unread_reasons(unread: Sequence[Unread]) -> list[str]:
@@ -603,9 +604,10 @@ def wait_until(
         unread = sorted(set(unread) | set(queued.unread))
         problems = unread_reasons(unread) + stuck(nodes, queued.items)
         if problems:
-            return WaitOutcome(False, nodes, "; ".join(problems), tuple(unread))
+            return WaitOutcome(False, nodes, "; ".join(problems), tuple(unread),
+                               tuple(queued.items))
         if elapsed >= timeout:
             more = f"; {len(unread)} (project, zone) unread" if unread else ""
             return WaitOutcome(False, nodes, f"not {until} after {timeout:.0f} s{more}",
-                               tuple(unread))
+                               tuple(unread), tuple(queued.items))
         sleep(poll)

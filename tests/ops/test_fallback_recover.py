@@ -175,3 +175,18 @@ def test_status_prints_the_candidate_line(tpuctl, fake_tpu: FakeTpuApi) -> None:
     out = tpuctl("status", "--stack", "dev")
 
     assert f"trainer: candidate 2/2 {OTHER_ZONE} spot; request WAITING_FOR_RESOURCES" in out
+
+
+def test_wait_that_times_out_shows_the_candidate_line(
+        tpuctl, fake_tpu: FakeTpuApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_tpu.script_queued(NODE, "WAITING_FOR_RESOURCES", zone=OTHER_ZONE)
+    queue_request(OTHER_ZONE)
+    shown = StringIO()
+    monkeypatch.setattr(tpu_cmds, "console", Console(file=shown, width=250, color_system=None))
+
+    result = CliRunner().invoke(app, ["wait", "--stack", "dev", "--until", "ready",
+                                      "--timeout", "1s", "--poll", "1s"])
+
+    assert result.exit_code != 0
+    out = shown.getvalue()
+    assert f"trainer: candidate 2/2 {OTHER_ZONE} spot; request WAITING_FOR_RESOURCES" in out
