@@ -157,6 +157,15 @@ class FallbackTpuProvider(QueuedTpuProvider):
         return dyn.DiffResult(changes=bool(changed), replaces=replaces,
                               delete_before_replace=True)
 
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        # The recorded request, and any of this node's in another candidate zone: one
+        # `tpuctl recover` moved there since the last refresh, or an interrupted run left.
+        client = tpu_client()
+        names = dict.fromkeys([id_, *(_name(merged(props, c))
+                                      for c in props.get("candidates") or [])])
+        for name in names:
+            force_delete(client, name, _timeout(props, "delete"), _poll(props))
+
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.UpdateResult:
         candidates = news["candidates"]
         index = next(i for i, c in enumerate(candidates) if _same(olds.get("placement"), c))
@@ -190,6 +199,9 @@ def place(client: Any, props: dict[str, Any], sleep: Any = time.sleep,
     candidates = props["candidates"]
     deadline = time.monotonic() + _timeout(props, "create")
     attempts: list[Attempt] = []
+    left = _leftover(client, props, attempts)
+    if left is not None:
+        return left
     rounds = 0
     while True:
         this_round = capacity.Round()
@@ -216,6 +228,36 @@ def place(client: Any, props: dict[str, Any], sleep: Any = time.sleep,
                 f"no candidate took in {rounds} round(s) within {_timeout(props, 'create'):.0f} "
                 f"s; nothing is left queued. " + "; ".join(a.line() for a in attempts))
         sleep(delay)
+
+
+def _leftover(client: Any, props: dict[str, Any], attempts: list[Attempt]
+              ) -> tuple[int, Any, list[Attempt]] | None:
+    """Requests of this node that an interrupted run left in a candidate zone (a failed
+    dynamic create records nothing in the state): an ACTIVE one is adopted, the others are
+    deleted and confirmed gone, so the round starts with none alive."""
+    from google.api_core import exceptions as gexc
+
+    candidates = props["candidates"]
+    adopted = None
+    for index, candidate in enumerate(candidates):
+        request = merged(props, candidate)
+        name = _name(request)
+        try:
+            queued = client.get_queued_resource(name=name, retry=transient_retry())
+        except gexc.NotFound:
+            continue
+        if adopted is None and queued.state.state.name == ACTIVE:
+            adopted = (index, queued)
+            continue
+        attempts.append(Attempt(index + 1, "leftover", f"{queued.state.state.name}: deleted"))
+        _delete(client, name, request, "a request an earlier run left")
+    if adopted is None:
+        return None
+    index, queued = adopted
+    where = label(index + 1, len(candidates), candidates[index])
+    attempts.append(Attempt(index + 1, "took",
+                            f"adopted the ACTIVE request an earlier run left: {where}"))
+    return index, queued, attempts
 
 
 def _stopped(failure: capacity.Failure, position: int, attempts: list[Attempt]) -> str:

@@ -195,3 +195,49 @@ def test_the_provider_survives_dill_serialisation_in_a_fresh_process() -> None:
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "FallbackTpuProvider []"
     assert base64.b64decode(blob)
+
+
+def leave(fake: FakeTpuApi, zone: str) -> None:
+    """A request of this node an interrupted run left in `zone` (scripted by the caller)."""
+    from google.cloud import tpu_v2
+
+    tpu_client().create_queued_resource(
+        parent=f"projects/{PROJECT}/locations/{zone}", queued_resource_id="dev-trainer",
+        queued_resource=tpu_v2.QueuedResource()).result(timeout=5)
+    assert fake.queued_resource(zone, "dev-trainer") is not None
+
+
+def test_a_request_an_interrupted_run_left_elsewhere_is_deleted_before_the_first_attempt(
+        fake: FakeTpuApi) -> None:
+    fake.script_queued("dev-trainer", "WAITING_FOR_RESOURCES", zone=QUOTA)
+    leave(fake, QUOTA)
+
+    result = FallbackTpuProvider().create(props(TAKES, QUOTA))
+
+    assert [a["outcome"] for a in result.outs["attempts"]] == ["leftover", "took"]
+    assert fake.queued_resource(QUOTA, "dev-trainer") is None
+    assert result.outs["zone"] == TAKES
+
+
+def test_an_active_request_an_interrupted_run_left_is_adopted(fake: FakeTpuApi) -> None:
+    fake.script_queued("dev-trainer", "ACTIVE", zone=QUOTA)
+    leave(fake, QUOTA)
+
+    result = FallbackTpuProvider().create(props(TAKES, QUOTA))
+
+    assert (result.outs["zone"], result.outs["candidate"]) == (QUOTA, 2)
+    assert not [c for c in fake.calls if c.action == "create" and c.zone == TAKES]
+
+
+def test_delete_removes_the_request_wherever_a_recover_moved_it(fake: FakeTpuApi) -> None:
+    provider = FallbackTpuProvider()
+    created = provider.create(props(TAKES, QUOTA))
+    fake.script_queued("dev-trainer", "WAITING_FOR_RESOURCES", zone=QUOTA)
+    # tpuctl recover moved it: the state still names TAKES.
+    tpu_client().delete_queued_resource(
+        request={"name": created.id, "force": True}).result(timeout=5)
+    leave(fake, QUOTA)
+
+    provider.delete(created.id, created.outs)
+
+    assert left_behind(fake, TAKES, QUOTA) == []
