@@ -72,3 +72,26 @@ def test_a_node_without_fallback_is_unchanged() -> None:
     settings = load(node())
     assert settings.nodes[0].candidates == [settings.nodes[0]]
     assert settings.regions == ["us-central1"]
+
+
+def test_a_team_stacks_candidate_in_a_region_the_platform_has_no_subnet_in_is_refused() -> None:
+    import copy
+    import json
+
+    from components.stack_config import file_config
+    from components.team_stack import PlatformStackError
+    from ops.plan.mock_engine import GcpMocks, planned_stack_outputs, run_program
+
+    platform_ref = "acme/tpu-stack/platform"
+    outputs = copy.deepcopy(planned_stack_outputs(platform_ref))
+    raw = file_config("team-vision")
+    nodes = json.loads(raw["tpu-stack:nodes"])
+    nodes[0].update(fallback=[{"zone": "us-west4-a"}])
+    raw["tpu-stack:nodes"] = json.dumps(nodes)
+    assert "us-west4" not in outputs["network"]["subnets"]
+
+    with pytest.raises(PlatformStackError) as caught:
+        run_program(raw, "team-vision", mock=GcpMocks(stack_outputs={platform_ref: outputs}))
+
+    assert (f"tpu-stack:nodes[0].fallback[0].zone: {platform_ref} has no subnet in us-west4"
+            in str(caught.value))
