@@ -241,3 +241,13 @@ def test_delete_removes_the_request_wherever_a_recover_moved_it(fake: FakeTpuApi
     provider.delete(created.id, created.outs)
 
     assert left_behind(fake, TAKES, QUOTA) == []
+
+
+def test_a_transient_error_retries_the_same_candidate(fake: FakeTpuApi) -> None:
+    fake.fail(503, times=2, action="create", collection="queuedResources", zone=WAITS)
+
+    result = FallbackTpuProvider().create(props(WAITS, QUOTA, TAKES))
+
+    assert (result.outs["zone"], result.outs["candidate"]) == (WAITS, 1)
+    creates = [c.zone for c in fake.calls if c.action == "create"]
+    assert creates == [WAITS, WAITS, WAITS]
