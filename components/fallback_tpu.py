@@ -169,24 +169,26 @@ class FallbackTpuProvider(QueuedTpuProvider):
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.UpdateResult:
         candidates = news["candidates"]
         index = next(i for i, c in enumerate(candidates) if _same(olds.get("placement"), c))
-        placed = merged(news, candidates[index])
-        result = super().update(id_, merged(olds, olds["placement"]), placed)
-        client = tpu_client()
-        queued = client.get_queued_resource(name=id_, retry=transient_retry())
-        outs = _fallback_outputs(client, news, index, queued, olds.get("attempts") or [])
-        outs["held"] = result.outs.get("held") or []
-        return dyn.UpdateResult(outs)
+        # QueuedTpu's update: in place on the node, or held while a request waits (its
+        # outputs keep what the request carries, so the change shows again).
+        result = super().update(id_, merged(olds, olds["placement"]),
+                                merged(news, candidates[index]))
+        return dyn.UpdateResult({**result.outs, **_fallback_fields(
+            news, index, olds.get("attempts") or [])})
 
 
 def _fallback_outputs(client: Any, props: dict[str, Any], index: int, queued: Any,
                       attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    outs = _outputs(client, merged(props, props["candidates"][index]), queued)
+    return {**outs, **_fallback_fields(props, index, attempts)}
+
+
+def _fallback_fields(props: dict[str, Any], index: int,
+                     attempts: list[dict[str, Any]]) -> dict[str, Any]:
     candidates = props["candidates"]
-    candidate = candidates[index]
-    outs = _outputs(client, merged(props, candidate), queued)
-    outs.update(candidates=candidates, candidate=index + 1, placement=candidate,
-                candidate_label=label(index + 1, len(candidates), candidate),
-                attempts=attempts)
-    return outs
+    return {"candidates": candidates, "candidate": index + 1, "placement": candidates[index],
+            "candidate_label": label(index + 1, len(candidates), candidates[index]),
+            "attempts": attempts}
 
 
 # ---- placing ---------------------------------------------------------------------

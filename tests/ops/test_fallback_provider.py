@@ -251,3 +251,18 @@ def test_a_transient_error_retries_the_same_candidate(fake: FakeTpuApi) -> None:
     assert (result.outs["zone"], result.outs["candidate"]) == (WAITS, 1)
     creates = [c.zone for c in fake.calls if c.action == "create"]
     assert creates == [WAITS, WAITS, WAITS]
+
+
+def test_a_label_change_is_patched_on_the_node_in_the_zone_it_took(fake: FakeTpuApi) -> None:
+    provider = FallbackTpuProvider()
+    fake.refuse_for_quota(QUOTA, V6E_SPOT_QUOTA)
+    created = provider.create(props(QUOTA, TAKES))
+    news = props(QUOTA, TAKES, labels={"stack": "dev", "experiment": "lr"})
+
+    diff = provider.diff(created.id, created.outs, news)
+    updated = provider.update(created.id, created.outs, news)
+
+    assert diff.changes and diff.replaces == []
+    assert fake.node(TAKES, "dev-trainer").labels["experiment"] == "lr"
+    assert (updated.outs["labels"], updated.outs["candidate"]) == (
+        {"stack": "dev", "experiment": "lr"}, 2)
