@@ -1,9 +1,12 @@
 """The preview of a node's fallback candidates: price, step cost, headroom, one-quota warning.
 
 Pure: the plan (ops/plan) and the program's warnings read it. Quota headroom is the
-quota's limit less its usage less what the plan's other nodes take; the limit and usage
-come only from Cloud Quotas with credentials, so offline it is `unknown`, as is a
-reservation's headroom (a candidate without a reservation has none to show: `n/a`).
+quota's limit less its usage less what the plan's other nodes take. Offline the limit is
+the one the stack declares (`tpu-stack:quota`, the project's granted chips) and the usage
+outside the plan is unknown, so the figure is an upper bound, shown `<=N`; where the stack
+declares no quota for the family and region it is `unknown`, as is a reservation's
+headroom (a candidate without a reservation has none to show: `n/a`). Live figures from
+Cloud Quotas are not read here.
 """
 
 from __future__ import annotations
@@ -48,9 +51,10 @@ def quota_of(node: NodeSettings) -> tuple[str, str]:
 
 
 def candidate_rows(node: NodeSettings, job: JobConfig | None,
-                   headroom: Mapping[tuple[str, str], int] | None = None) -> list[CandidateRow]:
+                   headroom: Mapping[tuple[str, str], object] | None = None
+                   ) -> list[CandidateRow]:
     """One row per candidate, the node's own first. `headroom`: chips left per (quota,
-    region) once the plan's other nodes are counted, where Cloud Quotas was read."""
+    region) once the plan's other nodes are counted (declared_headroom)."""
     rows = []
     for position, candidate in enumerate(node.candidates, start=1):
         priced = cost.node_cost(candidate, job=job)
@@ -92,8 +96,32 @@ def stack_warnings(settings: StackSettings) -> list[str]:
     return [w for _, node in settings.all_nodes if (w := one_quota_warning(node))]
 
 
+def declared_headroom(settings: StackSettings, node: NodeSettings) -> dict[tuple[str, str], str]:
+    """(quota, region) → `<=N`: the stack's declared quota (`tpu-stack:quota`, its own
+    project's) less what the plan's other nodes in that project take. {} for a team's node,
+    which lives in its team's project."""
+    own = [n for team, n in settings.named_nodes if team is None]
+    if not any(n is node for n in own):
+        return {}
+    taken: dict[tuple[str, str], int] = {}
+    for other in own:
+        if other is not node:
+            key = quota_of(other)
+            taken[key] = taken.get(key, 0) + other.tpu.chips
+    headroom = {}
+    for family, by_region in settings.quota.items():
+        for region, chips in by_region.items():
+            for quota_type in ("onDemand", "preemptible"):
+                quota = catalog.TPU_QUOTA_IDS.get((family, quota_type),
+                                                  f"{family} {quota_type}")
+                left = chips.of(quota_type) - taken.get((quota, region), 0)  # type: ignore[arg-type]
+                headroom[(quota, region)] = f"<={left}"
+    return headroom
+
+
 def stack_candidates(settings: StackSettings) -> dict[str, list[dict[str, object]]]:
     """The plan's `candidates`: each node with fallback's rows; {} when none has any."""
     jobs = {id(node): job for node, job in settings.node_jobs}
-    return {node.name: [row.to_json() for row in candidate_rows(node, jobs.get(id(node)))]
+    return {node.name: [row.to_json() for row in candidate_rows(
+                node, jobs.get(id(node)), declared_headroom(settings, node))]
             for _, node in settings.all_nodes if node.fallback}

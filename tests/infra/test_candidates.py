@@ -75,3 +75,18 @@ def test_the_plan_lists_the_candidates_and_warns() -> None:
                for w in plan["warnings"])
     assert "fallback candidates, tried in order" in text
     assert "v5litepod-16" in text and "unknown" in text
+
+
+def test_declared_quota_less_the_plans_other_nodes_is_an_upper_bound_on_headroom() -> None:
+    from components.candidates import declared_headroom, stack_candidates
+
+    settings = load_settings(as_cli(config(
+        tpu_stack_quota={"v5e": {"us-central1": {"onDemand": 16, "preemptible": 128}}},
+        tpu_stack_nodes=[node(fallback=[{"zone": "us-west4-a"}]),
+                         node(name="other")])), "test")
+    trainer = settings.nodes[0]
+    quota = catalog.TPU_QUOTA_IDS[("v5e", "preemptible")]
+
+    assert declared_headroom(settings, trainer)[(quota, "us-central1")] == "<=120"
+    rows = stack_candidates(settings)["trainer"]
+    assert [r["quotaHeadroom"] for r in rows] == ["<=120", "unknown"]
