@@ -1136,8 +1136,9 @@ def _fallback_problems(key: str, node: NodeSettings) -> Problems:
         if problems:
             continue
         placement = _placement(candidate)
-        if placement in seen:
-            yield (entry_key, f"the same placement as {seen[placement]}: {_label(candidate)}")
+        if placement in seen:  # under .zone: a misspelt zone key's own problem says it
+            yield (f"{entry_key}.zone", f"the same placement as {seen[placement]}: "
+                                        f"{_label(candidate)}")
             continue
         seen[placement] = f"{key}.fallback[{index}]"
         price = _hourly(candidate)

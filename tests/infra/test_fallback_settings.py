@@ -55,9 +55,9 @@ def test_every_refusal_at_once() -> None:
     assert "does not offer TPU v5e" in found[f"{N0}.fallback[0].zone"]
     assert "allowCostlier: true" in found[f"{N0}.fallback[1]"]
     assert "$" in found[f"{N0}.fallback[1]"]
-    assert "the node's own placement" in found[f"{N0}.fallback[2]"]
+    assert "the node's own placement" in found[f"{N0}.fallback[2].zone"]
     assert "use spot" in found[f"{N0}.fallback[3].provisioning"]
-    assert "fallback[4]" in found[f"{N0}.fallback[5]"]
+    assert "fallback[4]" in found[f"{N0}.fallback[5].zone"]
     assert "applies only with fallback" in found["tpu-stack:nodes[1].maxWait"]
     assert "is not a duration" in found["tpu-stack:nodes[2].maxWait"]
 
@@ -95,3 +95,9 @@ def test_a_team_stacks_candidate_in_a_region_the_platform_has_no_subnet_in_is_re
 
     assert (f"tpu-stack:nodes[0].fallback[0].zone: {platform_ref} has no subnet in us-west4"
             in str(caught.value))
+
+
+def test_a_misspelt_key_in_an_entry_is_one_problem() -> None:
+    found = problems(node(fallback=[{"zon": "us-west4-a"}]))
+    assert list(found) == [f"{N0}.fallback[0].zon"]
+    assert "did you mean zone?" in found[f"{N0}.fallback[0].zon"]
