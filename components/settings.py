@@ -211,7 +211,11 @@ class NodeSettings(_Model):
             update["queue"] = entry.queue
         elif entry.provisioning not in (None, "queued"):
             update["queue"] = None
-        return self.model_copy(update={**update, "fallback": [], "max_wait": None})
+        candidate = self.model_copy(update={**update, "fallback": [], "max_wait": None})
+        if candidate.commitment and candidate.capacity != "reserved":
+            # A commitment is a reservation's discount: not one of an unreserved candidate.
+            candidate = candidate.model_copy(update={"commitment": None})
+        return candidate
 
     @property
     def max_wait_seconds(self) -> int:

@@ -101,3 +101,11 @@ def test_a_misspelt_key_in_an_entry_is_one_problem() -> None:
     found = problems(node(fallback=[{"zon": "us-west4-a"}]))
     assert list(found) == [f"{N0}.fallback[0].zon"]
     assert "did you mean zone?" in found[f"{N0}.fallback[0].zon"]
+
+
+def test_an_unreserved_candidate_of_a_committed_node_is_priced_without_the_commitment() -> None:
+    settings = load(node(provisioning="queued", queue={"reservationName": "r1"},
+                         commitment="1-year", allowCostlier=True,
+                         fallback=[{"zone": "us-west4-a", "provisioning": "spot"}]))
+    own, spot = settings.nodes[0].candidates
+    assert (own.commitment, spot.commitment) == ("1-year", None)
