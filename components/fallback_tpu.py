@@ -383,10 +383,12 @@ def candidate_props(node: Any, subnetwork: pulumi.Input[str]) -> dict[str, Any]:
     tpu = node.tpu
     by_shape = node.accelerator_type is None
     queue = node.queue
+    # Every candidate is queued: its label names the tier (`2/4 us-east5-b spot`).
+    tier = ("spot" if node.spot else "reserved" if queue and queue.reservation_name else
+            "guaranteed" if queue and queue.guaranteed else "on-demand")
     return {
         "zone": node.zone,
-        "provisioning": node.provisioning if node.provisioning != "queued" else (
-            "spot" if queue and queue.spot else "queued"),
+        "provisioning": tier,
         "accelerator_type": node.accelerator_type,
         "accelerator_config_type": tpu.generation.api_type if by_shape else None,
         "accelerator_topology": tpu.topology if by_shape else None,
