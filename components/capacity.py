@@ -129,7 +129,8 @@ def preempted_while_creating(state: str) -> Failure:
 
 
 def timed_out(state: str, waited: float) -> Failure:
-    return Failure("timeout", f"still {state} after {waited:.0f} s (maxWait)")
+    bound = "the create timeout" if state == "PROVISIONING" else "maxWait"
+    return Failure("timeout", f"still {state} after {waited:.0f} s ({bound})")
 
 
 def _quota_scope(error: ApiError, zone: str) -> QuotaScope | None:

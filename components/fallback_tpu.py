@@ -7,7 +7,8 @@ changes with the candidate), tried in order:
 
 - at most one attempt is alive at a time: a failed, refused or timed-out attempt is
   deleted (`force`) and confirmed gone (queued_tpu.force_delete) before the next starts;
-- a request still waiting after `max_wait_seconds` moves on (class `timeout`);
+- a request still waiting for resources after `max_wait_seconds` moves on (class
+  `timeout`); one PROVISIONING by then is followed, up to the create timeout;
 - the failure is classified (components/capacity.py): capacity, reservation, preempted
   and timeout move on; quota moves on and blocks its family in its scope for the rest
   of the round; transient retries the same candidate after a backoff; permanent stops,
@@ -60,6 +61,7 @@ STEERING = ("candidates", "max_wait_seconds", "round_backoff_seconds",
 VIEW_KEYS = ("zone", "runtime_version", "accelerator_type", "accelerator_config_type",
              "accelerator_topology", "spot", "guaranteed", "reservation_name")
 ACTIVE = "ACTIVE"
+PROVISIONING = "PROVISIONING"
 SUSPENDED = ("SUSPENDING", "SUSPENDED")
 
 
@@ -277,7 +279,7 @@ def _attempt(client: Any, request: dict[str, Any], props: dict[str, Any], deadli
     backoff = _poll(request)
     while True:
         try:
-            failure, queued = _try_once(client, name, request, props)
+            failure, queued = _try_once(client, name, request, props, deadline)
         except Exception as error:  # an unexpected end: nothing may stay queued
             _delete(client, name, request, error)
             raise
@@ -290,8 +292,8 @@ def _attempt(client: Any, request: dict[str, Any], props: dict[str, Any], deadli
         backoff = min(backoff * 2, 60.0)
 
 
-def _try_once(client: Any, name: str, request: dict[str, Any], props: dict[str, Any]
-              ) -> tuple[capacity.Failure | None, Any]:
+def _try_once(client: Any, name: str, request: dict[str, Any], props: dict[str, Any],
+              deadline: float) -> tuple[capacity.Failure | None, Any]:
     from google.api_core import exceptions as gexc
 
     zone = request["zone"]
@@ -322,9 +324,12 @@ def _try_once(client: Any, name: str, request: dict[str, Any], props: dict[str, 
         if state in SUSPENDED:
             return capacity.preempted_while_creating(state), None
         waited = time.monotonic() - started
-        if waited >= max_wait:
+        # maxWait bounds the wait for resources; a request they were found for
+        # (PROVISIONING) is followed to the end, bounded by the create timeout only.
+        bound = deadline if state == PROVISIONING else started + max_wait
+        if time.monotonic() >= bound:
             return capacity.timed_out(state, waited), None
-        time.sleep(min(_poll(request), max(0.0, max_wait - waited)))
+        time.sleep(min(_poll(request), max(0.0, bound - time.monotonic())))
 
 
 def _delete(client: Any, name: str, request: dict[str, Any], why: object) -> None:

@@ -266,3 +266,15 @@ def test_a_label_change_is_patched_on_the_node_in_the_zone_it_took(fake: FakeTpu
     assert fake.node(TAKES, "dev-trainer").labels["experiment"] == "lr"
     assert (updated.outs["labels"], updated.outs["candidate"]) == (
         {"stack": "dev", "experiment": "lr"}, 2)
+
+
+def test_a_request_provisioning_when_max_wait_passes_is_followed_not_dropped(
+        fake: FakeTpuApi) -> None:
+    polls = int(3 * MAX_WAIT / 0.05)  # provisioning lasts about three maxWaits
+    fake.script_queued("dev-trainer", "WAITING_FOR_RESOURCES", *["PROVISIONING"] * polls,
+                       "ACTIVE", zone=WAITS)
+
+    result = FallbackTpuProvider().create(props(WAITS, TAKES))
+
+    assert (result.outs["zone"], [a["outcome"] for a in result.outs["attempts"]]) == (
+        WAITS, ["took"])
