@@ -476,6 +476,12 @@ class TpuApi:
     def stop_node(self, name: str, timeout: float = 600.0) -> None:
         self.call("stop_node", _parts(name)[2], wait=timeout, name=name)
 
+    def delete_queued_resource(self, queued_resource: str, timeout: float = 600.0) -> None:
+        """Delete a queued resource and its nodes (`force`: whatever its state,
+        DeleteQueuedResourceRequest.force, google-cloud-tpu 1.27)."""
+        self.call("delete_queued_resource", queued_resource, wait=timeout,
+                  name=queued_resource, force=True)
+
     def reset_queued_resource(self, queued_resource: str, timeout: float = 600.0) -> None:
         self.call("reset_queued_resource", queued_resource, wait=timeout, name=queued_resource)
 
