@@ -135,6 +135,18 @@ class NodeSettings(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
     # Runs under a committed use discount: the cost estimate prices it at that rate.
     commitment: Commitment | None = None
+    # Run-time limits (durations, node_agent/limits.py): the node's whole life, and how
+    # long it may go without progress before the agent stops the job with a save.
+    max_runtime: str | None = None
+    idle_stop: str | None = None
+
+    @property
+    def max_runtime_seconds(self) -> int | None:
+        return _duration_seconds(self.max_runtime)
+
+    @property
+    def idle_stop_seconds(self) -> int | None:
+        return _duration_seconds(self.idle_stop)
 
     @property
     def tpu(self) -> catalog.Slice:
@@ -179,6 +191,12 @@ class NodeSettings(_Model):
         """`tpu-stack-workers`: every worker runs a client, or worker 0 only
         (pod slices run one TF client; docs/tpu-facts.md, "TensorFlow on TPU")."""
         return "0" if self.tpu.multi_host else "all"
+
+
+def _duration_seconds(text: str | None) -> int | None:
+    """A duration's seconds; None when absent or not a duration (the rules say so)."""
+    match = _DURATION_RE.match(text or "")
+    return int(match["n"]) * _DURATION_SECONDS[match["unit"]] if match else None
 
 
 class CiSettings(_Model):
@@ -251,6 +269,11 @@ class TeamSettings(_Model):
     quota: TeamQuota = Field(default_factory=TeamQuota)  # type: ignore[valid-type]
     labels: dict[str, str] = Field(default_factory=dict)
     budget_usd_per_month: float | None = Field(default=None, gt=0)
+    # `stop`: a budget notification at or past the budget (or projected to reach it within
+    # budget_horizon_hours) saves and deletes the team's nodes (components/budget_stop.py);
+    # `alert`: the budget only notifies.
+    budget_action: Literal["alert", "stop"] = "alert"
+    budget_horizon_hours: float = Field(default=24.0, gt=0)
     # The team's keyless deployer (its own repository's CI), declared by the platform
     # in the team's project (docs/teams.md); None: the team has no CI deployer.
     ci: CiSettings | None = None
@@ -927,6 +950,7 @@ def node_problems(key: str, node: NodeSettings, job_names: Mapping[str, Any],
     yield from _labels_problems(f"{key}.labels", node.labels)
     yield from _queue_problems(key, node)
     yield from _commitment_problems(key, node)
+    yield from _limit_problems(key, node)
     slice_problems = list(_slice_problems(key, node))
     if slice_problems:
         yield from slice_problems
@@ -1063,6 +1087,23 @@ def _commitment_problems(key: str, node: NodeSettings) -> Problems:
                                     f"or a queue with a reservationName")
 
 
+# The agent looks once a second (node_agent/limits.py): a shorter limit stops at once.
+_LEAST_LIMIT_SECONDS = 60
+
+
+def _limit_problems(key: str, node: NodeSettings) -> Problems:
+    """maxRuntime and idleStop are durations of at least a minute."""
+    for field, value in (("maxRuntime", node.max_runtime), ("idleStop", node.idle_stop)):
+        if value is None:
+            continue
+        seconds = _duration_seconds(value)
+        if seconds is None:
+            yield (f"{key}.{field}", f"{value!r} is not a duration: a number and s, m, h or d "
+                                     f"(e.g. 30m, 12h, 7d)")
+        elif seconds < _LEAST_LIMIT_SECONDS:
+            yield (f"{key}.{field}", f"{value} is under a minute: use 1m or more")
+
+
 _GITHUB_REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 # A branch name as it follows refs/heads/ (no quotes: it is written into a CEL literal).
 _GITHUB_REF_NAME_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
@@ -1133,6 +1174,7 @@ def team_problems(s: StackSettings) -> Problems:
                                                     f"platform's own resources carry one too")
     for name, team in s.teams.items():
         yield from _team_problems(s, name, team)
+        yield from _budget_action_problems(s, name, team)
     if s.quota:
         yield from project_quota_problems(s.quota, s.all_nodes)
 
@@ -1277,6 +1319,18 @@ def _team_projects_problems(s: StackSettings) -> Problems:
     if state is not None and not _STATE_BUCKET_RE.match(state):
         yield (f"{TEAM_PROJECTS_KEY}.stateBucket", f"{state!r} is not a bucket name: the name "
                                                    "alone (3-63 of a-z 0-9 - _ .), without gs://")
+
+
+def _budget_action_problems(s: StackSettings, name: str, team: TeamSettings) -> Problems:
+    """A budget that stops TPUs needs a budget in USD and a billing account to hold it."""
+    if team.budget_action != "stop":
+        return
+    key = f"{TEAMS_KEY}.{name}"
+    if team.budget_usd_per_month is None:
+        yield (f"{key}.budgetUsdPerMonth", "is required with budgetAction: stop (the budget "
+                                           "the team's nodes are stopped at, in USD a month)")
+    if not s.billing_account:
+        yield (f"{key}.budgetAction", f"stop needs a budget: set {NAMESPACE}:billing.account")
 
 
 def _billing_problems(billing: BillingSettings) -> Problems:

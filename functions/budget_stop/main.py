@@ -105,17 +105,25 @@ class Team:
         return labels.get("team") == self.config.team_label and \
             labels.get("managed-by") == MANAGED_BY
 
+    def _listed(self, method: Any) -> list[Any]:
+        """Every item `method` lists in each zone; a zone the TPU API does not serve the
+        project (404 "Location ... not found") holds nothing. Any other failure raises:
+        the function must not act on half a list."""
+        items: list[Any] = []
+        for zone in self.config.zones:
+            try:
+                items += list(method(parent=self._parent(zone), retry=RETRY))
+            except gexc.NotFound as error:
+                log("zone not served", zone=zone, error=str(error))
+        return items
+
     def nodes(self) -> list[tpu_v2.Node]:
-        return [node for zone in self.config.zones
-                for node in self.client.list_nodes(parent=self._parent(zone), retry=RETRY)
-                if self._ours(node.labels)]
+        return [node for node in self._listed(self.client.list_nodes) if self._ours(node.labels)]
 
     def queued(self, node_ids: set[str]) -> list[tpu_v2.QueuedResource]:
         """Queued resources for the team: a node spec labelled the team's, or naming one
         of its nodes (queued resources carry no labels of their own)."""
-        return [queued for zone in self.config.zones
-                for queued in self.client.list_queued_resources(parent=self._parent(zone),
-                                                                retry=RETRY)
+        return [queued for queued in self._listed(self.client.list_queued_resources)
                 if any(self._ours(spec.node.labels) or spec.node_id in node_ids
                        for spec in queued.tpu.node_spec)]
 

@@ -100,7 +100,8 @@ def function(tmp_path: Path, tpu: FakeTpuApi, gcs: CreateOnlyProxy,
         archive.extractall(tmp_path / "source")
     for key, value in {"TPU_STACK_TPU_ENDPOINT": tpu.endpoint,
                        "STORAGE_EMULATOR_HOST": gcs.host, "TPU_STACK_TEAM": "vision",
-                       "TPU_STACK_PROJECT": VISION, "TPU_STACK_ZONES": ZONE,
+                       "TPU_STACK_PROJECT": VISION,
+                       "TPU_STACK_ZONES": f"{ZONE},europe-west4-a",  # the fake serves one
                        "TPU_STACK_MARKER_BUCKET": MARKERS,
                        "TPU_STACK_SAVE_GRACE_SECONDS": "0"}.items():
         monkeypatch.setenv(key, value)
