@@ -170,9 +170,7 @@ def claim(bucket: str, name: str, record: Mapping[str, object]) -> bool:
 
 
 def metered(nodes: list[tpu_v2.Node]) -> list[spend.MeteredNode]:
-    running = [n for n in nodes if n.state in (tpu_v2.Node.State.READY, tpu_v2.Node.State.CREATING,
-                                               tpu_v2.Node.State.RESTARTING,
-                                               tpu_v2.Node.State.REPAIRING)]
+    running = [n for n in nodes if n.state.name in spend.BILLED_STATES]
     return [spend.MeteredNode(n.name, n.accelerator_type,
                               n.scheduling_config.spot or n.scheduling_config.preemptible,
                               n.create_time) for n in running]

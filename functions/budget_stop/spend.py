@@ -20,6 +20,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 SECONDS_PER_HOUR = 3600.0
+# Node states (google-cloud-tpu Node.State names) the meter counts as billing: a TPU
+# bills from creation until deletion, except while STOPPED (a single host) and once
+# PREEMPTED or TERMINATED (whether a PREEMPTED spot node bills is unconfirmed: counted
+# not billing here).
+BILLED_STATES = frozenset({"CREATING", "READY", "RESTARTING", "REPAIRING", "STARTING",
+                           "STOPPING", "UPDATING"})
 PriceTable = Mapping[str, Mapping[str, float | None]]
 
 
