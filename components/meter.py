@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from components.budget_stop import price_table
-from components.settings import NodeSettings
+from components.settings import NodeSettings, StackSettings
 from functions.budget_stop import spend
 
 # Cloud Billing budgets' calendar periods begin "at 12 AM US and Canadian Pacific Time
@@ -91,3 +91,55 @@ def lost_usd(goodput: Mapping[str, object], hourly_usd: float | None) -> float |
     except (KeyError, TypeError, ValueError):
         return None
     return max(0.0, total - productive) / spend.SECONDS_PER_HOUR * hourly_usd
+
+
+# ---- the preview, per team -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeLimits:
+    node_id: str
+    max_runtime: str | None
+    idle_stop: str | None
+
+
+@dataclass(frozen=True)
+class TeamPreview:
+    """What a plan says of a team's money: its burn rate by the meter, how long its budget
+    lasts at that rate from an empty month, what a budget stop would delete, the limits."""
+
+    team: str
+    usd_per_hour: float
+    budget_usd_per_month: float | None
+    budget_action: str  # alert | stop
+    stop_deletes: tuple[str, ...]  # node ids this stack declares for the team (stop only)
+    limits: tuple[NodeLimits, ...]
+    unpriced: tuple[str, ...] = ()
+
+    @property
+    def hours_to_budget(self) -> float | None:
+        if self.budget_usd_per_month is None:
+            return None
+        return spend.hours_left(self.budget_usd_per_month, 0.0, self.usd_per_hour)
+
+
+def team_previews(settings: StackSettings) -> list[TeamPreview]:
+    """One preview per team with nodes in this stack or a budget here, by name."""
+    by_team: dict[str, list[tuple[str, NodeSettings]]] = {}
+    for team, node in settings.named_nodes:
+        node_id = settings.naming.tpu_node(node.name, team)
+        by_team.setdefault(team or settings.team, []).append((node_id, node))
+    previews = []
+    for team in sorted(set(by_team) | set(settings.teams)):
+        nodes = by_team.get(team, [])
+        spec = settings.teams.get(team)
+        action = spec.budget_action if spec else "alert"
+        hourly = {node_id: node_hourly_usd(node) for node_id, node in nodes}
+        previews.append(TeamPreview(
+            team=team, usd_per_hour=sum(v or 0.0 for v in hourly.values()),
+            budget_usd_per_month=spec.budget_usd_per_month if spec else None,
+            budget_action=action,
+            stop_deletes=tuple(node_id for node_id, _ in nodes) if action == "stop" else (),
+            limits=tuple(NodeLimits(node_id, node.max_runtime, node.idle_stop)
+                         for node_id, node in nodes),
+            unpriced=tuple(node_id for node_id, usd in hourly.items() if usd is None)))
+    return previews
