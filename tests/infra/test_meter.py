@@ -74,3 +74,29 @@ def test_status_team_shows_spend_burn_when_the_budget_runs_out_and_lost_goodput(
         f"team nlp spend: ${hourly * 10:,.2f} this month by the meter (TPU list prices); "
         f"burn ${hourly:,.2f}/h; budget $5,000 runs out in {left:,.1f} h "
         f"({runs_out:%Y-%m-%d %H:%M} UTC) at that rate; goodput lost ${lost:,.2f}")
+
+
+def test_the_preview_shows_each_teams_burn_budget_stop_and_limits() -> None:
+    from ops.plan.offline import offline_plan
+    from ops.plan.report import spend_section
+
+    settings = load_settings(file_config("platform"), "platform")
+    nlp_nodes = settings.teams["nlp"].nodes
+    burn = sum(catalog.usd_per_hour(n.tpu, spot=n.spot) or 0.0 for n in nlp_nodes)
+    preview = {p.team: p for p in meter.team_previews(settings)}["nlp"]
+    assert preview.usd_per_hour == pytest.approx(burn)
+    assert preview.hours_to_budget == pytest.approx(60_000 / burn)
+    assert preview.stop_deletes == ("platform-nlp-pod", "platform-nlp-sweep")
+    assert [(n.node_id, n.max_runtime, n.idle_stop) for n in preview.limits] == [
+        ("platform-nlp-pod", None, "1h"), ("platform-nlp-sweep", "12h", "30m")]
+
+    plan = offline_plan("platform").to_json()
+    assert plan["spend"]["nlp"]["budgetStopDeletes"] == ["platform-nlp-pod", "platform-nlp-sweep"]
+    assert plan["spend"]["vision"]["budgetAction"] == "alert"
+    text = spend_section(plan)
+    assert text is not None
+    assert (f"- team nlp: burn ${burn:,.2f}/hour; budget $60,000.00/month spent in "
+            f"{60_000 / burn:,.0f} h ({60_000 / burn / 24:,.1f} days) at this rate; budgetAction "
+            "stop: a budget stop saves and deletes platform-nlp-pod, platform-nlp-sweep (and "
+            "every node labelled team=nlp in its project)") in text
+    assert "  - platform-nlp-sweep: maxRuntime 12h, idleStop 30m" in text
