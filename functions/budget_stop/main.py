@@ -127,11 +127,18 @@ class Team:
                 if any(self._ours(spec.node.labels) or spec.node_id in node_ids
                        for spec in queued.tpu.node_spec)]
 
-    def request_stop(self, node: tpu_v2.Node, reason: str) -> None:
+    def request_stop(self, node: tpu_v2.Node, reason: str) -> bool:
+        """The stop request on `node`; False (logged) when the API refuses it (a node
+        still CREATING, say): the node is deleted after the grace all the same."""
         metadata = dict(node.metadata) | {STOP_KEY: reason}
-        self.client.update_node(node=tpu_v2.Node(name=node.name, metadata=metadata),
-                                update_mask=field_mask_pb2.FieldMask(paths=["metadata"]),
-                                retry=RETRY)
+        try:
+            self.client.update_node(node=tpu_v2.Node(name=node.name, metadata=metadata),
+                                    update_mask=field_mask_pb2.FieldMask(paths=["metadata"]),
+                                    retry=RETRY)
+        except gexc.GoogleAPICallError as error:
+            log("stop request refused", node=node.name, error=str(error))
+            return False
+        return True
 
     def delete(self, nodes: list[tpu_v2.Node]) -> list[str]:
         """Every node, a queued one through its queued resource (force: its node first),
@@ -151,8 +158,14 @@ class Team:
 
     @staticmethod
     def _delete(call: Any, name: str, deleted: list[str]) -> None:
-        with contextlib.suppress(gexc.NotFound):  # gone already: another path, or by hand
-            call()
+        """One deletion; a failure is logged and the others go on (no retry would come:
+        the marker is claimed, and the trigger does not retry)."""
+        try:
+            with contextlib.suppress(gexc.NotFound):  # gone already: another path, or by hand
+                call()
+        except gexc.GoogleAPICallError as error:
+            log("delete failed", resource=name, error=str(error))
+            return
         deleted.append(name)
 
 
@@ -170,7 +183,7 @@ def claim(bucket: str, name: str, record: Mapping[str, object]) -> bool:
 
 
 def metered(nodes: list[tpu_v2.Node]) -> list[spend.MeteredNode]:
-    running = [n for n in nodes if n.state.name in spend.BILLED_STATES]
+    running = [n for n in nodes if n.state.name in spend.BILLED_STATES and n.create_time]
     return [spend.MeteredNode(n.name, n.accelerator_type,
                               n.scheduling_config.spot or n.scheduling_config.preemptible,
                               n.create_time) for n in running]
@@ -195,10 +208,8 @@ def handle(message: spend.BudgetMessage, config: Config, client: tpu_v2.TpuClien
         log("budget stop already done", team=config.team, marker=marker)
         return decision
     reason = f"budget {message.display_name or message.budget_id}: {decision.reason}"
-    for node in nodes:
-        team.request_stop(node, reason)
-    log("stop requested", team=config.team, nodes=[n.name for n in nodes],
-        grace_seconds=config.save_grace_seconds)
+    asked = [node.name for node in nodes if team.request_stop(node, reason)]
+    log("stop requested", team=config.team, nodes=asked, grace_seconds=config.save_grace_seconds)
     time.sleep(config.save_grace_seconds)
     deleted = team.delete(team.nodes())
     log("deleted", team=config.team, resources=deleted)

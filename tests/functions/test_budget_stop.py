@@ -204,3 +204,14 @@ def test_the_marker_is_one_per_budget_interval_and_threshold() -> None:
     assert spend.hours_left(100.0, 100.0, 3.0) == 0.0
     assert spend.hours_left(100.0, 40.0, 0.0) is None
     assert timedelta(hours=1).total_seconds() == spend.SECONDS_PER_HOUR
+
+
+def test_a_refused_stop_request_still_deletes_after_the_grace(
+        function: Any, tpu: FakeTpuApi) -> None:
+    vision = tpu.projects[VISION]
+    vision.fail(400, times=1, action="patch", collection="nodes",
+                message="node is not READY")  # the first node's request refused
+    call(function, budget_event(1000.0, exceeded=1.0))
+    assert vision.node(ZONE, "platform-vision-a") is None
+    assert vision.node(ZONE, "platform-vision-q") is None
+    assert [c.action for c in vision.mutating_calls()].count("patch") == 2
