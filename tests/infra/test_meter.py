@@ -4,6 +4,7 @@ lost time in USD; the `tpuctl status --team` line."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -80,7 +81,11 @@ def test_the_preview_shows_each_teams_burn_budget_stop_and_limits() -> None:
     from ops.plan.offline import offline_plan
     from ops.plan.report import spend_section
 
-    settings = load_settings(file_config("platform"), "platform")
+    config = file_config("platform")
+    teams = json.loads(config["tpu-stack:teams"])
+    teams["nlp"]["budgetAction"] = "stop"
+    config["tpu-stack:teams"] = json.dumps(teams)
+    settings = load_settings(config, "platform")
     nlp_nodes = settings.teams["nlp"].nodes
     burn = sum(catalog.usd_per_hour(n.tpu, spot=n.spot) or 0.0 for n in nlp_nodes)
     preview = {p.team: p for p in meter.team_previews(settings)}["nlp"]
@@ -90,7 +95,7 @@ def test_the_preview_shows_each_teams_burn_budget_stop_and_limits() -> None:
     assert [(n.node_id, n.max_runtime, n.idle_stop) for n in preview.limits] == [
         ("platform-nlp-pod", None, "1h"), ("platform-nlp-sweep", "12h", "30m")]
 
-    plan = offline_plan("platform").to_json()
+    plan = offline_plan("platform", config).to_json()
     assert plan["spend"]["nlp"]["budgetStopDeletes"] == ["platform-nlp-pod", "platform-nlp-sweep"]
     assert plan["spend"]["vision"]["budgetAction"] == "alert"
     text = spend_section(plan)
