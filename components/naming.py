@@ -85,6 +85,13 @@ class Naming:
         """Networks, subnets, firewall rules: `<stack>-<logical>`."""
         return fit(_rfc1035(self._base(logical, None)), _RFC1035_MAX)
 
+    def cloud_function(self, logical: str, team: str | None = None) -> str:
+        """A Cloud Run function or Pub/Sub topic id: `<stack>[-<team>]-<logical>`,
+        RFC 1035, at most 63 (cloud.google.com/functions/docs/reference/rest/v2/
+        projects.locations.functions: "lower case letters, digits and hyphens"; Pub/Sub
+        topics allow more)."""
+        return fit(_rfc1035(self._base(logical, team)), _RFC1035_MAX)
+
     def bucket(self, purpose: str, team: str | None = None) -> str:
         """Globally unique bucket name: `<project>-<stack>[-<team>]-<purpose>`."""
         name = _slug(f"{self.project}-{self._base(purpose, team)}")

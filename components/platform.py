@@ -20,10 +20,13 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components import catalog, cost
+from components.budget_stop import APIS as BUDGET_STOP_APIS
+from components.budget_stop import BudgetStop, BudgetStopArgs
 from components.candidates import one_quota_warning
 from components.ci import CI_APIS, PREVIEW_ROLES, CiArgs, CiIdentity, DeployerScope
 from components.identity import PROJECT_ROLES, IdentityArgs, RuntimeIdentity
 from components.locality import cross_region_warning
+from components.naming import label_value
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
 from components.progress_deadline import progress_deadline_warning
@@ -101,7 +104,8 @@ class TpuPlatform(pulumi.ComponentResource):
         settings = self.settings
         naming = settings.naming
         apis = (*APIS, *(CI_APIS if settings.ci else ()),
-                *((BUDGETS_API,) if self._has_budgets else ()))
+                *((BUDGETS_API,) if self._has_budgets else ()),
+                *(BUDGET_STOP_APIS if self._budget_stops else ()))
         self.project = Project("project", ProjectArgs(
             project_id=settings.gcp_project, settings=settings.project,
             labels=self._labels("project"), apis=apis), opts=self._child())
@@ -165,13 +169,14 @@ class TpuPlatform(pulumi.ComponentResource):
         spec = settings.teams[team]
         assert (settings.team_projects and settings.team_projects.folder_id
                 and settings.team_billing_account), "settings check"
+        stopper = self._budget_stop(team, after_apis)
         access = self.access[team] = TeamProject(f"team-project-{team}", TeamProjectArgs(
             team=team, stack=settings.stack, naming=settings.naming,
             quota_contact=settings.team_projects.quota_contact,
             state_bucket=settings.team_projects.state_bucket, members=spec.members,
             quota=spec.quota, regions={f: sorted(r) for f, r in settings.quota.items()},
             network=self.host, data_bucket=self.buckets.names["data"], ci=spec.ci,
-            budget=self._budget(team), budgets=self.budgets), opts=after_apis)
+            budget=self._budget(team, stopper), budgets=self.budgets), opts=after_apis)
         if not spec.nodes:
             return
         shared = {"artifacts": self.buckets.buckets["artifacts"].name}
@@ -193,9 +198,32 @@ class TpuPlatform(pulumi.ComponentResource):
         """Budgets exist where billing is configured and teams are served."""
         return bool(self.settings.teams and self.settings.billing_account)
 
-    def _budget(self, team: str) -> TeamBudget | None:
+    @property
+    def _budget_stops(self) -> list[str]:
+        """Teams whose budget stops their TPUs (`budgetAction: stop`)."""
+        return [t for t, spec in self.settings.teams.items() if spec.budget_action == "stop"]
+
+    def _budget_stop(self, team: str, after_apis: pulumi.ResourceOptions) -> BudgetStop | None:
+        """The topic, function and account that stop the team's TPUs at its budget
+        (components/budget_stop.py), in the platform's project. The function lists the
+        zones of every region the platform serves (a team stack's nodes may be in any)."""
+        settings = self.settings
+        if team not in self._budget_stops:
+            return None
+        regions = set(settings.regions)
+        zones = [zone for zone in catalog.all_zones() if catalog.region_of(zone) in regions]
+        return BudgetStop(f"budget-stop-{team}", BudgetStopArgs(
+            team=team, team_label=label_value(team), naming=settings.naming,
+            platform_project=self.project.project_id,
+            team_project=settings.naming.team_project(team), zones=zones,
+            artifacts_bucket=self.buckets.buckets["artifacts"].name,
+            horizon_hours=settings.teams[team].budget_horizon_hours,
+            labels=self._labels("budget-stop")), opts=after_apis)
+
+    def _budget(self, team: str, stopper: BudgetStop | None = None) -> TeamBudget | None:
         """The team's monthly budget: its own figure, else its hourly ceiling
-        for a month, else (neither given) last month's spend."""
+        for a month, else (neither given) last month's spend; notifying the budget-stop
+        function's topic when the team's budget stops its TPUs."""
         settings = self.settings
         if not settings.billing_account:
             return None
@@ -204,7 +232,8 @@ class TpuPlatform(pulumi.ComponentResource):
         usd_per_month = spec.budget_usd_per_month
         if usd_per_month is None and spec.quota.usd_per_hour is not None:
             usd_per_month = spec.quota.usd_per_hour * catalog.HOURS_PER_MONTH
-        return TeamBudget(billing.account, usd_per_month, billing.alert_thresholds)
+        return TeamBudget(billing.account, usd_per_month, billing.alert_thresholds,
+                          pubsub_topic=stopper.topic_path if stopper else None)
 
     # ---- a team stack -----------------------------------------------------
 

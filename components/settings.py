@@ -114,9 +114,9 @@ class QueueSettings(_Model):
     def valid_until_seconds(self) -> int | None:
         if self.valid_until_duration is None:
             return None
-        match = _DURATION_RE.match(self.valid_until_duration)
-        assert match, "checked by _queue_problems"
-        return int(match["n"]) * _DURATION_SECONDS[match["unit"]]
+        seconds = _duration_seconds(self.valid_until_duration)
+        assert seconds is not None, "checked by _queue_problems"
+        return seconds
 
 
 class FallbackSettings(_Model):
@@ -155,6 +155,18 @@ class NodeSettings(_Model):
     fallback: list[FallbackSettings] = Field(default_factory=list)
     max_wait: str | None = None
     allow_costlier: bool = False
+    # Run-time limits (durations, node_agent/limits.py): the node's whole life, and how
+    # long it may go without progress before the agent stops the job with a save.
+    max_runtime: str | None = None
+    idle_stop: str | None = None
+
+    @property
+    def max_runtime_seconds(self) -> int | None:
+        return _duration_seconds(self.max_runtime)
+
+    @property
+    def idle_stop_seconds(self) -> int | None:
+        return _duration_seconds(self.idle_stop)
 
     @property
     def tpu(self) -> catalog.Slice:
@@ -220,15 +232,21 @@ class NodeSettings(_Model):
     @property
     def max_wait_seconds(self) -> int:
         """How long a request may wait on one candidate before the next is tried."""
-        match = _DURATION_RE.match(self.max_wait or DEFAULT_MAX_WAIT)
-        assert match, "checked by _fallback_problems"
-        return int(match["n"]) * _DURATION_SECONDS[match["unit"]]
+        seconds = _duration_seconds(self.max_wait or DEFAULT_MAX_WAIT)
+        assert seconds is not None, "checked by _fallback_problems"
+        return seconds
 
     @property
     def workers(self) -> str:
         """`tpu-stack-workers`: every worker runs a client, or worker 0 only
         (pod slices run one TF client; docs/tpu-facts.md, "TensorFlow on TPU")."""
         return "0" if self.tpu.multi_host else "all"
+
+
+def _duration_seconds(text: str | None) -> int | None:
+    """A duration's seconds; None when absent or not a duration (the rules say so)."""
+    match = _DURATION_RE.match(text or "")
+    return int(match["n"]) * _DURATION_SECONDS[match["unit"]] if match else None
 
 
 class CiSettings(_Model):
@@ -301,6 +319,11 @@ class TeamSettings(_Model):
     quota: TeamQuota = Field(default_factory=TeamQuota)  # type: ignore[valid-type]
     labels: dict[str, str] = Field(default_factory=dict)
     budget_usd_per_month: float | None = Field(default=None, gt=0)
+    # `stop`: a budget notification at or past the budget (or projected to reach it within
+    # budget_horizon_hours) saves and deletes the team's nodes (components/budget_stop.py);
+    # `alert`: the budget only notifies.
+    budget_action: Literal["alert", "stop"] = "alert"
+    budget_horizon_hours: float = Field(default=24.0, gt=0)
     # The team's keyless deployer (its own repository's CI), declared by the platform
     # in the team's project (docs/teams.md); None: the team has no CI deployer.
     ci: CiSettings | None = None
@@ -979,6 +1002,7 @@ def node_problems(key: str, node: NodeSettings, job_names: Mapping[str, Any],
     yield from _queue_problems(key, node)
     yield from _commitment_problems(key, node)
     yield from _fallback_problems(key, node)
+    yield from _limit_problems(key, node)
     slice_problems = list(_slice_problems(key, node))
     if slice_problems:
         yield from slice_problems
@@ -1197,6 +1221,21 @@ def _hourly(node: NodeSettings) -> float | None:
     from components.cost import node_cost  # cost imports the settings
 
     return node_cost(node).usd_per_hour
+# The agent looks once a second (node_agent/limits.py): a shorter limit stops at once.
+_LEAST_LIMIT_SECONDS = 60
+
+
+def _limit_problems(key: str, node: NodeSettings) -> Problems:
+    """maxRuntime and idleStop are durations of at least a minute."""
+    for field, value in (("maxRuntime", node.max_runtime), ("idleStop", node.idle_stop)):
+        if value is None:
+            continue
+        seconds = _duration_seconds(value)
+        if seconds is None:
+            yield (f"{key}.{field}", f"{value!r} is not a duration: a number and s, m, h or d "
+                                     f"(e.g. 30m, 12h, 7d)")
+        elif seconds < _LEAST_LIMIT_SECONDS:
+            yield (f"{key}.{field}", f"{value} is under a minute: use 1m or more")
 
 
 _GITHUB_REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
@@ -1269,6 +1308,7 @@ def team_problems(s: StackSettings) -> Problems:
                                                     f"platform's own resources carry one too")
     for name, team in s.teams.items():
         yield from _team_problems(s, name, team)
+        yield from _budget_action_problems(s, name, team)
     if s.quota:
         yield from project_quota_problems(s.quota, s.all_nodes)
 
@@ -1413,6 +1453,18 @@ def _team_projects_problems(s: StackSettings) -> Problems:
     if state is not None and not _STATE_BUCKET_RE.match(state):
         yield (f"{TEAM_PROJECTS_KEY}.stateBucket", f"{state!r} is not a bucket name: the name "
                                                    "alone (3-63 of a-z 0-9 - _ .), without gs://")
+
+
+def _budget_action_problems(s: StackSettings, name: str, team: TeamSettings) -> Problems:
+    """A budget that stops TPUs needs a budget in USD and a billing account to hold it."""
+    if team.budget_action != "stop":
+        return
+    key = f"{TEAMS_KEY}.{name}"
+    if team.budget_usd_per_month is None:
+        yield (f"{key}.budgetUsdPerMonth", "is required with budgetAction: stop (the budget "
+                                           "the team's nodes are stopped at, in USD a month)")
+    if not s.billing_account:
+        yield (f"{key}.budgetAction", f"stop needs a budget: set {NAMESPACE}:billing.account")
 
 
 def _billing_problems(billing: BillingSettings) -> Problems:

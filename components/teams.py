@@ -119,6 +119,9 @@ class TeamBudget:
     billing_account: str
     usd_per_month: float | None
     alert_thresholds: list[float]
+    # projects/<p>/topics/<t>: every update of the budget goes there (the budget-stop
+    # function's trigger, components/budget_stop.py); None: alerts only.
+    pubsub_topic: pulumi.Input[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -384,5 +387,11 @@ class TeamProject(pulumi.ComponentResource):
             ),
             threshold_rules=[gcp.billing.BudgetThresholdRuleArgs(threshold_percent=t)
                              for t in budget.alert_thresholds],
+            # Notifications to the topic come with every update, several times a day
+            # (cloud.google.com/billing/docs/how-to/budgets-programmatic-notifications);
+            # the default email recipients keep their alerts.
+            all_updates_rule=None if budget.pubsub_topic is None else
+            gcp.billing.BudgetAllUpdatesRuleArgs(pubsub_topic=budget.pubsub_topic,
+                                                 schema_version="1.0"),
             opts=child,
         )

@@ -34,7 +34,10 @@ OS_LOGIN_KEY = "enable-oslogin"
 # the stack leaves that one key alone. (The queued provider merges keys others
 # added, components/queued_tpu.py.)
 SSH_KEYS_KEY = "ssh-keys"
-IGNORED_METADATA = [f'metadata["{SSH_KEYS_KEY}"]']  # Pulumi property-path syntax
+# A stop request (node_agent/contract.py STOP_REQUEST_KEY) is set on a running node by
+# the budget-stop function, not by the stack: an `up` must not take it back.
+IGNORED_METADATA = [f'metadata["{SSH_KEYS_KEY}"]',  # Pulumi property-path syntax
+                    f'metadata["{agent.STOP_REQUEST_KEY}"]']
 # Contract C1 (docs/design.md): the node's one pointer to what it runs
 # (`tpu-stack-release`), a prefix that never changes, so a code or job change never
 # touches the node (nor a queued request's place).
@@ -122,7 +125,14 @@ def node_metadata(args: TpuNodeArgs) -> dict[str, str]:
         # manage-guest-attributes). Whether TPU VMs need it is undocumented.
         GUEST_ATTRIBUTES_KEY: "TRUE",
         OS_LOGIN_KEY: "TRUE",
-    }
+    } | limit_metadata(args.settings)
+
+
+def limit_metadata(node: NodeSettings) -> dict[str, str]:
+    """The node's run-time limits in whole seconds (node_agent/limits.py); only those set."""
+    limits = {agent.MAX_RUNTIME_KEY: node.max_runtime_seconds,
+              agent.IDLE_STOP_KEY: node.idle_stop_seconds}
+    return {key: str(seconds) for key, seconds in limits.items() if seconds is not None}
 
 
 def accelerator_args(node: NodeSettings) -> dict[str, object]:

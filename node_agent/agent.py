@@ -48,6 +48,7 @@ from node_agent.contract import (
     PERMANENT_EXITS,
     RUNTIME_KEY,
     STATUS_KEY,
+    STOP_REQUEST_KEY,
     STOPPED_EXITS,
 )
 from node_agent.deadlines import Hang, hang_message, named_worker
@@ -57,6 +58,7 @@ from node_agent.goodput import Goodput, settle_run
 from node_agent.install import Installer
 from node_agent.job import Job, process_start_time, stop_stale_job, terminate
 from node_agent.job_lines import JobRun
+from node_agent.limits import Limits, NodeView, StopConditions, node_started
 from node_agent.metadata import DEFAULT_METADATA_HOST, Metadata, node_id, worker_number
 from node_agent.runtime_metrics import RuntimeMetrics
 from node_agent.status import Status
@@ -133,6 +135,12 @@ class Agent:
         self._stop_sent = False  # the agent sent the running job SIGTERM
         self._shown_health: dict[str, object] = {}
         self._following: Desired | None = None  # the release whose job runs
+        # Run-time limits and stop requests (node_agent/limits.py): a reason, once due,
+        # stops the job with a save like a notice does, and keeps it stopped.
+        self.limits = StopConditions(Limits.from_attributes(self.attributes))
+        self.node_started = node_started(root, time.time())
+        self._stop_request = self.attributes.get(STOP_REQUEST_KEY, "")
+        self._limit_reason: str | None = None
 
     def terminate(self, *_: object) -> None:
         self.terminated.set()
@@ -152,6 +160,7 @@ class Agent:
                                               lambda window: self.status.set(maintenance=window),
                                               self.loops)
         self._watch_agent_code()
+        self._watch_stop_request()
         self._shown_health = self._agent_view()
         self.status.set(agent=self._shown_health)
         try:
@@ -194,7 +203,9 @@ class Agent:
             self.loops.stop()
 
     def _notice(self) -> str | None:
-        return self.notices.reason() if self.notices else None
+        """Why the job must stop and stay stopped: the VM's notice, or a limit or stop
+        request (node_agent/limits.py)."""
+        return (self.notices.reason() if self.notices else None) or self._limit_reason
 
     def _wait_until(self, done: Callable[[], bool]) -> bool:
         """Wake-ups until `done()`; False on SIGTERM."""
@@ -207,13 +218,56 @@ class Agent:
     def _sleep(self, seconds: float | None) -> None:
         """Until a wake-up (or `seconds`); the one place the main loop waits, so a
         requested hand-over to a new agent happens at any of them."""
-        self.wake.wait(seconds)
+        self.wake.wait(seconds if seconds is not None else self.limits.poll_seconds)
         self.wake.clear()
+        self._check_limits()
         if self.reexec.is_set() and not self.terminated.is_set():
             self._hand_over()
         if (view := self._agent_view()) != self._shown_health:
             self._shown_health = view
             self.status.set(agent=view)
+
+    # -- run-time limits and stop requests (node_agent/limits.py) -----------------------
+
+    def _watch_stop_request(self) -> None:
+        """Long-poll every attribute (a key not set yet has no value to wait on; the
+        metadata server's wait_for_change works on a directory with recursive=true,
+        cloud.google.com/compute/docs/metadata/querying-metadata#waitforchange)."""
+        def changed(value: str) -> None:
+            try:
+                attributes = json.loads(value)
+            except ValueError:
+                return
+            if isinstance(attributes, dict):
+                self._stop_request = str(attributes.get(STOP_REQUEST_KEY) or "")
+                self.wake.set()
+
+        poll = LongPoll(self.metadata, "instance/attributes/", self._agent_code_stop, changed,
+                        params={"recursive": "true"})
+        self.loops.start("watch stop request", poll.step, self._agent_code_stop)
+
+    def _check_limits(self) -> None:
+        now, running = time.time(), self.job.alive()
+        last = None
+        if running:  # the phase clock is monotonic: the same moment on the wall clock
+            last = now - (time.monotonic() - self.job.clock.last_progress)
+        view = NodeView(self.node_started, running, last, (), self._stop_request)
+        if self.limits.wants_duty_cycle(now, view):
+            duty = self.runtime_metrics.latest().get("dutyCyclePercent")
+            view = NodeView(self.node_started, running, last, (duty,), self._stop_request)
+        reason = self.limits.due(now, view)
+        if reason == self._limit_reason:
+            return
+        self._limit_reason = reason
+        if reason is not None and not running:
+            self.status.set(state="stopped", message=f"{reason}; no job runs: the node "
+                                                     "waits to be deleted")
+
+    def _stop_state(self) -> str:
+        """`stopped` when a limit or stop request stopped the job, else `preempted`."""
+        vm_notice = self.notices.reason() if self.notices else None
+        return "stopped" if self._limit_reason and not vm_notice and \
+            not self.terminated.is_set() else "preempted"
 
     # -- the agent replacing itself (node_agent/handover.py) ----------------------------
 
@@ -526,7 +580,8 @@ class Agent:
         """SIGTERM or a notice (nothing to stop: the job is not running), or an update."""
         if self.terminated.is_set() or self._notice():
             if reason := self._notice():
-                self.status.set(state="preempted", message=f"{reason}: not starting the job")
+                self.status.set(state=self._stop_state(),
+                                message=f"{reason}: not starting the job")
             return EXIT_PREEMPTED
         return self._update(desired)
 
@@ -725,7 +780,7 @@ class Agent:
             return EXIT_PREEMPTED
         if code == EXIT_PREEMPTED:
             saved = run.stop_save["step"] if run.stop_save else run.stopped_at or run.step
-            self.status.set(state="preempted", stopSave=run.stop_save,
+            self.status.set(state=self._stop_state(), stopSave=run.stop_save,
                             message=f"stopped ({why}) after saving step {saved}")
             return EXIT_PREEMPTED
         durable = max(run.start_step, run.saved_step or 0)

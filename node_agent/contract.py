@@ -16,6 +16,15 @@ WORKERS_KEY = "tpu-stack-workers"
 STATUS_KEY = "tpu-stack-status"
 NODE_KEY = "tpu-stack-node"  # the TPU node's own id (instance/name is the worker VM's)
 RUNTIME_KEY = "tpu-stack-runtime-version"  # the node's runtimeVersion, e.g. tpu-vm-tf-2.18.0-pjrt
+# The node's run-time limits (node_agent/limits.py), whole seconds; absent: no limit.
+MAX_RUNTIME_KEY = "tpu-stack-max-runtime"
+IDLE_STOP_KEY = "tpu-stack-idle-stop"
+
+# -- what others set on a running node through the TPU API ------------------------
+# A stop request (any text, the reason): the agent stops the job with a save and does
+# not start it again while the key is set. The budget-stop function sets it
+# (functions/budget_stop/main.py STOP_KEY) before it deletes a team's nodes.
+STOP_REQUEST_KEY = "tpu-stack-stop"
 
 # -- what the TPU runtime puts on every worker --------------------------------------
 WORKER_NUMBER_KEY = "agent-worker-number"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pulumi_policy import (
+    EnforcementLevel,
     PolicyCustomTimeouts,
     PolicyResource,
     PolicyResourceOptions,
@@ -38,9 +39,10 @@ class Violation:
     policy: str
     message: str
     urn: str | None  # None: the stack as a whole
+    advisory: bool = False  # a warning: shown, never failing the plan
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "advisory" or v}
 
 
 def load_config(path: Path | None = CONFIG_PATH) -> dict[str, dict[str, Any]]:
@@ -88,9 +90,9 @@ def _disabled(config: PolicyConfig, name: str) -> bool:
 
 
 def _collector(violations: list[Violation], policy: str,
-               default_urn: str | None = None) -> ReportViolation:
+               default_urn: str | None = None, advisory: bool = False) -> ReportViolation:
     def report(message: str, urn: str | None = None) -> None:
-        violations.append(Violation(policy, message, urn or default_urn))
+        violations.append(Violation(policy, message, urn or default_urn, advisory))
     return report
 
 
@@ -116,7 +118,9 @@ def _evaluate(plan: Mapping[str, Any], config: PolicyConfig) -> list[Violation]:
             for r in resources:
                 args = ResourceValidationArgs(r["type"], r.get("inputs", {}), r["urn"], r["name"],
                                               _options(r), None, settings)
-                policy.validate(args, _collector(violations, policy.name, r["urn"]))
+                policy.validate(args, _collector(
+                    violations, policy.name, r["urn"],
+                    policy.enforcement_level == EnforcementLevel.ADVISORY))
         elif isinstance(policy, StackValidationPolicy):
             stack = [PolicyResource(r["type"], r.get("inputs", {}), r["urn"], r["name"],
                                     _options(r), None, None, [], {}) for r in resources]

@@ -29,8 +29,9 @@ from pulumi_policy import (
 )
 
 from components import catalog
-from components.settings import ENVIRONMENTS, environment_of
+from components.settings import DEFAULT_TEAM, ENVIRONMENTS, environment_of
 from components.stack_config import program_config
+from node_agent.contract import IDLE_STOP_KEY, MAX_RUNTIME_KEY
 from policy.iam import binding_target
 
 BUCKET = "gcp:storage/bucket:Bucket"
@@ -76,6 +77,7 @@ def tpu_view(resource_type: str, props: Mapping[str, Any]) -> Mapping[str, Any] 
         "networkConfig": {"enableExternalIps": props.get("enable_external_ips")},
         "schedulingConfig": {"spot": props.get("spot")},
         "labels": props.get("labels"),
+        "metadata": props.get("metadata"),
     }
     if props.get("accelerator_config_type"):
         view["acceleratorConfig"] = {"type": props["accelerator_config_type"],
@@ -307,6 +309,23 @@ def _tpu_service_account(args: ResourceValidationArgs, node: Mapping[str, Any],
 
 
 @_on_tpu_nodes
+def _team_node_limits(args: ResourceValidationArgs, node: Mapping[str, Any],
+                      report: ReportViolation) -> None:
+    """A team's node (in its team's project, `<platform project>-<team>`,
+    components/naming.py team_project; one whose id was shortened with a hash is not
+    recognised) with neither run-time limit bills until someone deletes it (docs/design.md,
+    "Run-time limits, idle stops and stop requests")."""
+    team = (node.get("labels") or {}).get("team")
+    project = str(args.props.get("project") or "")
+    metadata = node.get("metadata") or {}
+    if team and team != DEFAULT_TEAM and project.endswith(f"-{team}") and not (
+            MAX_RUNTIME_KEY in metadata or IDLE_STOP_KEY in metadata):
+        report(f"TPU node {args.name} of team {team} has neither maxRuntime nor idleStop: "
+               "nothing stops it when its job ends or stalls; set one on the node "
+               "(tpu-stack:nodes[].maxRuntime, idleStop)", None)
+
+
+@_on_tpu_nodes
 def _tpu_external_ip(args: ResourceValidationArgs, node: Mapping[str, Any],
                      report: ReportViolation) -> None:
     allowed = settings(args, "tpu-no-external-ip")["allowedStacks"]
@@ -480,6 +499,13 @@ _RESOURCE_POLICIES: tuple[tuple[str, str, Validation], ...] = (
      _spot_stacks),
 )
 
+# Advisory: `pulumi preview` prints them as warnings and goes on; `tpuctl plan` shows
+# them without failing (policy/evaluate.py Violation.advisory).
+_ADVISORY_POLICIES: tuple[tuple[str, str, Validation], ...] = (
+    ("tpu-team-node-limits", "A team's TPU node sets maxRuntime or idleStop.",
+     _team_node_limits),
+)
+
 _STACK_POLICIES: tuple[tuple[str, str, Validation], ...] = (
     ("required-labels", "Labelled resources carry stack, managed-by (and team where teams exist).",
      _required_labels),
@@ -502,7 +528,13 @@ def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
                               enforcement_level=mandatory, config_schema=_schema(name))
         for name, text, check in _STACK_POLICIES
     ]
-    return [*resource, *stack]
+    advisory = [
+        ResourceValidationPolicy(name=name, description=text, validate=check,
+                                 enforcement_level=EnforcementLevel.ADVISORY,
+                                 config_schema=_schema(name))
+        for name, text, check in _ADVISORY_POLICIES
+    ]
+    return [*resource, *advisory, *stack]
 
 
 POLICIES = build_policies()

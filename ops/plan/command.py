@@ -40,7 +40,8 @@ def print_report(result: Plan, fmt: str | None, against: Path | None,
     if refused:
         print(f"{PROG}: {refused} step(s) would be refused by `pulumi up` (see Diagnostics): "
               f"{WAY_OUT}", file=sys.stderr)
-    return 1 if violations or duplicate_urns(head) or refused else 0
+    blocking = [v for v in violations if not v.advisory]
+    return 1 if blocking or duplicate_urns(head) or refused else 0
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pulumi
 
-from components import candidates, catalog, locality, progress_deadline, project, stop_save
+from components import candidates, catalog, locality, meter, progress_deadline, project, stop_save
 from components.archive import PackageError
 from components.cost import RATES, StackCost, StepCost, settings_cost
 from components.settings import StackSettings, load_settings
@@ -54,6 +54,9 @@ class Plan:
                           for r in sorted(self.run.registrations, key=lambda r: r.urn)],
             "outputs": self.run.outputs,
             "cost": cost_json(self.cost),
+            # Per team: burn rate by the meter, the budget, what a budget stop deletes,
+            # each node's run-time limits (components/meter.py).
+            "spend": spend_json(meter.team_previews(self.settings)),
             # What the program warns on its nodes at preview and up, the same text.
             "warnings": [*stop_save.stack_warnings(self.settings),
                          *locality.stack_warnings(self.settings),
@@ -115,6 +118,17 @@ def cost_json(cost: StackCost) -> dict[str, Any]:
         **({"byTeam": {team: {"usdPerHour": c.usd_per_hour, "usdPerMonth": c.usd_per_month}
                        for team, c in cost.by_team().items()}} if cost.by_team() else {}),
     }
+
+
+def spend_json(previews: list[meter.TeamPreview]) -> dict[str, Any]:
+    return {p.team: {"usdPerHour": significant(p.usd_per_hour),
+                     "budgetUsdPerMonth": p.budget_usd_per_month,
+                     "hoursToBudget": significant(p.hours_to_budget),
+                     "budgetAction": p.budget_action, "budgetStopDeletes": list(p.stop_deletes),
+                     "unpriced": list(p.unpriced),
+                     "nodes": [{"node": n.node_id, "maxRuntime": n.max_runtime,
+                                "idleStop": n.idle_stop} for n in p.limits]}
+            for p in previews}
 
 
 def significant(value: float | None, digits: int = 4) -> float | None:

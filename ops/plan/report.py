@@ -323,6 +323,31 @@ def cost_summary(plan: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def spend_section(plan: Mapping[str, Any]) -> str | None:
+    """Per team: the burn rate, how long the budget lasts at it, what a budget stop
+    deletes, and each node's run-time limits (the plan's `spend`, components/meter.py)."""
+    teams = plan.get("spend") or {}
+    if not teams:
+        return None
+    lines = ["Spend per team (the meter: TPU list prices)"]
+    for team, p in sorted(teams.items()):
+        line = f"- team {team}: burn {money(p.get('usdPerHour'))}/hour"
+        budget, hours = p.get("budgetUsdPerMonth"), p.get("hoursToBudget")
+        if budget is not None:
+            spent = "never at this rate" if hours is None else \
+                f"in {hours:,.0f} h ({hours / 24:,.1f} days) at this rate"
+            line += f"; budget {money(budget)}/month spent {spent}"
+        if p.get("budgetAction") == "stop":
+            deletes = ", ".join(p.get("budgetStopDeletes") or []) or "no node of this stack"
+            line += (f"; budgetAction stop: a budget stop saves and deletes {deletes} (and "
+                     f"every node labelled team={team} in its project)")
+        lines.append(line)
+        for node in p.get("nodes") or []:
+            lines.append(f"  - {node['node']}: maxRuntime {node.get('maxRuntime') or '-'}, "
+                         f"idleStop {node.get('idleStop') or '-'}")
+    return "\n".join(lines)
+
+
 RATE_NAMES = {"onDemand": "on-demand", "spot": "spot", "oneYear": "1-year commitment",
               "threeYear": "3-year commitment"}
 
@@ -398,8 +423,9 @@ def policy_section(violations: Sequence[Violation], *, markdown: bool) -> str:
     lines = [f"Policy pack: {len(violations)} violation(s)"]
     for v in violations:
         resource = v.urn.rsplit("::", 1)[-1] if v.urn else "stack"
-        lines.append(f"- {'**' + v.policy + '**' if markdown else v.policy} ({resource}): "
-                     f"{v.message}")
+        level = " (advisory)" if v.advisory else ""
+        lines.append(f"- {'**' + v.policy + '**' if markdown else v.policy}{level} "
+                     f"({resource}): {v.message}")
     return "\n".join(lines)
 
 
@@ -428,6 +454,7 @@ def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown:
         *warnings_section(plan, markdown=markdown),
         policy_section(violations, markdown=markdown),
         cost_summary(plan),
+        *([section] if (section := spend_section(plan)) else []),
         *node_tables(plan, markdown=markdown),
         *step_tables(plan, markdown=markdown),
         *candidate_tables(plan, markdown=markdown),

@@ -12,11 +12,12 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from components import capacity, catalog
+from node_agent.contract import MAX_RUNTIME_KEY
 from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi
 from ops.tpu.target import ExpectedNode
 
-Verb = Literal["delete-node", "reset-queued", "stop-node", "report", "move-queued",
-               "delete-queued"]
+Verb = Literal["delete-node", "delete-queued", "reset-queued", "stop-node", "report",
+               "move-queued"]
 # A spot or preemptible TPU is never restarted: it stays PREEMPTED, holding quota,
 # until deleted (docs/tpu-facts.md, "Spot TPUs"). TERMINATED nodes do not come back either.
 LOST_STATES = {"PREEMPTED", "TERMINATED"}
@@ -24,6 +25,13 @@ LOST_STATES = {"PREEMPTED", "TERMINATED"}
 STALLED_QUEUED_STATES = {"SUSPENDED", "FAILED"}
 FINISHED = "succeeded"
 BUSY_JOB_STATES = {"installing", "running"}
+# The agent's state once a run-time limit or a stop request stopped the job for good
+# (node_agent/limits.py): the node waits to be deleted.
+STOPPED_FOR_GOOD = "stopped"
+# Past maxRuntime the agent stops the job with a save (at most its stop deadline,
+# 120 s by default, node_agent/deadlines.py); the janitor deletes the node this much
+# later, whether or not its agent is alive to have saved.
+MAX_RUNTIME_GRACE_MINUTES = 10.0
 
 
 @dataclass(frozen=True)
@@ -39,7 +47,7 @@ class Action:
 
     @classmethod
     def on(cls, verb: Verb, node: NodeStatus, reason: str) -> Action:
-        if verb == "reset-queued":
+        if verb in ("reset-queued", "delete-queued"):
             return cls(verb, node.zone, node.queued_resource, reason, node.queued_resource)
         return cls(verb, node.zone, node.node_id, reason, node.name)
 
@@ -143,11 +151,19 @@ def queued_janitor_plan(queued: Sequence[QueuedStatus], now: datetime) -> list[A
 
 
 def janitor_plan(nodes: list[NodeStatus], idle_minutes: float, now: datetime,
-                 queued: Sequence[QueuedStatus] = ()) -> list[Action]:
-    """READY nodes whose job finished, or with no job activity for `idle_minutes`; and
-    the stale queued resources (queued_janitor_plan)."""
-    actions = queued_janitor_plan(queued, now)
+                 queued: Sequence[QueuedStatus] = (),
+                 grace_minutes: float = MAX_RUNTIME_GRACE_MINUTES) -> list[Action]:
+    """READY nodes whose job finished, or with no job activity for `idle_minutes`; nodes
+    past their run-time limit or stopped for good (limits_plan); and the stale queued
+    resources (queued_janitor_plan), each acted on once."""
+    actions = limits_plan(nodes, now, grace_minutes)
+    handled = {action.name for action in actions}
+    actions += [action for action in queued_janitor_plan(queued, now)
+                if action.name not in handled]
+    handled |= {action.name for action in actions}
     for node in nodes:
+        if node.name in handled or (node.queued_resource and node.queued_resource in handled):
+            continue
         reason = _why_idle(node, idle_minutes, now) if node.state == "READY" else None
         if reason is None:
             continue
@@ -165,6 +181,40 @@ def janitor_plan(nodes: list[NodeStatus], idle_minutes: float, now: datetime,
         else:
             actions.append(Action.on("stop-node", node, reason))
     return actions
+
+
+def limits_plan(nodes: list[NodeStatus], now: datetime,
+                grace_minutes: float = MAX_RUNTIME_GRACE_MINUTES) -> list[Action]:
+    """Nodes past `maxRuntime` (metadata MAX_RUNTIME_KEY) plus the grace since their
+    create time are deleted, whatever their agent says (it may be dead); a node whose
+    agent stopped its job for good (an idleStop, a stop request) is deleted when it is
+    a pod slice, stopped when a single host (docs/tpu-facts.md). A queued node goes
+    with its queued resource, or the request would provision it again."""
+    actions = []
+    for node in nodes:
+        reason = _past_max_runtime(node, now, grace_minutes)
+        verb: Verb = "delete-node"
+        if reason is None and node.job.get("state") == STOPPED_FOR_GOOD and \
+                node.state == "READY":
+            reason = f"stopped for good: {node.job.get('message') or 'by its agent'}"
+            verb = "delete-node" if _multi_host(node) else "stop-node"
+        if reason is None:
+            continue
+        if verb == "delete-node" and node.queued_resource:
+            verb = "delete-queued"
+        actions.append(Action.on(verb, node, reason))
+    return actions
+
+
+def _past_max_runtime(node: NodeStatus, now: datetime, grace_minutes: float) -> str | None:
+    text = node.metadata.get(MAX_RUNTIME_KEY, "")
+    if not text.isdigit() or node.created is None:
+        return None
+    age = now - node.created
+    if age < timedelta(seconds=int(text), minutes=grace_minutes):
+        return None
+    return (f"past maxRuntime: up {age.total_seconds() / 3600:.1f} h, maxRuntime "
+            f"{int(text) / 3600:g} h plus {grace_minutes:g} min grace")
 
 
 def _why_idle(node: NodeStatus, idle_minutes: float, now: datetime) -> str | None:

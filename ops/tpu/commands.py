@@ -188,6 +188,10 @@ def _status_now(api: TpuApi, target: StackTarget, team: str | None = None
     table = node_status.status_table(target, nodes, queued.items, unread=unread)
     lines = [node_status.summary_line(s)
              for s in node_status.team_summaries(target, nodes, unread)]
+    if team is not None:  # the team's money: spend by the meter, burn, its budget
+        now = datetime.now(timezone.utc)
+        lines.append(node_status.spend_line(node_status.spend_of(target, team, nodes, now),
+                                            node_status.lost_usd(nodes), now))
     return Group(table, *lines), unread
 
 

@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -18,9 +19,11 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from components import catalog
+from components import catalog, meter
 from components.archive import REPO_ROOT
+from components.budget_stop import price_table
 from components.naming import label_value
+from functions.budget_stop import spend
 from node_agent.common import parse_utc
 from ops.local import rehearsal_record as record
 from ops.tpu import logs as agent_logs
@@ -521,6 +524,54 @@ def _chips_text(summary: TeamSummary) -> str:
     over = " OVER CAP" if summary.over_cap else ""
     return f"chips {used} of cap {sum(summary.cap.values())}{over}" + (
         f" ({detail})" if detail else "")
+
+
+def spend_of(target: StackTarget, team: str, nodes: Sequence[NodeStatus],
+             now: datetime) -> meter.TeamSpend:
+    """The team's spend this budget month by the meter (components/meter.py)."""
+    counted = [meter.metered(n.name, n.accelerator_type, n.spot, n.state, n.created)
+               for n in nodes]
+    return meter.team_spend(team, [m for m in counted if m is not None],
+                            target.budgets.get(team), now)
+
+
+def lost_usd(nodes: Sequence[NodeStatus]) -> float | None:
+    """Goodput's lost time (every second not `productive`) priced at each node's list
+    price, summed over the nodes whose agent published goodput."""
+    total, priced = 0.0, False
+    for node in nodes:
+        hourly = spend.hourly_usd(price_table(), node.accelerator_type, node.spot)
+        try:
+            goodput = json.loads(node.job.get("goodput", ""))
+        except ValueError:
+            continue
+        usd = meter.lost_usd(goodput, hourly) if isinstance(goodput, dict) else None
+        if usd is not None:
+            total, priced = total + usd, True
+    return total if priced else None
+
+
+def spend_line(summary: meter.TeamSpend, lost: float | None, now: datetime) -> Text:
+    """`team nlp spend: $1,234.56 this month by the meter; burn $45.00/h; budget $60,000
+    runs out in 12.3 h (2026-12-05 10:00 UTC) at that rate; goodput lost $3.21`."""
+    parts = [f"${summary.spent_usd:,.2f} this month by the meter (TPU list prices)",
+             f"burn ${summary.burn_usd_per_hour:,.2f}/h"]
+    left, runs_out = summary.hours_left, summary.runs_out(now)
+    if summary.budget_usd is None:
+        parts.append("no budget")
+    elif left == 0:
+        parts.append(f"budget ${summary.budget_usd:,.0f} spent")
+    elif left is None or runs_out is None:
+        parts.append(f"budget ${summary.budget_usd:,.0f}: nothing burning")
+    else:
+        parts.append(f"budget ${summary.budget_usd:,.0f} runs out in {left:,.1f} h "
+                     f"({runs_out:%Y-%m-%d %H:%M} UTC) at that rate")
+    if lost is not None:
+        parts.append(f"goodput lost ${lost:,.2f}")
+    if summary.unpriced:
+        parts.append(f"unpriced: {', '.join(summary.unpriced)}")
+    style = "red" if left == 0 else ""
+    return Text(f"team {summary.team} spend: " + "; ".join(parts), style=style)
 
 
 def of_team(target: StackTarget, nodes: Sequence[NodeStatus], team: str) -> list[NodeStatus]:

@@ -87,6 +87,8 @@ class StackTarget:
     # team -> {(TPU family, capacity): chips the team may hold} (tpu-stack:teams.<t>.quota);
     # a team absent here has no cap in this stack.
     caps: Mapping[str, Mapping[tuple[str, str], int]] = field(default_factory=dict)
+    # team -> its monthly budget in USD (tpu-stack:teams.<t>.budgetUsdPerMonth), where set.
+    budgets: Mapping[str, float] = field(default_factory=dict)
 
     def auth(self, env: Mapping[str, str] | None = None) -> gcp_credentials.GcpAuth:
         """The credentials the stack's gcp provider would use (its config, then the
@@ -157,8 +159,10 @@ def target_for(settings: StackSettings, platform: StackSettings | None = None) -
     teams = (platform or settings).teams
     caps = {team: team_cap(teams[team].quota) for team in teams
             if team in settings.teams or team == settings.team}
+    budgets = {team: spec.budget_usd_per_month for team, spec in teams.items()
+               if team in caps and spec.budget_usd_per_month is not None}
     return StackTarget(project=settings.gcp_project, stack=settings.stack, nodes=nodes,
-                       caps=caps)
+                       caps=caps, budgets=budgets)
 
 
 def candidate_places(settings: StackSettings, node: Any) -> tuple[dict[str, Any], ...]:

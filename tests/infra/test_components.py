@@ -361,7 +361,7 @@ def test_ssh_is_os_login_and_gclouds_ssh_keys_are_left_alone() -> None:
     vm = only(node_run()[0], "gcp:tpu/v2Vm:V2Vm")
     assert vm.inputs["metadata"]["enable-oslogin"] == "TRUE"
     assert "ssh-keys" not in vm.inputs["metadata"]
-    assert vm.ignore_changes == ['metadata["ssh-keys"]']
+    assert vm.ignore_changes == ['metadata["ssh-keys"]', 'metadata["tpu-stack-stop"]']
 
 
 def test_node_runs_as_the_runtime_account_without_external_ips() -> None:

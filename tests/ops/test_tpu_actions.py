@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
+from node_agent.contract import MAX_RUNTIME_KEY
 from ops.tpu.actions import apply_actions, janitor_plan, recovery_plan
 from ops.tpu.api import TpuApi, node_name
 from ops.tpu.status import collect, collect_queued
@@ -101,3 +102,45 @@ def test_janitor_stops_finished_and_idle_single_hosts_and_reports_pods(
     states = {n: fake_tpu.node(ZONE, n).state.name for n in ("dev-done", "dev-idle", "dev-pod")}
     assert states == {"dev-done": "STOPPED", "dev-idle": "STOPPED", "dev-pod": "READY"}
     assert [c.action for c in fake_tpu.mutating_calls()] == ["stop", "stop"]
+
+
+def test_janitor_deletes_nodes_past_max_runtime_whose_agent_is_dead(
+    fake_tpu: FakeTpuApi, tpu: TpuApi
+) -> None:
+    # maxRuntime 1 h (metadata, node_agent/contract.py); the agents published nothing
+    # for hours: dead (or never started). The grace is 10 minutes past maxRuntime.
+    limit = {MAX_RUNTIME_KEY: "3600"}
+    for node_id, age in (("dev-old", 71), ("dev-in-grace", 69), ("dev-unlimited", 600)):
+        fake_tpu.add_node(ZONE, node_id, labels=STACK_LABELS,
+                          created=NOW - timedelta(minutes=age),
+                          metadata=limit if node_id != "dev-unlimited" else {})
+    fake_tpu.add_queued_node(ZONE, "dev-q", labels=STACK_LABELS, accelerator_type="v3-32",
+                             created=NOW - timedelta(hours=5), metadata=limit)
+    fake_tpu.add_node(ZONE, "dev-idle-pod", accelerator_type="v3-32", labels=STACK_LABELS,
+                      created=NOW - timedelta(minutes=30))
+    fake_tpu.add_node(ZONE, "dev-idle-host", labels=STACK_LABELS,
+                      created=NOW - timedelta(minutes=30))
+    for node_id in ("dev-idle-pod", "dev-idle-host"):
+        fake_tpu.set_guest_attributes(ZONE, node_id, 0, {
+            "state": "stopped", "updated": NOW.isoformat(),
+            "message": "stopped (idleStop: no job has held the TPU for 600s)"})
+    stack = target(*(expected_node(n) for n in ("dev-old", "dev-in-grace", "dev-unlimited")))
+
+    # The idle rule (no job activity for idle_minutes) out of the way: a day.
+    actions = janitor_plan(collect(tpu, stack), idle_minutes=24 * 60, now=NOW)
+
+    queued = f"projects/{PROJECT}/locations/{ZONE}/queuedResources/dev-q-qr"
+    assert plan_of(actions) == [("stop-node", "dev-idle-host"), ("delete-node", "dev-idle-pod"),
+                                ("delete-node", "dev-old"), ("delete-queued", queued)]
+    assert actions[2].reason == "past maxRuntime: up 1.2 h, maxRuntime 1 h plus 10 min grace"
+    assert actions[1].reason.startswith("stopped for good: stopped (idleStop: ")
+    assert fake_tpu.mutating_calls() == []
+
+    apply_actions(tpu, actions)
+
+    for node_id in ("dev-old", "dev-q", "dev-idle-pod"):
+        assert fake_tpu.node(ZONE, node_id) is None, node_id
+    assert fake_tpu.queued_resource(ZONE, "dev-q-qr") is None, "not re-queued: deleted"
+    assert fake_tpu.node(ZONE, "dev-idle-host").state.name == "STOPPED"
+    assert fake_tpu.node(ZONE, "dev-in-grace").state.name == "READY"
+    assert fake_tpu.node(ZONE, "dev-unlimited").state.name == "READY"

@@ -343,3 +343,31 @@ def test_wait_without_credentials_prints_only_its_error_line(
     assert run.code == 2
     assert run.out == ""
     assert len(run.err.splitlines()) == 1
+
+
+def test_status_team_shows_the_teams_spend_burn_and_budget(
+        tpuctl, fake_tpu: FakeTpuApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+    from datetime import datetime, timedelta, timezone
+
+    from components import catalog, meter
+
+    nlp = replace(expected_node(NODE, spot=True), team="nlp")
+    stack = replace(target(nlp), budgets={"nlp": 1000.0})
+    monkeypatch.setattr(tpu_cmds, "load_target", lambda _stack: stack)
+    created = datetime.now(timezone.utc) - timedelta(hours=2)
+    fake_tpu.add_node(ZONE, NODE, labels={**STACK_LABELS, "team": "nlp"}, spot=True,
+                      accelerator_type="v5litepod-8", created=created)
+
+    run = tpuctl("status", "--stack", "dev", "--team", "nlp")
+
+    assert run.code == 0, run.err
+    line = next(line for line in run.out.splitlines() if line.startswith("team nlp spend: "))
+    hourly = catalog.usd_per_hour(catalog.parse_accelerator_type("v5litepod-8"), spot=True)
+    assert hourly is not None
+    hours = min(2.0, (datetime.now(timezone.utc)
+                      - meter.month_start(datetime.now(timezone.utc))).total_seconds() / 3600)
+    spent = float(line.split("$", 1)[1].split(" ", 1)[0].replace(",", ""))
+    assert spent == pytest.approx(hourly * hours, abs=0.05)
+    assert f"burn ${hourly:,.2f}/h; budget $1,000 runs out in " in line
+    assert fake_tpu.mutating_calls() == []

@@ -71,7 +71,10 @@ def test_the_pack_serves_every_policy_as_mandatory(analyzer):
     info = analyzer.GetAnalyzerInfo(empty_pb2.Empty())
     assert info.name == "tpu-stack-guardrails"
     assert {p.name for p in info.policies} == {p.name for p in POLICIES}
-    assert {p.enforcementLevel for p in info.policies} == {analyzer_pb2.MANDATORY}
+    # Mandatory, but for the advisory team-node-limits warning (issue 36).
+    levels = {p.name: p.enforcementLevel for p in info.policies}
+    assert levels.pop("tpu-team-node-limits") == analyzer_pb2.ADVISORY
+    assert set(levels.values()) == {analyzer_pb2.MANDATORY}
     schemas = {p.name: set(p.configSchema.properties) for p in info.policies}
     assert schemas["tpu-spot-stacks"] == {"spotStacks"}
 

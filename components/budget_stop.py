@@ -1,0 +1,231 @@
+"""A team's budget that stops its TPUs (docs/design.md, "Budgets that stop TPUs").
+
+For a team with `budgetAction: stop`, the platform stack declares in its own project a
+Pub/Sub topic the team's budget notifies (every update, `all_updates_rule`), the
+budget-stop function (functions/budget_stop, a Cloud Run function built from its source
+archive) triggered by that topic, and a service account of the function's own holding,
+in the team's project only, the TPU permissions it needs (a custom role), plus
+creating its marker objects under `budget-stop/<team>/` of the artifacts bucket.
+
+`price_table` and `function_source` are pure: the function's prices come from
+components/catalog.py, so the meter it acts on is the stack's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_gcp as gcp
+
+from components import catalog
+from components.archive import REPO_ROOT
+from components.naming import Naming
+
+FUNCTION_DIR = Path(__file__).resolve().parents[1] / "functions" / "budget_stop"
+FUNCTION_FILES = ("main.py", "spend.py", "requirements.txt")
+PRICES_NAME = "prices.json"
+ENTRY_POINT = "budget_stop"
+# A fixed time for every member: the archive's bytes depend on its content only.
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+STAGING = REPO_ROOT / ".cache" / "functions"  # where Pulumi's FileAsset reads the archive
+
+
+def price_table() -> dict[str, dict[str, float | None]]:
+    """Per accelerator-type prefix, USD per hour of one unit of the number in the type's
+    name (TensorCores or chips, catalog.Naming), on-demand and spot: what
+    functions/budget_stop/spend.py prices a node with."""
+    table: dict[str, dict[str, float | None]] = {}
+    for generation in catalog.GENERATIONS.values():
+        units_per_chip = generation.cores_per_chip \
+            if generation.naming is catalog.Naming.TENSORCORES else 1
+        price = generation.price
+        table[generation.type_prefix] = {
+            rate: None if per_chip is None else per_chip / units_per_chip
+            for rate, per_chip in (("onDemand", price.on_demand), ("spot", price.spot))}
+    return table
+
+
+def function_source() -> bytes:
+    """The function's source archive (zip): its files and the catalog's prices, the same
+    bytes on every machine for the same content."""
+    members = {name: (FUNCTION_DIR / name).read_bytes() for name in FUNCTION_FILES}
+    members[PRICES_NAME] = json.dumps(price_table(), sort_keys=True, indent=1).encode()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in sorted(members):
+            info = zipfile.ZipInfo(name, _ZIP_TIME)
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, members[name], zipfile.ZIP_DEFLATED)
+    return buffer.getvalue()
+
+
+# ---- the Pulumi side ---------------------------------------------------------------
+
+TYPE = "tpu-stack:index:BudgetStop"
+# APIs the function needs in the platform's project: Cloud Run functions build with
+# Cloud Build into Artifact Registry, run on Cloud Run, and an Eventarc trigger feeds
+# them from Pub/Sub (cloud.google.com/functions/docs/deploy: "Cloud Functions, Cloud
+# Build, Artifact Registry, Cloud Run, Eventarc ... and Pub/Sub" APIs enabled).
+APIS = ("cloudfunctions.googleapis.com", "cloudbuild.googleapis.com",
+        "artifactregistry.googleapis.com", "run.googleapis.com", "eventarc.googleapis.com",
+        "pubsub.googleapis.com")
+# The newest Python among Cloud Run functions' runtimes as listed at
+# cloud.google.com/functions/docs/runtime-support ("python312", "Python 3.12"; 3.13 is
+# listed too in later updates: unconfirmed here, so 3.12).
+RUNTIME = "python312"
+# A Cloud Run functions region near the platform (us-central1 is a Tier 1 region for
+# Cloud Run functions, cloud.google.com/functions/docs/locations).
+REGION = "us-central1"
+PUBSUB_EVENT = "google.cloud.pubsub.topic.v1.messagePublished"
+# Cloud Billing publishes budget notifications as this account once a topic is connected
+# (cloud.google.com/billing/docs/how-to/budgets-programmatic-notifications: the budget
+# grants it pubsub.publisher on the topic; as recalled, unconfirmed here): granted
+# explicitly so the deployer needs no setIamPolicy right at connect time.
+BILLING_PUBLISHER = "serviceAccount:billing-budget-alert@system.gserviceaccount.com"
+# The function's save grace: the longest stop notice the agent honours (120 s,
+# catalog.STANDARD_NOTICE_SECONDS) plus 30 s for the job's teardown. Event-driven Cloud
+# Run functions may run up to 540 s (cloud.google.com/functions/docs/configuring/timeout).
+SAVE_GRACE_SECONDS = catalog.STANDARD_NOTICE_SECONDS + 30
+TIMEOUT_SECONDS = 540
+# What the function does in the team's project, and only there (a custom role: no
+# predefined TPU role is this narrow; roles/tpu.admin would also create nodes). IAM
+# permission names: cloud.google.com/iam/docs/roles-permissions/tpu (ops/tpu/api.py
+# PERMISSIONS): list and get to find them, update to set the stop request, delete.
+PERMISSIONS = ("tpu.nodes.list", "tpu.nodes.get", "tpu.nodes.update", "tpu.nodes.delete",
+               "tpu.queuedresources.list", "tpu.queuedresources.get",
+               "tpu.queuedresources.delete", "tpu.operations.get")
+# Its markers: create only (no read, no overwrite: storage.objects.delete would be needed
+# for that, cloud.google.com/storage/docs/access-control/iam-permissions, no delete).
+MARKER_PERMISSIONS = ("storage.objects.create",)
+INVOKER_ROLE = "roles/run.invoker"
+
+
+@dataclass(frozen=True)
+class BudgetStopArgs:
+    team: str
+    team_label: str  # the `team` label value its nodes carry (naming.labels)
+    naming: Naming
+    platform_project: pulumi.Input[str]
+    team_project: pulumi.Input[str]
+    zones: list[str]  # where the team's nodes may be (its quota's, and its nodes')
+    artifacts_bucket: pulumi.Input[str]  # the source archive and the markers live here
+    horizon_hours: float
+    labels: dict[str, str]
+
+
+class BudgetStop(pulumi.ComponentResource):
+    """The topic a team's budget notifies, the function it triggers, and its account."""
+
+    topic_path: pulumi.Output[str]  # projects/<p>/topics/<id>: what the budget takes
+    account: gcp.serviceaccount.Account
+    function: gcp.cloudfunctionsv2.Function
+
+    def __init__(self, name: str, args: BudgetStopArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(TYPE, name, None, opts)
+        child, t = pulumi.ResourceOptions(parent=self), f"{args.team}-"
+        topic = gcp.pubsub.Topic(f"{t}budget", name=args.naming.cloud_function("budget", args.team),
+                                 project=args.platform_project, labels=args.labels, opts=child)
+        self.topic_path = pulumi.Output.concat("projects/", topic.project, "/topics/", topic.name)
+        gcp.pubsub.TopicIAMMember(f"{t}budget-billing-publisher", project=topic.project,
+                                  topic=topic.name, role="roles/pubsub.publisher",
+                                  member=BILLING_PUBLISHER, opts=child)
+        self.account = gcp.serviceaccount.Account(
+            f"{t}budget-stop", account_id=args.naming.account_id("budget-stop", args.team),
+            display_name=f"tpu-stack budget stop of team {args.team}"[:100],
+            project=args.platform_project, opts=child)
+        member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
+        grants = self._grants(args, member, child)
+        source = self._source(args, child)
+        self.function = gcp.cloudfunctionsv2.Function(
+            f"{t}budget-stop", name=args.naming.cloud_function("budget-stop", args.team),
+            project=args.platform_project, location=REGION, labels=args.labels,
+            description=f"Stops and deletes team {args.team}'s TPUs at its budget",
+            build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
+                runtime=RUNTIME, entry_point=ENTRY_POINT,
+                source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
+                    storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
+                        bucket=source.bucket, object=source.name))),
+            service_config=gcp.cloudfunctionsv2.FunctionServiceConfigArgs(
+                service_account_email=self.account.email, timeout_seconds=TIMEOUT_SECONDS,
+                max_instance_count=1, available_memory="256M",
+                environment_variables=self._environment(args)),
+            event_trigger=gcp.cloudfunctionsv2.FunctionEventTriggerArgs(
+                trigger_region=REGION, event_type=PUBSUB_EVENT, pubsub_topic=self.topic_path,
+                service_account_email=self.account.email,
+                # A budget notification comes again within hours: no retry storm.
+                retry_policy="RETRY_POLICY_DO_NOT_RETRY"),
+            opts=child.merge(pulumi.ResourceOptions(depends_on=grants)))
+        # The trigger's account invokes the function's Cloud Run service, which has the
+        # function's name (cloud.google.com/functions/docs/calling/eventarc: the trigger
+        # needs roles/run.invoker on it).
+        gcp.cloudrunv2.ServiceIamMember(f"{t}budget-stop-invoker", project=args.platform_project,
+                                        location=REGION, name=self.function.name,
+                                        role=INVOKER_ROLE, member=member, opts=child)
+        self.register_outputs({"topic": self.topic_path, "serviceAccount": self.account.email})
+
+    def _grants(self, args: BudgetStopArgs, member: pulumi.Input[str],
+                child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+        """The TPU permissions in the team's project; creating markers under its prefix."""
+        t = f"{args.team}-"
+        role = gcp.projects.IAMCustomRole(
+            f"{t}budget-stop-role", role_id=args.naming.custom_role_id("budget_stop"),
+            title=f"tpu-stack budget stop of team {args.team}"[:100],
+            description="Find, ask to save and delete the team's TPU nodes and queued resources",
+            permissions=list(PERMISSIONS), project=args.team_project, opts=child)
+        role_name = pulumi.Output.all(role.project, role.role_id).apply(
+            lambda parts: f"projects/{parts[0]}/roles/{parts[1]}")
+        tpu = gcp.projects.IAMMember(f"{t}budget-stop-tpu", project=args.team_project,
+                                     role=role_name, member=member, opts=child)
+        marker_role = gcp.projects.IAMCustomRole(
+            f"{t}budget-stop-marker-role",
+            role_id=args.naming.custom_role_id(f"budget_stop_markers_{args.team}"),
+            title=f"tpu-stack budget stop markers of team {args.team}"[:100],
+            description="Create the team's budget-stop marker objects",
+            permissions=list(MARKER_PERMISSIONS), project=args.platform_project, opts=child)
+        marker_role_name = pulumi.Output.all(marker_role.project, marker_role.role_id).apply(
+            lambda parts: f"projects/{parts[0]}/roles/{parts[1]}")
+        prefix = pulumi.Output.concat("projects/_/buckets/", args.artifacts_bucket,
+                                      f"/objects/{marker_prefix(args.team)}")
+        markers = gcp.storage.BucketIAMMember(
+            f"{t}budget-stop-markers", bucket=args.artifacts_bucket, role=marker_role_name,
+            member=member, condition=gcp.storage.BucketIAMMemberConditionArgs(
+                title=f"budget-stop markers of team {args.team}"[:100],
+                expression=prefix.apply(lambda p: f'resource.name.startsWith("{p}")')),
+            opts=child)
+        return [tpu, markers]
+
+    def _source(self, args: BudgetStopArgs,
+                child: pulumi.ResourceOptions) -> gcp.storage.BucketObject:
+        data = function_source()
+        digest = hashlib.sha256(data).hexdigest()[:16]
+        path = STAGING / f"budget-stop-{digest}.zip"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        # A code change is a new object (a new name), which redeploys the function.
+        return gcp.storage.BucketObject(
+            f"{args.team}-budget-stop-source-{digest}", bucket=args.artifacts_bucket,
+            name=f"functions/budget-stop-{digest}.zip", source=pulumi.FileAsset(str(path)),
+            content_type="application/zip", opts=child)
+
+    @staticmethod
+    def _environment(args: BudgetStopArgs) -> dict[str, pulumi.Input[str]]:
+        return {"TPU_STACK_TEAM": args.team, "TPU_STACK_TEAM_LABEL": args.team_label,
+                "TPU_STACK_PROJECT": args.team_project,
+                "TPU_STACK_ZONES": ",".join(sorted(args.zones)),
+                "TPU_STACK_MARKER_BUCKET": args.artifacts_bucket,
+                "TPU_STACK_SAVE_GRACE_SECONDS": str(SAVE_GRACE_SECONDS),
+                "TPU_STACK_BUDGET_HORIZON_HOURS": f"{args.horizon_hours:g}",
+                "TPU_STACK_STOP_AT": "1"}
+
+
+def marker_prefix(team: str) -> str:
+    """Where the function's markers live in the artifacts bucket (spend.marker_name)."""
+    return f"budget-stop/{team}/"

@@ -1,0 +1,1 @@
+"""Cloud Run functions the stack deploys; each folder is one function's whole source."""

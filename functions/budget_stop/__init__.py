@@ -1,0 +1,1 @@
+"""The budget-stop function (docs/design.md, "Budgets that stop TPUs")."""
