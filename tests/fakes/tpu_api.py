@@ -487,6 +487,8 @@ class FakeTpuApi:
             return _error(409, "ALREADY_EXISTS", f"queued resource {queued_id} already exists")
         queued = tpu_v2.QueuedResource.from_json(body or b"{}", ignore_unknown_fields=True)
         queued.name = self._name(zone, "queuedResources", queued_id)
+        # Output only, set by the API (google-cloud-tpu tpu_v2 QueuedResource.create_time).
+        queued.create_time = datetime.now(timezone.utc)
         key = f"{zone}/{queued_id}"
         key = key if key in self._queued_scripts else queued_id
         states = self._queued_scripts.pop(key, ["WAITING_FOR_RESOURCES", "ACTIVE"])
