@@ -52,23 +52,34 @@ def quota_of(node: NodeSettings) -> tuple[str, str]:
     return quota, catalog.region_of(node.zone)
 
 
+def reservation_key(zone: str, name: str) -> tuple[str, str]:
+    """(zone, reservation id): a queue's reservationName may be the id or its full name
+    (`projects/<p>/locations/<zone>/reservations/<id>`)."""
+    return zone, name.rsplit("/", 1)[-1]
+
+
 def candidate_rows(node: NodeSettings, job: JobConfig | None,
-                   headroom: Mapping[tuple[str, str], object] | None = None
+                   headroom: Mapping[tuple[str, str], object] | None = None,
+                   reservations: Mapping[tuple[str, str], str] | None = None
                    ) -> list[CandidateRow]:
     """One row per candidate, the node's own first. `headroom`: chips left per (quota,
-    region) once the plan's other nodes are counted (declared_headroom)."""
+    region) once the plan's other nodes are counted (declared_headroom); `reservations`:
+    what is left of each reservation read live, by reservation_key."""
     rows = []
     for position, candidate in enumerate(node.candidates, start=1):
         priced = cost.node_cost(candidate, job=job)
         quota, region = quota_of(candidate)
         left = None if headroom is None else headroom.get((quota, region))
         reserved = candidate.capacity == "reserved"
+        name = candidate.queue.reservation_name if candidate.queue else None
+        left_in_reservation = (reservations or {}).get(
+            reservation_key(candidate.zone, name)) if name else None
         rows.append(CandidateRow(
             position, candidate.zone, candidate.tpu.accelerator_type,
             _provisioning(candidate), priced.usd_per_hour,
             priced.step.usd_per_1000_steps if priced.step else None,
             quota, UNKNOWN if left is None else str(left),
-            UNKNOWN if reserved else "n/a"))
+            left_in_reservation or (UNKNOWN if reserved else "n/a")))
     return rows
 
 
@@ -167,11 +178,13 @@ def declared_headroom(settings: StackSettings, node: NodeSettings) -> dict[tuple
     return headroom
 
 
-def stack_candidates(settings: StackSettings, headroom: Headroom = declared_headroom
+def stack_candidates(settings: StackSettings, headroom: Headroom = declared_headroom,
+                     reservations: Mapping[tuple[str, str], str] | None = None
                      ) -> dict[str, list[dict[str, object]]]:
     """The plan's `candidates`: each node with fallback's rows; {} when none has any.
-    `headroom`: declared_headroom offline, live figures with `tpuctl plan --live`."""
+    `headroom`: declared_headroom offline, live figures with `tpuctl plan --live`, as
+    are `reservations` (candidate_rows)."""
     jobs = {id(node): job for node, job in settings.node_jobs}
     return {node.name: [row.to_json() for row in candidate_rows(
-                node, jobs.get(id(node)), headroom(settings, node))]
+                node, jobs.get(id(node)), headroom(settings, node), reservations)]
             for _, node in settings.all_nodes if node.fallback}

@@ -61,14 +61,17 @@ def with_live_headroom(head: dict[str, Any], result: Plan) -> dict[str, Any]:
     return {**head, "candidates": live.candidates, "headroomRead": "live"}
 
 
-def live_source(result: Plan) -> tuple[Any, Any]:
-    """(TpuApi, QuotaReader) with the stack's credentials, as `tpuctl preflight` reads."""
+def live_source(result: Plan) -> tuple[Any, Any, Any]:
+    """(TpuApi, QuotaReader, ReservationReader) with the stack's credentials, as `tpuctl
+    preflight` reads."""
     from ops.tpu.api import TpuApi
+    from ops.tpu.headroom import stack_reservations
     from ops.tpu.quota import stack_reader
     from ops.tpu.target import load_target
 
     target = load_target(result.stack)
-    return TpuApi(auth=target.auth()), stack_reader(target, os.environ)
+    return (TpuApi(auth=target.auth()), stack_reader(target, os.environ),
+            stack_reservations(target, os.environ))
 
 
 def register(app: typer.Typer) -> None:

@@ -20,12 +20,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from google.cloud import tpu_v2
+from google.cloud import tpu_v2, tpu_v2alpha1
 
-from components import candidates, catalog
+from components import candidates, catalog, gcp_credentials
+from components.queued_tpu import ENDPOINT_ENV
 from components.settings import NodeSettings, StackSettings
-from ops.tpu.api import NoCredentialsError, TpuApi, Unread, _chips, _type_of, belongs_to
-from ops.tpu.quota import QuotaReader, QuotaReadError, limit_in
+from ops.tpu.api import (
+    NoCredentialsError,
+    TpuApi,
+    TpuApiError,
+    Unread,
+    _chips,
+    _type_of,
+    belongs_to,
+)
+from ops.tpu.quota import Get, QuotaReader, QuotaReadError, authorized_get, limit_in
+from ops.tpu.target import StackTarget
+
+TPU_API = "https://tpu.googleapis.com"
 
 Usage = dict[tuple[str, str, str], int]  # (project, quota id, region) -> chips
 
@@ -91,6 +103,112 @@ def outside_usage(api: TpuApi, places: list[tuple[str, str]], stack: str
     return dict(used), unread
 
 
+def reservation_places(settings: StackSettings) -> list[tuple[str, str]]:
+    """(project, zone) of every candidate that names a reservation."""
+    return sorted({(candidates.node_project(settings, node), c.zone)
+                   for _, node in settings.all_nodes if node.fallback
+                   for c in node.candidates if c.queue and c.queue.reservation_name})
+
+
+def reservation_left(reservation: Any, cores_per_chip: int) -> str:
+    """What is left of a reservation: size less usage, in chips (a reservation counted
+    in cores: divided by the family's cores per chip, catalog); its state if not ACTIVE."""
+    state = tpu_v2alpha1.Reservation.State(reservation.state).name
+    if state != "ACTIVE":
+        return state
+    standard = reservation.standard
+    left = standard.size - standard.usage.total
+    units = tpu_v2alpha1.Reservation.Standard.CapacityUnits(standard.capacity_units).name
+    if units == "CORES":
+        return str(left // cores_per_chip)
+    return str(left) if units == "CHIPS" else f"{left} ({units})"
+
+
+class ReservationReader:
+    """`GET {base}/v2alpha1/projects/<p>/locations/<zone>/reservations`, every page
+    (cloud.google.com/tpu/docs/reference/rest/v2alpha1/projects.locations.reservations/
+    list: needs tpu.nodes.get; v2 has no such call). Over REST because google-cloud-tpu
+    1.27's tpu_v2alpha1 client has gRPC transports only; the answer is read with its
+    proto-plus classes. `get`: url → (HTTP status, body), ops/tpu/quota.py's Get."""
+
+    def __init__(self, get: Get, base: str = TPU_API) -> None:
+        self._get, self._base = get, base.rstrip("/")
+
+    def __call__(self, project: str, zone: str) -> list[Any]:
+        reservations, token = [], ""
+        while True:
+            url = f"{self._base}/v2alpha1/projects/{project}/locations/{zone}/reservations"
+            try:
+                status, body = self._get(url + (f"?pageToken={token}" if token else ""))
+            except OSError as error:
+                raise TpuApiError(f"list_reservations on {zone}: {error}") from None
+            if status != 200:
+                why = " (needs tpu.nodes.get)" if status == 403 else ""
+                raise TpuApiError(f"list_reservations on {zone} in project {project} "
+                                  f"answered {status}{why}")
+            try:
+                page = tpu_v2alpha1.ListReservationsResponse.from_json(
+                    body, ignore_unknown_fields=True)
+            except ValueError:
+                raise TpuApiError(f"list_reservations on {zone}: the answer could not be "
+                                  "read") from None
+            reservations += page.reservations
+            token = page.next_page_token
+            if not token:
+                return reservations
+
+
+def stack_reservations(target: StackTarget, env: Mapping[str, str]) -> ReservationReader:
+    """A reader with the stack's credentials (built on first use), or anonymous against
+    $TPU_STACK_TPU_ENDPOINT, the stand-in tpuctl's TPU calls go to."""
+    if env.get(ENDPOINT_ENV):
+        return ReservationReader(_plain_get, env[ENDPOINT_ENV])
+    get: Get | None = None
+
+    def lazy(url: str) -> tuple[int, bytes]:
+        nonlocal get
+        if get is None:
+            try:
+                get = authorized_get(gcp_credentials.build(target.auth(env)))
+            except Exception as error:  # google.auth's errors, a bad credentials file
+                raise OSError(f"no usable Google credentials ({error})") from None
+        return get(url)
+
+    return ReservationReader(lazy)
+
+
+def _plain_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    import requests
+
+    try:
+        response = requests.get(url, timeout=timeout)
+    except requests.RequestException as error:
+        raise OSError(str(error)) from None
+    return response.status_code, response.content
+
+
+def live_reservations(settings: StackSettings, api: TpuApi, read: ReservationReader,
+                      notes: list[str]) -> dict[tuple[str, str], str]:
+    """reservation_key → what is left, for each reservation a candidate names; one the
+    zone does not list is `not found`."""
+    places = reservation_places(settings)
+    found, unread = api.each_place(places, read)
+    notes += [f"reservations in {u.zone} ({u.project}) not read: {u.error}" for u in unread]
+    left: dict[tuple[str, str], str] = {}
+    for _, node in settings.all_nodes:
+        for c in node.candidates if node.fallback else ():
+            name = c.queue.reservation_name if c.queue else None
+            listed = found.get((candidates.node_project(settings, node), c.zone))
+            if not name or listed is None:
+                continue
+            key = candidates.reservation_key(c.zone, name)
+            match = next((r for r in listed
+                          if candidates.reservation_key(c.zone, r.name) == key), None)
+            left[key] = ("not found" if match is None else
+                         reservation_left(match, c.tpu.generation.cores_per_chip))
+    return left
+
+
 def limit_reader(reader: QuotaReader, notes: list[str]) -> candidates.LimitOf:
     def limit_of(project: str, quota_id: str, region: str) -> int | None:
         try:
@@ -103,8 +221,8 @@ def limit_reader(reader: QuotaReader, notes: list[str]) -> candidates.LimitOf:
     return limit_of
 
 
-def live_candidates(settings: StackSettings, api: TpuApi, reader: QuotaReader
-                    ) -> LiveHeadroom:
+def live_candidates(settings: StackSettings, api: TpuApi, reader: QuotaReader,
+                    reservations: ReservationReader) -> LiveHeadroom:
     """The plan's candidates with quota headroom read live; where a read fails, the
     figure stays unknown and a note says why. A zone not read means the usage there is
     unknown: the quotas of its region stay unknown too (never a figure too high)."""
@@ -124,4 +242,5 @@ def live_candidates(settings: StackSettings, api: TpuApi, reader: QuotaReader
     def headroom(stack: StackSettings, node: NodeSettings) -> Mapping[Any, object]:
         return candidates.live_headroom(stack, node, seen_limit, used)
 
-    return LiveHeadroom(candidates.stack_candidates(settings, headroom), tuple(notes))
+    left = live_reservations(settings, api, reservations, notes)
+    return LiveHeadroom(candidates.stack_candidates(settings, headroom, left), tuple(notes))
