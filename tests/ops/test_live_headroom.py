@@ -126,3 +126,21 @@ def test_a_reservation_the_zone_does_not_list_is_not_found(fake) -> None:
     live = read_live(fake, reserved_settings("res-gone"), reader({}))
 
     assert live.candidates["trainer"][1]["reservationHeadroom"] == "not found"
+
+
+def test_plan_live_of_a_stack_without_fallback_prints_the_same_plan(monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from ops.cli import app
+
+    def no_reads(_result):
+        raise AssertionError("nothing is read live for a stack without fallback")
+
+    monkeypatch.setattr("ops.plan.command.live_source", no_reads)
+    runner = CliRunner()
+
+    offline = runner.invoke(app, ["plan", "--stack", "dev", "--format", "json"])
+    live = runner.invoke(app, ["plan", "--stack", "dev", "--format", "json", "--live"])
+
+    assert offline.exit_code == live.exit_code == 0, live.output
+    assert live.stdout == offline.stdout
