@@ -123,7 +123,9 @@ def node_project(settings: StackSettings, node: NodeSettings) -> str:
 
 
 def taken_by_others(settings: StackSettings, node: NodeSettings) -> dict[QuotaKey, int]:
-    """Chips the plan's other nodes in `node`'s project draw, per (quota, region)."""
+    """Chips the plan's other nodes in `node`'s project draw, per (quota, region): each
+    at its own placement, where `up` tries it first (one with fallback may end up on
+    another candidate; which one, only the state knows)."""
     project = node_project(settings, node)
     taken: dict[QuotaKey, int] = {}
     for team, other in settings.named_nodes:
