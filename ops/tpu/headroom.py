@@ -242,5 +242,9 @@ def live_candidates(settings: StackSettings, api: TpuApi, reader: QuotaReader,
     def headroom(stack: StackSettings, node: NodeSettings) -> Mapping[Any, object]:
         return candidates.live_headroom(stack, node, seen_limit, used)
 
-    left = live_reservations(settings, api, reservations, notes)
+    try:
+        left = live_reservations(settings, api, reservations, notes)
+    except NoCredentialsError as error:
+        left = {}
+        notes.append(f"reservations not read: {error}")
     return LiveHeadroom(candidates.stack_candidates(settings, headroom, left), tuple(notes))
