@@ -5,13 +5,15 @@ quota's limit less its usage less what the plan's other nodes take. Offline the 
 the one the stack declares (`tpu-stack:quota`, the project's granted chips) and the usage
 outside the plan is unknown, so the figure is an upper bound, shown `<=N`; where the stack
 declares no quota for the family and region it is `unknown`, as is a reservation's
-headroom (a candidate without a reservation has none to show: `n/a`). Live figures from
-Cloud Quotas are not read here.
+headroom (a candidate without a reservation has none to show: `n/a`). Live figures
+(`tpuctl plan --live`, ops/tpu/headroom.py) are read by the caller and passed in: the
+limit Cloud Quotas reports and the chips the project's nodes outside this stack hold
+(live_headroom); exact, so shown without `<=`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from components import catalog, cost
@@ -50,23 +52,34 @@ def quota_of(node: NodeSettings) -> tuple[str, str]:
     return quota, catalog.region_of(node.zone)
 
 
+def reservation_key(zone: str, name: str) -> tuple[str, str]:
+    """(zone, reservation id): a queue's reservationName may be the id or its full name
+    (`projects/<p>/locations/<zone>/reservations/<id>`)."""
+    return zone, name.rsplit("/", 1)[-1]
+
+
 def candidate_rows(node: NodeSettings, job: JobConfig | None,
-                   headroom: Mapping[tuple[str, str], object] | None = None
+                   headroom: Mapping[tuple[str, str], object] | None = None,
+                   reservations: Mapping[tuple[str, str], str] | None = None
                    ) -> list[CandidateRow]:
     """One row per candidate, the node's own first. `headroom`: chips left per (quota,
-    region) once the plan's other nodes are counted (declared_headroom)."""
+    region) once the plan's other nodes are counted (declared_headroom); `reservations`:
+    what is left of each reservation read live, by reservation_key."""
     rows = []
     for position, candidate in enumerate(node.candidates, start=1):
         priced = cost.node_cost(candidate, job=job)
         quota, region = quota_of(candidate)
         left = None if headroom is None else headroom.get((quota, region))
         reserved = candidate.capacity == "reserved"
+        name = candidate.queue.reservation_name if candidate.queue else None
+        left_in_reservation = (reservations or {}).get(
+            reservation_key(candidate.zone, name)) if name else None
         rows.append(CandidateRow(
             position, candidate.zone, candidate.tpu.accelerator_type,
             _provisioning(candidate), priced.usd_per_hour,
             priced.step.usd_per_1000_steps if priced.step else None,
             quota, UNKNOWN if left is None else str(left),
-            UNKNOWN if reserved else "n/a"))
+            left_in_reservation or (UNKNOWN if reserved else "n/a")))
     return rows
 
 
@@ -96,6 +109,54 @@ def stack_warnings(settings: StackSettings) -> list[str]:
     return [w for _, node in settings.all_nodes if (w := one_quota_warning(node))]
 
 
+QuotaKey = tuple[str, str]  # (quota id, region), quota_of
+# (project, quota id, region) -> the limit Cloud Quotas reports (-1: unlimited), or None.
+LimitOf = Callable[[str, str, str], "int | None"]
+Headroom = Callable[[StackSettings, NodeSettings], Mapping[QuotaKey, object]]
+UNLIMITED = -1
+
+
+def node_project(settings: StackSettings, node: NodeSettings) -> str:
+    """The project `node` lives in (a team's node: its team's project)."""
+    team = next(team for team, n in settings.named_nodes if n is node)
+    return settings.node_project(team)
+
+
+def taken_by_others(settings: StackSettings, node: NodeSettings) -> dict[QuotaKey, int]:
+    """Chips the plan's other nodes in `node`'s project draw, per (quota, region): each
+    at its own placement, where `up` tries it first (one with fallback may end up on
+    another candidate; which one, only the state knows)."""
+    project = node_project(settings, node)
+    taken: dict[QuotaKey, int] = {}
+    for team, other in settings.named_nodes:
+        if other is not node and settings.node_project(team) == project:
+            key = quota_of(other)
+            taken[key] = taken.get(key, 0) + other.tpu.chips
+    return taken
+
+
+def live_headroom(settings: StackSettings, node: NodeSettings, limit_of: LimitOf,
+                  used_outside: Mapping[tuple[str, str, str], int]
+                  ) -> dict[QuotaKey, str]:
+    """(quota, region) → chips left for each candidate: the limit in the node's project
+    less what the project's nodes outside this stack hold (`used_outside`, by (project,
+    quota, region)) less what the plan's other nodes take. A quota the catalog has no id
+    for, or whose limit was not read, is left out (shown `unknown`)."""
+    project = node_project(settings, node)
+    taken = taken_by_others(settings, node)
+    headroom = {}
+    for candidate in node.candidates:
+        quota, region = key = quota_of(candidate)
+        if quota not in catalog.TPU_QUOTA_IDS.values():
+            continue
+        limit = limit_of(project, quota, region)
+        if limit is None:
+            continue
+        headroom[key] = "unlimited" if limit == UNLIMITED else str(
+            limit - used_outside.get((project, quota, region), 0) - taken.get(key, 0))
+    return headroom
+
+
 def declared_headroom(settings: StackSettings, node: NodeSettings) -> dict[tuple[str, str], str]:
     """(quota, region) → `<=N`: the stack's declared quota (`tpu-stack:quota`, its own
     project's) less what the plan's other nodes in that project take. {} for a team's node,
@@ -119,9 +180,13 @@ def declared_headroom(settings: StackSettings, node: NodeSettings) -> dict[tuple
     return headroom
 
 
-def stack_candidates(settings: StackSettings) -> dict[str, list[dict[str, object]]]:
-    """The plan's `candidates`: each node with fallback's rows; {} when none has any."""
+def stack_candidates(settings: StackSettings, headroom: Headroom = declared_headroom,
+                     reservations: Mapping[tuple[str, str], str] | None = None
+                     ) -> dict[str, list[dict[str, object]]]:
+    """The plan's `candidates`: each node with fallback's rows; {} when none has any.
+    `headroom`: declared_headroom offline, live figures with `tpuctl plan --live`, as
+    are `reservations` (candidate_rows)."""
     jobs = {id(node): job for node, job in settings.node_jobs}
     return {node.name: [row.to_json() for row in candidate_rows(
-                node, jobs.get(id(node)), declared_headroom(settings, node))]
+                node, jobs.get(id(node)), headroom(settings, node), reservations)]
             for _, node in settings.all_nodes if node.fallback}

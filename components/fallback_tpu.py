@@ -97,6 +97,14 @@ def _same(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
     return a is not None and all(_normal(a.get(k)) == _normal(b.get(k)) for k in PLACEMENT_KEYS)
 
 
+def removed_candidates(olds: list[dict[str, Any]], news: list[dict[str, Any]]) -> list[str]:
+    """Labels (`2/3 us-east5-b spot`) of the old candidates the new list no longer has:
+    a node running on one of them is replaced (diff); the plan, which does not know
+    which one it runs on, shows the edit as a replacement (ops/plan/steps.py)."""
+    return [label(i, len(olds), c) for i, c in enumerate(olds, start=1)
+            if not any(_same(c, n) for n in news)]
+
+
 def _normal(value: Any) -> Any:
     return value if value not in (None, "", [], {}) else None
 

@@ -21,9 +21,9 @@ import ipaddress
 import json
 import re
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.alias_generators import to_camel
@@ -1346,6 +1346,27 @@ def _sized(nodes: list[NodeSettings]) -> list[NodeSettings]:
     return sized
 
 
+_K = TypeVar("_K")
+
+
+def _quota_draws(node: NodeSettings, key_of: Callable[[NodeSettings], _K]
+                 ) -> dict[_K, tuple[str, int]]:
+    """Key → (the node as a quota message names it, chips) for every quota the node may
+    hold: its own placement's, and with `fallback` each candidate's, since it may run on
+    any one of them (issue 35). A node counts once per key, at its largest candidate
+    there. Candidates in a zone without their type are left to their own rule."""
+    draws: dict[_K, tuple[str, int]] = {}
+    count = len(node.candidates)
+    for position, candidate in enumerate(node.candidates, start=1):
+        if not _sized([candidate]):
+            continue
+        shown = node.name if position == 1 else f"{node.name} candidate {position}/{count}"
+        key = key_of(candidate)
+        if key not in draws or candidate.tpu.chips > draws[key][1]:
+            draws[key] = (shown, candidate.tpu.chips)
+    return draws
+
+
 def _chips_detail(nodes: list[tuple[str, int]]) -> str:
     return ", ".join(f"{name} {chips}" for name, chips in nodes)
 
@@ -1356,10 +1377,12 @@ def team_quota_problems(key: str, team: str, nodes: list[NodeSettings],
     family and capacity, and the list-price cost per hour against the ceiling."""
     usage: dict[tuple[str, Capacity], list[tuple[str, int]]] = {}
     usd_per_hour = 0.0
-    for node in _sized(nodes):
-        tpu = node.tpu
-        usage.setdefault((tpu.generation.name, node.capacity), []).append((node.name, tpu.chips))
-        usd_per_hour += catalog.usd_per_hour(tpu, spot=node.spot) or 0.0
+    for node in nodes:
+        draws = _quota_draws(node, lambda c: (c.tpu.generation.name, c.capacity))
+        for family_capacity, shown in draws.items():
+            usage.setdefault(family_capacity, []).append(shown)
+        usd_per_hour += max((catalog.usd_per_hour(c.tpu, spot=c.spot) or 0.0
+                             for c in _sized(node.candidates)), default=0.0)
     for (family, capacity), used in sorted(usage.items()):
         chips = sum(c for _, c in used)
         allowed = quota.chips(family).of(capacity)
@@ -1379,11 +1402,11 @@ def project_quota_problems(quota: Mapping[str, Mapping[str, ProjectChips]],
     region and quota type."""
     usage: dict[tuple[str, str, QuotaType], dict[str, int]] = {}
     for team, node in nodes:
-        if not _sized([node]):
-            continue
-        region = catalog.region_of(node.zone)
-        by_team = usage.setdefault((node.tpu.generation.name, region, node.quota_type), {})
-        by_team[team] = by_team.get(team, 0) + node.tpu.chips
+        draws = _quota_draws(node, lambda c: (c.tpu.generation.name,
+                                              catalog.region_of(c.zone), c.quota_type))
+        for family_region_type, (_, chips) in draws.items():
+            by_team = usage.setdefault(family_region_type, {})
+            by_team[team] = by_team.get(team, 0) + chips
     for (family, region, quota_type), by_team in sorted(usage.items()):
         chips = sum(by_team.values())
         declared = quota.get(family, {}).get(region)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -13,15 +15,20 @@ from ops.plan.diff import WAY_OUT, diff_plans, load_plan, render_diff
 from ops.plan.offline import Plan, PlanError, offline_plan
 from ops.plan.report import check_format, duplicate_urns, plain, render
 from ops.terminal import PROG, fail, from_caller
+from ops.tpu.api import TpuApiError
+from ops.tpu.target import TargetError
 from policy.evaluate import evaluate, load_config
 
 
 def print_report(result: Plan, fmt: str | None, against: Path | None,
-                 out: Path | None = None) -> int:
+                 out: Path | None = None, live: bool = False) -> int:
     """The PR-comment rendering (ops/plan/report.py, ops/plan/diff.py); exit 1 on a policy
     violation, a duplicate URN, or a step the engine (or GCP) refuses. `out` gets the
-    plan's JSON, the very document `--format json` prints."""
+    plan's JSON, the very document `--format json` prints. `live`: the candidates'
+    quota headroom read from Cloud Quotas and the TPU API (ops/tpu/headroom.py)."""
     head = plain(result.to_json())
+    if live and head.get("candidates"):
+        head = with_live_headroom(head, result)
     violations = evaluate(head, load_config())
     if out:
         out.write_text(render(head, "json", violations))
@@ -44,6 +51,30 @@ def print_report(result: Plan, fmt: str | None, against: Path | None,
     return 1 if blocking or duplicate_urns(head) or refused else 0
 
 
+def with_live_headroom(head: dict[str, Any], result: Plan) -> dict[str, Any]:
+    """The plan with its candidates' headroom read live; each figure that stays unknown
+    says why on stderr."""
+    from ops.tpu.headroom import live_candidates
+
+    live = live_candidates(result.settings, *live_source(result))
+    for note in live.notes:
+        print(f"{PROG}: live headroom: {note}", file=sys.stderr)
+    return {**head, "candidates": live.candidates, "headroomRead": "live"}
+
+
+def live_source(result: Plan) -> tuple[Any, Any, Any]:
+    """(TpuApi, QuotaReader, ReservationReader) with the stack's credentials, as `tpuctl
+    preflight` reads."""
+    from ops.tpu.api import TpuApi
+    from ops.tpu.headroom import stack_reservations
+    from ops.tpu.quota import stack_reader
+    from ops.tpu.target import load_target
+
+    target = load_target(result.stack)
+    return (TpuApi(auth=target.auth()), stack_reader(target, os.environ),
+            stack_reservations(target, os.environ))
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def plan(
@@ -56,6 +87,11 @@ def register(app: typer.Typer) -> None:
         against: Path | None = typer.Option(
             None, "--against",
             help="The engine's steps from this saved plan (`--format json` of the base)."),
+        live: bool = typer.Option(
+            False, "--live",
+            help="Read fallback candidates' quota headroom from Cloud Quotas and the TPU "
+                 "API (needs the stack's credentials); offline it is an upper bound or "
+                 "unknown."),
     ) -> None:
         """Offline plan of a stack: resources by component and the cost estimate."""
         out, against = from_caller(out), from_caller(against)
@@ -63,8 +99,9 @@ def register(app: typer.Typer) -> None:
             if fmt:
                 check_format(fmt)  # before the plan runs
             result = offline_plan(stack)
-            code = print_report(result, fmt, against, out)
-        except (SettingsError, StackFileError, PlanError, ValueError, OSError) as error:
+            code = print_report(result, fmt, against, out, live)
+        except (SettingsError, StackFileError, PlanError, ValueError, OSError, TargetError,
+                TpuApiError) as error:
             fail(error)
         if out:
             print(f"plan written to {out}", file=sys.stderr)

@@ -402,7 +402,10 @@ def candidate_tables(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
             for name, node_rows_ in plan.get("candidates", {}).items() for row in node_rows_]
     if not rows:
         return []
-    return [heading("fallback candidates, tried in order", markdown=markdown, level=3),
+    title = "fallback candidates, tried in order"
+    if plan.get("headroomRead") == "live":
+        title += " (quota headroom read live: Cloud Quotas' limit less the project's usage)"
+    return [heading(title, markdown=markdown, level=3),
             table(CANDIDATE_HEADERS, rows, markdown=markdown)]
 
 

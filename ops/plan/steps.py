@@ -294,6 +294,9 @@ def replaces(resource: Mapping[str, Any], path: str, old: Any, new: Any) -> tupl
     facts = type_facts(resource["type"])
     if facts is None:
         return False, "update (no replacement facts for this type)"
+    if path == facts.get("replaceWhenRemoved") and isinstance(old, list) \
+            and isinstance(new, list):
+        return _removes_candidates(old, new)
     if "replaceUnless" in facts:  # a dynamic provider: its own diff's rule
         forced = path.split(".", 1)[0] not in facts["replaceUnless"]
         return forced, "immutable" if forced else "update"
@@ -304,6 +307,17 @@ def replaces(resource: Mapping[str, Any], path: str, old: Any, new: Any) -> tupl
         test, word = CONDITIONS.get(condition, (lambda _o, _n: True, condition))
         return (True, word) if test(old, new) else (False, "update")
     return False, "update"
+
+
+def _removes_candidates(old: list[Any], new: list[Any]) -> tuple[bool, str]:
+    """A FallbackTpu's candidates edited: replaced when the candidate it runs on goes.
+    The preview does not know which one that is, so a removal is shown as one."""
+    from components.fallback_tpu import removed_candidates
+
+    removed = removed_candidates(old, new)
+    if not removed:
+        return False, "update"
+    return True, f"replaced if it runs on the removed candidate {', '.join(removed)}"
 
 
 def delete_first(resource: Mapping[str, Any]) -> tuple[bool, str]:

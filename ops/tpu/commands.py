@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import cast
 
 import typer
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -260,7 +260,8 @@ def _wait_with_progress(
         TimeElapsedColumn(),
     )
     if not console.is_terminal:  # a progress bar off a terminal is one blank line, no bar
-        return node_status.wait_until(api, target, until, limit, period)
+        return node_status.wait_until(api, target, until, limit, period,
+                                      on_candidates=_changed_lines(console))
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(f"waiting for {until}", total=max(len(target.nodes), 1))
 
@@ -268,7 +269,24 @@ def _wait_with_progress(
             done = sum(node_status.node_reached(node, until) for node in nodes)
             progress.update(task, completed=done, total=max(len(target.nodes), len(nodes), 1))
 
-        return node_status.wait_until(api, target, until, limit, period, on_poll=show)
+        return node_status.wait_until(api, target, until, limit, period, on_poll=show,
+                                      on_candidates=_changed_lines(progress.console))
+
+
+def _changed_lines(out: Console) -> Callable[[list[str]], None]:
+    """Prints each candidate line that differs from the last poll's (above the progress
+    bar on a terminal): a log gets a line when a request moves, changes state or its
+    wait passes another minute, not one per poll."""
+    last: set[str] = set()
+
+    def show(lines: list[str]) -> None:
+        nonlocal last
+        for line in lines:
+            if line not in last:
+                out.print(Text(line))
+        last = set(lines)
+
+    return show
 
 
 # ---- recover / janitor ---------------------------------------------------------------

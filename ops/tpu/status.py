@@ -642,7 +642,11 @@ def wait_until(
     on_poll: Callable[[list[NodeStatus], float], None] = lambda _nodes, _elapsed: None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    on_candidates: Callable[[list[str]], None] = lambda _lines: None,
 ) -> WaitOutcome:
+    """Poll until `until`, a problem, or `timeout`. `on_candidates` gets, at every poll
+    that reads the queued resources, each fallback node's candidate line (candidate_lines:
+    where its request is, for how long, the last failure, the time to the next one)."""
     start = clock()
     while True:
         read = read_stack(api, target)
@@ -652,6 +656,7 @@ def wait_until(
         if not unread and reached(target, nodes, until):
             return WaitOutcome(True, nodes, f"{until} after {elapsed:.0f} s")
         queued = read_queued(api, target)
+        on_candidates(candidate_lines(target, queued.items, time.time()))
         unread = sorted(set(unread) | set(queued.unread))
         problems = unread_reasons(unread) + stuck(nodes, queued.items)
         if problems:

@@ -36,13 +36,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from google.cloud import tpu_v2
+from google.cloud import tpu_v2, tpu_v2alpha1
 from google.longrunning import operations_pb2
 from google.protobuf import empty_pb2, json_format
 from google.rpc import status_pb2
 
 PATH = re.compile(
-    r"^/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
+    r"^/v2(?:alpha1)?/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
     r"(?:/(?P<collection>[A-Za-z]+)(?:/(?P<id>[^/:]+))?)?(?::(?P<verb>[A-Za-z]+))?$"
 )
 NodeState = tpu_v2.Node.State
@@ -58,6 +58,8 @@ ROUTES = {
     ("queuedResources", "delete"): "_delete_queued",
     ("queuedResources", "reset"): "_reset_queued",
     ("acceleratorTypes", "list"): "_list_accelerator_types",
+    # v2alpha1 only (google-cloud-tpu tpu_v2alpha1 TpuClient.list_reservations).
+    ("reservations", "list"): "_list_reservations",
     ("runtimeVersions", "list"): "_list_runtime_versions",
     ("nodes", "list"): "_list_nodes",
     ("nodes", "get"): "_get_node",
@@ -134,6 +136,7 @@ class FakeTpuApi:
         self._node_create_errors: dict[str, tuple[int, str]] = {}
         self._server: ThreadingHTTPServer | None = None
         self._in_flight: dict[str, int] = {}
+        self._reservations: dict[str, list[tpu_v2alpha1.Reservation]] = {}
 
     # ---- lifecycle ---------------------------------------------------------
     @property
@@ -273,6 +276,17 @@ class FakeTpuApi:
                      "quotaId": quota_id, "quotaDimensions": {"region": region}}
         self._faults.append(_Fault(429, 10**6, "create", "queuedResources", message, zone,
                                    [{"@type": QUOTA_FAILURE_TYPE, "violations": [violation]}]))
+
+    def add_reservation(self, zone: str, reservation_id: str, size: int, used: int,
+                        units: str = "CHIPS", state: str = "ACTIVE") -> None:
+        """A TPU reservation of `size` `units`, `used` of them in use (v2alpha1
+        Reservation.Standard: size, capacityUnits, usage.total)."""
+        standard = tpu_v2alpha1.Reservation.Standard
+        self._reservations.setdefault(zone, []).append(tpu_v2alpha1.Reservation(
+            name=self._name(zone, "reservations", reservation_id),
+            standard=standard(size=size, capacity_units=standard.CapacityUnits[units],
+                              usage=standard.Usage(total=used)),
+            state=tpu_v2alpha1.Reservation.State[state]))
 
     def fail_node_creates(self, zone: str, code: int = 8, message: str | None = None) -> None:
         """Node creates in `zone` return an operation that ends with `code` and `message`
@@ -487,6 +501,8 @@ class FakeTpuApi:
             return _error(409, "ALREADY_EXISTS", f"queued resource {queued_id} already exists")
         queued = tpu_v2.QueuedResource.from_json(body or b"{}", ignore_unknown_fields=True)
         queued.name = self._name(zone, "queuedResources", queued_id)
+        # Output only, set by the API (google-cloud-tpu tpu_v2 QueuedResource.create_time).
+        queued.create_time = datetime.now(timezone.utc)
         key = f"{zone}/{queued_id}"
         key = key if key in self._queued_scripts else queued_id
         states = self._queued_scripts.pop(key, ["WAITING_FOR_RESOURCES", "ACTIVE"])
@@ -558,6 +574,13 @@ class FakeTpuApi:
             accelerator_types=page, next_page_token=token
         )
         return 200, response
+
+    def _list_reservations(
+        self, zone: str, _rid: None, query: dict[str, str], _body: bytes
+    ) -> tuple[int, Any]:
+        page, token = _page(self._reservations.get(zone, []), query, self.page_size)
+        return 200, tpu_v2alpha1.ListReservationsResponse(reservations=page,
+                                                          next_page_token=token)
 
     def _list_runtime_versions(
         self, zone: str, _rid: None, query: dict[str, str], _b: bytes

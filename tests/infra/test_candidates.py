@@ -81,7 +81,9 @@ def test_declared_quota_less_the_plans_other_nodes_is_an_upper_bound_on_headroom
     from components.candidates import declared_headroom, stack_candidates
 
     settings = load_settings(as_cli(config(
-        tpu_stack_quota={"v5e": {"us-central1": {"onDemand": 16, "preemptible": 128}}},
+        # A candidate counts against the quota of its region too (settings: declared).
+        tpu_stack_quota={"v5e": {"us-central1": {"onDemand": 16, "preemptible": 128},
+                                 "us-west4": {"preemptible": 16}}},
         tpu_stack_nodes=[node(fallback=[{"zone": "us-west4-a"}]),
                          node(name="other")])), "test")
     trainer = settings.nodes[0]
@@ -89,4 +91,4 @@ def test_declared_quota_less_the_plans_other_nodes_is_an_upper_bound_on_headroom
 
     assert declared_headroom(settings, trainer)[(quota, "us-central1")] == "<=120"
     rows = stack_candidates(settings)["trainer"]
-    assert [r["quotaHeadroom"] for r in rows] == ["<=120", "unknown"]
+    assert [r["quotaHeadroom"] for r in rows] == ["<=120", "<=16"]

@@ -109,3 +109,42 @@ def test_an_unreserved_candidate_of_a_committed_node_is_priced_without_the_commi
                          fallback=[{"zone": "us-west4-a", "provisioning": "spot"}]))
     own, spot = settings.nodes[0].candidates
     assert (own.commitment, spot.commitment) == ("1-year", None)
+
+
+# ---- team quota: a fallback node counts against every quota its candidates draw on ----
+
+def test_a_team_node_counts_against_each_candidates_family_and_capacity() -> None:
+    from tests.test_teams import platform, problems_of, spot, team
+
+    costlier = spot(allowCostlier=True, fallback=[
+        {"provisioning": "on-demand", "acceleratorType": "v5litepod-16"}])
+
+    # The team's quota: v5e spot 16, on-demand 8; the candidate takes 16 on-demand.
+    assert problems_of(platform(vision=team("vision", costlier))) == [(
+        "tpu-stack:teams.vision.quota.v5e.onDemand",
+        "team vision needs 16 v5e on-demand chips (nodes: trainer candidate 2/2 16); "
+        "its quota is 8")]
+
+
+def test_a_candidate_in_a_region_the_platform_holds_no_quota_in_is_refused() -> None:
+    from tests.test_teams import platform, problems_of, spot, team
+
+    elsewhere = spot(fallback=[{"zone": "europe-west4-b"}])
+
+    assert problems_of(platform(vision=team("vision", elsewhere))) == [(
+        "tpu-stack:quota.v5e.europe-west4.preemptible",
+        "the teams need 8 v5e preemptible (spot and preemptible) chips in europe-west4 "
+        "(vision 8); no v5e quota is declared in europe-west4")]
+
+
+def test_a_node_counts_once_per_quota_however_many_candidates_share_it() -> None:
+    from tests.test_teams import platform, spot, team
+
+    # v5e-16 spot, else v5e-8 spot in the same zone: one quota (v5e preemptible in
+    # us-central1; the team's spot 16). The node holds 16 there at most, not 24.
+    same_quota = spot(acceleratorType="v5litepod-16",
+                      fallback=[{"acceleratorType": "v5litepod-8"}])
+
+    settings = load_settings(as_cli(platform(vision=team("vision", same_quota))), "test")
+
+    assert [c.tpu.chips for c in settings.teams["vision"].nodes[0].candidates] == [16, 8]

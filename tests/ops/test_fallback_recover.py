@@ -190,3 +190,40 @@ def test_wait_that_times_out_shows_the_candidate_line(
     assert result.exit_code != 0
     out = shown.getvalue()
     assert f"trainer: candidate 2/2 {OTHER_ZONE} spot; request WAITING_FOR_RESOURCES" in out
+
+
+def test_wait_shows_the_candidate_line_while_it_waits(fake_tpu: FakeTpuApi) -> None:
+    from ops.tpu.api import TpuApi
+    from ops.tpu.status import wait_until
+
+    fake_tpu.script_queued(NODE, "WAITING_FOR_RESOURCES", zone=OTHER_ZONE)
+    queue_request(OTHER_ZONE)
+    polls: list[list[str]] = []
+    ticks = iter(range(100))
+
+    outcome = wait_until(TpuApi(deadline=10.0), DEV, "ready", timeout=2, poll=0,
+                         clock=lambda: float(next(ticks)), on_candidates=polls.append)
+
+    assert not outcome.reached
+    assert len(polls) == 2  # every poll (at 1 s and 2 s), before the outcome
+    assert all(p == [f"trainer: candidate 2/2 {OTHER_ZONE} spot; request "
+                     f"WAITING_FOR_RESOURCES for 0 min; next candidate in 30 min"]
+               for p in polls)
+
+
+def test_wait_prints_the_candidate_line_before_it_gives_up(
+        tpuctl, fake_tpu: FakeTpuApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_tpu.script_queued(NODE, "WAITING_FOR_RESOURCES", zone=OTHER_ZONE)
+    queue_request(OTHER_ZONE)
+    shown = StringIO()
+    monkeypatch.setattr(tpu_cmds, "console", Console(file=shown, width=250, color_system=None))
+
+    CliRunner().invoke(app, ["wait", "--stack", "dev", "--until", "ready",
+                             "--timeout", "2s", "--poll", "1s"])
+
+    out = shown.getvalue()
+    line = f"trainer: candidate 2/2 {OTHER_ZONE} spot; request WAITING_FOR_RESOURCES"
+    # Once while waiting (a line only when it changes: not once per poll), once in the
+    # final table's lines.
+    assert out.count(line) == 2
+    assert out.index(line) < out.index("not ready after")

@@ -463,16 +463,20 @@ def fallback_tpu_entry() -> dict[str, Any]:
     """FallbackTpuProvider.diff: the node's own inputs as QueuedTpu's, except that the
     candidates, maxWait and the top-level view of the first candidate are updates. An edit
     of `candidates` that removes the one the node runs on replaces it: which one that is
-    only the state knows, so the plan shows every edit of the list as an update."""
+    only the state knows, so the plan shows an edit that removes any candidate as a
+    replacement (`replaceWhenRemoved`, components/fallback_tpu.py removed_candidates),
+    one that only adds or reorders as an update."""
     from components import fallback_tpu, queued_tpu
 
     return {"replaceUnless": sorted({*queued_tpu.IN_PLACE, *fallback_tpu.STEERING,
                                      *fallback_tpu.PLACEMENT_KEYS}),
+            "replaceWhenRemoved": "candidates",
             # A request `tpuctl recover` moved waits again: QueuedTpu's update holds.
             "heldWhileWaiting": sorted(queued_tpu.IN_PLACE),
             "forceNew": [], "forceNewIf": {}, "deleteBeforeReplace": True, "autoName": None,
             "source": [{"repo": "tpu-stack", "path": "components/fallback_tpu.py",
-                        "symbol": "FallbackTpuProvider.diff, STEERING, PLACEMENT_KEYS"}]}
+                        "symbol": "FallbackTpuProvider.diff, STEERING, PLACEMENT_KEYS, "
+                                  "removed_candidates"}]}
 
 
 def generate(args: argparse.Namespace) -> dict[str, Any]:
