@@ -35,20 +35,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-from node_agent import devices, handover
+from node_agent import devices, handover, lifecycle
 from node_agent.common import AgentError, Backoff, TransientError, log, parse_utc, utc_now
 from node_agent.contract import (
     EXIT_FAILED,
-    EXIT_NO_DATA,
     EXIT_OK,
     EXIT_PREEMPTED,
     EXIT_STOP_SAVE_FAILED,
     EXIT_TRANSIENT,
     NETWORK_ENDPOINTS_KEY,
-    PERMANENT_EXITS,
     RUNTIME_KEY,
     STATUS_KEY,
-    STOPPED_EXITS,
 )
 from node_agent.deadlines import Hang, hang_message, named_worker
 from node_agent.desired import Desired, Release, node_settings
@@ -84,6 +81,8 @@ WORKER_0_POLL_SECONDS = 1.0
 # standard VM, docs/tpu-facts.md) plus room for the save and the job's teardown.
 MAINTENANCE_LEAD_SECONDS = 300.0
 FOLLOW_SECONDS = 1.0  # the main loop looks at the job, notices and updates this often
+HANDOVER_FLUSH_SECONDS = 5.0  # the status upload before a hand-over waits at most this
+STOPPING_ATTEMPTS = 3  # builds of an agent under a stop, with a job handed over
 
 
 def maintenance_lead_seconds() -> float:
@@ -91,11 +90,25 @@ def maintenance_lead_seconds() -> float:
                  or MAINTENANCE_LEAD_SECONDS)
 
 ACTIVE_STATES = ("installing", "running", "retrying", "waiting-for-data", "preempted", "hung")
+# The agent's line when a running job's event stops it (lifecycle.TABLE, action `note`).
+STOP_NOTES = {
+    "SIGTERM": "SIGTERM: stopping the job so it checkpoints",
+    "NOTICE": "{detail}: stopping the job so it saves inside the notice",
+    "STOP_REQUESTED": "stop requested ({detail}): stopping the job so it checkpoints",
+    "MAINTENANCE": "maintenance window from {detail}: stopping the job so it saves first",
+}
 
 
 class Agent:
-    def __init__(self, root: Path, stay: bool, handed: Mapping[str, object] | None = None):
+    def __init__(self, root: Path, stay: bool, handed: Mapping[str, object] | None = None,
+                 stop_requested: Callable[[], str | None] = lifecycle.never_requested):
         self.root = root
+        # Seam S4: a stop request (a limit, a budget) polled once a second while the job
+        # runs and before it starts; the job is stopped with a save and not started again
+        # while it holds (node_agent/lifecycle.py).
+        self.stop_requested = stop_requested
+        self.life = "running"  # the job's life (lifecycle.TABLE) once it is followed
+        self._stop_reason = ""
         self.stay = stay
         self.started_at = time.time()
         self.loops = Loops()
@@ -116,6 +129,8 @@ class Agent:
         self.reexec = threading.Event()  # SIGHUP or new agent code: hand over to it
         self.agent_file = handover.running_file()
         self.version = handover.file_version(self.agent_file)
+        # This agent's own bytes: put back when a new agent is refused (handover.py).
+        self.own_bytes = self.agent_file.read_bytes() if self.agent_file else b""
         self.handed = dict(handed or {})
         self._agent_code_stop = threading.Event()
         self.workers = "all"
@@ -123,7 +138,6 @@ class Agent:
         self.notices: NoticeWatcher | None = None
         self.maintenance: MaintenanceWatcher | None = None
         self._checkpointed_windows: set[str] = set()  # window starts already saved before
-        self._maintenance_stop = False  # the job was stopped to save before a window
         self.goodput = Goodput("")
         self._since = time.monotonic()  # start of the span not yet accounted
         self.runtime_metrics = RuntimeMetrics()  # duty cycle and HBM, where tpu-info runs
@@ -228,19 +242,23 @@ class Agent:
         started from the disk before the script wrote the new one)."""
         if self.agent_file is None:
             return  # not run from a zipapp (tests, `python -m node_agent`)
+
         first = [True]
+        took_over_from = str(self.handed.get("from") or "")
 
         def changed(script: str) -> None:
-            if first[0]:
-                first[0] = False
-                return
+            # The first value counts too: the script may have changed between the boot
+            # and this poll. Only the agent this one just took over from is left alone
+            # there: the bootstrap (or a reload) chose this one over it.
             data = handover.zipapp_in_script(script)
-            if data is None or handover.version_of(data) == self.version:
+            was_first, first[0] = first[0], False
+            if data is None or (new := handover.version_of(data)) == self.version or \
+                    new in handover.refused(self.root) or (was_first and new == took_over_from):
                 return
             assert self.agent_file is not None
-            if handover.file_version(self.agent_file) != handover.version_of(data):
-                handover.write_agent(self.agent_file, data)
-            self.status.note(f"the startup script carries agent {handover.version_of(data)}"
+            if handover.file_version(self.agent_file) != new:
+                handover.install_agent(self.agent_file, data, self.own_bytes)
+            self.status.note(f"the startup script carries agent {new}"
                              f" (this is {self.version}): handing over to it")
             self.hang_up()
 
@@ -249,28 +267,68 @@ class Agent:
         self.loops.start("watch agent code", poll.step, self._agent_code_stop)
 
     def _hand_over(self) -> None:
-        """Exec the agent.pyz on disk in place if it is another version, handing it the
-        running job; returns only when there is nothing to do or the exec failed."""
+        """Hand the running job to the agent.pyz on disk when it is another version, as a
+        transaction (node_agent/handover.py): the new agent proves it starts first, a
+        stop signal is never lost on the way, a refused agent is never tried again.
+        Returns when there is nothing to do, the new agent was refused, a stop came
+        first, or the exec failed: this agent then goes on with the job."""
         self.reexec.clear()
         new = handover.file_version(self.agent_file)
-        if self.agent_file is None or new in (self.version, "unknown"):
+        if self.agent_file is None or new in (self.version, "unknown") or \
+                self.terminated.is_set():
             return
+        if new in handover.refused(self.root):
+            self._refuse(new, "refused before")
+            return
+        job_pid = self.job.process.pid if self.job.alive() and self.job.process else None
+        self.status.note(f"agent {self.version} hands over to agent {new}"
+                         + (f" (job pid {job_pid} keeps running)" if job_pid else ""))
+        self.status.flush(HANDOVER_FLUSH_SECONDS)  # bounded: uploads go on behind
+        if (problem := handover.check(self.agent_file, self._handover_state({}),
+                                      self.root)) is not None:
+            self._refuse(new, problem)
+            return
+        handover.block_signals()  # from here a stop stays pending for the new agent
+        if self.terminated.is_set():  # taken in before the block: hand it over too
+            self.status.note("a stop came during the hand-over: the new agent stops the job")
+        job = self.job.handover() if job_pid else None
+        try:
+            handover.save(self.root, self._handover_state(job))
+        except OSError as error:
+            self.status.note(f"hand-over state not written ({error}); agent {self.version} "
+                             "keeps the job")
+        else:
+            handover.exec_agent(self.agent_file)
+            (self.root / handover.HANDOVER_FILE).unlink(missing_ok=True)  # the exec failed
+        handover.unblock_signals()
+        self.job.resume_reading()
+
+    def _handover_state(self, job: dict[str, object] | None) -> dict[str, object]:
+        """What the new agent needs: the job (when one runs), its release, goodput, and a
+        stop this agent had taken in (`stopPending`)."""
+        state: dict[str, object] = {"from": self.version, "worker": self.worker,
+                                    "stopPending": self.terminated.is_set()}
         desired = self._following
-        state: dict[str, object] = {"from": self.version, "worker": self.worker}
-        if self.job.alive() and desired is not None:
-            state |= {"job": self.job.handover(), "release": vars(desired.release),
+        if job is not None and desired is not None:
+            state |= {"job": job, "release": vars(desired.release),
                       "workers": desired.workers, "goodput": self.goodput.totals,
                       "goodputJob": self.goodput.job,
                       "launchedAgo": time.monotonic() - self._launched,
                       "stopSent": self._stop_sent, "windows": sorted(self._checkpointed_windows)}
-        self.status.note(f"agent {self.version} hands over to agent {new}"
-                         + (f" (job pid {self.job.process.pid} keeps running)"
-                            if "job" in state and self.job.process else ""))
-        self.status.flush()
-        handover.save(self.root, state)
-        handover.exec_agent(self.agent_file)
-        (self.root / handover.HANDOVER_FILE).unlink(missing_ok=True)  # the exec failed
-        self.job.resume_reading()
+        return state
+
+    def _refuse(self, version: str, why: str) -> None:
+        """A new agent that failed its check: this agent's bytes back on the file (a
+        restart runs this one), the version never tried again, the job kept."""
+        assert self.agent_file is not None
+        handover.refuse(self.root, version)
+        try:
+            handover.write_agent(self.agent_file, self.own_bytes)
+        except OSError as error:
+            log(f"restoring {self.agent_file}: {error}")
+        self.status.note(f"agent {version} refused ({why}); agent {self.version} keeps "
+                         "running the job")
+        self.status.set(agent=self._agent_view() | {"refused": version})
 
     def _adopt(self) -> Desired | None:
         """The release whose job an earlier agent of this process handed over, its job
@@ -414,38 +472,48 @@ class Agent:
                         return interrupted
                     continue
             code, update = self._run_job(desired, package_dir)
-            if update is not None:
-                return update
             run = self.job.run
-            if self._maintenance_stop and not (self.terminated.is_set() or self._notice()):
-                self._maintenance_stop = False
+            if (self.life.startswith("stopping-") or self.life == "hung") and \
+                    (self.terminated.is_set() or self._notice()):  # the VM's stop wins
+                self.life = "stopping-sigterm"
+            event = lifecycle.exit_event(
+                code, stop_sent=self.terminated.is_set() or bool(self._notice()),
+                stopped_in_start_up=self._stopped_in_start_up(code, run))
+            self.life, _ = lifecycle.step(self.life, event)
+            if self.life == "updating":
+                assert update is not None
+                return update
+            if self.life == "stopped":
+                if (interrupted := self._hold_stopped(desired, self._stop_reason)) is not None:
+                    return interrupted
+                continue
+            if self.life == "restarting" and run.hang is None:
                 self.status.note(f"saved step {run.saved_step} before the maintenance window "
                                  f"(exit code {code}); starting the job again")
                 retry.reset()
                 continue
-            if run.hang is not None and not (self.terminated.is_set() or self._notice()):
+            if self.life == "restarting":
                 hangs = self._after_hang(retry, run, hangs)
                 if hangs > 1 and (interrupted := self._pause(
                         retry, desired, f"hung again in phase {run.hang['phase']}")) is not None:
                     return interrupted
                 continue
-            if code == EXIT_OK:
+            if self.life == "succeeded":
                 return self._succeeded(desired)
-            if code in STOPPED_EXITS or self.terminated.is_set() or self._notice() or \
-                    self._stopped_in_start_up(code, run):
+            if self.life == "preempted":
                 return self._stopped(code, run)
-            if code in PERMANENT_EXITS:
+            if self.life == "failed":
                 self.status.set(state="failed", message=self._job_error(code, run))
                 return EXIT_FAILED
             if run.step > run.start_step:
                 retry.reset()
                 crashes = 0
-            if code == EXIT_NO_DATA:
+            if self.life == "waiting-for-data":
                 pattern = run.waiting_pattern or train_data
                 if (interrupted := self._wait_for_data(data_poll, desired, pattern)) is not None:
                     return interrupted
                 continue
-            if code != EXIT_TRANSIENT:
+            if event == "EXIT_CRASH":
                 crashes += 1
                 if crashes > CRASH_RETRIES:
                     self.status.set(state="failed", message=self._job_error(code, run) +
@@ -457,6 +525,23 @@ class Agent:
                 why = self._tpu_held(desired) or why
             if (interrupted := self._pause(retry, desired, why)) is not None:
                 return interrupted
+
+    def _hold_stopped(self, desired: Desired, reason: str) -> int | Desired | None:
+        """State `stopped` (a stop request, seam S4) until the request no longer holds;
+        what interrupted the wait (SIGTERM, a notice, an update), else None."""
+        self.life = "stopped"
+        self.status.set(state="stopped", message=f"stop requested: {reason}; the job starts "
+                                                 "again when the request is withdrawn")
+        while (reason := self.stop_requested()) is not None:
+            self._sleep(FOLLOW_SECONDS)
+            if self.terminated.is_set() or self._notice():
+                self.life, _ = lifecycle.step(self.life, "SIGTERM")
+                return EXIT_PREEMPTED
+            if (update := self._update(desired)) is not None:
+                return update
+        self.life, _ = lifecycle.step(self.life, "STOP_CLEARED")
+        self.status.note("stop request withdrawn: starting the job again")
+        return None
 
     def _after_hang(self, retry: Backoff, run: JobRun, hangs: int) -> int:
         """Hangs in a row without progress, this one counted. A job that saved a new
@@ -612,28 +697,46 @@ class Agent:
         return self.job.stop()
 
     def _follow(self, desired: Desired) -> tuple[int, Desired | None]:
+        """Follow the running job to its exit: once a second the first event of
+        lifecycle.RUNNING_EVENTS that holds moves the job's life on (its actions: the
+        stop with a save, or the hang's stacks then the stop); the exit code, and the
+        new release when an update stopped it."""
         self._following = desired
+        self.life = "running"
         while self.job.poll() is None:
             self._sleep(FOLLOW_SECONDS)
-            if self.terminated.is_set():
-                self.status.note("SIGTERM: stopping the job so it checkpoints")
-                return self._stop_job(), None
-            if reason := self._notice():
-                self.status.note(f"{reason}: stopping the job so it saves inside the notice")
-                return self._stop_job(), None
-            if (hang := self.job.overdue()) is not None:
-                return self._stop_hung(hang, desired), None
-            if window := self._maintenance_due():
-                self.status.note(f"maintenance window from {window['start']} to "
-                                 f"{window.get('end', '?')}: stopping the job so it saves first")
-                self._maintenance_stop = True
-                return self._stop_job(), None
-            update = self._update(desired)
-            if update is not None:
-                code = self._stop_job()
+            event, detail = self._running_event(desired)
+            if event is None:
+                continue
+            self.life, actions = lifecycle.step(self.life, event)
+            if "note" in actions:
+                self.status.note(STOP_NOTES[event].format(detail=detail))
+            if "send_stacks" in actions:
+                assert isinstance(detail, Hang)
+                return self._stop_hung(detail, desired), None
+            code = self._stop_job()
+            if event == "UPDATE":
                 self.status.note(f"job stopped for the update (exit code {code})")
-                return code, update
+                return code, detail  # type: ignore[return-value]
+            return code, None
         return self.job.wait(), None
+
+    def _running_event(self, desired: Desired) -> tuple[str | None, object]:
+        """The first of lifecycle.RUNNING_EVENTS that holds now, with its detail."""
+        if self.terminated.is_set():
+            return "SIGTERM", "SIGTERM"
+        if reason := self._notice():
+            return "NOTICE", reason
+        if reason := self.stop_requested():
+            self._stop_reason = reason
+            return "STOP_REQUESTED", reason
+        if (hang := self.job.overdue()) is not None:
+            return "HANG", hang
+        if window := self._maintenance_due():
+            return "MAINTENANCE", f"{window['start']} to {window.get('end', '?')}"
+        if (update := self._update(desired)) is not None:
+            return "UPDATE", update
+        return None, None
 
     def _stop_hung(self, hang: Hang, desired: Desired) -> int:
         """State `hung` (phase, seconds since the last progress line), the job's stacks
@@ -673,6 +776,8 @@ class Agent:
                                         "the background")
             self.updater.offer(new)
         new = self._candidate
+        if new is not None and not self.updater.busy(new):
+            self.updater.offer(new)  # again, when its folder was pruned since
         if new is None or (result := self.updater.result(new)) is None:
             return None
         self._candidate = None
@@ -783,16 +888,18 @@ def hold_lock(root: Path) -> IO[str] | None:
 def main(argv: list[str] | None = None) -> int:
     # No argparse: importing it is a noticeable part of a reboot's time to launch.
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["check"] and len(args) == 2:
+        return handover.run_check(args[1])  # a new agent proving it starts (handover.py)
     if args[:1] != ["run"] or any(arg != "--stay" for arg in args[1:]):
         print(__doc__, file=sys.stderr)
         return 2
     # The stop signals first (a SIGTERM before this would kill the agent and leave
     # the job to systemd's SIGKILL); one that came during a hand-over is pending until
-    # the unblock below (node_agent/handover.py).
-    stopping = threading.Event()
+    # the unblock below (node_agent/handover.py), and so is a reload.
+    stopping, reload = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
     handover.unblock_signals()
     root = Path(os.environ.get("TPU_STACK_ROOT") or DEFAULT_ROOT)
     root.mkdir(parents=True, exist_ok=True)
@@ -803,14 +910,21 @@ def main(argv: list[str] | None = None) -> int:
     handed = handover.take(root)
     if handed is None:
         stop_stale_job(root)
+    elif unknown := handover.unknown_fields(handed):
+        handover.fall_back(root, handed, f"hand-over fields it does not know: {unknown}")
     agent = start_agent(root, "--stay" in args, handed, stopping)
     if agent is None:
+        if handed and isinstance(handed.get("job"), dict):
+            handover.fall_back(root, handed, "it could not start")
+            stop_handed_job(root, handed["job"])  # type: ignore[arg-type]
         return EXIT_FAILED if not stopping.is_set() else EXIT_PREEMPTED
     signal.signal(signal.SIGTERM, agent.terminate)
     signal.signal(signal.SIGINT, agent.terminate)
     signal.signal(signal.SIGHUP, agent.hang_up)
-    if stopping.is_set():
+    if stopping.is_set() or (handed or {}).get("stopPending"):
         agent.terminate()
+    if reload.is_set():
+        agent.hang_up()
     handover.mark_capable(root)
     return agent.run()
 
@@ -818,19 +932,50 @@ def main(argv: list[str] | None = None) -> int:
 def start_agent(root: Path, stay: bool, handed: Mapping[str, object] | None,
                 stopping: threading.Event) -> Agent | None:
     """The agent, once the metadata server answers (a transient failure backs off for
-    as long as the node lives); None on a permanent problem or a stop signal."""
+    as long as the node lives); None on a permanent problem or a stop signal. With a
+    job handed over it is built even under a stop (the stop must reach the job as a
+    save), a few attempts at most."""
     backoff = Backoff(base=1.0, cap=60.0)
-    while not stopping.is_set():
+    attempts_under_stop = 0
+    job_handed = bool(handed and isinstance(handed.get("job"), dict))
+    while not stopping.is_set() or (job_handed and attempts_under_stop < STOPPING_ATTEMPTS):
+        attempts_under_stop += stopping.is_set()
         try:
             return Agent(root, stay, handed)
         except TransientError as error:
             delay = backoff.next_delay()
             log(f"starting: {error}; trying again in {delay:.0f}s")
-            stopping.wait(delay)
+            stopping.wait(delay) if not job_handed else time.sleep(min(delay, 2.0))
         except AgentError as error:
             log(str(error))
             return None
         except Exception:  # a bug on a rare path: logged, backed off, tried again
             log(f"starting: {traceback.format_exc().rstrip()}")
+            if job_handed:
+                return None  # the previous agent takes the job (main falls back)
             stopping.wait(backoff.next_delay())
     return None
+
+
+def stop_handed_job(root: Path, job: Mapping[str, object]) -> None:
+    """No agent could take the job handed over: stop it by pid with a save (SIGTERM,
+    exit 75), reading its output into job.log meanwhile (a job blocked on a full pipe
+    could not save)."""
+    try:
+        pid, fd = int(job["pid"]), int(job["fd"])  # type: ignore[call-overload]
+    except (KeyError, TypeError, ValueError):
+        return
+    log_path = root / "status" / "worker-0" / "job.log"
+
+    def drain() -> None:
+        handover.block_in_this_thread()
+        try:
+            with os.fdopen(fd, "rb") as output, log_path.open("ab") as out:
+                for line in output:
+                    out.write(line)
+        except OSError as error:
+            log(f"reading the job's output: {error}")
+
+    threading.Thread(target=drain, name="job-output", daemon=True).start()
+    log(f"stopping job pid {pid} with a save: no agent could take it over")
+    terminate(pid, job.get("started") if isinstance(job.get("started"), str) else None)

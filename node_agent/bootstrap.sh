@@ -17,8 +17,13 @@ base64 -d > "$agent_tmp" <<'TPU_STACK_AGENT_ZIPAPP'
 @AGENT_ZIPAPP_BASE64@
 TPU_STACK_AGENT_ZIPAPP
 # A different agent.pyz than the one on disk: a running agent hands over to it (below).
+# The agent it replaces is kept: a new one that does not start falls back to it
+# (node_agent/handover.py).
 agent_changed=yes
 if cmp -s "$agent_tmp" "$root/agent.pyz"; then agent_changed=no; fi
+if [[ $agent_changed == yes && -f $root/agent.pyz ]]; then
+  cp -f "$root/agent.pyz" "$root/agent.previous.pyz"
+fi
 mv -f "$agent_tmp" "$root/agent.pyz"
 
 # TPU_STACK_INIT: auto (default), systemd or foreground. sd_booted(3): systemd

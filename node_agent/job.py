@@ -119,10 +119,13 @@ class Job:
                                    start_new_session=True)
         self.process = process
         self.sessions.add(process.pid)
-        self.pid_file.write_text(f"{process.pid} {process_start_time(process.pid)}\n")
         assert process.stdout is not None
         self._stdout = process.stdout
-        self._read_from(process.stdout.fileno(), b"")
+        self._read_from(process.stdout.fileno(), b"")  # first: nothing below may leave it unread
+        try:
+            self.pid_file.write_text(f"{process.pid} {process_start_time(process.pid)}\n")
+        except OSError as error:  # a full disk: a new agent cannot find it by pid, no more
+            self.status.note(f"{self.pid_file}: {error}")
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

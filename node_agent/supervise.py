@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Callable
 
 from node_agent.common import log
+from node_agent.handover import block_in_this_thread
 
 WATCHDOG_SECONDS = 2.0
 FAULT_PAUSE_SECONDS = 1.0  # after an unexpected exception, before the body runs again
@@ -43,6 +44,7 @@ class Loop:
         return thread
 
     def _run(self) -> None:
+        block_in_this_thread()  # stop signals go to the main thread only (handover.py)
         while not self.stopped.is_set():
             try:
                 if self.body() is False:
@@ -107,6 +109,7 @@ class Loops:
         return [loop.name for loop in dead]
 
     def _watch(self) -> None:
+        block_in_this_thread()
         while not self._stopped.wait(WATCHDOG_SECONDS):
             try:
                 self.check()

@@ -40,6 +40,8 @@ class Updater:
         """Install `desired`'s package unless it is installed, queued or being installed."""
         sha = desired.package_sha256
         with self._cond:
+            if isinstance(self._results.get(sha), Path) and not self._results[sha].is_dir():
+                del self._results[sha]  # pruned since it was installed
             if sha in self._results or sha == self._busy or \
                     any(q.package_sha256 == sha for q in self._queue):
                 return
@@ -61,8 +63,12 @@ class Updater:
         sha = desired.package_sha256
         with self._cond:
             result = self._results.get(sha)
-            if isinstance(result, TransientError):
+            if isinstance(result, TransientError) or \
+                    (isinstance(result, Path) and not result.is_dir()):
+                # An installed folder pruned since (the running package and the one
+                # before it are kept): forgotten, so the next offer installs it again.
                 del self._results[sha]
+                return None if isinstance(result, Path) else result
             return result
 
     def _work(self) -> bool:
