@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-from node_agent import devices, handover, lifecycle
+from node_agent import devices, handover, lifecycle, supervise
 from node_agent.common import AgentError, Backoff, TransientError, log, parse_utc, utc_now
 from node_agent.contract import (
     EXIT_FAILED,
@@ -52,7 +52,7 @@ from node_agent.desired import Desired, Release, node_settings
 from node_agent.environment import grpc_tpu_name, job_environment, read_environment_file
 from node_agent.goodput import Goodput, settle_run
 from node_agent.install import Installer
-from node_agent.job import Job, process_start_time, stop_stale_job, terminate
+from node_agent.job import Job, orphan_output, process_start_time, stop_stale_job, terminate
 from node_agent.job_lines import JobRun
 from node_agent.metadata import DEFAULT_METADATA_HOST, Metadata, node_id, worker_number
 from node_agent.runtime_metrics import RuntimeMetrics
@@ -66,6 +66,7 @@ from node_agent.watchers import (
     MaintenanceWatcher,
     NoticeWatcher,
     ReleaseWatcher,
+    long_poll_bound,
     release_poll_seconds,
 )
 
@@ -81,6 +82,7 @@ WORKER_0_POLL_SECONDS = 1.0
 # standard VM, docs/tpu-facts.md) plus room for the save and the job's teardown.
 MAINTENANCE_LEAD_SECONDS = 300.0
 FOLLOW_SECONDS = 1.0  # the main loop looks at the job, notices and updates this often
+MAIN_WAIT_SECONDS = 30.0  # the main thread beats (supervise.Loops.beat) at least this often
 HANDOVER_FLUSH_SECONDS = 5.0  # the status upload before a hand-over waits at most this
 STOPPING_ATTEMPTS = 3  # builds of an agent under a stop, with a job handed over
 
@@ -166,6 +168,8 @@ class Agent:
                                               lambda window: self.status.set(maintenance=window),
                                               self.loops)
         self._watch_agent_code()
+        self.loops.beat()  # from now on the main thread's liveness counts
+        supervise.sd_notify("READY=1")
         self._shown_health = self._agent_view()
         self.status.set(agent=self._shown_health)
         try:
@@ -178,6 +182,7 @@ class Agent:
         self.releases = ReleaseWatcher(self.storage, prefix, self.wake, self.status.note,
                                        self.loops)
         try:
+            self._take_orphan_output()
             desired = self._adopt() or self._first_release()
             code = EXIT_PREEMPTED
             while desired is not None:
@@ -221,8 +226,10 @@ class Agent:
     def _sleep(self, seconds: float | None) -> None:
         """Until a wake-up (or `seconds`); the one place the main loop waits, so a
         requested hand-over to a new agent happens at any of them."""
-        self.wake.wait(seconds)
+        self.loops.beat()
+        self.wake.wait(MAIN_WAIT_SECONDS if seconds is None else min(seconds, MAIN_WAIT_SECONDS))
         self.wake.clear()
+        self.loops.beat()
         if self.reexec.is_set() and not self.terminated.is_set():
             self._hand_over()
         if (view := self._agent_view()) != self._shown_health:
@@ -264,7 +271,8 @@ class Agent:
 
         poll = LongPoll(self.metadata, handover.AGENT_CODE_PATH, self._agent_code_stop,
                         changed, retry_cap=MAINTENANCE_RETRY_CAP_SECONDS)
-        self.loops.start("watch agent code", poll.step, self._agent_code_stop)
+        self.loops.start("watch agent code", poll.step, self._agent_code_stop,
+                         long_poll_bound(MAINTENANCE_RETRY_CAP_SECONDS))
 
     def _hand_over(self) -> None:
         """Hand the running job to the agent.pyz on disk when it is another version, as a
@@ -329,6 +337,22 @@ class Agent:
         self.status.note(f"agent {version} refused ({why}); agent {self.version} keeps "
                          "running the job")
         self.status.set(agent=self._agent_view() | {"refused": version})
+
+    def _take_orphan_output(self) -> None:
+        """What a job said after it lost its agent (seam S2; main stopped it by pid) into
+        job.log, and its stop save into the status."""
+        lines = orphan_output(self.root)
+        if not lines:
+            return
+        run = JobRun()
+        for line in lines:
+            self.status.append_job_line(line if line.endswith("\n") else line + "\n")
+            run.read(line)
+        saved = f"; it saved step {run.stopped_at}" if run.stopped_at is not None else ""
+        self.status.note(f"read {len(lines)} lines the job left by an earlier agent wrote "
+                         f"after losing it{saved}")
+        if run.stop_save is not None:
+            self.status.set(stopSave=run.stop_save, lastSave=run.last_save)
 
     def _adopt(self) -> Desired | None:
         """The release whose job an earlier agent of this process handed over, its job
@@ -945,7 +969,7 @@ def start_agent(root: Path, stay: bool, handed: Mapping[str, object] | None,
         except TransientError as error:
             delay = backoff.next_delay()
             log(f"starting: {error}; trying again in {delay:.0f}s")
-            stopping.wait(delay) if not job_handed else time.sleep(min(delay, 2.0))
+            wait_alive(stopping, delay if not job_handed else min(delay, 2.0))
         except AgentError as error:
             log(str(error))
             return None
@@ -953,8 +977,17 @@ def start_agent(root: Path, stay: bool, handed: Mapping[str, object] | None,
             log(f"starting: {traceback.format_exc().rstrip()}")
             if job_handed:
                 return None  # the previous agent takes the job (main falls back)
-            stopping.wait(backoff.next_delay())
+            wait_alive(stopping, backoff.next_delay())
     return None
+
+
+def wait_alive(stopping: threading.Event, seconds: float) -> None:
+    """Wait (until a stop) keeping systemd's watchdog fed: no supervised loop runs yet."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0 and not stopping.is_set():
+        if supervise.watchdog_expected():
+            supervise.sd_notify("WATCHDOG=1")
+        stopping.wait(min(left, 10.0))
 
 
 def stop_handed_job(root: Path, job: Mapping[str, object]) -> None:

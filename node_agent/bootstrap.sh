@@ -71,6 +71,13 @@ TimeoutStopSec=150
 # (MAINPID), its cgroup and the job (node_agent/handover.py). systemd.service(5),
 # ExecReload=: its example is "kill -HUP \$MAINPID".
 ExecReload=/bin/kill -HUP \$MAINPID
+# The agent feeds systemd's watchdog (sd_notify(3) WATCHDOG=1 to \$NOTIFY_SOCKET, every
+# 2 s) while every loop and its main thread are within their bounds; a stuck agent is
+# restarted (systemd.service(5), WatchdogSec=: without a keep-alive within the time the
+# service "is placed in a failed state", and Restart=on-failure restarts it).
+# NotifyAccess=main: only the agent (MAINPID, the same across a hand-over's exec).
+WatchdogSec=60
+NotifyAccess=main
 
 [Install]
 WantedBy=multi-user.target

@@ -10,7 +10,8 @@ between zlib builds; Python's zipfile defaults to ZIP_STORED). The zip travels
 base64-encoded in the bash bootstrap (a metadata value is text), so each module goes in
 without its comments and the docstrings of its functions and classes (`lean`): a
 quarter of the bytes, every line where it was (a traceback on the node names the same
-line numbers as the source here).
+line numbers as the source here). For the same budget a module's longer description is
+written as comments under its one-line docstring.
 """
 
 from __future__ import annotations

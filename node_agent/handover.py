@@ -1,44 +1,43 @@
-"""The agent replacing itself with a newer agent without losing the job.
+"""The agent replacing itself with a newer agent without losing the job."""
 
-A new agent.pyz arrives two ways: the startup script writes it at boot (after systemd
-may already have started the old one from the disk), or the node's `startup-script`
-metadata changes while the agent runs (a metadata change does not rerun the script;
-the agent long-polls the attribute, `AGENT_CODE_PATH`). Either way the running
-agent execs the new file in place (execve(2)), after writing what the new agent needs
-to adopt the job: its pid, the read end of its output pipe (made inheritable) and
-what the agent had read so far.
-
-Why exec, not a restart of the unit: the agent is the unit's main process, and under
-`KillMode=mixed` stopping it SIGKILLs the rest of the cgroup, the job too
-(systemd.kill(5), KillMode=); a restart would cost the job a stop and a restore. An
-exec keeps the pid, so systemd's MAINPID and the cgroup stay the same, the job stays
-this process's child (waitpid works) and its pipe stays open (execve(2): the pid is
-kept, file descriptors without close-on-exec stay open). The unit's `ExecReload=`
-sends SIGHUP (systemd.service(5), ExecReload=, whose documented example is
-`kill -HUP $MAINPID`), which asks for the exec; the bootstrap reloads the unit when
-it wrote a different agent.pyz.
-
-A hand-over is a transaction (issue 39):
-
-1. Proven first: the new file runs as a child, `agent.pyz check <state>`, which imports
-   every module and reads the hand-over state the old agent is about to leave (a field
-   it does not know is refused); only a child that prints `ready <version>` within
-   CHECK_SECONDS is exec'd. One that fails is refused: the old agent restores its own
-   bytes to the file, records the version in `run/agent-refused` (never tried again, so
-   no loop on the same file) and keeps the job.
-2. The stop is never lost: every thread but the main one blocks the stop signals for
-   its whole life (`block_in_this_thread`, called by every supervised loop), so a
-   signal is handled by the main thread or stays pending. The main thread blocks them
-   before its last look at the stop flag; the mask and any signal pending survive
-   execve (signal(7), "Signal mask and pending signals"), and a stop the old agent had
-   already taken in is written into the state (`stopPending`). The new agent builds
-   itself even with a stop pending (a stop must end in the job's save, not in an agent
-   exiting before it adopted the job) and then stops the job as on any SIGTERM.
-3. The previous agent is kept (`agent.previous.pyz` beside the file): a new agent that
-   still fails at start (an import error, an AgentError, a state it cannot read) execs
-   the previous one with the state as it was, the job untouched, and records its own
-   version as refused.
-"""
+# A new agent.pyz arrives two ways: the startup script writes it at boot (after systemd
+# may already have started the old one from the disk), or the node's `startup-script`
+# metadata changes while the agent runs (a metadata change does not rerun the script;
+# the agent long-polls the attribute, `AGENT_CODE_PATH`). Either way the running
+# agent execs the new file in place (execve(2)), after writing what the new agent needs
+# to adopt the job: its pid, the read end of its output pipe (made inheritable) and
+# what the agent had read so far.
+#
+# Why exec, not a restart of the unit: the agent is the unit's main process, and under
+# `KillMode=mixed` stopping it SIGKILLs the rest of the cgroup, the job too
+# (systemd.kill(5), KillMode=); a restart would cost the job a stop and a restore. An
+# exec keeps the pid, so systemd's MAINPID and the cgroup stay the same, the job stays
+# this process's child (waitpid works) and its pipe stays open (execve(2): the pid is
+# kept, file descriptors without close-on-exec stay open). The unit's `ExecReload=`
+# sends SIGHUP (systemd.service(5), ExecReload=, whose documented example is
+# `kill -HUP $MAINPID`), which asks for the exec; the bootstrap reloads the unit when
+# it wrote a different agent.pyz.
+#
+# A hand-over is a transaction (issue 39):
+#
+# 1. Proven first: the new file runs as a child, `agent.pyz check <state>`, which imports
+#    every module and reads the hand-over state the old agent is about to leave (a field
+#    it does not know is refused); only a child that prints `ready <version>` within
+#    CHECK_SECONDS is exec'd. One that fails is refused: the old agent restores its own
+#    bytes to the file, records the version in `run/agent-refused` (never tried again, so
+#    no loop on the same file) and keeps the job.
+# 2. The stop is never lost: every thread but the main one blocks the stop signals for
+#    its whole life (`block_in_this_thread`, called by every supervised loop), so a
+#    signal is handled by the main thread or stays pending. The main thread blocks them
+#    before its last look at the stop flag; the mask and any signal pending survive
+#    execve (signal(7), "Signal mask and pending signals"), and a stop the old agent had
+#    already taken in is written into the state (`stopPending`). The new agent builds
+#    itself even with a stop pending (a stop must end in the job's save, not in an agent
+#    exiting before it adopted the job) and then stops the job as on any SIGTERM.
+# 3. The previous agent is kept (`agent.previous.pyz` beside the file): a new agent that
+#    still fails at start (an import error, an AgentError, a state it cannot read) execs
+#    the previous one with the state as it was, the job untouched, and records its own
+#    version as refused.
 
 from __future__ import annotations
 

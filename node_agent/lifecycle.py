@@ -1,23 +1,22 @@
-"""The job's life on the node as one state machine: states, events, transitions as data.
+"""The job's life on the node as one state machine: states, events, transitions as data."""
 
-Pure: no process, no clock, no I/O. `step(state, event)` gives the next state and the
-actions the agent performs (`agent.Agent` turns watchers, the job's lines and exits,
-timers and signals into events, and actions into calls). The table is also in
-docs/design.md ("The job's life on the node"), held to this one by
-tests/agent/test_lifecycle.py, the way systemd documents a unit's states.
-
-States: `running` (the job runs), `stopping` (the agent sent SIGTERM: the job saves;
-`stopping-<why>` says why, so the exit is read right), `hung` (a phase passed its
-deadline: stacks, then the stop), and what follows an exit: `succeeded`, `failed`,
-`preempted` (stopped by the VM or systemd; the agent exits), `stopped` (a stop request,
-seam S4: the job is not started again while the request holds), `retrying` (backoff,
-then a new start), `waiting-for-data`, `restarting` (started again at once), `updating`
-(the new release runs next).
-
-Events while the job runs, by priority (the agent offers the first that holds, once a
-second): SIGTERM, NOTICE, STOP_REQUESTED, HANG, MAINTENANCE, UPDATE. After the job
-exits, `exit_event` names the exit as one event.
-"""
+# Pure: no process, no clock, no I/O. `step(state, event)` gives the next state and the
+# actions the agent performs (`agent.Agent` turns watchers, the job's lines and exits,
+# timers and signals into events, and actions into calls). The table is also in
+# docs/design.md ("The job's life on the node"), held to this one by
+# tests/agent/test_lifecycle.py, the way systemd documents a unit's states.
+#
+# States: `running` (the job runs), `stopping` (the agent sent SIGTERM: the job saves;
+# `stopping-<why>` says why, so the exit is read right), `hung` (a phase passed its
+# deadline: stacks, then the stop), and what follows an exit: `succeeded`, `failed`,
+# `preempted` (stopped by the VM or systemd; the agent exits), `stopped` (a stop request,
+# seam S4: the job is not started again while the request holds), `retrying` (backoff,
+# then a new start), `waiting-for-data`, `restarting` (started again at once), `updating`
+# (the new release runs next).
+#
+# Events while the job runs, by priority (the agent offers the first that holds, once a
+# second): SIGTERM, NOTICE, STOP_REQUESTED, HANG, MAINTENANCE, UPDATE. After the job
+# exits, `exit_event` names the exit as one event.
 
 from __future__ import annotations
 

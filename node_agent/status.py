@@ -24,6 +24,7 @@ OBJECT_WRITE_SECONDS = 1.0
 # What a flush (before a hand-over) or the last upload at exit waits at most: a stalled
 # GCS must not hold a stop past the unit's TimeoutStopSec (bootstrap.sh).
 FLUSH_WAIT_SECONDS = 10.0
+UPLOAD_BOUND_SECONDS = 600.0  # two objects, each 3 attempts of 30 s and their backoff
 LOG_ROLL_BYTES = 8 << 20  # job.log rolls to job.log.1 past this
 LOG_TAIL_BYTES = 256 << 10  # what goes to GCS: the last this many bytes
 # status.json also carries the fields as custom metadata, so `tpuctl status` reads every
@@ -33,21 +34,87 @@ LOG_TAIL_BYTES = 256 << 10  # what goes to GCS: the last this many bytes
 MESSAGE_METADATA_BYTES = 1024
 
 
+class Due:
+    """When one publication is next due, for the thread that makes it: `ask(within)`
+    coalesces requests (the earliest wins), `interval` spaces two runs at least that far
+    apart, `period` asks again that long after each run (None: never); `wait(timeout)`
+    waits for a run that starts after the call."""
+
+    def __init__(self, interval: float = 0.0, period: float | None = None):
+        self.interval, self.period = interval, period
+        self._cond = threading.Condition()
+        self._at: float | None = time.monotonic() + period if period else None
+        self._last = -interval
+        self._started = self._finished = 0
+        self.stopped = False
+
+    def ask(self, within: float = 0.0) -> None:
+        with self._cond:
+            at = time.monotonic() + within
+            self._at = at if self._at is None else min(self._at, at)
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self.stopped = True
+            self._cond.notify_all()
+
+    def next_run(self) -> bool:
+        """Wait until a run is due (True), at most a period; False when stopped or when
+        nothing came due meanwhile (the caller asks again)."""
+        with self._cond:
+            waited = 0.0
+            while not self.stopped and (left := self._left()) > 0 and \
+                    waited < STATUS_UPLOAD_SECONDS:
+                pause = min(left, STATUS_UPLOAD_SECONDS - waited)
+                self._cond.wait(pause)  # an ask() wakes it to look again
+                waited += pause
+            if self.stopped or self._left() > 0:
+                return False
+            self._at, self._last = None, time.monotonic()
+            self._started += 1
+            return True
+
+    def ran(self) -> None:
+        """The run ended: the interval counts from here (a run that wrote an object
+        late, after a stall, is not followed by another write within the interval)."""
+        with self._cond:
+            self._last = time.monotonic()
+            if self._at is None and self.period:
+                self._at = time.monotonic() + self.period
+            self._finished = self._started
+            self._cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Ask for a run now and wait for one that starts after this call."""
+        with self._cond:
+            target = self._started + 1
+        self.ask()
+        with self._cond:
+            return self._cond.wait_for(lambda: self._finished >= target or self.stopped,
+                                       timeout) and self._finished >= target
+
+    def _left(self) -> float:
+        if self._at is None:
+            return float("inf")
+        return max(self._at, self._last + self.interval) - time.monotonic()
+
+
 class Status:
     """One worker's status: guest attributes, `status.json` and `job.log` in GCS.
 
     The paths that read the job's output or act on a notice only record: `set`,
     `progress` and `note` change the fields (and the local files) under a lock held for
-    no network call, and wake the uploader. One supervised thread publishes: guest
-    attributes at once for a `set`, at most every STEP_PUBLISH_SECONDS for progress;
-    `status.json` and `job.log` on a state change and every STATUS_UPLOAD_SECONDS,
-    coalesced, each object written at most once a second (Cloud Storage: "a maximum
-    rate of one write per second to the same object name", cloud.google.com/storage/
-    quotas, and cloud.google.com/storage/docs/request-rate; docs/tpu-facts.md). A
-    stalled GCS therefore delays only the uploads, never a step line or a stop.
-    Publishing never raises. Fields are strings or objects (goodput, lastSave,
-    stopSave); a guest attribute carries an object as compact JSON. job.log rolls
-    locally and only its bounded tail goes to GCS.
+    no network call, and ask the publishers. Two supervised threads publish, so a
+    stalled GCS never delays a guest attribute, a step line or a stop: one puts the
+    guest attributes (at once for a `set`, within STEP_PUBLISH_SECONDS for progress);
+    one uploads `status.json` and `job.log` (on a state change and every
+    STATUS_UPLOAD_SECONDS, coalesced), each object written at most once a second (Cloud
+    Storage: "a maximum rate of one write per second to the same object name",
+    cloud.google.com/storage/quotas; cloud.google.com/storage/docs/request-rate;
+    docs/tpu-facts.md). Publishing never raises. Fields are strings or objects (goodput,
+    lastSave, stopSave); a guest attribute carries an object as compact JSON. job.log
+    rolls locally and only its bounded tail goes to GCS.
     """
 
     def __init__(self, metadata: Metadata, storage: Storage, root: Path, worker: int,
@@ -63,18 +130,16 @@ class Status:
             "state": "installing", "step": "0", "package": "", "message": "",
             "updated": utc_now()}
         self._lock = threading.Lock()  # fields and local files: never held over a network call
-        self._wake = threading.Condition()
-        self._attributes_at: float | None = None  # when the guest attributes are due
-        self._upload_at: float | None = time.monotonic() + STATUS_UPLOAD_SECONDS
-        self._last_attributes = 0.0
-        self._last_upload = -OBJECT_WRITE_SECONDS
+        self._last_local = 0.0
         self._published: dict[str, str] = {}  # guest attribute -> the text it has
         self._uploaded: dict[str, bytes] = {}  # uri -> sha256 of what is there
-        self._cycles = 0  # uploads finished, for flush()
-        self._busy = False  # an upload under way
+        self.attributes_due = Due()
+        self.uploads_due = Due(OBJECT_WRITE_SECONDS, STATUS_UPLOAD_SECONDS)
         self._stop = threading.Event()
-        self._uploader = (loops or Loops()).start("status-upload", self._upload_periodically,
-                                                  self._stop)
+        loops = loops or Loops()
+        self._threads = [loops.start("status-attributes", self._publish_when_due, self._stop),
+                         loops.start("status-upload", self._upload_periodically, self._stop,
+                                     UPLOAD_BOUND_SECONDS)]
 
     def status_uri(self, worker: int | None = None) -> str | None:
         """This worker's status object (or another worker's: the prefix is the node's)."""
@@ -114,7 +179,7 @@ class Status:
         return {}
 
     def set(self, **fields: str | int | dict[str, object] | None) -> None:
-        """Change fields (None removes one); the uploader publishes them at once.
+        """Change fields (None removes one); published at once, by the publishers.
         Never raises and never waits on the network."""
         try:
             self._set(fields)
@@ -133,20 +198,21 @@ class Status:
         if "state" in fields or "message" in fields:
             self.note(summary)
         self._write_local()
-        self._due(attributes=0.0, upload=0.0)
+        self.attributes_due.ask()
+        self.uploads_due.ask()
 
     def progress(self, **fields: str | int | dict[str, object]) -> None:
-        """Steps and goodput from the job's output: recorded now, published at most
-        every STEP_PUBLISH_SECONDS (the uploader's, never this caller's, time)."""
+        """Steps and goodput from the job's output: recorded now, published within
+        STEP_PUBLISH_SECONDS (the publisher's time, never this caller's)."""
         try:
             with self._lock:
                 self.fields |= {k: v if isinstance(v, dict) else str(v)
                                 for k, v in fields.items()}
                 self.fields["updated"] = utc_now()
-                due = time.monotonic() - self._last_attributes >= STEP_PUBLISH_SECONDS
+                due = time.monotonic() - self._last_local >= STEP_PUBLISH_SECONDS
             if due:
                 self._write_local()
-            self._due(attributes=STEP_PUBLISH_SECONDS)
+            self.attributes_due.ask(STEP_PUBLISH_SECONDS)
         except Exception as error:  # publishing never raises
             log(f"status not recorded: {type(error).__name__}: {error}")
 
@@ -168,35 +234,21 @@ class Status:
             log(f"job.log: {error}")
 
     def flush(self, timeout: float = FLUSH_WAIT_SECONDS) -> bool:
-        """Ask for an upload now and wait for it, at most `timeout` seconds; whether it
-        finished (a stalled GCS makes it False, and the upload goes on behind)."""
-        if self._uploader.done.is_set():
+        """Publish everything now and wait, at most `timeout` seconds in all; whether
+        it all finished (a stalled GCS makes it False, and the upload goes on behind)."""
+        if any(thread.done.is_set() for thread in self._threads):
             return False
-        with self._wake:
-            target = self._cycles + (2 if self._busy else 1)
-        self._due(attributes=0.0, upload=0.0)
-        with self._wake:
-            return self._wake.wait_for(lambda: self._cycles >= target or self._stop.is_set(),
-                                       timeout)
+        deadline = time.monotonic() + timeout
+        attributes = self.attributes_due.wait(timeout)
+        return self.uploads_due.wait(max(0.0, deadline - time.monotonic())) and attributes
 
     def close(self, timeout: float = FLUSH_WAIT_SECONDS) -> None:
-        """The last upload (waited for at most `timeout`: the unit's stop timeout
-        bounds an agent's exit), then the uploader ends."""
+        """The last publication (waited for at most `timeout`: the unit's stop timeout
+        bounds an agent's exit), then the publishers end."""
         self.flush(timeout)
         self._stop.set()
-        with self._wake:
-            self._wake.notify_all()
-
-    def _due(self, attributes: float | None = None, upload: float | None = None) -> None:
-        """Publish the guest attributes (and upload) within these many seconds."""
-        now = time.monotonic()
-        with self._wake:
-            if attributes is not None:
-                at = max(now, self._last_attributes + attributes)
-                self._attributes_at = min(self._attributes_at or at, at)
-            if upload is not None:
-                self._upload_at = min(self._upload_at or now + upload, now + upload)
-            self._wake.notify_all()
+        self.attributes_due.stop()
+        self.uploads_due.stop()
 
     def _snapshot(self) -> dict[str, str | dict[str, object]]:
         with self._lock:
@@ -207,53 +259,33 @@ class Status:
             text = self._json(self._snapshot())
             with self._lock:
                 (self.dir / "status.json").write_text(text)
+                self._last_local = time.monotonic()
         except OSError as error:
             log(f"status.json: {error}")
 
     def _json(self, fields: Mapping[str, object]) -> str:
         return json.dumps(dict(fields) | {"worker": self.worker}, indent=2, sort_keys=True)
 
-    def _upload_periodically(self) -> bool:
-        """The uploader's loop body: wait until something is due, publish it."""
-        with self._wake:
-            self._wake.wait_for(lambda: self._stop.is_set() or self._next_due() <= 0,
-                                max(0.0, min(self._next_due(), STATUS_UPLOAD_SECONDS)))
-            if self._stop.is_set():
-                return False
-            now = time.monotonic()
-            attributes = self._attributes_at is not None and self._attributes_at <= now
-            upload = self._upload_at is not None and \
-                max(self._upload_at, self._last_upload + OBJECT_WRITE_SECONDS) <= now
-            if attributes:
-                self._attributes_at, self._last_attributes = None, now
-            if upload:
-                self._upload_at, self._last_upload = None, now
-            self._busy = attributes or upload
-        try:
-            if attributes:
+    def _publish_when_due(self) -> bool:
+        """The guest attributes' loop body."""
+        if self.attributes_due.next_run():
+            try:
                 self._publish_attributes()
-            if upload:
-                self._upload()
-        finally:
-            with self._wake:
-                if upload and self._upload_at is None:
-                    self._upload_at = time.monotonic() + STATUS_UPLOAD_SECONDS
-                self._busy = False
-                self._cycles += 1 if upload else 0
-                self._wake.notify_all()
-        return True
+            finally:
+                self.attributes_due.ran()
+        return not self.attributes_due.stopped
 
-    def _next_due(self) -> float:
-        """Seconds until the next publication is due (0 or less: now)."""
-        now, due = time.monotonic(), []
-        if self._attributes_at is not None:
-            due.append(self._attributes_at - now)
-        if self._upload_at is not None:
-            due.append(max(self._upload_at, self._last_upload + OBJECT_WRITE_SECONDS) - now)
-        return min(due) if due else STATUS_UPLOAD_SECONDS
+    def _upload_periodically(self) -> bool:
+        """The upload loop's body: status.json and job.log when due."""
+        if self.uploads_due.next_run():
+            try:
+                self._upload()
+            finally:
+                self.uploads_due.ran()
+        return not self.uploads_due.stopped
 
     def _publish_attributes(self) -> None:
-        """The guest attributes whose text changed (the uploader's thread)."""
+        """The guest attributes whose text changed."""
         self._write_local()
         for key, text in attribute_texts(self._snapshot()).items():
             if self._published.get(key) == text:
@@ -262,9 +294,7 @@ class Status:
                 self.metadata.put_guest_attribute(key, text)
             except Exception as error:  # the fault model's transient ones, and any other
                 log(f"guest attribute {key}: {error}")
-                with self._wake:  # try again soon
-                    self._attributes_at = min(self._attributes_at or float("inf"),
-                                              time.monotonic() + STEP_PUBLISH_SECONDS)
+                self.attributes_due.ask(STEP_PUBLISH_SECONDS)  # try again soon
                 return
             self._published[key] = text
 

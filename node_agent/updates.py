@@ -15,10 +15,14 @@ from pathlib import Path
 
 from node_agent.common import AgentError, TransientError, log
 from node_agent.desired import Desired
-from node_agent.install import Installer
+from node_agent.install import PIP_TIMEOUT_SECONDS, Installer
+from node_agent.storage import DOWNLOAD_DEADLINE_SECONDS
 from node_agent.supervise import Loops
 
 Result = Path | AgentError | TransientError
+# One install's worst case (supervise.Loop's bound): the download's deadline, pip's
+# timeout, and room for the extraction.
+INSTALL_BOUND_SECONDS = DOWNLOAD_DEADLINE_SECONDS + PIP_TIMEOUT_SECONDS + 300.0
 
 
 class Updater:
@@ -29,7 +33,7 @@ class Updater:
         self._busy: str | None = None
         self._results: dict[str, Result] = {}
         self._stopped = threading.Event()
-        loops.start("installer", self._work, self._stopped)
+        loops.start("installer", self._work, self._stopped, INSTALL_BOUND_SECONDS)
 
     def stop(self) -> None:
         self._stopped.set()

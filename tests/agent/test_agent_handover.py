@@ -43,7 +43,7 @@ class Service:
     def __init__(self, node: Node, tmp_path: Path):
         self.file = tmp_path / "agent.pyz"
         self.file.write_bytes(build.zipapp())
-        self.output = tmp_path / "agent.out"
+        self.output = tmp_path / f"agent-{time.monotonic_ns()}.out"
         with self.output.open("w") as out:
             self.process = subprocess.Popen(
                 [str(IMAGE_PYTHON), str(self.file), "run", "--stay"], env=node.env,
@@ -176,3 +176,31 @@ def test_publishing_releases_a_b_c_then_a_again_runs_a(
     # A's package was pruned while B and C ran; it was installed again.
     assert node.job_log_path().read_text().count("starting job") == 4
     assert node.guest["state"] == "preempted"
+
+
+def test_a_job_that_lost_its_agent_trains_on_and_the_next_agent_stops_it_with_a_save(
+        make_node: Callable[..., Node], gcs: StorageEmulator, tmp_path: Path,
+        service: Callable[[Node, Path], Service]) -> None:
+    uri, sha = stand_in_package(gcs, tmp_path, "orphan")
+    out = tmp_path / "steps"
+    node = make_node(uri, sha, training(out))
+    first = service(node, tmp_path)
+    node.wait_for(lambda: int(node.guest.get("step", 0)) >= 3, "training")
+    stale = int((node.root / "run" / "job.pid").read_text().split()[0])
+    first.process.kill()  # the agent dies (a crash, an OOM kill); its job's pipe breaks
+    first.process.wait()
+    orphan_log = node.root / "run" / "job-output.log"
+    node.wait_for(lambda: orphan_log.exists() and "tpu_training step=" in
+                  orphan_log.read_text().partition("output_orphaned")[2],
+                  "the job to train on, its lines in its own log")
+    second = service(node, tmp_path)
+    node.wait_for(lambda: len(job_pids(out)) == 2 and node.guest.get("state") == "running",
+                  "the next agent's job")
+    assert second.stop() == EXIT_PREEMPTED, second.output.read_text()
+
+    log = node.job_log_path().read_text()
+    assert f"stopping job pid {stale} left by an earlier agent" in second.output.read_text()
+    orphan_stop, last_stop = lines(r"^tpu_training stopped_at=(\d+)", log)
+    assert f"after losing it; it saved step {orphan_stop}" in log
+    assert lines(r"^tpu_training resumed_from=(\d+)", log)[-1] == orphan_stop  # nothing lost
+    assert last_stop == int(out.read_text())
