@@ -133,6 +133,7 @@ class Agent:
         self.version = handover.file_version(self.agent_file)
         # This agent's own bytes: put back when a new agent is refused (handover.py).
         self.own_bytes = self.agent_file.read_bytes() if self.agent_file else b""
+        self._refused = ""  # the last new agent this one refused
         self.handed = dict(handed or {})
         self._agent_code_stop = threading.Event()
         self.workers = "all"
@@ -240,7 +241,8 @@ class Agent:
 
     def _agent_view(self) -> dict[str, object]:
         """The status's `agent`: the version running, and whether any loop faulted."""
-        return {"version": self.version} | self.loops.health()
+        refused = {"refused": self._refused} if self._refused else {}
+        return {"version": self.version} | self.loops.health() | refused
 
     def _watch_agent_code(self) -> None:
         """Long-poll the startup script: when it changes to carry an agent that is not
@@ -336,7 +338,9 @@ class Agent:
             log(f"restoring {self.agent_file}: {error}")
         self.status.note(f"agent {version} refused ({why}); agent {self.version} keeps "
                          "running the job")
-        self.status.set(agent=self._agent_view() | {"refused": version})
+        self._refused = version
+        self._shown_health = self._agent_view()
+        self.status.set(agent=self._shown_health)
 
     def _take_orphan_output(self) -> None:
         """What a job said after it lost its agent (seam S2; main stopped it by pid) into

@@ -131,7 +131,7 @@ def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
 
 
 COLUMNS = ("node", "zone", "type", "state", "health", "job", "step", "phase", "goodput",
-           "input wait", "MFU", "message", "updated")
+           "input wait", "MFU", "message", "updated", "agent")
 # Up to this many rows a boxed rich Table; past it aligned plain columns, because rich
 # measures and renders every cell on its own (2,000 rows took seconds, bench/status_scale.py).
 BOXED_ROWS = 200
@@ -178,13 +178,13 @@ def status_rows(
         cells = (node.node_id, node.zone, node.accelerator_type, node.state, health,
                  job.get("state", "-"), job.get("step", ""), job_phase(job, now),
                  goodput_percent(job), *perf_cells(job), job.get("message", ""),
-                 job.get("updated", ""))
+                 job.get("updated", ""), agent_cell(job))
         rows.append((cells, STATE_STYLE.get(node.state, "")))
     requests = {node_id: q.state for q in queued for node_id in q.node_ids}
     zones = {node.node_id: node.zone for node in target.nodes}
     for node_id in unseen(target, nodes, unread):
         state = f"QUEUED {requests[node_id]}" if node_id in requests else missing
-        cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "", "", "", "")
+        cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "", "", "", "", "")
         rows.append((cells, "red" if state == "ABSENT" else ""))
     return rows
 
@@ -260,6 +260,24 @@ def job_phase(job: dict[str, str], now: float) -> str:
         return ""
     at = parse_utc(job.get("progressAt", ""))
     return phase if at is None else f"{phase} {max(0.0, now - at):.0f}s"
+
+
+def agent_cell(job: dict[str, str]) -> str:
+    """The node agent's version and health (its `agent` status field, docs/design.md):
+    `3f2a1b9c0d1e ok`, or what is wrong: loops stuck past their bound (systemd restarts
+    such an agent), exceptions its loops caught, threads restarted, a new agent refused."""
+    try:
+        agent = json.loads(job.get("agent", ""))
+    except ValueError:
+        return ""
+    if not isinstance(agent, dict) or not agent.get("version"):
+        return ""
+    problems = [f"stuck: {','.join(map(str, agent['stuck']))}"] if agent.get("stuck") else []
+    problems += [f"{agent[key]} {what}" for key, what in (
+        ("threadFaults", "faults"), ("threadRestarts", "restarts")) if agent.get(key)]
+    if agent.get("refused"):
+        problems.append(f"refused {agent['refused']}")
+    return f"{agent['version']} {'; '.join(problems) or 'ok'}"
 
 
 def goodput_percent(job: dict[str, str]) -> str:

@@ -47,3 +47,13 @@ def test_the_hang_fields_come_through_the_guest_attributes(
 
     assert {key: node.job[key] for key in ("state", "phase", "progressAt", "hang")} == {
         key: HUNG[key] for key in ("state", "phase", "progressAt", "hang")}
+
+
+def test_the_agent_column_shows_its_version_and_health() -> None:
+    healthy = {"version": "3f2a1b9c0d1e", "threadFaults": 0, "threadRestarts": 0}
+    assert row_of(HUNG | {"agent": json.dumps(healthy)})[13] == "3f2a1b9c0d1e ok"
+    sick = healthy | {"stuck": ["main", "status-upload"], "threadFaults": 2,
+                      "refused": "0a1b2c3d4e5f"}
+    assert row_of(HUNG | {"agent": json.dumps(sick)})[13] == (
+        "3f2a1b9c0d1e stuck: main,status-upload; 2 faults; refused 0a1b2c3d4e5f")
+    assert row_of(HUNG)[13] == ""  # an agent that publishes none
