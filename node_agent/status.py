@@ -18,8 +18,8 @@ from node_agent.supervise import Loops
 
 STATUS_UPLOAD_SECONDS = 30.0
 STEP_PUBLISH_SECONDS = 2.0
-# Cloud Storage takes one write a second to the same object name (cloud.google.com/
-# storage/quotas, "Maximum rate of writes to the same object name"; docs/tpu-facts.md).
+# Cloud Storage: "There is an update limit on each object of once per second"
+# (cloud.google.com/storage/quotas, Objects; docs/tpu-facts.md "The node agent").
 OBJECT_WRITE_SECONDS = 1.0
 # What a flush (before a hand-over) or the last upload at exit waits at most: a stalled
 # GCS must not hold a stop past the unit's TimeoutStopSec (bootstrap.sh).
@@ -110,11 +110,10 @@ class Status:
     guest attributes (at once for a `set`, within STEP_PUBLISH_SECONDS for progress);
     one uploads `status.json` and `job.log` (on a state change and every
     STATUS_UPLOAD_SECONDS, coalesced), each object written at most once a second (Cloud
-    Storage: "a maximum rate of one write per second to the same object name",
-    cloud.google.com/storage/quotas; cloud.google.com/storage/docs/request-rate;
-    docs/tpu-facts.md). Publishing never raises. Fields are strings or objects (goodput,
-    lastSave, stopSave); a guest attribute carries an object as compact JSON. job.log
-    rolls locally and only its bounded tail goes to GCS.
+    Storage's update limit on each object, OBJECT_WRITE_SECONDS). Publishing never
+    raises. Fields are strings or objects (goodput, lastSave, stopSave); a guest
+    attribute carries an object as compact JSON. job.log rolls locally and only its
+    bounded tail goes to GCS.
     """
 
     def __init__(self, metadata: Metadata, storage: Storage, root: Path, worker: int,
