@@ -22,6 +22,7 @@ google-cloud-storage conventions), TPU_STACK_ROOT (default /opt/tpu-stack).
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import glob
 import json
@@ -101,6 +102,15 @@ STOP_NOTES = {
 }
 
 
+@dataclasses.dataclass
+class Interrupted(Exception):  # noqa: N818 (an outcome, not an error)
+    """The job's run under way ends here: the agent stops with `code` (a SIGTERM or a
+    notice), or runs `update` next (a new release, installed)."""
+
+    code: int = EXIT_PREEMPTED
+    update: Desired | None = None
+
+
 class Agent:
     def __init__(self, root: Path, stay: bool, handed: Mapping[str, object] | None = None,
                  stop_requested: Callable[[], str | None] = lifecycle.never_requested):
@@ -111,6 +121,7 @@ class Agent:
         self.stop_requested = stop_requested
         self.life = "running"  # the job's life (lifecycle.TABLE) once it is followed
         self._stop_reason = ""
+        self._update_to: Desired | None = None  # the release an update stopped the job for
         self.stay = stay
         self.started_at = time.time()
         self.loops = Loops()
@@ -435,30 +446,36 @@ class Agent:
         new = None if release is None else Desired(release, desired.workers)
         return None if new == desired else new
 
-    def _run_once(self, desired: Desired | int) -> int:
+    def _run_once(self, desired: Desired) -> int:
         """Install and run `desired`, following updates; the exit code. A supervised
         loop: anything unexpected is logged with its traceback and backed off like a
         transient failure (a job still running is followed again, never started twice);
         the agent exiting would let systemd SIGKILL the job without a save."""
         backoff = Backoff()
-        while isinstance(desired, Desired):
+        while True:
             try:
-                desired = self._supervise(desired)
-            except AgentError as error:
-                self.status.set(state="failed", message=str(error))
-                return EXIT_FAILED
-            except Exception as error:  # TransientError: e.g. the metadata server, for a moment
-                if not isinstance(error, TransientError):
-                    self.loops.fault("main", error)
-                why = str(error) if isinstance(error, TransientError) else \
-                    f"agent error {type(error).__name__}: {error}"
-                interrupted = self._pause(backoff, desired, why)
-                desired = desired if interrupted is None else interrupted
-        return desired
+                try:
+                    return self._supervise(desired)
+                except AgentError as error:
+                    self.status.set(state="failed", message=str(error))
+                    return EXIT_FAILED
+                except Interrupted:
+                    raise
+                except Exception as error:  # TransientError: the metadata server, a moment
+                    if not isinstance(error, TransientError):
+                        self.loops.fault("main", error)
+                    why = str(error) if isinstance(error, TransientError) else \
+                        f"agent error {type(error).__name__}: {error}"
+                    self._pause(backoff, desired, why)
+            except Interrupted as interrupted:
+                if interrupted.update is None:
+                    return interrupted.code
+                desired = interrupted.update
 
-    def _supervise(self, desired: Desired) -> int | Desired:
-        """Run `desired` to its outcome (an exit code) or to an update (the new Desired):
-        transient failures back off and run it again, for as long as the node lives."""
+    def _supervise(self, desired: Desired) -> int:
+        """Run `desired` to its outcome, an exit code (Interrupted: a stop, or an update
+        to run next): transient failures back off and run it again, for as long as the
+        node lives."""
         if desired.workers == "0" and self.worker != 0:
             self.status.set(state="idle", package=desired.package_sha256,
                             message="pod slice: worker 0 runs the TensorFlow client")
@@ -476,30 +493,23 @@ class Agent:
         while True:
             package_dir = self.installer.package_dir(desired.package_sha256)
             if not self.job.alive():  # else: adopted from an earlier agent, followed on
-                if (interrupted := self._interrupted(desired)) is not None:
-                    return interrupted
+                self._check_interrupted(desired)
                 try:
-                    installed = self._install(desired)
+                    self._install(desired)
                 except TransientError as error:
-                    if (interrupted := self._pause(retry, desired, str(error))) is not None:
-                        return interrupted
+                    self._pause(retry, desired, str(error))
                     continue
-                if not isinstance(installed, Path):
-                    return installed  # a stop or an update came during the install
                 # No data yet: wait here rather than start TensorFlow (and the TPU) only
                 # to hear exit 66; the job still checks every pattern itself.
                 if train_data and not self._data_present(train_data):
-                    if (interrupted := self._wait_for_data(data_poll, desired, train_data)) \
-                            is not None:
-                        return interrupted
+                    self._wait_for_data(data_poll, desired, train_data)
                     continue
                 # Once the job found the TPU taken, start it again only when nothing
                 # holds it.
                 if tpu_busy and (held := self._tpu_held(desired)):
-                    if (interrupted := self._pause(retry, desired, held)) is not None:
-                        return interrupted
+                    self._pause(retry, desired, held)
                     continue
-            code, update = self._run_job(desired, package_dir)
+            code = self._run_job(desired, package_dir)
             run = self.job.run
             if (self.life.startswith("stopping-") or self.life == "hung") and \
                     (self.terminated.is_set() or self._notice()):  # the VM's stop wins
@@ -509,11 +519,10 @@ class Agent:
                 stopped_in_start_up=self._stopped_in_start_up(code, run))
             self.life, _ = lifecycle.step(self.life, event)
             if self.life == "updating":
-                assert update is not None
-                return update
+                assert self._update_to is not None
+                raise Interrupted(update=self._update_to)
             if self.life == "stopped":
-                if (interrupted := self._hold_stopped(desired, self._stop_reason)) is not None:
-                    return interrupted
+                self._hold_stopped(desired, self._stop_reason)
                 continue
             if self.life == "restarting" and run.hang is None:
                 self.status.note(f"saved step {run.saved_step} before the maintenance window "
@@ -522,9 +531,8 @@ class Agent:
                 continue
             if self.life == "restarting":
                 hangs = self._after_hang(retry, run, hangs)
-                if hangs > 1 and (interrupted := self._pause(
-                        retry, desired, f"hung again in phase {run.hang['phase']}")) is not None:
-                    return interrupted
+                if hangs > 1:
+                    self._pause(retry, desired, f"hung again in phase {run.hang['phase']}")
                 continue
             if self.life == "succeeded":
                 return self._succeeded(desired)
@@ -537,9 +545,7 @@ class Agent:
                 retry.reset()
                 crashes = 0
             if self.life == "waiting-for-data":
-                pattern = run.waiting_pattern or train_data
-                if (interrupted := self._wait_for_data(data_poll, desired, pattern)) is not None:
-                    return interrupted
+                self._wait_for_data(data_poll, desired, run.waiting_pattern or train_data)
                 continue
             if event == "EXIT_CRASH":
                 crashes += 1
@@ -551,12 +557,11 @@ class Agent:
             if code == EXIT_TRANSIENT and run.tpu_busy is not None:
                 tpu_busy = True
                 why = self._tpu_held(desired) or why
-            if (interrupted := self._pause(retry, desired, why)) is not None:
-                return interrupted
+            self._pause(retry, desired, why)
 
-    def _hold_stopped(self, desired: Desired, reason: str) -> int | Desired | None:
-        """State `stopped` (a stop request, seam S4) until the request no longer holds;
-        what interrupted the wait (SIGTERM, a notice, an update), else None."""
+    def _hold_stopped(self, desired: Desired, reason: str) -> None:
+        """State `stopped` (a stop request, seam S4) until the request no longer holds
+        (Interrupted by SIGTERM, a notice or an update)."""
         self.life = "stopped"
         self.status.set(state="stopped", message=f"stop requested: {reason}; the job starts "
                                                  "again when the request is withdrawn")
@@ -564,12 +569,11 @@ class Agent:
             self._sleep(FOLLOW_SECONDS)
             if self.terminated.is_set() or self._notice():
                 self.life, _ = lifecycle.step(self.life, "SIGTERM")
-                return EXIT_PREEMPTED
+                raise Interrupted()
             if (update := self._update(desired)) is not None:
-                return update
+                raise Interrupted(update=update)
         self.life, _ = lifecycle.step(self.life, "STOP_CLEARED")
         self.status.note("stop request withdrawn: starting the job again")
-        return None
 
     def _after_hang(self, retry: Backoff, run: JobRun, hangs: int) -> int:
         """Hangs in a row without progress, this one counted. A job that saved a new
@@ -605,16 +609,16 @@ class Agent:
                              f"{devices.lockfile_path()} (as TensorFlow's message advises)")
         return None
 
-    def _install(self, desired: Desired) -> Path | int | Desired:
-        """The installed package (installed in the background, updates.Updater), or
-        what interrupted the wait for it (a stop, or another release installed first);
-        its failure is raised (TransientError: back off; AgentError: failed)."""
+    def _install(self, desired: Desired) -> Path:
+        """The installed package (installed in the background, updates.Updater); a
+        stop or another release installed first meanwhile is Interrupted, the install's
+        failure raised (TransientError: back off; AgentError: failed)."""
         if not self.installer.package_dir(desired.package_sha256).is_dir():
             self.status.set(state="installing", package=desired.package_sha256, message="")
         self.updater.offer(desired)
         while (result := self.updater.result(desired)) is None:
             if self.terminated.is_set() or self._notice():
-                return self._interrupted(desired) or EXIT_PREEMPTED
+                self._check_interrupted(desired)  # raises
             if not self.updater.busy(desired):
                 self.updater.offer(desired)
             self._sleep(FOLLOW_SECONDS)
@@ -635,30 +639,30 @@ class Agent:
         return f" (the job's last lines name {worker}: its TPU runtime may have died)" \
             if worker else ""
 
-    def _interrupted(self, desired: Desired) -> int | Desired | None:
-        """SIGTERM or a notice (nothing to stop: the job is not running), or an update."""
+    def _check_interrupted(self, desired: Desired) -> None:
+        """Interrupted on SIGTERM or a notice (nothing to stop: the job is not running),
+        or on an update installed meanwhile."""
         if self.terminated.is_set() or self._notice():
             if reason := self._notice():
                 self.status.set(state="preempted", message=f"{reason}: not starting the job")
-            return EXIT_PREEMPTED
-        return self._update(desired)
+            raise Interrupted()
+        if (update := self._update(desired)) is not None:
+            raise Interrupted(update=update)
 
-    def _pause(self, backoff: Backoff, desired: Desired, why: str) -> int | Desired | None:
-        """State `retrying` for the next backoff delay; what interrupted it, if anything."""
+    def _pause(self, backoff: Backoff, desired: Desired, why: str) -> None:
+        """State `retrying` for the next backoff delay (Interrupted meanwhile: see
+        _check_interrupted)."""
         delay = backoff.next_delay()
         self.status.set(state="retrying", message=f"{why}; retrying in {delay:.0f}s "
                                                   f"(attempt {backoff.attempts})")
         deadline = time.monotonic() + delay
         while (left := deadline - time.monotonic()) > 0:
             self._sleep(left)
-            if (interrupted := self._interrupted(desired)) is not None:
-                return interrupted
-        return None
+            self._check_interrupted(desired)
 
-    def _wait_for_data(self, backoff: Backoff, desired: Desired,
-                       pattern: str) -> int | Desired | None:
+    def _wait_for_data(self, backoff: Backoff, desired: Desired, pattern: str) -> None:
         """State `waiting-for-data` until a file matches `pattern` (polling the listing
-        with backoff); what interrupted it, if anything."""
+        with backoff; Interrupted meanwhile: see _check_interrupted)."""
         self._account("infrastructure_recovery")
         self.status.set(state="waiting-for-data",
                         message=f"no file matches {pattern} yet; the job starts when one does")
@@ -667,11 +671,10 @@ class Agent:
                 deadline = time.monotonic() + backoff.next_delay()
                 while (left := deadline - time.monotonic()) > 0:
                     self._sleep(left)
-                    if (interrupted := self._interrupted(desired)) is not None:
-                        return interrupted
+                    self._check_interrupted(desired)
                 if self._data_present(pattern):
                     self.status.note(f"data found for {pattern}; starting the job")
-                    return None
+                    return
         finally:
             self._account("waiting_for_data")
 
@@ -688,8 +691,8 @@ class Agent:
             return True
         return bool(glob.glob(pattern))
 
-    def _run_job(self, desired: Desired, package_dir: Path) -> tuple[int, Desired | None]:
-        """Start the job and follow it to its exit code (and the update that stopped it)."""
+    def _run_job(self, desired: Desired, package_dir: Path) -> int:
+        """Start the job (unless an adopted one runs) and follow it to its exit code."""
         config = self.root / "jobs" / f"{desired.run_key}.json"
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(desired.job_json)
@@ -708,11 +711,11 @@ class Agent:
             self.status.set(state="running", package=desired.package_sha256,
                             release=desired.release.uri, message="")
             self._prune(desired)
-        code, update = self._follow(desired)
+        code = self._follow(desired)
         self.goodput.merge(settle_run(self.job.run, code, time.monotonic() - launched))
         self._since = time.monotonic()
         self.status.set(goodput=self.goodput.view())
-        return code, update
+        return code
 
     def _pod_tpu_name(self) -> str:
         """grpc:// endpoints of every worker (no TPU API on the node); the node's id
@@ -724,11 +727,11 @@ class Agent:
         self._stop_sent = True
         return self.job.stop()
 
-    def _follow(self, desired: Desired) -> tuple[int, Desired | None]:
+    def _follow(self, desired: Desired) -> int:
         """Follow the running job to its exit: once a second the first event of
         lifecycle.RUNNING_EVENTS that holds moves the job's life on (its actions: the
-        stop with a save, or the hang's stacks then the stop); the exit code, and the
-        new release when an update stopped it."""
+        stop with a save, or the hang's stacks then the stop); the exit code (an update
+        that stopped it is kept in `_update_to`, the life `stopping-update`)."""
         self._following = desired
         self.life = "running"
         while self.job.poll() is None:
@@ -741,13 +744,14 @@ class Agent:
                 self.status.note(STOP_NOTES[event].format(detail=detail))
             if "send_stacks" in actions:
                 assert isinstance(detail, Hang)
-                return self._stop_hung(detail, desired), None
+                return self._stop_hung(detail, desired)
             code = self._stop_job()
             if event == "UPDATE":
+                assert isinstance(detail, Desired)
+                self._update_to = detail
                 self.status.note(f"job stopped for the update (exit code {code})")
-                return code, detail  # type: ignore[return-value]
-            return code, None
-        return self.job.wait(), None
+            return code
+        return self.job.wait()
 
     def _running_event(self, desired: Desired) -> tuple[str | None, object]:
         """The first of lifecycle.RUNNING_EVENTS that holds now, with its detail."""
