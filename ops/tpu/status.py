@@ -152,13 +152,14 @@ def status_table(
     source = f"rehearsal, offline: {rehearsal}" if rehearsal else ", ".join(target.projects)
     title = f"stack {target.stack} ({source})"
     rows = status_rows(target, nodes, queued, "not rehearsed" if rehearsal else "ABSENT", unread)
+    columns, rows = without_empty_agent(rows)
     advice = [line for node in nodes if (line := utilisation_advice(node))]
     notes = Text("\n".join(advice), style="yellow") if advice else None
     if len(rows) > BOXED_ROWS:
-        listing = plain_columns(title, rows)
+        listing = plain_columns(title, rows, columns)
         return Group(listing, notes) if notes else listing
     table = Table(title=title)
-    for column in COLUMNS:
+    for column in columns:
         table.add_column(column)
     for cells, style in rows:
         table.add_row(*(Text(cell, style=style if i == 3 else "") for i, cell in enumerate(cells)))
@@ -207,17 +208,26 @@ def unread_table(target: StackTarget, unread: Sequence[Unread]) -> Table:
     return table
 
 
-def plain_columns(title: str, rows: list[Row]) -> PlainColumns:
+def without_empty_agent(rows: list[Row]) -> tuple[tuple[str, ...], list[Row]]:
+    """The columns and rows to show: the `agent` column (the last) only when some node's
+    agent publishes its version and health (a rehearsal's, an older agent's do not)."""
+    if any(cells[-1] for cells, _ in rows):
+        return COLUMNS, rows
+    return COLUMNS[:-1], [(cells[:-1], style) for cells, style in rows]
+
+
+def plain_columns(title: str, rows: list[Row],
+                  columns: tuple[str, ...] = COLUMNS) -> PlainColumns:
     """The rows as left-aligned columns under a bold header, lines never wrapped."""
     widths = [max(len(column), *(len(cells[i]) for cells, _ in rows))
-              for i, column in enumerate(COLUMNS)]
+              for i, column in enumerate(columns)]
     state_at = sum(widths[:3]) + 3 * len(GAP)
 
     def line(cells: tuple[str, ...]) -> str:
         return GAP.join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     lines = [(line(cells), state_at, state_at + len(cells[3]), style) for cells, style in rows]
-    return PlainColumns(title, line(COLUMNS), lines)
+    return PlainColumns(title, line(columns), lines)
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,7 @@ def test_a_large_stack_is_shown_as_plain_columns_with_every_row() -> None:
     assert lines[0] == "stack dev (acme-ml-dev)"
     assert lines[1].split() == ["node", "zone", "type", "state", "health", "job", "step",
                                 "phase", "goodput", "input", "wait", "MFU", "message",
-                                "updated", "agent"]
+                                "updated"]
     assert lines[2].split() == ["dev-n000", ZONE, "v2-8", "READY", "HEALTHY", "running", "0",
                                 "[line", "3]", "as", "is"]
     assert lines[-1].split() == ["dev-n249", ZONE, "ABSENT", "-"]
