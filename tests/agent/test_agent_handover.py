@@ -9,6 +9,7 @@ tests/agent/stand_in, which trains a step every `stepSeconds` and saves on SIGTE
 from __future__ import annotations
 
 import io
+import os
 import signal
 import subprocess
 import time
@@ -204,3 +205,30 @@ def test_a_job_that_lost_its_agent_trains_on_and_the_next_agent_stops_it_with_a_
     assert f"after losing it; it saved step {orphan_stop}" in log
     assert lines(r"^tpu_training resumed_from=(\d+)", log)[-1] == orphan_stop  # nothing lost
     assert last_stop == int(out.read_text())
+
+
+def test_an_agent_that_does_not_import_falls_back_to_the_one_before_it(tmp_path: Path) -> None:
+    good, broken = build.zipapp(), agent_broken_at_import()
+    agent = tmp_path / "agent.pyz"
+    agent.write_bytes(broken)  # as the bootstrap writes it, the previous one kept beside
+    (tmp_path / handover.PREVIOUS_NAME).write_bytes(good)
+    root = tmp_path / "root"
+    env = os.environ | {"TPU_STACK_ROOT": str(root), "GCE_METADATA_HOST": "127.0.0.1:9"}
+    process = subprocess.Popen([str(IMAGE_PYTHON), str(agent), "run", "--stay"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while agent.read_bytes() != good and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert agent.read_bytes() == good  # a restart runs the previous agent, no loop
+        refused = root / handover.REFUSED_FILE
+        assert refused.read_text().split() == [handover.version_of(broken)]
+        time.sleep(1)  # the previous agent is up: it waits for its metadata server
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "falling back to the previous one" in output
+    assert process.returncode == EXIT_PREEMPTED, output
