@@ -22,6 +22,7 @@ google-cloud-storage conventions), TPU_STACK_ROOT (default /opt/tpu-stack).
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import glob
 import json
@@ -35,28 +36,25 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-from node_agent import devices, handover
+from node_agent import devices, handover, lifecycle, supervise
 from node_agent.common import AgentError, Backoff, TransientError, log, parse_utc, utc_now
 from node_agent.contract import (
     EXIT_FAILED,
-    EXIT_NO_DATA,
     EXIT_OK,
     EXIT_PREEMPTED,
     EXIT_STOP_SAVE_FAILED,
     EXIT_TRANSIENT,
     NETWORK_ENDPOINTS_KEY,
-    PERMANENT_EXITS,
     RUNTIME_KEY,
     STATUS_KEY,
     STOP_REQUEST_KEY,
-    STOPPED_EXITS,
 )
 from node_agent.deadlines import Hang, hang_message, named_worker
 from node_agent.desired import Desired, Release, node_settings
 from node_agent.environment import grpc_tpu_name, job_environment, read_environment_file
 from node_agent.goodput import Goodput, settle_run
 from node_agent.install import Installer
-from node_agent.job import Job, process_start_time, stop_stale_job, terminate
+from node_agent.job import Job, orphan_output, process_start_time, stop_stale_job, terminate
 from node_agent.job_lines import JobRun
 from node_agent.limits import Limits, NodeView, StopConditions, node_started
 from node_agent.metadata import DEFAULT_METADATA_HOST, Metadata, node_id, worker_number
@@ -71,6 +69,7 @@ from node_agent.watchers import (
     MaintenanceWatcher,
     NoticeWatcher,
     ReleaseWatcher,
+    long_poll_bound,
     release_poll_seconds,
 )
 
@@ -86,6 +85,9 @@ WORKER_0_POLL_SECONDS = 1.0
 # standard VM, docs/tpu-facts.md) plus room for the save and the job's teardown.
 MAINTENANCE_LEAD_SECONDS = 300.0
 FOLLOW_SECONDS = 1.0  # the main loop looks at the job, notices and updates this often
+MAIN_WAIT_SECONDS = 30.0  # the main thread beats (supervise.Loops.beat) at least this often
+HANDOVER_FLUSH_SECONDS = 5.0  # the status upload before a hand-over waits at most this
+STOPPING_ATTEMPTS = 3  # builds of an agent under a stop, with a job handed over
 
 
 def maintenance_lead_seconds() -> float:
@@ -93,11 +95,37 @@ def maintenance_lead_seconds() -> float:
                  or MAINTENANCE_LEAD_SECONDS)
 
 ACTIVE_STATES = ("installing", "running", "retrying", "waiting-for-data", "preempted", "hung")
+# The agent's line when a running job's event stops it (lifecycle.TABLE, action `note`).
+STOP_NOTES = {
+    "SIGTERM": "SIGTERM: stopping the job so it checkpoints",
+    "NOTICE": "{detail}: stopping the job so it saves inside the notice",
+    "STOP_REQUESTED": "stop requested ({detail}): stopping the job so it checkpoints",
+    "MAINTENANCE": "maintenance window from {detail}: stopping the job so it saves first",
+}
+
+
+@dataclasses.dataclass
+class Interrupted(Exception):  # noqa: N818 (an outcome, not an error)
+    """The job's run under way ends here: the agent stops with `code` (a SIGTERM or a
+    notice), or runs `update` next (a new release, installed)."""
+
+    code: int = EXIT_PREEMPTED
+    update: Desired | None = None
 
 
 class Agent:
-    def __init__(self, root: Path, stay: bool, handed: Mapping[str, object] | None = None):
+    def __init__(self, root: Path, stay: bool, handed: Mapping[str, object] | None = None,
+                 stop_requested: Callable[[], str | None] = lifecycle.never_requested):
         self.root = root
+        # Seam S4: a stop request (a limit, a budget) polled once a second while the job
+        # runs and before it starts; the job is stopped with a save and not started again
+        # while it holds (node_agent/lifecycle.py).
+        self.stop_requested = stop_requested
+        if stop_requested is lifecycle.never_requested:  # the node's own conditions
+            self.stop_requested = self._conditions_due
+        self.life = "running"  # the job's life (lifecycle.TABLE) once it is followed
+        self._stop_reason = ""
+        self._update_to: Desired | None = None  # the release an update stopped the job for
         self.stay = stay
         self.started_at = time.time()
         self.loops = Loops()
@@ -118,6 +146,9 @@ class Agent:
         self.reexec = threading.Event()  # SIGHUP or new agent code: hand over to it
         self.agent_file = handover.running_file()
         self.version = handover.file_version(self.agent_file)
+        # This agent's own bytes: put back when a new agent is refused (handover.py).
+        self.own_bytes = self.agent_file.read_bytes() if self.agent_file else b""
+        self._refused = ""  # the last new agent this one refused
         self.handed = dict(handed or {})
         self._agent_code_stop = threading.Event()
         self.workers = "all"
@@ -125,7 +156,6 @@ class Agent:
         self.notices: NoticeWatcher | None = None
         self.maintenance: MaintenanceWatcher | None = None
         self._checkpointed_windows: set[str] = set()  # window starts already saved before
-        self._maintenance_stop = False  # the job was stopped to save before a window
         self.goodput = Goodput("")
         self._since = time.monotonic()  # start of the span not yet accounted
         self.runtime_metrics = RuntimeMetrics()  # duty cycle and HBM, where tpu-info runs
@@ -135,12 +165,10 @@ class Agent:
         self._stop_sent = False  # the agent sent the running job SIGTERM
         self._shown_health: dict[str, object] = {}
         self._following: Desired | None = None  # the release whose job runs
-        # Run-time limits and stop requests (node_agent/limits.py): a reason, once due,
-        # stops the job with a save like a notice does, and keeps it stopped.
+        # Run-time limits and stop requests (node_agent/limits.py), seam S4.
         self.limits = StopConditions(Limits.from_attributes(self.attributes))
         self.node_started = node_started(root, time.time())
         self._stop_request = self.attributes.get(STOP_REQUEST_KEY, "")
-        self._limit_reason: str | None = None
 
     def terminate(self, *_: object) -> None:
         self.terminated.set()
@@ -161,6 +189,8 @@ class Agent:
                                               self.loops)
         self._watch_agent_code()
         self._watch_stop_request()
+        self.loops.beat()  # from now on the main thread's liveness counts
+        supervise.sd_notify("READY=1")
         self._shown_health = self._agent_view()
         self.status.set(agent=self._shown_health)
         try:
@@ -173,6 +203,7 @@ class Agent:
         self.releases = ReleaseWatcher(self.storage, prefix, self.wake, self.status.note,
                                        self.loops)
         try:
+            self._take_orphan_output()
             desired = self._adopt() or self._first_release()
             code = EXIT_PREEMPTED
             while desired is not None:
@@ -203,9 +234,7 @@ class Agent:
             self.loops.stop()
 
     def _notice(self) -> str | None:
-        """Why the job must stop and stay stopped: the VM's notice, or a limit or stop
-        request (node_agent/limits.py)."""
-        return (self.notices.reason() if self.notices else None) or self._limit_reason
+        return self.notices.reason() if self.notices else None
 
     def _wait_until(self, done: Callable[[], bool]) -> bool:
         """Wake-ups until `done()`; False on SIGTERM."""
@@ -218,9 +247,10 @@ class Agent:
     def _sleep(self, seconds: float | None) -> None:
         """Until a wake-up (or `seconds`); the one place the main loop waits, so a
         requested hand-over to a new agent happens at any of them."""
-        self.wake.wait(seconds if seconds is not None else self.limits.poll_seconds)
+        self.loops.beat()
+        self.wake.wait(MAIN_WAIT_SECONDS if seconds is None else min(seconds, MAIN_WAIT_SECONDS))
         self.wake.clear()
-        self._check_limits()
+        self.loops.beat()
         if self.reexec.is_set() and not self.terminated.is_set():
             self._hand_over()
         if (view := self._agent_view()) != self._shown_health:
@@ -246,7 +276,8 @@ class Agent:
                         params={"recursive": "true"})
         self.loops.start("watch stop request", poll.step, self._agent_code_stop)
 
-    def _check_limits(self) -> None:
+    def _conditions_due(self) -> str | None:
+        """The node's stop request or limit that holds now (the agent's stop_requested)."""
         now, running = time.time(), self.job.alive()
         last = None
         if running:  # the phase clock is monotonic: the same moment on the wall clock
@@ -255,25 +286,14 @@ class Agent:
         if self.limits.wants_duty_cycle(now, view):
             duty = self.runtime_metrics.latest().get("dutyCyclePercent")
             view = NodeView(self.node_started, running, last, (duty,), self._stop_request)
-        reason = self.limits.due(now, view)
-        if reason == self._limit_reason:
-            return
-        self._limit_reason = reason
-        if reason is not None and not running:
-            self.status.set(state="stopped", message=f"{reason}; no job runs: the node "
-                                                     "waits to be deleted")
-
-    def _stop_state(self) -> str:
-        """`stopped` when a limit or stop request stopped the job, else `preempted`."""
-        vm_notice = self.notices.reason() if self.notices else None
-        return "stopped" if self._limit_reason and not vm_notice and \
-            not self.terminated.is_set() else "preempted"
+        return self.limits.due(now, view)
 
     # -- the agent replacing itself (node_agent/handover.py) ----------------------------
 
     def _agent_view(self) -> dict[str, object]:
         """The status's `agent`: the version running, and whether any loop faulted."""
-        return {"version": self.version} | self.loops.health()
+        refused = {"refused": self._refused} if self._refused else {}
+        return {"version": self.version} | self.loops.health() | refused
 
     def _watch_agent_code(self) -> None:
         """Long-poll the startup script: when it changes to carry an agent that is not
@@ -282,49 +302,112 @@ class Agent:
         started from the disk before the script wrote the new one)."""
         if self.agent_file is None:
             return  # not run from a zipapp (tests, `python -m node_agent`)
+
         first = [True]
+        took_over_from = str(self.handed.get("from") or "")
 
         def changed(script: str) -> None:
-            if first[0]:
-                first[0] = False
-                return
+            # The first value counts too: the script may have changed between the boot
+            # and this poll. Only the agent this one just took over from is left alone
+            # there: the bootstrap (or a reload) chose this one over it.
             data = handover.zipapp_in_script(script)
-            if data is None or handover.version_of(data) == self.version:
+            was_first, first[0] = first[0], False
+            if data is None or (new := handover.version_of(data)) == self.version or \
+                    new in handover.refused(self.root) or (was_first and new == took_over_from):
                 return
             assert self.agent_file is not None
-            if handover.file_version(self.agent_file) != handover.version_of(data):
-                handover.write_agent(self.agent_file, data)
-            self.status.note(f"the startup script carries agent {handover.version_of(data)}"
+            if handover.file_version(self.agent_file) != new:
+                handover.install_agent(self.agent_file, data, self.own_bytes)
+            self.status.note(f"the startup script carries agent {new}"
                              f" (this is {self.version}): handing over to it")
             self.hang_up()
 
         poll = LongPoll(self.metadata, handover.AGENT_CODE_PATH, self._agent_code_stop,
                         changed, retry_cap=MAINTENANCE_RETRY_CAP_SECONDS)
-        self.loops.start("watch agent code", poll.step, self._agent_code_stop)
+        self.loops.start("watch agent code", poll.step, self._agent_code_stop,
+                         long_poll_bound(MAINTENANCE_RETRY_CAP_SECONDS))
 
     def _hand_over(self) -> None:
-        """Exec the agent.pyz on disk in place if it is another version, handing it the
-        running job; returns only when there is nothing to do or the exec failed."""
+        """Hand the running job to the agent.pyz on disk when it is another version, as a
+        transaction (node_agent/handover.py): the new agent proves it starts first, a
+        stop signal is never lost on the way, a refused agent is never tried again.
+        Returns when there is nothing to do, the new agent was refused, a stop came
+        first, or the exec failed: this agent then goes on with the job."""
         self.reexec.clear()
         new = handover.file_version(self.agent_file)
-        if self.agent_file is None or new in (self.version, "unknown"):
+        if self.agent_file is None or new in (self.version, "unknown") or \
+                self.terminated.is_set():
             return
+        if new in handover.refused(self.root):
+            self._refuse(new, "refused before")
+            return
+        job_pid = self.job.process.pid if self.job.alive() and self.job.process else None
+        self.status.note(f"agent {self.version} hands over to agent {new}"
+                         + (f" (job pid {job_pid} keeps running)" if job_pid else ""))
+        self.status.flush(HANDOVER_FLUSH_SECONDS)  # bounded: uploads go on behind
+        if (problem := handover.check(self.agent_file, self._handover_state({}),
+                                      self.root)) is not None:
+            self._refuse(new, problem)
+            return
+        handover.block_signals()  # from here a stop stays pending for the new agent
+        if self.terminated.is_set():  # taken in before the block: hand it over too
+            self.status.note("a stop came during the hand-over: the new agent stops the job")
+        job = self.job.handover() if job_pid else None
+        try:
+            handover.save(self.root, self._handover_state(job))
+        except OSError as error:
+            self.status.note(f"hand-over state not written ({error}); agent {self.version} "
+                             "keeps the job")
+        else:
+            handover.exec_agent(self.agent_file)
+            (self.root / handover.HANDOVER_FILE).unlink(missing_ok=True)  # the exec failed
+        handover.unblock_signals()
+        self.job.resume_reading()
+
+    def _handover_state(self, job: dict[str, object] | None) -> dict[str, object]:
+        """What the new agent needs: the job (when one runs), its release, goodput, and a
+        stop this agent had taken in (`stopPending`)."""
+        state: dict[str, object] = {"from": self.version, "worker": self.worker,
+                                    "stopPending": self.terminated.is_set()}
         desired = self._following
-        state: dict[str, object] = {"from": self.version, "worker": self.worker}
-        if self.job.alive() and desired is not None:
-            state |= {"job": self.job.handover(), "release": vars(desired.release),
+        if job is not None and desired is not None:
+            state |= {"job": job, "release": vars(desired.release),
                       "workers": desired.workers, "goodput": self.goodput.totals,
                       "goodputJob": self.goodput.job,
                       "launchedAgo": time.monotonic() - self._launched,
                       "stopSent": self._stop_sent, "windows": sorted(self._checkpointed_windows)}
-        self.status.note(f"agent {self.version} hands over to agent {new}"
-                         + (f" (job pid {self.job.process.pid} keeps running)"
-                            if "job" in state and self.job.process else ""))
-        self.status.flush()
-        handover.save(self.root, state)
-        handover.exec_agent(self.agent_file)
-        (self.root / handover.HANDOVER_FILE).unlink(missing_ok=True)  # the exec failed
-        self.job.resume_reading()
+        return state
+
+    def _refuse(self, version: str, why: str) -> None:
+        """A new agent that failed its check: this agent's bytes back on the file (a
+        restart runs this one), the version never tried again, the job kept."""
+        assert self.agent_file is not None
+        handover.refuse(self.root, version)
+        try:
+            handover.write_agent(self.agent_file, self.own_bytes)
+        except OSError as error:
+            log(f"restoring {self.agent_file}: {error}")
+        self.status.note(f"agent {version} refused ({why}); agent {self.version} keeps "
+                         "running the job")
+        self._refused = version
+        self._shown_health = self._agent_view()
+        self.status.set(agent=self._shown_health)
+
+    def _take_orphan_output(self) -> None:
+        """What a job said after it lost its agent (seam S2; main stopped it by pid) into
+        job.log, and its stop save into the status."""
+        lines = orphan_output(self.root)
+        if not lines:
+            return
+        run = JobRun()
+        for line in lines:
+            self.status.append_job_line(line if line.endswith("\n") else line + "\n")
+            run.read(line)
+        saved = f"; it saved step {run.stopped_at}" if run.stopped_at is not None else ""
+        self.status.note(f"read {len(lines)} lines the job left by an earlier agent wrote "
+                         f"after losing it{saved}")
+        if run.stop_save is not None:
+            self.status.set(stopSave=run.stop_save, lastSave=run.last_save)
 
     def _adopt(self) -> Desired | None:
         """The release whose job an earlier agent of this process handed over, its job
@@ -403,30 +486,36 @@ class Agent:
         new = None if release is None else Desired(release, desired.workers)
         return None if new == desired else new
 
-    def _run_once(self, desired: Desired | int) -> int:
+    def _run_once(self, desired: Desired) -> int:
         """Install and run `desired`, following updates; the exit code. A supervised
         loop: anything unexpected is logged with its traceback and backed off like a
         transient failure (a job still running is followed again, never started twice);
         the agent exiting would let systemd SIGKILL the job without a save."""
         backoff = Backoff()
-        while isinstance(desired, Desired):
+        while True:
             try:
-                desired = self._supervise(desired)
-            except AgentError as error:
-                self.status.set(state="failed", message=str(error))
-                return EXIT_FAILED
-            except Exception as error:  # TransientError: e.g. the metadata server, for a moment
-                if not isinstance(error, TransientError):
-                    self.loops.fault("main", error)
-                why = str(error) if isinstance(error, TransientError) else \
-                    f"agent error {type(error).__name__}: {error}"
-                interrupted = self._pause(backoff, desired, why)
-                desired = desired if interrupted is None else interrupted
-        return desired
+                try:
+                    return self._supervise(desired)
+                except AgentError as error:
+                    self.status.set(state="failed", message=str(error))
+                    return EXIT_FAILED
+                except Interrupted:
+                    raise
+                except Exception as error:  # TransientError: the metadata server, a moment
+                    if not isinstance(error, TransientError):
+                        self.loops.fault("main", error)
+                    why = str(error) if isinstance(error, TransientError) else \
+                        f"agent error {type(error).__name__}: {error}"
+                    self._pause(backoff, desired, why)
+            except Interrupted as interrupted:
+                if interrupted.update is None:
+                    return interrupted.code
+                desired = interrupted.update
 
-    def _supervise(self, desired: Desired) -> int | Desired:
-        """Run `desired` to its outcome (an exit code) or to an update (the new Desired):
-        transient failures back off and run it again, for as long as the node lives."""
+    def _supervise(self, desired: Desired) -> int:
+        """Run `desired` to its outcome, an exit code (Interrupted: a stop, or an update
+        to run next): transient failures back off and run it again, for as long as the
+        node lives."""
         if desired.workers == "0" and self.worker != 0:
             self.status.set(state="idle", package=desired.package_sha256,
                             message="pod slice: worker 0 runs the TensorFlow client")
@@ -444,62 +533,67 @@ class Agent:
         while True:
             package_dir = self.installer.package_dir(desired.package_sha256)
             if not self.job.alive():  # else: adopted from an earlier agent, followed on
-                if (interrupted := self._interrupted(desired)) is not None:
-                    return interrupted
-                try:
-                    installed = self._install(desired)
-                except TransientError as error:
-                    if (interrupted := self._pause(retry, desired, str(error))) is not None:
-                        return interrupted
+                self._check_interrupted(desired)
+                if (reason := self.stop_requested()) is not None:  # held before it starts
+                    self._stop_reason = reason
+                    if not self._hold_stopped(desired, reason):
+                        return EXIT_PREEMPTED
                     continue
-                if not isinstance(installed, Path):
-                    return installed  # a stop or an update came during the install
+                try:
+                    self._install(desired)
+                except TransientError as error:
+                    self._pause(retry, desired, str(error))
+                    continue
                 # No data yet: wait here rather than start TensorFlow (and the TPU) only
                 # to hear exit 66; the job still checks every pattern itself.
                 if train_data and not self._data_present(train_data):
-                    if (interrupted := self._wait_for_data(data_poll, desired, train_data)) \
-                            is not None:
-                        return interrupted
+                    self._wait_for_data(data_poll, desired, train_data)
                     continue
                 # Once the job found the TPU taken, start it again only when nothing
                 # holds it.
                 if tpu_busy and (held := self._tpu_held(desired)):
-                    if (interrupted := self._pause(retry, desired, held)) is not None:
-                        return interrupted
+                    self._pause(retry, desired, held)
                     continue
-            code, update = self._run_job(desired, package_dir)
-            if update is not None:
-                return update
+            code = self._run_job(desired, package_dir)
             run = self.job.run
-            if self._maintenance_stop and not (self.terminated.is_set() or self._notice()):
-                self._maintenance_stop = False
+            if (self.life.startswith("stopping-") or self.life == "hung") and \
+                    (self.terminated.is_set() or self._notice()):  # the VM's stop wins
+                self.life = "stopping-sigterm"
+            event = lifecycle.exit_event(
+                code, stop_sent=self.terminated.is_set() or bool(self._notice()),
+                stopped_in_start_up=self._stopped_in_start_up(code, run))
+            self.life, _ = lifecycle.step(self.life, event)
+            if self.life == "updating":
+                assert self._update_to is not None
+                raise Interrupted(update=self._update_to)
+            if self.life == "stopped":
+                if not self._hold_stopped(desired, self._stop_reason, run):
+                    return EXIT_PREEMPTED
+                continue
+            if self.life == "restarting" and run.hang is None:
                 self.status.note(f"saved step {run.saved_step} before the maintenance window "
                                  f"(exit code {code}); starting the job again")
                 retry.reset()
                 continue
-            if run.hang is not None and not (self.terminated.is_set() or self._notice()):
+            if self.life == "restarting":
                 hangs = self._after_hang(retry, run, hangs)
-                if hangs > 1 and (interrupted := self._pause(
-                        retry, desired, f"hung again in phase {run.hang['phase']}")) is not None:
-                    return interrupted
+                if hangs > 1:
+                    self._pause(retry, desired, f"hung again in phase {run.hang['phase']}")
                 continue
-            if code == EXIT_OK:
+            if self.life == "succeeded":
                 return self._succeeded(desired)
-            if code in STOPPED_EXITS or self.terminated.is_set() or self._notice() or \
-                    self._stopped_in_start_up(code, run):
+            if self.life == "preempted":
                 return self._stopped(code, run)
-            if code in PERMANENT_EXITS:
+            if self.life == "failed":
                 self.status.set(state="failed", message=self._job_error(code, run))
                 return EXIT_FAILED
             if run.step > run.start_step:
                 retry.reset()
                 crashes = 0
-            if code == EXIT_NO_DATA:
-                pattern = run.waiting_pattern or train_data
-                if (interrupted := self._wait_for_data(data_poll, desired, pattern)) is not None:
-                    return interrupted
+            if self.life == "waiting-for-data":
+                self._wait_for_data(data_poll, desired, run.waiting_pattern or train_data)
                 continue
-            if code != EXIT_TRANSIENT:
+            if event == "EXIT_CRASH":
                 crashes += 1
                 if crashes > CRASH_RETRIES:
                     self.status.set(state="failed", message=self._job_error(code, run) +
@@ -509,8 +603,32 @@ class Agent:
             if code == EXIT_TRANSIENT and run.tpu_busy is not None:
                 tpu_busy = True
                 why = self._tpu_held(desired) or why
-            if (interrupted := self._pause(retry, desired, why)) is not None:
-                return interrupted
+            self._pause(retry, desired, why)
+
+    def _hold_stopped(self, desired: Desired, reason: str, run: JobRun | None = None) -> bool:
+        """State `stopped` (a stop request or a limit, seam S4), naming the stop save when
+        the job just made one. Run once (no `stay`): False, the agent exits. As a service:
+        held until the request no longer holds (True: start the job again), Interrupted by
+        SIGTERM, a notice or an update."""
+        self.life = "stopped"
+        saved = run and run.stop_save and run.stop_save.get("step")
+        saved = saved if saved is not None else (run.stopped_at if run else None)
+        what = f"stopped ({reason}) after saving step {saved}" if saved is not None else \
+            f"stopped ({reason}): the job is not started"
+        self.status.set(state="stopped", stopSave=run.stop_save if run else None,
+                        message=f"{what}; it starts again when the request is withdrawn")
+        if not self.stay:
+            return False
+        while (reason := self.stop_requested()) is not None:
+            self._sleep(FOLLOW_SECONDS)
+            if self.terminated.is_set() or self._notice():
+                self.life, _ = lifecycle.step(self.life, "SIGTERM")
+                raise Interrupted()
+            if (update := self._update(desired)) is not None:
+                raise Interrupted(update=update)
+        self.life, _ = lifecycle.step(self.life, "STOP_CLEARED")
+        self.status.note("stop request withdrawn: starting the job again")
+        return True
 
     def _after_hang(self, retry: Backoff, run: JobRun, hangs: int) -> int:
         """Hangs in a row without progress, this one counted. A job that saved a new
@@ -546,16 +664,16 @@ class Agent:
                              f"{devices.lockfile_path()} (as TensorFlow's message advises)")
         return None
 
-    def _install(self, desired: Desired) -> Path | int | Desired:
-        """The installed package (installed in the background, updates.Updater), or
-        what interrupted the wait for it (a stop, or another release installed first);
-        its failure is raised (TransientError: back off; AgentError: failed)."""
+    def _install(self, desired: Desired) -> Path:
+        """The installed package (installed in the background, updates.Updater); a
+        stop or another release installed first meanwhile is Interrupted, the install's
+        failure raised (TransientError: back off; AgentError: failed)."""
         if not self.installer.package_dir(desired.package_sha256).is_dir():
             self.status.set(state="installing", package=desired.package_sha256, message="")
         self.updater.offer(desired)
         while (result := self.updater.result(desired)) is None:
             if self.terminated.is_set() or self._notice():
-                return self._interrupted(desired) or EXIT_PREEMPTED
+                self._check_interrupted(desired)  # raises
             if not self.updater.busy(desired):
                 self.updater.offer(desired)
             self._sleep(FOLLOW_SECONDS)
@@ -576,31 +694,30 @@ class Agent:
         return f" (the job's last lines name {worker}: its TPU runtime may have died)" \
             if worker else ""
 
-    def _interrupted(self, desired: Desired) -> int | Desired | None:
-        """SIGTERM or a notice (nothing to stop: the job is not running), or an update."""
+    def _check_interrupted(self, desired: Desired) -> None:
+        """Interrupted on SIGTERM or a notice (nothing to stop: the job is not running),
+        or on an update installed meanwhile."""
         if self.terminated.is_set() or self._notice():
             if reason := self._notice():
-                self.status.set(state=self._stop_state(),
-                                message=f"{reason}: not starting the job")
-            return EXIT_PREEMPTED
-        return self._update(desired)
+                self.status.set(state="preempted", message=f"{reason}: not starting the job")
+            raise Interrupted()
+        if (update := self._update(desired)) is not None:
+            raise Interrupted(update=update)
 
-    def _pause(self, backoff: Backoff, desired: Desired, why: str) -> int | Desired | None:
-        """State `retrying` for the next backoff delay; what interrupted it, if anything."""
+    def _pause(self, backoff: Backoff, desired: Desired, why: str) -> None:
+        """State `retrying` for the next backoff delay (Interrupted meanwhile: see
+        _check_interrupted)."""
         delay = backoff.next_delay()
         self.status.set(state="retrying", message=f"{why}; retrying in {delay:.0f}s "
                                                   f"(attempt {backoff.attempts})")
         deadline = time.monotonic() + delay
         while (left := deadline - time.monotonic()) > 0:
             self._sleep(left)
-            if (interrupted := self._interrupted(desired)) is not None:
-                return interrupted
-        return None
+            self._check_interrupted(desired)
 
-    def _wait_for_data(self, backoff: Backoff, desired: Desired,
-                       pattern: str) -> int | Desired | None:
+    def _wait_for_data(self, backoff: Backoff, desired: Desired, pattern: str) -> None:
         """State `waiting-for-data` until a file matches `pattern` (polling the listing
-        with backoff); what interrupted it, if anything."""
+        with backoff; Interrupted meanwhile: see _check_interrupted)."""
         self._account("infrastructure_recovery")
         self.status.set(state="waiting-for-data",
                         message=f"no file matches {pattern} yet; the job starts when one does")
@@ -609,11 +726,10 @@ class Agent:
                 deadline = time.monotonic() + backoff.next_delay()
                 while (left := deadline - time.monotonic()) > 0:
                     self._sleep(left)
-                    if (interrupted := self._interrupted(desired)) is not None:
-                        return interrupted
+                    self._check_interrupted(desired)
                 if self._data_present(pattern):
                     self.status.note(f"data found for {pattern}; starting the job")
-                    return None
+                    return
         finally:
             self._account("waiting_for_data")
 
@@ -630,8 +746,8 @@ class Agent:
             return True
         return bool(glob.glob(pattern))
 
-    def _run_job(self, desired: Desired, package_dir: Path) -> tuple[int, Desired | None]:
-        """Start the job and follow it to its exit code (and the update that stopped it)."""
+    def _run_job(self, desired: Desired, package_dir: Path) -> int:
+        """Start the job (unless an adopted one runs) and follow it to its exit code."""
         config = self.root / "jobs" / f"{desired.run_key}.json"
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(desired.job_json)
@@ -650,11 +766,11 @@ class Agent:
             self.status.set(state="running", package=desired.package_sha256,
                             release=desired.release.uri, message="")
             self._prune(desired)
-        code, update = self._follow(desired)
+        code = self._follow(desired)
         self.goodput.merge(settle_run(self.job.run, code, time.monotonic() - launched))
         self._since = time.monotonic()
         self.status.set(goodput=self.goodput.view())
-        return code, update
+        return code
 
     def _pod_tpu_name(self) -> str:
         """grpc:// endpoints of every worker (no TPU API on the node); the node's id
@@ -666,29 +782,48 @@ class Agent:
         self._stop_sent = True
         return self.job.stop()
 
-    def _follow(self, desired: Desired) -> tuple[int, Desired | None]:
+    def _follow(self, desired: Desired) -> int:
+        """Follow the running job to its exit: once a second the first event of
+        lifecycle.RUNNING_EVENTS that holds moves the job's life on (its actions: the
+        stop with a save, or the hang's stacks then the stop); the exit code (an update
+        that stopped it is kept in `_update_to`, the life `stopping-update`)."""
         self._following = desired
+        self.life = "running"
         while self.job.poll() is None:
             self._sleep(FOLLOW_SECONDS)
-            if self.terminated.is_set():
-                self.status.note("SIGTERM: stopping the job so it checkpoints")
-                return self._stop_job(), None
-            if reason := self._notice():
-                self.status.note(f"{reason}: stopping the job so it saves inside the notice")
-                return self._stop_job(), None
-            if (hang := self.job.overdue()) is not None:
-                return self._stop_hung(hang, desired), None
-            if window := self._maintenance_due():
-                self.status.note(f"maintenance window from {window['start']} to "
-                                 f"{window.get('end', '?')}: stopping the job so it saves first")
-                self._maintenance_stop = True
-                return self._stop_job(), None
-            update = self._update(desired)
-            if update is not None:
-                code = self._stop_job()
+            event, detail = self._running_event(desired)
+            if event is None:
+                continue
+            self.life, actions = lifecycle.step(self.life, event)
+            if "note" in actions:
+                self.status.note(STOP_NOTES[event].format(detail=detail))
+            if "send_stacks" in actions:
+                assert isinstance(detail, Hang)
+                return self._stop_hung(detail, desired)
+            code = self._stop_job()
+            if event == "UPDATE":
+                assert isinstance(detail, Desired)
+                self._update_to = detail
                 self.status.note(f"job stopped for the update (exit code {code})")
-                return code, update
-        return self.job.wait(), None
+            return code
+        return self.job.wait()
+
+    def _running_event(self, desired: Desired) -> tuple[str | None, object]:
+        """The first of lifecycle.RUNNING_EVENTS that holds now, with its detail."""
+        if self.terminated.is_set():
+            return "SIGTERM", "SIGTERM"
+        if reason := self._notice():
+            return "NOTICE", reason
+        if reason := self.stop_requested():
+            self._stop_reason = reason
+            return "STOP_REQUESTED", reason
+        if (hang := self.job.overdue()) is not None:
+            return "HANG", hang
+        if window := self._maintenance_due():
+            return "MAINTENANCE", f"{window['start']} to {window.get('end', '?')}"
+        if (update := self._update(desired)) is not None:
+            return "UPDATE", update
+        return None, None
 
     def _stop_hung(self, hang: Hang, desired: Desired) -> int:
         """State `hung` (phase, seconds since the last progress line), the job's stacks
@@ -728,6 +863,8 @@ class Agent:
                                         "the background")
             self.updater.offer(new)
         new = self._candidate
+        if new is not None and not self.updater.busy(new):
+            self.updater.offer(new)  # again, when its folder was pruned since
         if new is None or (result := self.updater.result(new)) is None:
             return None
         self._candidate = None
@@ -780,7 +917,7 @@ class Agent:
             return EXIT_PREEMPTED
         if code == EXIT_PREEMPTED:
             saved = run.stop_save["step"] if run.stop_save else run.stopped_at or run.step
-            self.status.set(state=self._stop_state(), stopSave=run.stop_save,
+            self.status.set(state="preempted", stopSave=run.stop_save,
                             message=f"stopped ({why}) after saving step {saved}")
             return EXIT_PREEMPTED
         durable = max(run.start_step, run.saved_step or 0)
@@ -838,16 +975,18 @@ def hold_lock(root: Path) -> IO[str] | None:
 def main(argv: list[str] | None = None) -> int:
     # No argparse: importing it is a noticeable part of a reboot's time to launch.
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["check"] and len(args) == 2:
+        return handover.run_check(args[1])  # a new agent proving it starts (handover.py)
     if args[:1] != ["run"] or any(arg != "--stay" for arg in args[1:]):
         print(__doc__, file=sys.stderr)
         return 2
     # The stop signals first (a SIGTERM before this would kill the agent and leave
     # the job to systemd's SIGKILL); one that came during a hand-over is pending until
-    # the unblock below (node_agent/handover.py).
-    stopping = threading.Event()
+    # the unblock below (node_agent/handover.py), and so is a reload.
+    stopping, reload = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
     handover.unblock_signals()
     root = Path(os.environ.get("TPU_STACK_ROOT") or DEFAULT_ROOT)
     root.mkdir(parents=True, exist_ok=True)
@@ -858,14 +997,21 @@ def main(argv: list[str] | None = None) -> int:
     handed = handover.take(root)
     if handed is None:
         stop_stale_job(root)
+    elif unknown := handover.unknown_fields(handed):
+        handover.fall_back(root, handed, f"hand-over fields it does not know: {unknown}")
     agent = start_agent(root, "--stay" in args, handed, stopping)
     if agent is None:
+        if handed and isinstance(handed.get("job"), dict):
+            handover.fall_back(root, handed, "it could not start")
+            stop_handed_job(root, handed["job"])  # type: ignore[arg-type]
         return EXIT_FAILED if not stopping.is_set() else EXIT_PREEMPTED
     signal.signal(signal.SIGTERM, agent.terminate)
     signal.signal(signal.SIGINT, agent.terminate)
     signal.signal(signal.SIGHUP, agent.hang_up)
-    if stopping.is_set():
+    if stopping.is_set() or (handed or {}).get("stopPending"):
         agent.terminate()
+    if reload.is_set():
+        agent.hang_up()
     handover.mark_capable(root)
     return agent.run()
 
@@ -873,19 +1019,59 @@ def main(argv: list[str] | None = None) -> int:
 def start_agent(root: Path, stay: bool, handed: Mapping[str, object] | None,
                 stopping: threading.Event) -> Agent | None:
     """The agent, once the metadata server answers (a transient failure backs off for
-    as long as the node lives); None on a permanent problem or a stop signal."""
+    as long as the node lives); None on a permanent problem or a stop signal. With a
+    job handed over it is built even under a stop (the stop must reach the job as a
+    save), a few attempts at most."""
     backoff = Backoff(base=1.0, cap=60.0)
-    while not stopping.is_set():
+    attempts_under_stop = 0
+    job_handed = bool(handed and isinstance(handed.get("job"), dict))
+    while not stopping.is_set() or (job_handed and attempts_under_stop < STOPPING_ATTEMPTS):
+        attempts_under_stop += stopping.is_set()
         try:
             return Agent(root, stay, handed)
         except TransientError as error:
             delay = backoff.next_delay()
             log(f"starting: {error}; trying again in {delay:.0f}s")
-            stopping.wait(delay)
+            wait_alive(stopping, delay if not job_handed else min(delay, 2.0))
         except AgentError as error:
             log(str(error))
             return None
         except Exception:  # a bug on a rare path: logged, backed off, tried again
             log(f"starting: {traceback.format_exc().rstrip()}")
-            stopping.wait(backoff.next_delay())
+            if job_handed:
+                return None  # the previous agent takes the job (main falls back)
+            wait_alive(stopping, backoff.next_delay())
     return None
+
+
+def wait_alive(stopping: threading.Event, seconds: float) -> None:
+    """Wait (until a stop) keeping systemd's watchdog fed: no supervised loop runs yet."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0 and not stopping.is_set():
+        if supervise.watchdog_expected():
+            supervise.sd_notify("WATCHDOG=1")
+        stopping.wait(min(left, 10.0))
+
+
+def stop_handed_job(root: Path, job: Mapping[str, object]) -> None:
+    """No agent could take the job handed over: stop it by pid with a save (SIGTERM,
+    exit 75), reading its output into job.log meanwhile (a job blocked on a full pipe
+    could not save)."""
+    try:
+        pid, fd = int(job["pid"]), int(job["fd"])  # type: ignore[call-overload]
+    except (KeyError, TypeError, ValueError):
+        return
+    log_path = root / "status" / "worker-0" / "job.log"
+
+    def drain() -> None:
+        handover.block_in_this_thread()
+        try:
+            with os.fdopen(fd, "rb") as output, log_path.open("ab") as out:
+                for line in output:
+                    out.write(line)
+        except OSError as error:
+            log(f"reading the job's output: {error}")
+
+    threading.Thread(target=drain, name="job-output", daemon=True).start()
+    log(f"stopping job pid {pid} with a save: no agent could take it over")
+    terminate(pid, job.get("started") if isinstance(job.get("started"), str) else None)

@@ -17,8 +17,13 @@ base64 -d > "$agent_tmp" <<'TPU_STACK_AGENT_ZIPAPP'
 @AGENT_ZIPAPP_BASE64@
 TPU_STACK_AGENT_ZIPAPP
 # A different agent.pyz than the one on disk: a running agent hands over to it (below).
+# The agent it replaces is kept: a new one that does not start falls back to it
+# (node_agent/handover.py).
 agent_changed=yes
 if cmp -s "$agent_tmp" "$root/agent.pyz"; then agent_changed=no; fi
+if [[ $agent_changed == yes && -f $root/agent.pyz ]]; then
+  cp -f "$root/agent.pyz" "$root/agent.previous.pyz"
+fi
 mv -f "$agent_tmp" "$root/agent.pyz"
 
 # TPU_STACK_INIT: auto (default), systemd or foreground. sd_booted(3): systemd
@@ -66,6 +71,13 @@ TimeoutStopSec=150
 # (MAINPID), its cgroup and the job (node_agent/handover.py). systemd.service(5),
 # ExecReload=: its example is "kill -HUP \$MAINPID".
 ExecReload=/bin/kill -HUP \$MAINPID
+# The agent feeds systemd's watchdog (sd_notify(3) WATCHDOG=1 to \$NOTIFY_SOCKET, every
+# 2 s) while every loop and its main thread are within their bounds; a stuck agent is
+# restarted (systemd.service(5), WatchdogSec=: without a keep-alive within the time the
+# service "is placed in a failed state", and Restart=on-failure restarts it).
+# NotifyAccess=main: only the agent (MAINPID, the same across a hand-over's exec).
+WatchdogSec=60
+NotifyAccess=main
 
 [Install]
 WantedBy=multi-user.target

@@ -10,7 +10,8 @@ between zlib builds; Python's zipfile defaults to ZIP_STORED). The zip travels
 base64-encoded in the bash bootstrap (a metadata value is text), so each module goes in
 without its comments and the docstrings of its functions and classes (`lean`): a
 quarter of the bytes, every line where it was (a traceback on the node names the same
-line numbers as the source here).
+line numbers as the source here). For the same budget a module's longer description is
+written as comments under its one-line docstring.
 """
 
 from __future__ import annotations
@@ -27,7 +28,35 @@ from node_agent.contract import MAX_METADATA_VALUE_BYTES
 HERE = Path(__file__).resolve().parent
 ZIPAPP_MARKER = "@AGENT_ZIPAPP_BASE64@"
 FIXED_DATE = (1980, 1, 1, 0, 0, 0)
-ENTRY_POINT = b"import sys\n\nfrom node_agent.agent import main\n\nsys.exit(main())\n"
+# The entry point falls back to the previous agent (agent.previous.pyz beside this one,
+# node_agent/handover.py) when this one's modules do not import: its version is recorded
+# as refused and the previous one's bytes go back on this file, so a restart does not
+# loop on the same broken file and a job handed over keeps running.
+ENTRY_POINT = b"""import sys
+
+try:
+    from node_agent.agent import main
+except Exception:
+    import hashlib, os, pathlib, traceback
+    traceback.print_exc()
+    here = pathlib.Path(sys.argv[0])
+    previous = here.with_name("agent.previous.pyz")
+    if sys.argv[1:2] != ["run"] or not previous.is_file() or \\
+            previous.read_bytes() == here.read_bytes():
+        raise
+    run = pathlib.Path(os.environ.get("TPU_STACK_ROOT") or "/opt/tpu-stack") / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    with (run / "agent-refused").open("a") as refused:
+        refused.write(hashlib.sha256(here.read_bytes()).hexdigest()[:12] + "\\n")
+    partial = here.with_name("." + here.name + ".partial")
+    partial.write_bytes(previous.read_bytes())
+    os.replace(partial, here)
+    print("tpu-stack-agent: this agent does not import; falling back to the previous one",
+          file=sys.stderr, flush=True)
+    os.execv(sys.executable, [sys.executable, str(here), *sys.argv[1:]])
+
+sys.exit(main())
+"""
 BASE64_LINE = 76  # base64(1)'s default wrap
 
 

@@ -1,25 +1,24 @@
-"""What every part of the agent shares: its errors, retries with backoff, HTTP, its log.
+"""What every part of the agent shares: its errors, retries with backoff, HTTP, its log."""
 
-The fault model of every remote call the agent makes (the metadata server, the GCS
-JSON and upload APIs) lives here, in one place:
-
-- transient (retried with backoff, for as long as the node lives): any connection,
-  TLS (`ssl.SSLError`, `SSLEOFError` mid-body included: both are OSError) or timeout
-  failure; a body cut short (`http.client.IncompleteRead`, or fewer bytes than its
-  Content-Length: http.client's `read(amt)` returns short data on an early EOF
-  without raising, Lib/http/client.py `HTTPResponse.readinto`); a body that does not
-  decode or parse (`ValueError`, which `JSONDecodeError` and `UnicodeDecodeError`
-  are); HTTP 408, 429 and every 5xx. Cloud Storage's retry strategy names these
-  (cloud.google.com/storage/docs/retry-strategy: "408 Request Timeout, 429 Too Many
-  Requests, 5xx", plus "socket timeouts and TCP disconnects"); the metadata server
-  "may return 503 for a short time" during maintenance and asks clients to retry
-  (cloud.google.com/compute/docs/metadata/querying-metadata, "Handling metadata
-  server errors", as docs/tpu-facts.md quotes).
-- final (no retry: the caller names the problem): any other 4xx whose error body
-  arrived whole (its Content-Length, 0 included, or chunked to its end). A 4xx whose
-  body was cut short, or is empty with nothing saying where it ends, is not a definite
-  answer (a connection broken mid-answer) and counts as transient.
-"""
+# The fault model of every remote call the agent makes (the metadata server, the GCS
+# JSON and upload APIs) lives here, in one place:
+#
+# - transient (retried with backoff, for as long as the node lives): any connection,
+#   TLS (`ssl.SSLError`, `SSLEOFError` mid-body included: both are OSError) or timeout
+#   failure; a body cut short (`http.client.IncompleteRead`, or fewer bytes than its
+#   Content-Length: http.client's `read(amt)` returns short data on an early EOF
+#   without raising, Lib/http/client.py `HTTPResponse.readinto`); a body that does not
+#   decode or parse (`ValueError`, which `JSONDecodeError` and `UnicodeDecodeError`
+#   are); HTTP 408, 429 and every 5xx. Cloud Storage's retry strategy names these
+#   (cloud.google.com/storage/docs/retry-strategy: "408 Request Timeout, 429 Too Many
+#   Requests, 5xx", plus "socket timeouts and TCP disconnects"); the metadata server
+#   "may return 503 for a short time" during maintenance and asks clients to retry
+#   (cloud.google.com/compute/docs/metadata/querying-metadata, "Handling metadata
+#   server errors", as docs/tpu-facts.md quotes).
+# - final (no retry: the caller names the problem): any other 4xx whose error body
+#   arrived whole (its Content-Length, 0 included, or chunked to its end). A 4xx whose
+#   body was cut short, or is empty with nothing saying where it ends, is not a definite
+#   answer (a connection broken mid-answer) and counts as transient.
 
 from __future__ import annotations
 

@@ -42,6 +42,13 @@ RELEASE_POLL_SECONDS = 30.0
 # docs/tpu-facts.md). The startup script is one value.
 MAX_METADATA_VALUE_BYTES = 262_144
 
+# Seam S2 (issue 39): the agent starts the job with this variable naming a file in its
+# run/ folder; a job whose stdout or stderr breaks (EPIPE: its agent died) reopens both
+# onto that file, prints `tpu_training output_orphaned log=<path>` there and trains on.
+# A new agent stops it by run/job.pid with SIGTERM (a save, exit 75) and reads the file.
+JOB_LOG_ENV = "TPU_STACK_JOB_LOG"
+ORPHAN_LOG = "job-output.log"  # in <root>/run/
+
 # The job's exit codes (docs/design.md, "The training package").
 EXIT_OK = 0
 EXIT_FAILED = 1

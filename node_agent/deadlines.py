@@ -1,27 +1,29 @@
-"""Deadlines per phase of a job, timed from its own stdout lines (docs/design.md, "Deadlines").
+"""Deadlines per phase of a job, timed from its own stdout lines (docs/design.md, "Deadlines")."""
 
-Pure: no process, no clock of its own (every call takes `now`), so the decision is
-unit-tested without a job. `job.Job` feeds it the job's lines and the agent asks it,
-once a second, whether the phase under way has passed its deadline.
-
-A phase's deadline counts from the job's last progress line (any `tpu_training ...`
-line of the stdout contract; the process's start before the first one):
-
-- `tpu_init`, from the process's start to `tpu_ready`: the job's own bound on TPU
-  initialisation (`tpu_init_seconds` on its `started` line, from
-  `TPU_STACK_TPU_INIT_SECONDS`) plus a grace for TensorFlow's import and the last attempt;
-- `first_execution`, to the first `step=` line: reading the first records, the model,
-  the restore, tracing and compilation: generous;
-- `execution`: a multiple of the longest execution measured (step line to step line),
-  never under a floor; the first execution's deadline until one is measured;
-- `final`, after the step line at `trainSteps`: the final save, evaluation, the export:
-  as the first execution;
-- `stop`, from the agent's SIGTERM, whatever the job prints then (`job.Job.stop`):
-  then SIGKILL.
-
-`progressDeadlineSeconds` (the job's key), when set, is the deadline of every phase
-after `tpu_init`.
-"""
+# Pure: no process, no clock of its own (every call takes `now`), so the decision is
+# unit-tested without a job. `job.Job` feeds it the job's lines and the agent asks it,
+# once a second, whether the phase under way has passed its deadline.
+#
+# A phase's deadline counts from the job's last progress line (any `tpu_training ...`
+# line of the stdout contract; the process's start before the first one):
+#
+# - `tpu_init`, from the process's start to `tpu_ready`: the job's own bound on TPU
+#   initialisation (`tpu_init_seconds` on its `started` line, from
+#   `TPU_STACK_TPU_INIT_SECONDS`) plus a grace for TensorFlow's import and the last attempt;
+# - `first_execution`, to the first `step=` line: reading the first records, the model,
+#   the restore, tracing and compilation: generous;
+# - `execution`: a multiple of the longest execution measured (step line to step line),
+#   never under a floor; the first execution's deadline until one is measured;
+# - `final`, after the step line at `trainSteps`: the final save, evaluation, the export:
+#   as the first execution;
+# - `stop`, from the agent's SIGTERM, whatever the job prints then (`job.Job.stop`):
+#   then SIGKILL.
+#
+# `progressDeadlineSeconds` (the job's key), when set, is the deadline of every phase
+# after `tpu_init`; the stop's never passes STOP_CEILING_SECONDS, inside the unit's
+# TimeoutStopSec. Any `tpu_training ...` line is progress: the job's evaluation prints
+# `eval_progress step=<N> batch=<i>` (seam S1) at least every 10 s, so `final` restarts its
+# deadline on each.
 
 from __future__ import annotations
 
@@ -48,6 +50,13 @@ EXECUTION_MULTIPLE = 5.0
 EXECUTION_FLOOR_SECONDS = 60.0
 # SIGTERM to SIGKILL: the agent's stop grace (job.STOP_GRACE_SECONDS keeps this value).
 STOP_SECONDS = 120.0
+# The unit's TimeoutStopSec (bootstrap.sh; tests/agent/test_deadlines.py holds them equal):
+# systemd SIGKILLs the whole cgroup that long after its SIGTERM (systemd.service(5),
+# TimeoutStopSec=). The stop deadline, whatever progressDeadlineSeconds or the
+# environment say, leaves room inside it for the agent's last status upload
+# (status.FLUSH_WAIT_SECONDS) and its exit.
+UNIT_STOP_TIMEOUT_SECONDS = 150.0
+STOP_CEILING_SECONDS = UNIT_STOP_TIMEOUT_SECONDS - 20.0
 # After the stack signal, before SIGTERM: the job's faulthandler writes at once; this is
 # for the agent's reader to take the lines into job.log.
 STACKS_WAIT_SECONDS = 2.0
@@ -93,10 +102,10 @@ class Deadlines:
         longest execution measured so far (None: none yet)."""
         if phase == "tpu_init":
             return tpu_init_seconds + self.tpu_init_grace
+        if phase == "stop":
+            return min(self.progress or self.stop, STOP_CEILING_SECONDS)
         if self.progress is not None:
             return self.progress
-        if phase == "stop":
-            return self.stop
         if phase == "execution" and longest_execution is not None:
             return max(self.execution_floor, self.execution_multiple * longest_execution)
         return self.first_execution

@@ -1,20 +1,19 @@
-"""Who holds the TPU: processes with a TPU device open, and libtpu's lock file.
+"""Who holds the TPU: processes with a TPU device open, and libtpu's lock file."""
 
-A TPU chip serves one process. TensorFlow's libtpu loader takes `lockf` on
-/tmp/libtpu_lockfile and, when that fails, answers "The TPU is already in use by
-process with pid N" or, when it cannot tell which, "Run "$ sudo lsof -w
-/dev/accel0" to figure out which process is using the TPU. If you still get this
-message, run "$ sudo rm /tmp/libtpu_lockfile"" (tensorflow/tensorflow
-tensorflow/core/tpu/tpu_initializer_helper.cc, TryAcquireTpuLock). The devices are
-/dev/accel* on v2-v4 and /dev/vfio/* on v5e and newer; Google's TPU CI frees them
-with `lsof -t /dev/<device> | xargs kill -9` before a retry
-(GoogleCloudPlatform/ml-auto-solutions xlml/utils/tpu.py, kill_process_by_pid).
-The agent finds holders the way lsof does, by reading every /proc/<pid>/fd link,
-with nothing but the standard library. It does not kill them: see `Holder.own`.
-
-TPU_STACK_TPU_DEVICES (globs separated by ':') and TPU_STACK_LIBTPU_LOCKFILE
-replace the device paths and the lock file, for tests.
-"""
+# A TPU chip serves one process. TensorFlow's libtpu loader takes `lockf` on
+# /tmp/libtpu_lockfile and, when that fails, answers "The TPU is already in use by
+# process with pid N" or, when it cannot tell which, "Run "$ sudo lsof -w
+# /dev/accel0" to figure out which process is using the TPU. If you still get this
+# message, run "$ sudo rm /tmp/libtpu_lockfile"" (tensorflow/tensorflow
+# tensorflow/core/tpu/tpu_initializer_helper.cc, TryAcquireTpuLock). The devices are
+# /dev/accel* on v2-v4 and /dev/vfio/* on v5e and newer; Google's TPU CI frees them
+# with `lsof -t /dev/<device> | xargs kill -9` before a retry
+# (GoogleCloudPlatform/ml-auto-solutions xlml/utils/tpu.py, kill_process_by_pid).
+# The agent finds holders the way lsof does, by reading every /proc/<pid>/fd link,
+# with nothing but the standard library. It does not kill them: see `Holder.own`.
+#
+# TPU_STACK_TPU_DEVICES (globs separated by ':') and TPU_STACK_LIBTPU_LOCKFILE
+# replace the device paths and the lock file, for tests.
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from node_agent.common import log, utc_now
-from node_agent.contract import EXIT_PREEMPTED
+from node_agent.contract import EXIT_PREEMPTED, JOB_LOG_ENV, ORPHAN_LOG
 from node_agent.deadlines import STOP_SECONDS, Deadlines, Hang, PhaseClock
 from node_agent.job_lines import PROGRESS_PREFIX, JobRun
 from node_agent.status import Status
@@ -24,6 +24,8 @@ from node_agent.supervise import Loop, Loops
 
 STOP_GRACE_SECONDS = STOP_SECONDS  # the unit's TimeoutStopSec leaves room above this
 EXIT_AFTER_STOP_SECONDS = 3.0  # after `stopped_at=N` (its checkpoint saved) the job gets this
+# What systemd gives the agent for sd_notify (supervise.py); never the job's to use.
+SYSTEMD_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 READ_WAIT_SECONDS = 0.5  # the reader looks up this often (to pause for a hand-over)
 LONGEST_LINE_BYTES = 1 << 20  # a longer run of output without a newline counts as a line
 
@@ -111,6 +113,10 @@ class Job:
 
     def start(self, config: Path, env: Mapping[str, str], cwd: Path) -> None:
         command = [sys.executable, "-m", "tpu_training", "run", "--config", str(config)]
+        orphan_log = self.pid_file.with_name(ORPHAN_LOG)
+        orphan_log.unlink(missing_ok=True)  # an earlier job's, already read
+        env = {key: value for key, value in env.items() if key not in SYSTEMD_ONLY} | \
+            {JOB_LOG_ENV: str(orphan_log)}  # seam S2
         self.run = JobRun()
         self._config = config
         self._start_clock(json.loads(config.read_text()), env)
@@ -119,10 +125,13 @@ class Job:
                                    start_new_session=True)
         self.process = process
         self.sessions.add(process.pid)
-        self.pid_file.write_text(f"{process.pid} {process_start_time(process.pid)}\n")
         assert process.stdout is not None
         self._stdout = process.stdout
-        self._read_from(process.stdout.fileno(), b"")
+        self._read_from(process.stdout.fileno(), b"")  # first: nothing below may leave it unread
+        try:
+            self.pid_file.write_text(f"{process.pid} {process_start_time(process.pid)}\n")
+        except OSError as error:  # a full disk: a new agent cannot find it by pid, no more
+            self.status.note(f"{self.pid_file}: {error}")
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -299,7 +308,9 @@ class Job:
 
 
 def stop_stale_job(root: Path) -> None:
-    """A job left by an earlier agent still holds the TPU ("TPU in use"): stop it by pid."""
+    """A job left by an earlier agent (a crash, an OOM kill, a bad update) still holds the
+    TPU: stop it by pid with SIGTERM, so it saves and exits 75. A job that lost its agent
+    writes its lines to run/job-output.log (seam S2); `orphan_output` reads them."""
     pid_file = root / "run" / "job.pid"
     try:
         pid_text, started = pid_file.read_text().split()
@@ -310,6 +321,18 @@ def stop_stale_job(root: Path) -> None:
         log(f"stopping job pid {pid} left by an earlier agent")
         terminate(pid, started)
     pid_file.unlink(missing_ok=True)
+
+
+def orphan_output(root: Path) -> list[str]:
+    """The lines a job wrote after it lost its agent (seam S2), taken once (the file is
+    removed); [] when there are none."""
+    path = root / "run" / ORPHAN_LOG
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    path.unlink(missing_ok=True)
+    return text.splitlines(keepends=True)
 
 
 def terminate(pid: int, started: str | None, grace: float = STOP_GRACE_SECONDS) -> None:

@@ -1,21 +1,20 @@
-"""What the TPU runtime says of its own use: duty cycle and HBM, through `tpu-info`.
+"""What the TPU runtime says of its own use: duty cycle and HBM, through `tpu-info`."""
 
-libtpu serves its runtime metrics over gRPC on localhost:8431 (`RuntimeMetricService.
-GetRuntimeMetric`: `tpu.runtime.tensorcore.dutycycle.percent`,
-`tpu.runtime.hbm.memory.usage.bytes`, `tpu.runtime.hbm.memory.total.bytes`;
-AI-Hypercomputer/cloud-accelerator-diagnostics tpu_info/tpu_info/metrics.py,
-get_chip_usage). The agent is standard library only and gRPC is not, so it runs
-Google's `tpu-info` CLI (PyPI `tpu-info`, 0.5.1 or newer for `--metric`) when the VM
-has it, and reads the two tables it prints (tpu_info/cli_helper.py,
-get_duty_cycle_table: a row per core, "<n>%"; get_hbm_usage_table: a row per device,
-"<used> GiB / <total> GiB"; "N/A" when the metrics are unavailable).
-
-Unconfirmed: no TPU VM image is known to carry tpu-info (install it with pip on the
-image, or point TPU_STACK_TPU_INFO at it), and tpu-info's README names JAX and
-PyTorch/XLA as the frameworks whose libtpu serves the metrics; whether TensorFlow's
-does is unknown. Without either, the status simply has no runtime figures: the job's
-own perf line (tpu_training.perf) does not depend on them.
-"""
+# libtpu serves its runtime metrics over gRPC on localhost:8431 (`RuntimeMetricService.
+# GetRuntimeMetric`: `tpu.runtime.tensorcore.dutycycle.percent`,
+# `tpu.runtime.hbm.memory.usage.bytes`, `tpu.runtime.hbm.memory.total.bytes`;
+# AI-Hypercomputer/cloud-accelerator-diagnostics tpu_info/tpu_info/metrics.py,
+# get_chip_usage). The agent is standard library only and gRPC is not, so it runs
+# Google's `tpu-info` CLI (PyPI `tpu-info`, 0.5.1 or newer for `--metric`) when the VM
+# has it, and reads the two tables it prints (tpu_info/cli_helper.py,
+# get_duty_cycle_table: a row per core, "<n>%"; get_hbm_usage_table: a row per device,
+# "<used> GiB / <total> GiB"; "N/A" when the metrics are unavailable).
+#
+# Unconfirmed: no TPU VM image is known to carry tpu-info (install it with pip on the
+# image, or point TPU_STACK_TPU_INFO at it), and tpu-info's README names JAX and
+# PyTorch/XLA as the frameworks whose libtpu serves the metrics; whether TensorFlow's
+# does is unknown. Without either, the status simply has no runtime figures: the job's
+# own perf line (tpu_training.perf) does not depend on them.
 
 from __future__ import annotations
 

@@ -15,10 +15,14 @@ from pathlib import Path
 
 from node_agent.common import AgentError, TransientError, log
 from node_agent.desired import Desired
-from node_agent.install import Installer
+from node_agent.install import PIP_TIMEOUT_SECONDS, Installer
+from node_agent.storage import DOWNLOAD_DEADLINE_SECONDS
 from node_agent.supervise import Loops
 
 Result = Path | AgentError | TransientError
+# One install's worst case (supervise.Loop's bound): the download's deadline, pip's
+# timeout, and room for the extraction.
+INSTALL_BOUND_SECONDS = DOWNLOAD_DEADLINE_SECONDS + PIP_TIMEOUT_SECONDS + 300.0
 
 
 class Updater:
@@ -29,7 +33,7 @@ class Updater:
         self._busy: str | None = None
         self._results: dict[str, Result] = {}
         self._stopped = threading.Event()
-        loops.start("installer", self._work, self._stopped)
+        loops.start("installer", self._work, self._stopped, INSTALL_BOUND_SECONDS)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -40,6 +44,8 @@ class Updater:
         """Install `desired`'s package unless it is installed, queued or being installed."""
         sha = desired.package_sha256
         with self._cond:
+            if isinstance(self._results.get(sha), Path) and not self._results[sha].is_dir():
+                del self._results[sha]  # pruned since it was installed
             if sha in self._results or sha == self._busy or \
                     any(q.package_sha256 == sha for q in self._queue):
                 return
@@ -61,8 +67,12 @@ class Updater:
         sha = desired.package_sha256
         with self._cond:
             result = self._results.get(sha)
-            if isinstance(result, TransientError):
+            if isinstance(result, TransientError) or \
+                    (isinstance(result, Path) and not result.is_dir()):
+                # An installed folder pruned since (the running package and the one
+                # before it are kept): forgotten, so the next offer installs it again.
                 del self._results[sha]
+                return None if isinstance(result, Path) else result
             return result
 
     def _work(self) -> bool:

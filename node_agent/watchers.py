@@ -11,7 +11,7 @@ from collections.abc import Callable
 from node_agent.common import AgentError, Backoff, TransientError, log
 from node_agent.contract import RELEASE_POLL_SECONDS
 from node_agent.desired import Release, current_release
-from node_agent.metadata import Metadata
+from node_agent.metadata import WATCH_TIMEOUT_SECONDS, Metadata
 from node_agent.storage import Storage
 from node_agent.supervise import Loops
 
@@ -28,6 +28,7 @@ TERMINATE_EVENT = "TERMINATE_ON_HOST_MAINTENANCE"
 LONG_POLL_FLOOR_SECONDS = 1.0
 NOTICE_RETRY_CAP_SECONDS = 10.0  # a notice matters within seconds: retry it soon
 MAINTENANCE_RETRY_CAP_SECONDS = 600.0  # a window is announced days ahead: no storm
+RELEASE_LIST_BOUND_SECONDS = 600.0  # a listing's pages, each with its retries
 
 
 def release_poll_seconds() -> float:
@@ -54,7 +55,8 @@ class ReleaseWatcher:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._first = True
-        (loops or Loops()).start("release-watcher", self._watch, self._stopped)
+        (loops or Loops()).start("release-watcher", self._watch, self._stopped,
+                                 RELEASE_LIST_BOUND_SECONDS)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -123,7 +125,8 @@ class NoticeWatcher:
         for path in self.PATHS:
             poll = LongPoll(metadata, path, self._stopped, self._changer(path),
                             retry_cap=NOTICE_RETRY_CAP_SECONDS)
-            loops.start(f"watch {path}", poll.step, self._stopped)
+            loops.start(f"watch {path}", poll.step, self._stopped,
+                        long_poll_bound(NOTICE_RETRY_CAP_SECONDS))
 
     def stop(self) -> None:
         self._stopped.set()
@@ -142,6 +145,12 @@ class NoticeWatcher:
             self.wake.set()
 
         return changed
+
+
+def long_poll_bound(retry_cap: float) -> float:
+    """A long-poll step's worst case: the server's wait, the request's own timeout, a
+    backoff pause (supervise.Loop's bound, for liveness)."""
+    return WATCH_TIMEOUT_SECONDS + 10 + retry_cap + 60
 
 
 class LongPoll:
@@ -237,7 +246,8 @@ class MaintenanceWatcher:
         # MAINTENANCE_RETRY_CAP_SECONDS and keeps the window as it was.
         poll = LongPoll(metadata, UPCOMING_MAINTENANCE_PATH, self._stopped, self._changed,
                         {"alt": "json"}, retry_cap=MAINTENANCE_RETRY_CAP_SECONDS)
-        (loops or Loops()).start("watch maintenance", poll.step, self._stopped)
+        (loops or Loops()).start("watch maintenance", poll.step, self._stopped,
+                                 long_poll_bound(MAINTENANCE_RETRY_CAP_SECONDS))
 
     def stop(self) -> None:
         self._stopped.set()

@@ -135,7 +135,7 @@ def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
 
 
 COLUMNS = ("node", "zone", "type", "state", "health", "job", "step", "phase", "goodput",
-           "input wait", "MFU", "message", "updated")
+           "input wait", "MFU", "message", "updated", "agent")
 # Up to this many rows a boxed rich Table; past it aligned plain columns, because rich
 # measures and renders every cell on its own (2,000 rows took seconds, bench/status_scale.py).
 BOXED_ROWS = 200
@@ -156,14 +156,15 @@ def status_table(
     source = f"rehearsal, offline: {rehearsal}" if rehearsal else ", ".join(target.projects)
     title = f"stack {target.stack} ({source})"
     rows = status_rows(target, nodes, queued, "not rehearsed" if rehearsal else "ABSENT", unread)
+    columns, rows = without_empty_agent(rows)
     advice = [line for node in nodes if (line := utilisation_advice(node))]
     advice += candidate_lines(target, queued, time.time())
     notes = Text("\n".join(advice), style="yellow") if advice else None
     if len(rows) > BOXED_ROWS:
-        listing = plain_columns(title, rows)
+        listing = plain_columns(title, rows, columns)
         return Group(listing, notes) if notes else listing
     table = Table(title=title)
-    for column in COLUMNS:
+    for column in columns:
         table.add_column(column)
     for cells, style in rows:
         table.add_row(*(Text(cell, style=style if i == 3 else "") for i, cell in enumerate(cells)))
@@ -183,13 +184,13 @@ def status_rows(
         cells = (node.node_id, node.zone, node.accelerator_type, node.state, health,
                  job.get("state", "-"), job.get("step", ""), job_phase(job, now),
                  goodput_percent(job), *perf_cells(job), job.get("message", ""),
-                 job.get("updated", ""))
+                 job.get("updated", ""), agent_cell(job))
         rows.append((cells, STATE_STYLE.get(node.state, "")))
     requests = {node_id: q.state for q in queued for node_id in q.node_ids}
     zones = {node.node_id: node.zone for node in target.nodes}
     for node_id in unseen(target, nodes, unread):
         state = f"QUEUED {requests[node_id]}" if node_id in requests else missing
-        cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "", "", "", "")
+        cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "", "", "", "", "")
         rows.append((cells, "red" if state == "ABSENT" else ""))
     return rows
 
@@ -243,17 +244,26 @@ def unread_table(target: StackTarget, unread: Sequence[Unread]) -> Table:
     return table
 
 
-def plain_columns(title: str, rows: list[Row]) -> PlainColumns:
+def without_empty_agent(rows: list[Row]) -> tuple[tuple[str, ...], list[Row]]:
+    """The columns and rows to show: the `agent` column (the last) only when some node's
+    agent publishes its version and health (a rehearsal's, an older agent's do not)."""
+    if any(cells[-1] for cells, _ in rows):
+        return COLUMNS, rows
+    return COLUMNS[:-1], [(cells[:-1], style) for cells, style in rows]
+
+
+def plain_columns(title: str, rows: list[Row],
+                  columns: tuple[str, ...] = COLUMNS) -> PlainColumns:
     """The rows as left-aligned columns under a bold header, lines never wrapped."""
     widths = [max(len(column), *(len(cells[i]) for cells, _ in rows))
-              for i, column in enumerate(COLUMNS)]
+              for i, column in enumerate(columns)]
     state_at = sum(widths[:3]) + 3 * len(GAP)
 
     def line(cells: tuple[str, ...]) -> str:
         return GAP.join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     lines = [(line(cells), state_at, state_at + len(cells[3]), style) for cells, style in rows]
-    return PlainColumns(title, line(COLUMNS), lines)
+    return PlainColumns(title, line(columns), lines)
 
 
 @dataclass(frozen=True)
@@ -296,6 +306,24 @@ def job_phase(job: dict[str, str], now: float) -> str:
         return ""
     at = parse_utc(job.get("progressAt", ""))
     return phase if at is None else f"{phase} {max(0.0, now - at):.0f}s"
+
+
+def agent_cell(job: dict[str, str]) -> str:
+    """The node agent's version and health (its `agent` status field, docs/design.md):
+    `3f2a1b9c0d1e ok`, or what is wrong: loops stuck past their bound (systemd restarts
+    such an agent), exceptions its loops caught, threads restarted, a new agent refused."""
+    try:
+        agent = json.loads(job.get("agent", ""))
+    except ValueError:
+        return ""
+    if not isinstance(agent, dict) or not agent.get("version"):
+        return ""
+    problems = [f"stuck: {','.join(map(str, agent['stuck']))}"] if agent.get("stuck") else []
+    problems += [f"{agent[key]} {what}" for key, what in (
+        ("threadFaults", "faults"), ("threadRestarts", "restarts")) if agent.get(key)]
+    if agent.get("refused"):
+        problems.append(f"refused {agent['refused']}")
+    return f"{agent['version']} {'; '.join(problems) or 'ok'}"
 
 
 def goodput_percent(job: dict[str, str]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import io
+import itertools
 import json
 import ssl
 import threading
@@ -269,3 +270,102 @@ def test_the_agent_in_a_startup_script_is_found_and_checked() -> None:
     end = lines.index(handover.HEREDOC)
     cut = "\n".join(lines[:end - 3] + lines[end:])  # the zip's end (its directory) lost
     assert handover.zipapp_in_script(cut) is None
+
+
+class _StalledStorage:
+    """Uploads that hang until released (a GCS that stopped answering), counted."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.uploads: list[tuple[str, float]] = []
+
+    def upload(self, uri: str, data: bytes, content_type: str, setting: str,
+               metadata: object = None) -> None:
+        self.uploads.append((uri, time.monotonic()))
+        self.release.wait(30)
+
+
+class _Attributes:
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def put_guest_attribute(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+
+def test_a_stalled_upload_never_holds_the_job_or_the_guest_attributes(tmp_path: Path) -> None:
+    storage, attributes = _StalledStorage(), _Attributes()
+    published = status.Status(metadata=attributes, storage=storage,  # type: ignore[arg-type]
+                              root=tmp_path, worker=0)
+    published.prefix = f"gs://{BUCKET}/status/stalled/"
+    try:
+        published.set(state="running")
+        deadline = time.monotonic() + 5
+        while not storage.uploads and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert storage.uploads  # the upload now hangs
+        began = time.monotonic()
+        for step in range(50):  # the job's reader and the main thread only record
+            published.progress(step=step)
+            published.note(f"line {step}")
+        published.set(state="preempted", message="stopped")
+        assert time.monotonic() - began < 1.0
+        deadline = time.monotonic() + 5
+        while attributes.values.get("state") != "preempted" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert attributes.values["state"] == "preempted"  # not behind the stalled upload
+        assert attributes.values["step"] == "49"
+        assert not published.flush(timeout=0.5)  # bounded: the upload still hangs
+    finally:
+        storage.release.set()
+        published.close(timeout=5)
+    # Coalesced, and never two writes of one object within a second.
+    times: dict[str, list[float]] = {}
+    for uri, at in storage.uploads:
+        times.setdefault(uri, []).append(at)
+    assert len(storage.uploads) <= 6, storage.uploads
+    for uri, each in times.items():
+        assert all(b - a >= status.OBJECT_WRITE_SECONDS - 0.05
+                   for a, b in itertools.pairwise(each)), (uri, each)
+
+
+def test_a_stuck_loop_stops_the_keep_alive_to_systemd_and_shows_in_the_health(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    address = tmp_path / "notify"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(address))
+    listener.settimeout(0.2)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(address))
+    monkeypatch.setenv("WATCHDOG_USEC", "60000000")
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    monkeypatch.setattr(supervise, "WATCHDOG_SECONDS", 0.2)
+
+    def pings(seconds: float) -> int:
+        count, deadline = 0, time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                count += listener.recv(64) == b"WATCHDOG=1"
+            except TimeoutError:
+                continue
+        return count
+
+    loops, stopped, release = supervise.Loops(), threading.Event(), threading.Event()
+    try:
+        loops.beat()
+        assert pings(1.0) >= 2  # every loop within its bound: systemd is fed
+        stuck = loops.start("stuck", lambda: release.wait(30) and False, stopped, bound=0.3)
+        time.sleep(0.5)
+        assert loops.health()["stuck"] == ["stuck"]
+        pings(0.3)  # one already on its way
+        assert pings(1.0) == 0  # no keep-alive: systemd restarts the agent (WatchdogSec=)
+        release.set()
+        assert stuck.done.wait(5)
+        loops.main_beat = time.monotonic() - supervise.MAIN_BOUND_SECONDS - 1
+        assert loops.stuck() == ["main"]  # a main thread that stopped beating, too
+    finally:
+        release.set()
+        stopped.set()
+        loops.stop()
+        listener.close()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 
-from node_agent import deadlines, goodput, job_lines
+from node_agent import build, deadlines, goodput, job_lines, status
 from node_agent.contract import EXIT_PREEMPTED
 from node_agent.deadlines import Deadlines, Hang, PhaseClock, hang_message, named_worker
 
@@ -151,3 +154,32 @@ def test_a_hung_run_loses_its_hung_seconds_whatever_its_phase() -> None:
     assert added["program_startup"] == 16.0
     added = goodput.settle_run(run, EXIT_PREEMPTED, wall=20.0)  # never more than unreported
     assert added["lost_progress"] == 20.0
+
+
+def test_the_stop_deadline_stays_inside_the_units_stop_timeout() -> None:
+    unit_timeout = float(build.HERE.joinpath("bootstrap.sh").read_text()
+                         .split("TimeoutStopSec=", 1)[1].split()[0])
+    assert unit_timeout == deadlines.UNIT_STOP_TIMEOUT_SECONDS
+    longest = Deadlines.for_job({"progressDeadlineSeconds": 3600},
+                                {"TPU_STACK_STOP_DEADLINE_SECONDS": "900"})
+    assert longest.of("final", tpu_init_seconds=300, longest_execution=None) == 3600
+    stop = longest.of("stop", tpu_init_seconds=300, longest_execution=None)
+    # The stop, then the last status upload (bounded), then the agent's exit.
+    assert stop + status.FLUSH_WAIT_SECONDS < unit_timeout
+
+
+def test_evaluation_progress_restarts_the_final_deadline(tmp_path: Path) -> None:
+    from node_agent.job import Job
+    from node_agent.supervise import Loops
+
+    recorded = SimpleNamespace(append_job_line=lambda line: None,
+                               progress=lambda **fields: None)
+    job = Job(tmp_path, recorded, Loops())  # type: ignore[arg-type]
+    job.clock = PhaseClock(Deadlines(), 24, now=0.0)
+    job._take(b"tpu_training step=24 loss=0.1\n")  # the last step: `final` begins
+    assert job.clock.phase == "final"
+    before = job.clock.last_progress
+    job._take(b"tpu_training eval_progress step=24 batch=3\n")  # seam S1
+    assert job.clock.last_progress > before
+    assert job.clock.phase == "final"
+    assert job.run.step == 24  # the evaluated step is not a training step

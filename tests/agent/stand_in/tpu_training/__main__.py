@@ -24,7 +24,9 @@ this job for those two cases. The config's `standIn` picks the behaviour:
 - `train`: a step line every `stepSeconds` up to `steps`, resuming from the step
   saved in `out`; SIGTERM saves the step reached (`saved ... reason=stop`,
   `stopped_at=N`) and exits 75, as the real job does (docs/design.md, "Job stdout
-  lines"). The pid of each run is appended to `out`.pids.
+  lines"). The pid of each run is appended to `out`.pids. When its stdout breaks (its
+  agent died) it reopens stdout and stderr onto `TPU_STACK_JOB_LOG`, says
+  `output_orphaned log=<path>` there and trains on (seam S2, as the real job does).
 - `slow-start`: 60 s of start-up before anything is installed (the default SIGTERM
   disposition kills it), standing in for a job stopped before its handler exists.
 """
@@ -58,24 +60,39 @@ def wait_forever() -> None:
     threading.Event().wait()  # SIGTERM's default action ends it; the agent kills it anyway
 
 
+def say(line: str) -> None:
+    """A line on stdout; on a broken pipe (the agent died) onto TPU_STACK_JOB_LOG."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        path = os.environ.get("TPU_STACK_JOB_LOG")
+        if not path:
+            raise
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        print(f"tpu_training output_orphaned log={path}", flush=True)  # the line lost too
+
+
 def train(config: dict, out: Path) -> int:
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
     with Path(f"{out}.pids").open("a") as pids:
         pids.write(f"{os.getpid()}\n")
     step = int(out.read_text()) if out.exists() else 0
-    print(f"tpu_training resumed_from={step}", flush=True)
+    say(f"tpu_training resumed_from={step}")
     while step < config["steps"] and not stop:
         time.sleep(config.get("stepSeconds", 0.2))
         step += 1
-        print(f"tpu_training step={step} loss=0.5", flush=True)
+        say(f"tpu_training step={step} loss=0.5")
     out.write_text(str(step))
     reason = "stop" if stop else "final"
-    print(f"tpu_training saved step={step} seconds=0.01 bytes=1 reason={reason}", flush=True)
+    say(f"tpu_training saved step={step} seconds=0.01 bytes=1 reason={reason}")
     if stop:
-        print(f"tpu_training stopped_at={step}", flush=True)
+        say(f"tpu_training stopped_at={step}")
         return 75
-    print(f"tpu_training complete={step} export=none", flush=True)
+    say(f"tpu_training complete={step} export=none")
     return 0
 
 

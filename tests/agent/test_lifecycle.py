@@ -1,0 +1,113 @@
+"""The job's life on the node (node_agent/lifecycle.py): the table, held to docs/design.md."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from node_agent import install, lifecycle, metadata
+from node_agent.agent import Agent
+from ops.local.storage_emulator import StorageEmulator
+from tests.agent.conftest import Node
+from tests.agent.test_agent_chaos import stand_in_package, training
+from tests.agent.test_agent_handover import job_pids
+
+DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
+
+
+def documented_table() -> list[tuple[str, str, str, tuple[str, ...]]]:
+    text = DESIGN.read_text()
+    section = text.split("#### The job's life on the node (node_agent/lifecycle.py)", 1)[1]
+    section = section.split("\n#### ", 1)[0].split("\n### ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`"):
+            state, event, next_state = (re.sub(r"`", "", cell) for cell in cells[:3])
+            rows.append((state, event, next_state, tuple(cells[3].split())))
+    return rows
+
+
+def test_the_design_documents_every_transition_of_the_code_and_no_other() -> None:
+    code = [(row.state, row.event, row.next, row.actions) for row in lifecycle.TABLE]
+    assert documented_table() == code
+
+
+def test_a_stop_of_the_vm_stops_the_job_with_a_save_and_ends_preempted() -> None:
+    state, actions = lifecycle.step("running", "SIGTERM")
+    assert (state, actions) == ("stopping-sigterm", ("note", "stop_job"))
+    assert lifecycle.step(state, "EXIT_STOPPED") == ("preempted", ("publish_stop",))
+    # Whatever the job's exit code: the agent asked for the stop.
+    assert lifecycle.step(state, "EXIT_CRASH")[0] == "preempted"
+
+
+def test_a_stop_request_ends_stopped_and_starts_again_only_once_withdrawn() -> None:
+    state, actions = lifecycle.step("running", "STOP_REQUESTED")
+    assert "stop_job" in actions
+    state, _ = lifecycle.step(state, "EXIT_STOPPED")
+    assert state == "stopped"
+    with pytest.raises(lifecycle.NoTransitionError):
+        lifecycle.step(state, "UPDATE")  # nothing starts the job but the withdrawal
+    assert lifecycle.step(state, "STOP_CLEARED")[0] == "restarting"
+    assert lifecycle.step("stopped", "SIGTERM")[0] == "preempted"
+
+
+def test_a_hang_sends_stacks_then_stops_and_the_job_starts_again() -> None:
+    state, actions = lifecycle.step("running", "HANG")
+    assert actions == ("publish_hang", "send_stacks", "stop_job")
+    assert lifecycle.step(state, "EXIT_STOPPED")[0] == "restarting"
+
+
+@pytest.mark.parametrize(("code", "stop_sent", "start_up", "event"), [
+    (0, False, False, "EXIT_OK"), (75, False, False, "EXIT_STOPPED"),
+    (76, False, False, "EXIT_STOPPED"), (1, True, False, "EXIT_STOPPED"),
+    (-15, False, True, "EXIT_STOPPED"), (2, False, False, "EXIT_PERMANENT"),
+    (65, False, False, "EXIT_PERMANENT"), (66, False, False, "EXIT_NO_DATA"),
+    (69, False, False, "EXIT_TRANSIENT"), (1, False, False, "EXIT_CRASH"),
+    (-9, False, False, "EXIT_CRASH")])
+def test_every_exit_is_one_event(code: int, stop_sent: bool, start_up: bool, event: str) -> None:
+    assert lifecycle.exit_event(code, stop_sent=stop_sent, stopped_in_start_up=start_up) == event
+
+
+def test_a_stop_request_stops_the_job_with_a_save_and_holds_it_until_withdrawn(
+        make_node: Callable[..., Node], gcs: StorageEmulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Seam S4 through the real Agent, in this process: the stand-in job, preinstalled.
+    uri, sha = stand_in_package(gcs, tmp_path, "stop-request")
+    out = tmp_path / "steps"
+    node = make_node(uri, sha, training(out))
+    archive = tmp_path / "stand-in.tar.gz"
+    archive.write_bytes(gcs.read(uri) or b"")
+    install.extract(archive, node.root / "packages" / sha / "src")
+    for key in ("GCE_METADATA_HOST", "STORAGE_EMULATOR_HOST", "TPU_STACK_ROOT",
+                "TPU_STACK_RELEASE_POLL_SECONDS"):
+        monkeypatch.setenv(key, node.env[key])
+    # Long-polls of a second: the watchers' loops end soon after the agent stops them.
+    monkeypatch.setattr(metadata, "WATCH_TIMEOUT_SECONDS", 1)
+    request: dict[str, str | None] = {"reason": None}
+    agent = Agent(node.root, stay=True, stop_requested=lambda: request["reason"])
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(agent.run()))
+    runner.start()
+    try:
+        node.wait_for(lambda: int(node.guest.get("step", 0)) >= 3, "training")
+        request["reason"] = "maxRuntime: 3600s reached"
+        node.wait_for(lambda: node.guest.get("state") == "stopped", "the stop")
+        assert "maxRuntime: 3600s reached" in node.guest["message"]
+        saved = int(out.read_text())
+        assert f"tpu_training stopped_at={saved}" in node.job_log_path().read_text()
+        time.sleep(2)  # the request holds: nothing starts the job
+        assert len(job_pids(out)) == 1 and node.guest["state"] == "stopped"
+        request["reason"] = None
+        node.wait_for(lambda: len(job_pids(out)) == 2 and
+                      node.guest.get("state") == "running", "the job to start again")
+    finally:
+        agent.terminate()
+        runner.join(120)
+    assert codes == [75]
+    assert f"tpu_training resumed_from={saved}" in node.job_log_path().read_text()
