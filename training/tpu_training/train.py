@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from tpu_training import bert, bert_data, data, models, perf
+from tpu_training import bert, bert_data, data, models, output, perf
 from tpu_training import strategy as strategies
 from tpu_training.config import (
     LOCATION_KEYS,
@@ -127,6 +127,7 @@ def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
     with goodput.timed("tpu_init"):
         strategy = strategy or strategies.make_strategy(stopped=lambda: stop.requested)
     _say(out, f"tpu_ready replicas={strategy.num_replicas_in_sync}")
+    restore_handlers(stop, out)
     check_batch(config.globalBatchSize, strategy.num_replicas_in_sync)
     spec = models.model_spec(config)
     if dataset_fn is None:
@@ -322,6 +323,7 @@ class Job:
             if reason:
                 self._save(reason, asynchronous=True)
             meter.executed(self.step, steps, seconds)
+            restore_handlers(stop, self.out)  # libtpu may install its own lazily
         meter.finish(self.step)
         return tuple(losses)
 
@@ -545,4 +547,13 @@ def _join(directory: str, name: str) -> str:
 
 
 def _say(out: TextIO, line: str) -> None:
-    print(f"tpu_training {line}", file=out, flush=True)
+    output.say(line, out)
+
+
+def restore_handlers(stop: StopFlag, out: TextIO) -> None:
+    """Put back the job's SIGTERM, SIGUSR1 and SIGPIPE handlers where TensorFlow or
+    libtpu replaced them (tpu_training.stopping, HandlerGuard), and say which."""
+    replaced = stop.guard.restore()
+    if replaced:
+        _say(out, f"handlers_reinstalled signals={','.join(name for name, _ in replaced)} "
+                  f"replaced_by={','.join(by for _, by in replaced)}")
