@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import re
+import time
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ def progress(lines: list[str]) -> list[str]:
     return [line for line in lines if not line.startswith(("tpu_training saved ",
                                                            "tpu_training goodput ",
                                                            "tpu_training perf ",
+                                                           "tpu_training eval_progress ",
                                                            "tpu_training tpu_ready "))]
 
 
@@ -319,3 +321,29 @@ def test_an_interval_save_does_not_wait_for_its_write(strategy, job, monkeypatch
     assert [(int(m[1]), m[4]) for m in saves] == [(20, "steps"), (40, "steps")]
     assert all(float(m[5]) <= float(m[2]) for m in saves)  # blocked within the write
     assert tf.train.latest_checkpoint(config.checkpointDir).endswith("ckpt-40")
+
+
+def test_a_saved_line_comes_once_the_checkpoint_state_names_its_step(strategy, job,
+                                                                     monkeypatch):
+    """TF runs the job's write callback before the manager's, which writes the state file
+    a restart restores from: the `saved` line waits for the state (finding 8)."""
+    config = JobConfig.from_dict(job(trainSteps=40, stepsPerExecution=5, checkpointEverySteps=20))
+    record_state = tf.train.CheckpointManager._record_state
+
+    def slow_record_state(self):  # a state file on a slow GCS
+        time.sleep(1.0)
+        record_state(self)
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "_record_state", slow_record_state)
+    named: list[tuple[int, str | None]] = []
+
+    class Out(io.StringIO):
+        def write(self, text: str) -> int:
+            if match := SAVED_LINE.match(text):
+                state = tf.train.get_checkpoint_state(config.checkpointDir)
+                named.append((int(match[1]), state and state.model_checkpoint_path))
+            return super().write(text)
+
+    train.run(config, strategy=strategy, out=Out())
+    assert [step for step, _ in named] == [20, 40]
+    assert all(path is not None and path.endswith(f"ckpt-{step}") for step, path in named), named

@@ -29,8 +29,12 @@ checkpoint writer as a synchronous save, so gs:// works alike. CheckpointManager
 state file is written by the write's callback, after the data (checkpoint.py,
 `Checkpoint._write` runs `experimental_write_callbacks` after `_saver.save`), so a kill
 during a write leaves the previous checkpoint the latest. A `saved` line is printed once
-the write is done. The stop and final saves are synchronous, after any write under way,
-as TF's own preemption save is (checkpoint.py, `in_preemption_save_context`).
+the write is done and the state file names it: the manager appends its state-writing
+callback after the job's own (checkpoint_management.py, `CheckpointManager.save`:
+`options.experimental_write_callbacks.append(_record_and_sweep_state)`; checkpoint.py,
+`_execute_callbacks` runs them in order; the same in TF 2.18 and 2.20), so the job's
+callback alone may come first. The stop and final saves are synchronous, after any write
+under way, as TF's own preemption save is (checkpoint.py, `in_preemption_save_context`).
 
 Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdout lines"):
 
@@ -361,10 +365,10 @@ class Job:
         save = self.pending
         if save is None:
             return
-        if wait:
+        if wait:  # returns once the writing thread ran every callback (the state's too)
             with self.goodput.timed("checkpoint_save"):
                 self.manager.sync()
-        if save.done is None:
+        if save.done is None or not (wait or self._state_names(save)):
             return
         self.pending, self.saved_step = None, save.step
         with self.goodput.timed("checkpoint_save"):
@@ -372,6 +376,13 @@ class Job:
         _say(self.out, f"saved step={save.step} seconds={save.done - save.started:.3f} "
                        f"bytes={size} reason={save.reason} blocked={save.blocked:.3f}")
         _say(self.out, self.goodput.line(self.step))
+
+    def _state_names(self, save: PendingSave) -> bool:
+        """Whether the checkpoint state file (what a restart restores) names `save` yet."""
+        with self.goodput.timed("checkpoint_save"):
+            state = tf.train.get_checkpoint_state(self.config.checkpointDir)
+        return state is not None and \
+            state.model_checkpoint_path.rsplit("/", 1)[-1] == save.path.rsplit("/", 1)[-1]
 
     def perf_meter(self, iterator) -> perf.PerfMeter:
         """The perf line's meter: the device alone against the executions (tpu_training.perf).
