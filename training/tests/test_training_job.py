@@ -109,7 +109,55 @@ def test_evaluation_at_the_end_is_reported_and_kept_in_the_marker(finished):
     marker = train.read_marker(config.exportDir)
     assert progress(lines)[-2] == (f"tpu_training eval_accuracy={marker['eval_accuracy']:.6f} "
                          f"eval_loss={marker['eval_loss']:.6f}")
+    assert "evaluation" not in marker  # the metrics replaced "unfinished"
     assert marker["eval_accuracy"] > 0.5  # chance is 0.1
+
+
+def test_evaluation_says_how_far_it_got_from_its_first_batch(finished):
+    _, _, lines = finished
+    said = [line for line in lines if line.startswith("tpu_training eval_progress ")]
+    assert said and said[0] == "tpu_training eval_progress step=60 batch=1"
+    batches = [int(line.rsplit("=", 1)[1]) for line in said]
+    assert batches == sorted(set(batches))  # at most every 10 s: one for a quick evaluation
+    last_step = lines.index(next(line for line in lines
+                                 if line.startswith("tpu_training step=60 ")))
+    evaluated = lines.index(next(line for line in lines if " eval_accuracy=" in line))
+    assert last_step < lines.index(said[0]) < lines.index(said[-1]) + 1 <= evaluated
+
+
+def test_the_evaluation_progress_throttle_is_due_first_then_every_ten_seconds():
+    now = [100.0]
+    throttle = train.Throttle(train.EVAL_PROGRESS_SECONDS, clock=lambda: now[0])
+    due = []
+    for _ in range(25):
+        due.append(throttle.due())
+        now[0] += 1.0
+    assert [i for i, d in enumerate(due) if d] == [0, 10, 20]
+
+
+def test_a_run_resuming_at_train_steps_with_its_export_does_not_evaluate_again(
+        strategy, job, mnist_data, monkeypatch):
+    """A run stopped (or hung) during its evaluation: the next one ends at once (finding 7)."""
+    config = JobConfig.from_dict(job(trainSteps=20, checkpointEverySteps=20, evalData=mnist_data))
+
+    class HungError(Exception):
+        """The agent stopping a job stuck in its evaluation."""
+
+    def hang(self, dataset_fn):
+        raise HungError
+
+    monkeypatch.setattr(train.Job, "evaluate", hang)
+    with pytest.raises(HungError):
+        train.run(config, strategy=strategy, out=io.StringIO())
+    evaluations = []
+    monkeypatch.setattr(train.Job, "evaluate", lambda self, fn: evaluations.append(fn) or {})
+    out = io.StringIO()
+    result = train.run(config, strategy=strategy, out=out)
+    assert evaluations == []
+    assert (result.outcome, result.step) == (train.Outcome.ALREADY_COMPLETE, 20)
+    assert out.getvalue().splitlines()[0] == f"tpu_training complete=20 export={config.exportDir}"
+    assert train.read_marker(config.exportDir)["evaluation"] == "unfinished"
+    assert tf.saved_model.load(config.exportDir).signatures["serving_default"] is not None
 
 
 def test_a_finished_job_reruns_as_a_no_op(finished):

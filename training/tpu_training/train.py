@@ -49,6 +49,8 @@ Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdo
     tpu_training perf step=<N> examples_per_sec=<x> input_wait_share=<s> mfu=<u|na>
                                            every 50 executions (first after 10) and at
                                            the end of training (tpu_training.perf)
+    tpu_training eval_progress step=<N> batch=<i>   evaluating step N: after the first batch,
+                                           then at most every 10 s
     tpu_training eval_accuracy=<x> eval_loss=<y>   at the end, with evalData (BERT: masked-LM
                                            accuracy, and eval_nsp_accuracy=<z> after them)
     tpu_training stopped_at=<N>            SIGTERM: checkpoint saved, exit 75
@@ -81,6 +83,7 @@ from tpu_training.stopping import StopFlag
 from tpu_training.tf_env import keras, tf
 
 COMPLETE_MARKER = "tpu_training_complete.json"
+EVAL_PROGRESS_SECONDS = 10.0  # evaluation says how far it got at most this often
 CHECKPOINTS_KEPT = 3
 MAX_DEFAULT_WARMUP = 1000
 
@@ -125,6 +128,9 @@ def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
     done = read_marker(config.exportDir)
     if done is not None and done["step"] >= config.trainSteps:
         reached[0] = done["step"]
+        if done.get("evaluation") == "unfinished":
+            output.tell(f"the evaluation of step {done['step']} did not finish in an earlier "
+                        f"run; the export is in place, so it is not run again")
         _say(out, f"complete={done['step']} export={config.exportDir}")
         return RunResult(Outcome.ALREADY_COMPLETE, done["step"], done["step"])
     # First: a TPU must initialise, and CPUs be split, before TensorFlow runs any op.
@@ -252,9 +258,13 @@ class Job:
             _say(self.out, f"stopped_at={self.step}")
             return RunResult(Outcome.STOPPED, self.step, resumed_from, losses)
         self._average_replica_statistics()
-        metrics = {} if eval_dataset_fn is None else self.evaluate(eval_dataset_fn)
+        # Export first: a run stopped or hung during the evaluation finds the export
+        # (its marker) when it starts again, and ends at once instead of evaluating again.
         with self.goodput.timed("checkpoint_save"):
-            self._export(metrics)
+            self._export(evaluating=eval_dataset_fn is not None)
+        if eval_dataset_fn is not None:
+            metrics = self.evaluate(eval_dataset_fn)
+            self._write_marker(metrics)
         _say(self.out, f"complete={self.step} export={self.config.exportDir}")
         return RunResult(Outcome.FINISHED, self.step, resumed_from, losses)
 
@@ -439,10 +449,12 @@ class Job:
         def eval_step(batch) -> None:
             self.strategy.run(step_fn, args=batch)
 
-        batches = 0
+        batches, progress = 0, Throttle(EVAL_PROGRESS_SECONDS)
         for batch in self.strategy.distribute_datasets_from_function(dataset_fn):
             eval_step(batch)
             batches += 1
+            if progress.due():  # a progress line for the agent's `final` deadline
+                _say(self.out, f"eval_progress step={self.step} batch={batches}")
         if not batches:
             raise JobConfigError.single("evalData", f"holds fewer records than one global "
                                                     f"batch ({self.config.globalBatchSize})")
@@ -462,16 +474,27 @@ class Job:
             tf.summary.scalar("examples_per_second",
                               steps_per_second * self.config.globalBatchSize)
 
-    def _export(self, metrics: dict[str, float]) -> None:
-        """A float32 copy of the model, so serving needs no TPU and no bfloat16 kernels."""
+    def _export(self, *, evaluating: bool) -> None:
+        """A float32 copy of the model, so serving needs no TPU and no bfloat16 kernels,
+        then its marker (`evaluation: unfinished` until the evaluation's metrics replace it)."""
+        # Layers keep the policy they were built with: the evaluation that follows runs
+        # the model as it trained.
         keras.mixed_precision.set_global_policy("float32")
         if tf.io.gfile.exists(self.config.exportDir):
             # Replace, never merge: TF's ram:// filesystem appends to a file opened with "w".
             tf.io.gfile.rmtree(self.config.exportDir)
         self.task.export(self.model, self.config.exportDir)
+        self._write_marker({"evaluation": "unfinished"} if evaluating else {})
+
+    def _write_marker(self, results: dict[str, float | str]) -> None:
         marker = {"step": self.step, "model": self.spec.name, "trainSteps": self.config.trainSteps,
-                  "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **metrics}
-        with tf.io.gfile.GFile(_join(self.config.exportDir, COMPLETE_MARKER), "w") as out:
+                  "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **results}
+        path = _join(self.config.exportDir, COMPLETE_MARKER)
+        # ram:// appends to a file opened with "w"; elsewhere "w" replaces it whole (a
+        # removal first would leave a window with no marker).
+        if path.startswith("ram://") and tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
+        with tf.io.gfile.GFile(path, "w") as out:
             json.dump(marker, out)
 
 
@@ -488,6 +511,21 @@ class PendingSave:
 
     def written(self) -> None:
         self.done = time.monotonic()
+
+
+class Throttle:
+    """Due at the first call, then at most once every `seconds`."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.seconds, self.clock = seconds, clock
+        self.last: float | None = None
+
+    def due(self) -> bool:
+        now = self.clock()
+        if self.last is not None and now - self.last < self.seconds:
+            return False
+        self.last = now
+        return True
 
 
 class ExecutionSizer:
