@@ -36,10 +36,14 @@ callback after the job's own (checkpoint_management.py, `CheckpointManager.save`
 callback alone may come first. The stop and final saves are synchronous, after any write
 under way, as TF's own preemption save is (checkpoint.py, `in_preemption_save_context`).
 
-Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdout lines"):
+Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdout lines"),
+each in one write (tpu_training.output, which also keeps the job going when the pipe
+loses its reader: `output_orphaned`):
 
     tpu_training started stacks=SIGUSR1 tpu_init_seconds=<s>   first (tpu_training.__main__)
     tpu_training tpu_ready replicas=<n>    the strategy is made (the TPU initialised)
+    tpu_training handlers_reinstalled signals=<…> replaced_by=<…>   after tpu_ready or an
+                                           execution, when another replaced a handler
     tpu_training resumed_from=<N>          once, at start (0: fresh)
     tpu_training step=<N> loss=<float>     once per execution
     tpu_training saved step=<N> seconds=<s> bytes=<b> reason=<steps|minutes|stop|final> \
