@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import tpu_training
 
 TIMEOUT = 120.0
@@ -114,3 +116,48 @@ def test_an_orphaned_job_stopped_by_pid_saves_and_says_where_it_stopped_in_its_l
     assert stopped, text
     assert re.search(rf"^tpu_training saved step={stopped[1]} .* reason=stop ", text, re.M)
 
+
+
+# Says a line a few times a second until told to stop, without the reader-following
+# thread: only a failed write (EPIPE) can move its output.
+SAYER_WITHOUT_FOLLOWER = """
+import pathlib, sys, time
+from tpu_training import output
+
+output.say("step=0 loss=0.5")
+stop = pathlib.Path(sys.argv[1])
+i = 0
+while not stop.exists():
+    i += 1
+    output.say(f"step={i} loss=0.5")
+    output.tell(f"note {i}")
+    time.sleep(0.05)
+output.say(f"complete={i} export=x")
+"""
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_write_that_meets_a_closed_pipe_moves_the_output_to_the_log(tmp_path, named):
+    log = tmp_path / "job.log"
+    env = {key: value for key, value in os.environ.items() if key != "TPU_STACK_JOB_LOG"}
+    if named:
+        env["TPU_STACK_JOB_LOG"] = str(log)
+    stop = tmp_path / "stop"
+    process = subprocess.Popen([sys.executable, "-c", SAYER_WITHOUT_FOLLOWER, str(stop)],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert process.stdout.readline() == b"tpu_training step=0 loss=0.5\n"
+    process.stdout.close()
+    if not named:
+        log = Path(f"/tmp/tpu_training-{process.pid}.log")
+    try:
+        wait_for(lambda: log.exists() and "tpu_training: note" in log.read_text(),
+                 "a line in the log")
+        stop.touch()
+        assert process.wait(TIMEOUT) == 0  # no BrokenPipeError, no SIGPIPE
+        lines = log.read_text().splitlines()
+    finally:
+        process.kill()
+        if not named:
+            log.unlink(missing_ok=True)
+    assert lines[0] == f"tpu_training output_orphaned log={log}"
+    assert lines[-1].startswith("tpu_training complete=")
