@@ -16,7 +16,9 @@ than an interval. Pure, like components/stop_save.py, whose estimates it reuses:
 
 A `progressDeadlineSeconds` under the longest execution is warned of too (a healthy
 job would be stopped as hung), and one under the stop (that execution, then the save:
-stop_save's estimates), which it bounds as well: the save would be killed.
+stop_save's estimates), which it bounds as well: the save would be killed. The job
+schema bounds it (`MAX_PROGRESS_DEADLINE_SECONDS`: the stop must end inside the unit's
+systemd stop timeout), so no advice here names more than that.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 from components.settings import NodeSettings, StackSettings
 from components.stop_save import longest_execution_seconds, stop_save_seconds
 from node_agent.deadlines import EXECUTION_FLOOR_SECONDS, EXECUTION_MULTIPLE
-from tpu_training.config import JobConfig
+from tpu_training.config import MAX_PROGRESS_DEADLINE_SECONDS, JobConfig
 
 
 def execution_deadline_seconds(node: NodeSettings, job: JobConfig) -> float:
@@ -50,8 +52,7 @@ def progress_deadline_warning(node: NodeSettings, job: JobConfig) -> str | None:
     if given and deadline < execution:
         return (f"node {node.name}: job {node.job}'s progressDeadlineSeconds ({deadline:g} s) "
                 f"is shorter than its longest execution (about {execution:.1f} s): the agent "
-                f"would stop a healthy job as hung; give at least {EXECUTION_MULTIPLE:g} "
-                f"times that")
+                f"would stop a healthy job as hung; {_enough(execution)}")
     stop = execution + stop_save_seconds(job)
     if given and deadline < stop:
         return (f"node {node.name}: job {node.job}'s progressDeadlineSeconds ({deadline:g} s) "
@@ -64,7 +65,18 @@ def progress_deadline_warning(node: NodeSettings, job: JobConfig) -> str | None:
             f"is {deadline:.0f} s ({source}), longer than its checkpoint interval of "
             f"{interval:.0f} s (checkpointEveryMinutes), so a hang would always lose more "
             f"than one interval (up to {deadline + interval:.0f} s); give "
-            f"progressDeadlineSeconds of at most {interval:.0f} s (above the longest "
+            f"progressDeadlineSeconds of at most "
+            f"{min(interval, MAX_PROGRESS_DEADLINE_SECONDS):.0f} s (above the longest "
+            f"execution), or fewer stepsPerExecution")
+
+
+def _enough(execution: float) -> str:
+    """The advice for a deadline under the longest execution, within the schema's bound."""
+    wanted = EXECUTION_MULTIPLE * execution
+    if wanted <= MAX_PROGRESS_DEADLINE_SECONDS:
+        return f"give at least {EXECUTION_MULTIPLE:g} times that"
+    return (f"give more, up to the {MAX_PROGRESS_DEADLINE_SECONDS:g} s the key allows, or "
+            f"leave it unset (the agent's default: {EXECUTION_MULTIPLE:g} times the longest "
             f"execution), or fewer stepsPerExecution")
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pulumi
 import pytest
 
@@ -12,10 +15,14 @@ from components.progress_deadline import (
 )
 from components.settings import load_settings
 from components.stop_save import longest_execution_seconds, stop_save_seconds
+from node_agent.deadlines import STOP_SECONDS
 from ops.plan.offline import offline_plan
 from ops.plan.report import plain
 from tests.infra.stack_fixtures import as_cli, config, job, node
 from tests.repo_stacks import repo_stacks
+from tpu_training.config import MAX_PROGRESS_DEADLINE_SECONDS
+
+AGENT_EXIT_ROOM_SECONDS = 30  # after the job's kill: the agent's last status, its exit
 
 # resnet50 at a large batch on an on-demand v5litepod-8: 200 steps would take 42 s, so
 # executions fill the standard notice's share (30 s): the default deadline is 5 x 30 s.
@@ -72,7 +79,12 @@ def test_a_given_deadline_is_the_execution_deadline_and_is_checked_both_ways():
     assert warning == (
         "node trainer: job mnist's progressDeadlineSeconds (20 s) is shorter than its "
         "longest execution (about 30.0 s): the agent would stop a healthy job as hung; give "
-        "at least 5 times that")
+        "more, up to the 120 s the key allows, or leave it unset (the agent's default: 5 "
+        "times the longest execution), or fewer stepsPerExecution")  # 5 x 30 s is over 120 s
+    n, j = only(settings_of(**{**LONG_STEPS, "stepsPerExecution": 100},
+                            progressDeadlineSeconds=10))
+    assert 10 < longest_execution_seconds(n, j) < 24  # 5 x it fits the bound
+    assert progress_deadline_warning(n, j).endswith("; give at least 5 times that")
 
 
 def test_a_given_deadline_under_the_stop_save_is_warned_of():
@@ -101,5 +113,19 @@ def test_the_preview_warns_on_the_node_and_the_plan_lists_it(monkeypatch):
 def test_a_bad_deadline_is_one_message_naming_the_key():
     with pytest.raises(Exception) as caught:
         settings_of(progressDeadlineSeconds=5)
-    assert "tpu-stack:jobs.mnist.progressDeadlineSeconds: must be a number of seconds of at " \
-           "least 10, got 5" in str(caught.value)
+    assert "tpu-stack:jobs.mnist.progressDeadlineSeconds: must be a number of seconds from " \
+           "10 to 120 (it also bounds" in str(caught.value)
+    with pytest.raises(Exception) as caught:
+        settings_of(progressDeadlineSeconds=600)
+    assert "progressDeadlineSeconds: must be a number of seconds from 10 to 120" \
+        in str(caught.value)
+
+
+def test_the_largest_deadline_and_so_stop_ends_inside_the_units_stop_timeout():
+    """progressDeadlineSeconds is also the agent's stop deadline (SIGTERM to SIGKILL):
+    systemd kills the whole unit TimeoutStopSec after its stop began, so the largest one
+    must end inside it with room for the agent's own exit."""
+    unit = (Path(__file__).parents[2] / "node_agent" / "bootstrap.sh").read_text()
+    (timeout,) = re.findall(r"^TimeoutStopSec=(\d+)$", unit, re.M)
+    assert int(timeout) >= MAX_PROGRESS_DEADLINE_SECONDS + AGENT_EXIT_ROOM_SECONDS
+    assert MAX_PROGRESS_DEADLINE_SECONDS <= STOP_SECONDS  # no longer than the default stop

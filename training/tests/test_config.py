@@ -227,8 +227,8 @@ def test_the_notice_is_the_nodes_not_the_stack_jobs():
         "noticeSeconds": "must be a number of seconds more than 0, got 0"}
 
 
-@pytest.mark.parametrize("seconds", [10, 90.5])
-def test_progress_deadline_is_a_number_of_seconds_of_at_least_ten(seconds):
+@pytest.mark.parametrize("seconds", [10, 90.5, 120])
+def test_progress_deadline_is_a_number_of_seconds_from_ten_to_120(seconds):
     job = JobConfig.from_dict({**STACK_JOB, "progressDeadlineSeconds": seconds}, resolved=False)
     assert job.progressDeadlineSeconds == seconds
     node = job.resolve(data_root="gs://d/", checkpoint_dir="gs://c/", export_dir="gs://e/",
@@ -236,9 +236,15 @@ def test_progress_deadline_is_a_number_of_seconds_of_at_least_ten(seconds):
     assert node.progressDeadlineSeconds == seconds  # the node's agent reads it
 
 
+BOUNDS = ("must be a number of seconds from 10 to 120 (it also bounds the stop, which must "
+          "end inside the node's systemd stop timeout; leave it unset for the agent's "
+          "defaults)")
+
+
 @pytest.mark.parametrize(("seconds", "message"), [
-    (9.5, "must be a number of seconds of at least 10, got 9.5"),
-    (math.inf, "must be a number of seconds of at least 10, got inf"),
+    (9.5, f"{BOUNDS}, got 9.5"),
+    (120.5, f"{BOUNDS}, got 120.5"),
+    (math.inf, f"{BOUNDS}, got inf"),
     ("60", "must be a number, got '60'"),
 ])
 def test_a_bad_progress_deadline_is_named(seconds, message):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import re
+import time
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ def progress(lines: list[str]) -> list[str]:
     return [line for line in lines if not line.startswith(("tpu_training saved ",
                                                            "tpu_training goodput ",
                                                            "tpu_training perf ",
+                                                           "tpu_training eval_progress ",
                                                            "tpu_training tpu_ready "))]
 
 
@@ -107,7 +109,55 @@ def test_evaluation_at_the_end_is_reported_and_kept_in_the_marker(finished):
     marker = train.read_marker(config.exportDir)
     assert progress(lines)[-2] == (f"tpu_training eval_accuracy={marker['eval_accuracy']:.6f} "
                          f"eval_loss={marker['eval_loss']:.6f}")
+    assert "evaluation" not in marker  # the metrics replaced "unfinished"
     assert marker["eval_accuracy"] > 0.5  # chance is 0.1
+
+
+def test_evaluation_says_how_far_it_got_from_its_first_batch(finished):
+    _, _, lines = finished
+    said = [line for line in lines if line.startswith("tpu_training eval_progress ")]
+    assert said and said[0] == "tpu_training eval_progress step=60 batch=1"
+    batches = [int(line.rsplit("=", 1)[1]) for line in said]
+    assert batches == sorted(set(batches))  # at most every 10 s: one for a quick evaluation
+    last_step = lines.index(next(line for line in lines
+                                 if line.startswith("tpu_training step=60 ")))
+    evaluated = lines.index(next(line for line in lines if " eval_accuracy=" in line))
+    assert last_step < lines.index(said[0]) < lines.index(said[-1]) + 1 <= evaluated
+
+
+def test_the_evaluation_progress_throttle_is_due_first_then_every_ten_seconds():
+    now = [100.0]
+    throttle = train.Throttle(train.EVAL_PROGRESS_SECONDS, clock=lambda: now[0])
+    due = []
+    for _ in range(25):
+        due.append(throttle.due())
+        now[0] += 1.0
+    assert [i for i, d in enumerate(due) if d] == [0, 10, 20]
+
+
+def test_a_run_resuming_at_train_steps_with_its_export_does_not_evaluate_again(
+        strategy, job, mnist_data, monkeypatch):
+    """A run stopped (or hung) during its evaluation: the next one ends at once (finding 7)."""
+    config = JobConfig.from_dict(job(trainSteps=20, checkpointEverySteps=20, evalData=mnist_data))
+
+    class HungError(Exception):
+        """The agent stopping a job stuck in its evaluation."""
+
+    def hang(self, dataset_fn):
+        raise HungError
+
+    monkeypatch.setattr(train.Job, "evaluate", hang)
+    with pytest.raises(HungError):
+        train.run(config, strategy=strategy, out=io.StringIO())
+    evaluations = []
+    monkeypatch.setattr(train.Job, "evaluate", lambda self, fn: evaluations.append(fn) or {})
+    out = io.StringIO()
+    result = train.run(config, strategy=strategy, out=out)
+    assert evaluations == []
+    assert (result.outcome, result.step) == (train.Outcome.ALREADY_COMPLETE, 20)
+    assert out.getvalue().splitlines()[0] == f"tpu_training complete=20 export={config.exportDir}"
+    assert train.read_marker(config.exportDir)["evaluation"] == "unfinished"
+    assert tf.saved_model.load(config.exportDir).signatures["serving_default"] is not None
 
 
 def test_a_finished_job_reruns_as_a_no_op(finished):
@@ -319,3 +369,29 @@ def test_an_interval_save_does_not_wait_for_its_write(strategy, job, monkeypatch
     assert [(int(m[1]), m[4]) for m in saves] == [(20, "steps"), (40, "steps")]
     assert all(float(m[5]) <= float(m[2]) for m in saves)  # blocked within the write
     assert tf.train.latest_checkpoint(config.checkpointDir).endswith("ckpt-40")
+
+
+def test_a_saved_line_comes_once_the_checkpoint_state_names_its_step(strategy, job,
+                                                                     monkeypatch):
+    """TF runs the job's write callback before the manager's, which writes the state file
+    a restart restores from: the `saved` line waits for the state (finding 8)."""
+    config = JobConfig.from_dict(job(trainSteps=40, stepsPerExecution=5, checkpointEverySteps=20))
+    record_state = tf.train.CheckpointManager._record_state
+
+    def slow_record_state(self):  # a state file on a slow GCS
+        time.sleep(1.0)
+        record_state(self)
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "_record_state", slow_record_state)
+    named: list[tuple[int, str | None]] = []
+
+    class Out(io.StringIO):
+        def write(self, text: str) -> int:
+            if match := SAVED_LINE.match(text):
+                state = tf.train.get_checkpoint_state(config.checkpointDir)
+                named.append((int(match[1]), state and state.model_checkpoint_path))
+            return super().write(text)
+
+    train.run(config, strategy=strategy, out=Out())
+    assert [step for step, _ in named] == [20, 40]
+    assert all(path is not None and path.endswith(f"ckpt-{step}") for step, path in named), named

@@ -27,7 +27,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
-from tpu_training import exits  # noqa: E402
+from tpu_training import exits, output  # noqa: E402
 from tpu_training.config import (  # noqa: E402
     MODEL_NAMES,
     RECORD_FORMATS,
@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.command(args, stop)
     except JobConfigError as error:
         if isinstance(error, exits.NoDataError):
-            print(f"tpu_training waiting_for_data pattern={error.pattern}", flush=True)
+            output.say(f"waiting_for_data pattern={error.pattern}")
         for key, message in error.problems:
             _error(f"{key}: {message}" if key else message)
         return _CONFIG_EXITS.get(type(error), exits.EXIT_USAGE)
@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exits.EXIT_STOP_SAVE_FAILED
     except exits.UnavailableError as error:
         if isinstance(error, exits.TpuBusyError):
-            print(f"tpu_training {error.line}", flush=True)
+            output.say(error.line)
         _error(str(error))
         return exits.EXIT_UNAVAILABLE
     except _OneLineError as error:
@@ -76,9 +76,12 @@ class _OneLineError(Exception):
 STACKS_SIGNAL = signal.SIGUSR1
 
 
-def announce_start() -> None:
+def announce_start(stop: StopFlag) -> None:
     """Dump every thread's stack on STACKS_SIGNAL, from now on, and say so with the bound
-    on TPU initialisation (`started`, the job's first line). faulthandler's handler is C
+    on TPU initialisation (`started`, the job's first line); `stop.guard` keeps that
+    handler and SIGPIPE's "ignore" (train.py puts them back when TensorFlow or libtpu
+    replaced them: a default SIGPIPE would kill the job at a write to a pipe without a
+    reader, tpu_training.output). faulthandler's handler is C
     code that writes without the GIL, so it answers while the main thread is blocked in
     TensorFlow (a read that never returns); docs.python.org/3/library/faulthandler.html,
     `register(signum, file, all_threads=True)`. It writes to the process's own stderr
@@ -87,20 +90,40 @@ def announce_start() -> None:
     out and the agent assumes the default."""
     stacks = ""
     try:
-        faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
+        _register_stacks(STACKS_SIGNAL)
+        stop.guard.keep(STACKS_SIGNAL, _register_stacks_again)
         stacks = f" stacks={STACKS_SIGNAL.name}"
     except (AttributeError, OSError, RuntimeError, ValueError):
         pass  # no stderr with a file descriptor (sys.__stderr__ is None or has no fileno)
+    if signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN:  # as Python sets it at start
+        stop.guard.keep(signal.SIGPIPE, lambda signum: signal.signal(signum, signal.SIG_IGN),
+                        python_handler=signal.SIG_IGN)
     try:  # a bad value is the strategy's error to report, where it is used
         bound = f" tpu_init_seconds={tpu_init_seconds(os.environ):g}"
     except JobConfigError:
         bound = ""
-    print(f"tpu_training started{stacks}{bound}", flush=True)
+    output.say(f"started{stacks}{bound}")
+
+
+def _register_stacks(signum: int) -> None:
+    faulthandler.register(signum, file=sys.__stderr__, all_threads=True)
+
+
+def _register_stacks_again(signum: int) -> None:
+    """Install faulthandler's handler again (unregister first: register alone keeps a
+    registration it thinks in place, tpu_training.stopping), the signal blocked between
+    the two so that it cannot meet the default action (which ends the process)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    try:
+        faulthandler.unregister(signum)
+        _register_stacks(signum)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
 
 
 def _run(args: argparse.Namespace, stop: StopFlag) -> int:
     goodput = Goodput()  # TensorFlow's import is program start-up
-    announce_start()
+    announce_start(stop)
     config = JobConfig.from_dict(_load_json(args.config), resolved=True)
     from tpu_training import strategy, train  # TensorFlow loads here, not for --help
     from tpu_training.tf_env import tf
@@ -151,8 +174,8 @@ def _synth(args: argparse.Namespace, _stop: StopFlag) -> int:
     result = synth.write_dataset(args.out, models.model_spec(config), examples=args.examples,
                                  shards=args.shards, prefix=args.prefix, seed=args.seed,
                                  record_format=config.recordFormat)
-    print(f"tpu_training synth wrote {result.examples} examples in {len(result.files)} "
-          f"shards: {result.pattern}", flush=True)
+    output.say(f"synth wrote {result.examples} examples in {len(result.files)} shards: "
+               f"{result.pattern}")
     return 0
 
 
@@ -200,8 +223,9 @@ def _positive(text: str) -> int:
 
 
 def _error(message: str) -> None:
-    print(f"tpu_training: error: {message}", file=sys.stderr, flush=True)
+    output.tell(f"error: {message}")
 
 
 if __name__ == "__main__":
+    output.follow_reader()  # the job outlives its agent (tpu_training.output)
     sys.exit(main())

@@ -323,6 +323,10 @@ _NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes", "notice
 # Below this a deadline would mostly catch a busy host (a checkpoint write, a pause),
 # not a hang; the agent's tests shorten deadlines through its environment instead.
 MIN_PROGRESS_DEADLINE_SECONDS = 10.0
+# It is also the agent's stop deadline (SIGTERM to SIGKILL), which must end inside the
+# unit's TimeoutStopSec (node_agent/bootstrap.sh: 150 s) with room for the agent's own
+# exit: the agent's default stop grace, 120 s (docs/design.md, "Deadlines").
+MAX_PROGRESS_DEADLINE_SECONDS = 120.0
 _MIN_IMAGE_SIZE = 32  # ResNet downsamples by 32 before its pooling layer
 _MAX_WIDTH = 4
 
@@ -437,10 +441,13 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
         problems.append(("peakFlopsPerSecond", f"must be a number of FLOPs per second more "
                                                f"than 0, got {peak}"))
     deadline = data.get("progressDeadlineSeconds")
-    if deadline is not None and not MIN_PROGRESS_DEADLINE_SECONDS <= deadline < float("inf"):
+    if deadline is not None and not (MIN_PROGRESS_DEADLINE_SECONDS <= deadline
+                                     <= MAX_PROGRESS_DEADLINE_SECONDS):
         problems.append(("progressDeadlineSeconds",
-                         f"must be a number of seconds of at least "
-                         f"{MIN_PROGRESS_DEADLINE_SECONDS:g}, got {deadline}"))
+                         f"must be a number of seconds from {MIN_PROGRESS_DEADLINE_SECONDS:g} "
+                         f"to {MAX_PROGRESS_DEADLINE_SECONDS:g} (it also bounds the stop, "
+                         f"which must end inside the node's systemd stop timeout; leave it "
+                         f"unset for the agent's defaults), got {deadline}"))
     rate = data.get("learningRate")
     if rate is not None and not 0 < rate < 10:
         problems.append(("learningRate", f"must be between 0 and 10 (exclusive), got {rate}"))

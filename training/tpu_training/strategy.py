@@ -37,12 +37,11 @@ import fcntl
 import os
 import re
 import struct
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tpu_training import exits
+from tpu_training import exits, output
 from tpu_training.config import JobConfigError, tpu_init_seconds
 from tpu_training.exits import UnavailableError
 from tpu_training.tf_env import tf
@@ -93,7 +92,7 @@ def make_strategy(kind: str | None = None, cpu_replicas: int | None = None, *,
         try:
             return tpu_strategy()
         except StrategyError as error:
-            print(f"tpu_training: {error}; training on CPU", file=sys.stderr, flush=True)
+            output.tell(f"{error}; training on CPU")
     return tf.distribute.MirroredStrategy(devices) if devices else tf.distribute.get_strategy()
 
 
@@ -179,8 +178,7 @@ def retried(make: Callable[[], tf.distribute.TPUStrategy], seconds: float, *,
                        else f"retried for {seconds:g} s")
                 raise TpuUnavailableError(f"{error} ({why})") from error
             pause = min(pause, left)
-            print(f"tpu_training: {error}; retrying in {pause:.1f} s", file=sys.stderr,
-                  flush=True)
+            output.tell(f"{error}; retrying in {pause:.1f} s")
             sleep(pause)
             pause = min(2 * pause, MAX_RETRY_SECONDS)
 

@@ -29,13 +29,21 @@ checkpoint writer as a synchronous save, so gs:// works alike. CheckpointManager
 state file is written by the write's callback, after the data (checkpoint.py,
 `Checkpoint._write` runs `experimental_write_callbacks` after `_saver.save`), so a kill
 during a write leaves the previous checkpoint the latest. A `saved` line is printed once
-the write is done. The stop and final saves are synchronous, after any write under way,
-as TF's own preemption save is (checkpoint.py, `in_preemption_save_context`).
+the write is done and the state file names it: the manager appends its state-writing
+callback after the job's own (checkpoint_management.py, `CheckpointManager.save`:
+`options.experimental_write_callbacks.append(_record_and_sweep_state)`; checkpoint.py,
+`_execute_callbacks` runs them in order; the same in TF 2.18 and 2.20), so the job's
+callback alone may come first. The stop and final saves are synchronous, after any write
+under way, as TF's own preemption save is (checkpoint.py, `in_preemption_save_context`).
 
-Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdout lines"):
+Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdout lines"),
+each in one write (tpu_training.output, which also keeps the job going when the pipe
+loses its reader: `output_orphaned`):
 
     tpu_training started stacks=SIGUSR1 tpu_init_seconds=<s>   first (tpu_training.__main__)
     tpu_training tpu_ready replicas=<n>    the strategy is made (the TPU initialised)
+    tpu_training handlers_reinstalled signals=<…> replaced_by=<…>   after tpu_ready or an
+                                           execution, when another replaced a handler
     tpu_training resumed_from=<N>          once, at start (0: fresh)
     tpu_training step=<N> loss=<float>     once per execution
     tpu_training saved step=<N> seconds=<s> bytes=<b> reason=<steps|minutes|stop|final> \
@@ -45,6 +53,8 @@ Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdo
     tpu_training perf step=<N> examples_per_sec=<x> input_wait_share=<s> mfu=<u|na>
                                            every 50 executions (first after 10) and at
                                            the end of training (tpu_training.perf)
+    tpu_training eval_progress step=<N> batch=<i>   evaluating step N: after the first batch,
+                                           then at most every 10 s
     tpu_training eval_accuracy=<x> eval_loss=<y>   at the end, with evalData (BERT: masked-LM
                                            accuracy, and eval_nsp_accuracy=<z> after them)
     tpu_training stopped_at=<N>            SIGTERM: checkpoint saved, exit 75
@@ -62,7 +72,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from tpu_training import bert, bert_data, data, models, perf
+from tpu_training import bert, bert_data, data, models, output, perf
 from tpu_training import strategy as strategies
 from tpu_training.config import (
     LOCATION_KEYS,
@@ -77,6 +87,7 @@ from tpu_training.stopping import StopFlag
 from tpu_training.tf_env import keras, tf
 
 COMPLETE_MARKER = "tpu_training_complete.json"
+EVAL_PROGRESS_SECONDS = 10.0  # evaluation says how far it got at most this often
 CHECKPOINTS_KEPT = 3
 MAX_DEFAULT_WARMUP = 1000
 
@@ -121,12 +132,16 @@ def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
     done = read_marker(config.exportDir)
     if done is not None and done["step"] >= config.trainSteps:
         reached[0] = done["step"]
+        if done.get("evaluation") == "unfinished":
+            output.tell(f"the evaluation of step {done['step']} did not finish in an earlier "
+                        f"run; the export is in place, so it is not run again")
         _say(out, f"complete={done['step']} export={config.exportDir}")
         return RunResult(Outcome.ALREADY_COMPLETE, done["step"], done["step"])
     # First: a TPU must initialise, and CPUs be split, before TensorFlow runs any op.
     with goodput.timed("tpu_init"):
         strategy = strategy or strategies.make_strategy(stopped=lambda: stop.requested)
     _say(out, f"tpu_ready replicas={strategy.num_replicas_in_sync}")
+    restore_handlers(stop, out)
     check_batch(config.globalBatchSize, strategy.num_replicas_in_sync)
     spec = models.model_spec(config)
     if dataset_fn is None:
@@ -247,9 +262,13 @@ class Job:
             _say(self.out, f"stopped_at={self.step}")
             return RunResult(Outcome.STOPPED, self.step, resumed_from, losses)
         self._average_replica_statistics()
-        metrics = {} if eval_dataset_fn is None else self.evaluate(eval_dataset_fn)
+        # Export first: a run stopped or hung during the evaluation finds the export
+        # (its marker) when it starts again, and ends at once instead of evaluating again.
         with self.goodput.timed("checkpoint_save"):
-            self._export(metrics)
+            self._export(evaluating=eval_dataset_fn is not None)
+        if eval_dataset_fn is not None:
+            metrics = self.evaluate(eval_dataset_fn)
+            self._write_marker(metrics)
         _say(self.out, f"complete={self.step} export={self.config.exportDir}")
         return RunResult(Outcome.FINISHED, self.step, resumed_from, losses)
 
@@ -322,6 +341,7 @@ class Job:
             if reason:
                 self._save(reason, asynchronous=True)
             meter.executed(self.step, steps, seconds)
+            restore_handlers(stop, self.out)  # libtpu may install its own lazily
         meter.finish(self.step)
         return tuple(losses)
 
@@ -359,10 +379,10 @@ class Job:
         save = self.pending
         if save is None:
             return
-        if wait:
+        if wait:  # returns once the writing thread ran every callback (the state's too)
             with self.goodput.timed("checkpoint_save"):
                 self.manager.sync()
-        if save.done is None:
+        if save.done is None or not (wait or self._state_names(save)):
             return
         self.pending, self.saved_step = None, save.step
         with self.goodput.timed("checkpoint_save"):
@@ -370,6 +390,13 @@ class Job:
         _say(self.out, f"saved step={save.step} seconds={save.done - save.started:.3f} "
                        f"bytes={size} reason={save.reason} blocked={save.blocked:.3f}")
         _say(self.out, self.goodput.line(self.step))
+
+    def _state_names(self, save: PendingSave) -> bool:
+        """Whether the checkpoint state file (what a restart restores) names `save` yet."""
+        with self.goodput.timed("checkpoint_save"):
+            state = tf.train.get_checkpoint_state(self.config.checkpointDir)
+        return state is not None and \
+            state.model_checkpoint_path.rsplit("/", 1)[-1] == save.path.rsplit("/", 1)[-1]
 
     def perf_meter(self, iterator) -> perf.PerfMeter:
         """The perf line's meter: the device alone against the executions (tpu_training.perf).
@@ -426,10 +453,12 @@ class Job:
         def eval_step(batch) -> None:
             self.strategy.run(step_fn, args=batch)
 
-        batches = 0
+        batches, progress = 0, Throttle(EVAL_PROGRESS_SECONDS)
         for batch in self.strategy.distribute_datasets_from_function(dataset_fn):
             eval_step(batch)
             batches += 1
+            if progress.due():  # a progress line for the agent's `final` deadline
+                _say(self.out, f"eval_progress step={self.step} batch={batches}")
         if not batches:
             raise JobConfigError.single("evalData", f"holds fewer records than one global "
                                                     f"batch ({self.config.globalBatchSize})")
@@ -449,16 +478,27 @@ class Job:
             tf.summary.scalar("examples_per_second",
                               steps_per_second * self.config.globalBatchSize)
 
-    def _export(self, metrics: dict[str, float]) -> None:
-        """A float32 copy of the model, so serving needs no TPU and no bfloat16 kernels."""
+    def _export(self, *, evaluating: bool) -> None:
+        """A float32 copy of the model, so serving needs no TPU and no bfloat16 kernels,
+        then its marker (`evaluation: unfinished` until the evaluation's metrics replace it)."""
+        # Layers keep the policy they were built with: the evaluation that follows runs
+        # the model as it trained.
         keras.mixed_precision.set_global_policy("float32")
         if tf.io.gfile.exists(self.config.exportDir):
             # Replace, never merge: TF's ram:// filesystem appends to a file opened with "w".
             tf.io.gfile.rmtree(self.config.exportDir)
         self.task.export(self.model, self.config.exportDir)
+        self._write_marker({"evaluation": "unfinished"} if evaluating else {})
+
+    def _write_marker(self, results: dict[str, float | str]) -> None:
         marker = {"step": self.step, "model": self.spec.name, "trainSteps": self.config.trainSteps,
-                  "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **metrics}
-        with tf.io.gfile.GFile(_join(self.config.exportDir, COMPLETE_MARKER), "w") as out:
+                  "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **results}
+        path = _join(self.config.exportDir, COMPLETE_MARKER)
+        # ram:// appends to a file opened with "w"; elsewhere "w" replaces it whole (a
+        # removal first would leave a window with no marker).
+        if path.startswith("ram://") and tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
+        with tf.io.gfile.GFile(path, "w") as out:
             json.dump(marker, out)
 
 
@@ -475,6 +515,21 @@ class PendingSave:
 
     def written(self) -> None:
         self.done = time.monotonic()
+
+
+class Throttle:
+    """Due at the first call, then at most once every `seconds`."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.seconds, self.clock = seconds, clock
+        self.last: float | None = None
+
+    def due(self) -> bool:
+        now = self.clock()
+        if self.last is not None and now - self.last < self.seconds:
+            return False
+        self.last = now
+        return True
 
 
 class ExecutionSizer:
@@ -545,4 +600,13 @@ def _join(directory: str, name: str) -> str:
 
 
 def _say(out: TextIO, line: str) -> None:
-    print(f"tpu_training {line}", file=out, flush=True)
+    output.say(line, out)
+
+
+def restore_handlers(stop: StopFlag, out: TextIO) -> None:
+    """Put back the job's SIGTERM, SIGUSR1 and SIGPIPE handlers where TensorFlow or
+    libtpu replaced them (tpu_training.stopping, HandlerGuard), and say which."""
+    replaced = stop.guard.restore()
+    if replaced:
+        _say(out, f"handlers_reinstalled signals={','.join(name for name, _ in replaced)} "
+                  f"replaced_by={','.join(by for _, by in replaced)}")
