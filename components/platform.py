@@ -20,8 +20,16 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components import catalog, cost
-from components.ci import CI_APIS, PREVIEW_ROLES, CiArgs, CiIdentity, DeployerScope
-from components.identity import PROJECT_ROLES, IdentityArgs, RuntimeIdentity
+from components.bootstrap import granted_in_host_project
+from components.ci import (
+    CI_APIS,
+    DEPLOYER_ACCOUNT_ROLE,
+    DEPLOYER_ACCOUNT_ROLES,
+    CiArgs,
+    CiIdentity,
+    DeployerScope,
+)
+from components.identity import IdentityArgs, RuntimeIdentity
 from components.locality import cross_region_warning
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
@@ -35,7 +43,6 @@ from components.team_stack import PlatformReference
 from components.teams import (
     OWN_PURPOSES,
     TEAM_STACK_PURPOSES,
-    TPU_XPN_AGENT_ROLE,
     BudgetsAccess,
     HostNetwork,
     TeamBudget,
@@ -141,6 +148,8 @@ class TpuPlatform(pulumi.ComponentResource):
             self.host = HostNetwork(project_id, gcp.compute.SharedVPCHostProject(
                 "shared-vpc-host", project=project_id, opts=after_apis), self.network.subnets,
                 self.network.network.id)
+        if settings.teams and settings.team_projects and settings.team_projects.deployer:
+            self._deployer_on_own_account(settings.team_projects.deployer)
         if settings.ci:
             self.ci = CiIdentity("ci", CiArgs(settings.ci, project_id, naming, scope=DeployerScope(
                 granted_roles=self._granted_project_roles(),
@@ -151,11 +160,20 @@ class TpuPlatform(pulumi.ComponentResource):
         for team in settings.teams:
             self._declare_team(team, after_apis)
 
+    def _deployer_on_own_account(self, deployer: str) -> None:
+        """The platform deployer administers and acts as the stack's own runtime account,
+        on that account alone (as a CI deployer does, components/ci.py); an admin's first
+        `up` applies these, as no principal grants itself."""
+        for role in DEPLOYER_ACCOUNT_ROLES:
+            logical = "acts-as" if role == DEPLOYER_ACCOUNT_ROLE else "administers"
+            gcp.serviceaccount.IAMMember(
+                f"platform-deployer-{logical}", service_account_id=self.identity.account.name,
+                role=role, member=f"serviceAccount:{deployer}", opts=self._child())
+
     def _granted_project_roles(self) -> list[str]:
         """Roles the stack grants on its own project, the deployer's own excepted:
         what its deployer's projectIamAdmin is limited to (components/ci.py)."""
-        roles = {*PROJECT_ROLES, *PREVIEW_ROLES}
-        return sorted(roles | ({TPU_XPN_AGENT_ROLE} if self.settings.teams else set()))
+        return granted_in_host_project(self.settings)
 
     def _declare_team(self, team: str, after_apis: pulumi.ResourceOptions) -> None:
         """The platform's part for every team: its project; a team whose nodes
@@ -170,7 +188,9 @@ class TpuPlatform(pulumi.ComponentResource):
             state_bucket=settings.team_projects.state_bucket, members=spec.members,
             quota=spec.quota, regions={f: sorted(r) for f, r in settings.quota.items()},
             network=self.host, data_bucket=self.buckets.names["data"], ci=spec.ci,
-            budget=self._budget(team), budgets=self.budgets), opts=after_apis)
+            budget=self._budget(team), budgets=self.budgets,
+            platform_deployer=settings.team_projects.deployer if spec.nodes else None),
+            opts=after_apis)
         if not spec.nodes:
             return
         shared = {"artifacts": self.buckets.buckets["artifacts"].name}

@@ -270,6 +270,9 @@ class TeamProjectsSettings(_Model):
     # The gs:// bucket of a self-managed backend holding every stack's state: each
     # team's deployer may write its own stack's files only (components/team_state.py).
     state_bucket: str | None = None
+    # The platform deployer's email (the bootstrap's --deployer): the platform grants it
+    # actAs on the runtime accounts of the team nodes it declares (components/teams.py).
+    deployer: str | None = None
 
 
 class BillingSettings(_Model):
@@ -1122,12 +1125,14 @@ def team_problems(s: StackSettings) -> Problems:
     """The shared-capacity rules: a team stack's, or a platform stack's teams and quota."""
     if s.is_team_stack:
         yield from _team_stack_problems(s)
+        yield from _team_reservation_problems(s, f"{NAMESPACE}:nodes", s.nodes)
         return
     yield from _quota_declaration_problems(s.quota)
     if s.billing:
         yield from _billing_problems(s.billing)
     if s.teams:
         yield from _team_projects_problems(s)
+        yield from _platform_deployer_problems(s)
     if s.teams and COST_CENTRE not in s.labels:
         yield (f"{NAMESPACE}:labels.{COST_CENTRE}", f"is required with {TEAMS_KEY}: the "
                                                     f"platform's own resources carry one too")
@@ -1320,3 +1325,48 @@ def _team_stack_problems(s: StackSettings) -> Problems:
     if COST_CENTRE not in s.labels:
         yield (f"{NAMESPACE}:labels.{COST_CENTRE}", "is required in a team stack: every "
                                                     "billable resource carries a cost centre")
+
+
+_ACCOUNT_EMAIL_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]"
+                               r"\.iam\.gserviceaccount\.com$")
+_RESERVATION_RE = re.compile(r"^projects/(?P<owner>[^/]+)/locations/(?P<zone>[^/]+)/"
+                             r"reservations/(?P<name>[^/]+)$")
+
+
+def _platform_deployer_problems(s: StackSettings) -> Problems:
+    """The platform deployer creates the team nodes it declares running as their team's
+    account: it needs actAs there, which the stack grants it by its email (issue 34)."""
+    key = f"{TEAM_PROJECTS_KEY}.deployer"
+    deployer = s.team_projects.deployer if s.team_projects else None
+    if deployer is not None and not _ACCOUNT_EMAIL_RE.match(deployer):
+        yield (key, f"{deployer!r} is not a service account email "
+                    f"(<id>@<project>.iam.gserviceaccount.com)")
+    with_nodes = sorted(name for name, team in s.teams.items() if team.nodes)
+    if deployer is None and with_nodes:
+        yield (key, f"is required when the platform declares team nodes ({', '.join(with_nodes)}):"
+                    f" the email of the platform's deployer (the bootstrap's --deployer), which "
+                    f"needs actAs on each team's runtime account its nodes run as")
+    for name, team in s.teams.items():
+        yield from _team_reservation_problems(s, f"{TEAMS_KEY}.{name}.nodes", team.nodes)
+
+
+def _team_reservation_problems(s: StackSettings, key: str,
+                               nodes: list[NodeSettings]) -> Problems:
+    """A team's node lives in the team's project, where the TPU API finds none of the
+    platform's reservations: it picks one by accelerator type, project and zone, and
+    another project's only when a queued resource names it (`reservationName`,
+    cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.queuedResources)."""
+    for index, node in enumerate(nodes):
+        where = f"{key}[{index}]"
+        example = f"projects/{s.gcp_project}/locations/{node.zone}/reservations/<NAME>"
+        if node.provisioning == "reserved":
+            yield (f"{where}.provisioning",
+                   f"reserved capacity in a team's project finds no reservation: the TPU API "
+                   f"looks in the node's own project; name the platform's: provisioning: "
+                   f"queued with queue.reservationName: {example}")
+        name = node.queue.reservation_name if node.queue else None
+        match = _RESERVATION_RE.match(name) if name else None
+        if name and (match is None or match["zone"] != node.zone):
+            yield (f"{where}.queue.reservationName",
+                   f"{name!r}: a team's node names its reservation in full, in its own zone: "
+                   f"{example}")

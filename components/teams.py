@@ -175,6 +175,9 @@ class TeamProjectArgs:
     ci: CiSettings | None = None
     budget: TeamBudget | None = None
     budgets: BudgetsAccess | None = None  # required with a budget
+    # The platform deployer, when the platform declares this team's nodes: it creates
+    # them running as the team's account, so it gets actAs on that account alone.
+    platform_deployer: str | None = None
 
 
 class TeamProject(pulumi.ComponentResource):
@@ -222,7 +225,7 @@ class TeamProject(pulumi.ComponentResource):
             f"{t}peers", args.naming.network_resource(f"tpu-{args.team}-peers"),
             args.network.project_id, args.network.network_id, self.account.email, child)
         self.grants = [attached, self.firewall, *self._runtime_grants(child),
-                       *self._tpu_agent(after)]
+                       *self._tpu_agent(after), *self._platform_act_as(child)]
         self._members(child)
         self.ci = self._deployer(after)
         self._quota(after)
@@ -240,6 +243,17 @@ class TeamProject(pulumi.ComponentResource):
         return gcp.projects.IAMMember(
             f"{self.args.team}-{logical}", project=project or self.project_id, role=role,
             member=member, opts=opts)
+
+    def _platform_act_as(self, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+        """Creating a node that runs as an account needs iam.serviceAccounts.actAs on it
+        (cloud.google.com/iam/docs/service-accounts-actas): the platform deployer gets it
+        on this team's account only, never folder- or project-wide."""
+        deployer = self.args.platform_deployer
+        if deployer is None:
+            return []
+        return [gcp.serviceaccount.IAMMember(
+            f"{self.args.team}-platform-deployer-act-as", service_account_id=self.account.name,
+            role=ACT_AS_ROLE, member=f"serviceAccount:{deployer}", opts=child)]
 
     def _runtime_grants(self, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
         """Its project roles in the team's project, and reading the shared data."""

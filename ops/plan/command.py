@@ -11,6 +11,7 @@ from components.settings import SettingsError
 from components.stack_config import StackFileError
 from ops.plan.diff import WAY_OUT, diff_plans, load_plan, render_diff
 from ops.plan.offline import Plan, PlanError, offline_plan
+from ops.plan.proof import plan_proof
 from ops.plan.report import check_format, duplicate_urns, plain, render
 from ops.terminal import PROG, fail, from_caller
 from policy.evaluate import evaluate, load_config
@@ -18,8 +19,9 @@ from policy.evaluate import evaluate, load_config
 
 def print_report(result: Plan, fmt: str | None, against: Path | None,
                  out: Path | None = None) -> int:
-    """The PR-comment rendering (ops/plan/report.py, ops/plan/diff.py); exit 1 on a policy
-    violation, a duplicate URN, or a step the engine (or GCP) refuses. `out` gets the
+    """The PR-comment rendering (ops/plan/report.py, ops/plan/diff.py) and the permission
+    proof (ops/plan/proof.py); exit 1 on a policy violation, a duplicate URN, a step the
+    engine (or GCP) refuses, or an operation the stack's deployer may not do. `out` gets the
     plan's JSON, the very document `--format json` prints."""
     head = plain(result.to_json())
     violations = evaluate(head, load_config())
@@ -37,10 +39,15 @@ def print_report(result: Plan, fmt: str | None, against: Path | None,
     else:
         text = render(head, fmt or "table", violations)
     print(text, end="")
+    proof = plan_proof(result.settings, result.run)
+    print("\n".join(proof.lines()), file=sys.stderr if fmt == "json" else sys.stdout)
     if refused:
         print(f"{PROG}: {refused} step(s) would be refused by `pulumi up` (see Diagnostics): "
               f"{WAY_OUT}", file=sys.stderr)
-    return 1 if violations or duplicate_urns(head) or refused else 0
+    if proof.findings:
+        print(f"{PROG}: {len(proof.findings)} resource operation(s) its deployer may not do "
+              f"(permission proof, docs/teams.md)", file=sys.stderr)
+    return 1 if violations or duplicate_urns(head) or refused or proof.findings else 0
 
 
 def register(app: typer.Typer) -> None:

@@ -139,13 +139,18 @@ class GcpMocks(mocks.Mocks):
 
 
 @functools.cache
-def planned_stack_outputs(reference: str) -> dict[str, Any]:
-    """The outputs of `org/project/<stack>` as an offline plan of this repo's
-    Pulumi.<stack>.yaml gives them (once per process)."""
+def planned_stack_run(reference: str) -> ProgramRun:
+    """`org/project/<stack>` as an offline plan of this repo's Pulumi.<stack>.yaml
+    runs it (once per process): its outputs, and its grants for the permission proof."""
     from components.stack_config import file_config  # the program's config reader
 
     stack = reference.rsplit("/", 1)[-1]
-    return run_program(file_config(stack), stack).outputs
+    return run_program(file_config(stack), stack)
+
+
+def planned_stack_outputs(reference: str) -> dict[str, Any]:
+    """The outputs of `org/project/<stack>` (planned_stack_run)."""
+    return planned_stack_run(reference).outputs
 
 
 def referenced_stack_outputs(config: Mapping[str, str]) -> dict[str, dict[str, Any]]:
