@@ -7,13 +7,12 @@ from __future__ import annotations
 import copy
 import itertools
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from components import catalog
-from components.ci import DEPLOYER_ROLES, PLATFORM_FOLDER_ROLES
+from components.ci import DEPLOYER_ROLES
 from components.network import IAP_SOURCE_RANGE
 from components.stack_config import file_config
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
@@ -413,25 +412,17 @@ PLATFORM_DEPLOYER = "serviceAccount:platform-deployer@acme-ml-shared.iam.gservic
 
 def bootstrap_grants(stack: str = "platform") -> list[dict[str, Any]]:
     """The bootstrap's folder grants to the platform deployer, as plan resources
-    (scripts/bootstrap_team_projects.py: outside every plan, so added here)."""
-    import importlib.util
-
+    (components/bootstrap.py: outside every plan, so added here)."""
+    from components.bootstrap import deployer_grants
     from components.stack_config import settings_for
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bootstrap_team_projects.py"
-    spec = importlib.util.spec_from_file_location("bootstrap_team_projects", path)
-    bootstrap = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bootstrap)
     settings = settings_for(stack)
-    condition = bootstrap.grants_condition(settings)
-    grants = []
-    for role in PLATFORM_FOLDER_ROLES:
-        inputs = {"folder": settings.team_projects.folder_id, "role": role,
-                  "member": PLATFORM_DEPLOYER}
-        if role == "roles/resourcemanager.projectIamAdmin":
-            inputs["condition"] = condition
-        grants.append({"type": "gcp:folder/iAMMember:IAMMember", "inputs": inputs})
-    return grants
+    email = PLATFORM_DEPLOYER.removeprefix("serviceAccount:")
+    return [{"type": "gcp:folder/iAMMember:IAMMember",
+             "inputs": {"folder": grant.resource, "role": grant.role, "member": grant.member,
+                        **({"condition": {"expression": grant.condition}}
+                           if grant.condition else {})}}
+            for grant in deployer_grants(settings, email) if grant.resource.startswith("folders/")]
 
 
 def test_the_platform_deployer_makes_no_project_and_grants_only_team_roles(repo_runs) -> None:
@@ -509,5 +500,6 @@ def test_settings_name_the_project_each_planned_node_is_in(repo_runs) -> None:
         settings = load_settings(file_config(stack), stack)
         expected = {(settings.naming.tpu_node(node.name, team), settings.node_project(team))
                     for team, node in settings.named_nodes}
-        planned = {(r.inputs["name"], r.inputs["project"]) for r in run.of_type(V2VM)}
+        planned = {(r.inputs.get("name") or r.inputs["node_id"], r.inputs["project"])
+                   for r in run.of_type(V2VM) + run.of_type(QUEUED_TPU)}
         assert planned == expected and planned, stack

@@ -31,7 +31,10 @@ READ_ROLES = {"roles/storage.objectViewer", "roles/storage.legacyBucketReader"}
 QUOTA = {"v5e": {"us-central1": {"onDemand": 16, "preemptible": 32}},
          "v4": {"us-central2": {"onDemand": 32}}}
 TEAM_PROJECTS = {"folderId": "1234567890", "billingAccount": "01AB23-45CD67-89EF01",
-                 "quotaContact": "platform@acme.example"}
+                 "quotaContact": "platform@acme.example",
+                 "deployer": "platform-deployer@acme-ml-test.iam.gserviceaccount.com"}
+# The platform's reservation, in the host project: a team's node names it (issue 34).
+RESERVATION = "projects/acme-ml-test/locations/us-central2-b/reservations/v4-pods"
 
 
 def team(name: str, *nodes: dict, **changes: Any) -> dict:
@@ -55,8 +58,10 @@ def spot(name: str = "trainer", **changes: Any) -> dict:
 
 
 def pod(name: str = "pod") -> dict:
+    """A v4 pod slice on the platform's reservation, through a queued resource."""
     return node(name=name, zone="us-central2-b", acceleratorType=None, generation="v4",
-                topology="2x2x4", provisioning="reserved", job="mnist")
+                topology="2x2x4", provisioning="queued", queue={"reservationName": RESERVATION},
+                job="mnist")
 
 
 def problems_of(data: dict, stack: str = "test") -> list[tuple[str, str]]:
@@ -362,7 +367,13 @@ def test_members_and_team_accounts_get_only_the_listed_project_roles(three_teams
 def test_team_nodes_run_as_their_team_and_write_to_its_buckets(three_teams) -> None:
     teams = three_teams.outputs["teams"]
     vms = three_teams.of_type(V2VM)
-    assert len(vms) == 6
+    # Each team's pod slice is a queued resource naming the platform's reservation.
+    queued = three_teams.of_type("pulumi-python:dynamic/tpu:QueuedTpu")
+    assert len(vms) == 3 and len(queued) == 3
+    for q in queued:
+        assert q.inputs["service_account_email"] == teams[q.inputs["labels"]["team"]][
+            "serviceAccount"]
+        assert q.inputs["reservation_name"] == RESERVATION
     # The job is in the node's release (C1), a secret input: the mock engine records
     # it unwrapped and names it in `secrets`.
     objects = [o for o in three_teams.of_type("gcp:storage/bucketObject:BucketObject")
@@ -592,7 +603,8 @@ def test_team_projects_are_the_bootstrap_s_not_the_stack_s(repo_stacks) -> None:
 def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> None:
     import importlib.util
 
-    from components.ci import PLATFORM_FOLDER_ROLES
+    from components.bootstrap import BUDGETS_ROLE, HOST_STORAGE_ROLE, XPN_ADMIN
+    from components.ci import DEPLOYER_ROLES, PLATFORM_FOLDER_ROLES
     from components.stack_config import settings_for
 
     spec = importlib.util.spec_from_file_location(
@@ -601,21 +613,31 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
     spec.loader.exec_module(bootstrap)
     settings = settings_for("platform")
     commands = bootstrap.commands(settings, "d@acme-ml-shared.iam.gserviceaccount.com",
-                                  "C0abc123", "cond.json")
+                                  "C0abc123", {"folders": "cond.json", "projects": "host.json"},
+                                  "organizations/42")
     created = [c[3] for c in commands if c[:3] == ["gcloud", "projects", "create"]]
     assert created == ["acme-ml-shared-nlp", "acme-ml-shared-vision"]
     assert all("--folder=246813579024" in c for c in commands if c[:3] == ["gcloud", "projects",
                                                                            "create"])
-    roles = [arg.removeprefix("--role=") for c in commands for arg in c
-             if arg.startswith("--role=")]
-    assert roles == list(PLATFORM_FOLDER_ROLES)
+    grants = [(c[c.index("add-iam-policy-binding") + 1],
+               next(a.removeprefix("--role=") for a in c if a.startswith("--role=")))
+              for c in commands if "add-iam-policy-binding" in c]
+    assert grants == [*(("246813579024", role) for role in PLATFORM_FOLDER_ROLES),
+                      *(("acme-ml-shared", role) for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE)),
+                      ("42", XPN_ADMIN), ("01AB23-45CD67-89EF01", BUDGETS_ROLE)]
+    roles = {role for _, role in grants}
     assert not {"roles/resourcemanager.projectCreator", "roles/billing.user",
-                "roles/owner"} & set(roles)
+                "roles/owner"} & roles
+    # The Shared VPC host is enabled where the host project lives (issue 34, finding 4).
+    assert ["gcloud", "organizations", "add-iam-policy-binding", "42"] in [c[:4] for c in commands]
+    conditions = [a for c in commands for a in c if a.startswith("--condition-from-file=")]
+    assert conditions == ["--condition-from-file=cond.json", "--condition-from-file=host.json"]
     policies = {c[4] for c in commands if c[3] in ("enable-enforce", "allow")}
     assert policies == {"storage.publicAccessPrevention", "compute.skipDefaultNetworkCreation",
                         "iam.allowedPolicyMemberDomains"}
     condition = bootstrap.grants_condition(settings)["expression"]
     assert "roles/owner" not in condition and "'roles/tpu.admin'" in condition
+    assert "'roles/browser'" in condition  # the team preview accounts' role (finding 1)
 
 
 def test_a_created_project_s_billing_account_budgets_every_team() -> None:
