@@ -19,7 +19,7 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from components import catalog, cost
+from components import catalog, cost, subnets
 from components.bootstrap import granted_in_host_project
 from components.ci import (
     CI_APIS,
@@ -70,6 +70,7 @@ class Placement:
     labels: dict[str, str]
     depends_on: list[pulumi.Resource] = field(default_factory=list)
     project_id: pulumi.Input[str] | None = None  # a team's project; None: the stack's
+    subnets: Any = None  # a team's own subnets (region → id, or a lookup); None: the stack's
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class TpuPlatform(pulumi.ComponentResource):
             project_id=project_id, naming=naming, regions=settings.regions,
             subnet_cidr=settings.network.subnet_cidr, pinned=settings.network.subnets,
             ssh_through_iap=settings.network.ssh_through_iap,
-            node_tag=self.node_tag, node_account=self.identity.email), opts=after_apis)
+            node_tag=self.node_tag), opts=after_apis)
         self.package = TrainingPackage("package", PackageArgs(
             bucket=self.buckets.names["artifacts"],
             bucket_name=self.buckets.buckets["artifacts"].name),
@@ -188,6 +189,8 @@ class TpuPlatform(pulumi.ComponentResource):
             state_bucket=settings.team_projects.state_bucket, members=spec.members,
             quota=spec.quota, regions={f: sorted(r) for f, r in settings.quota.items()},
             network=self.host, data_bucket=self.buckets.names["data"], ci=spec.ci,
+            subnet_ranges=subnets.team_ranges(settings.network.team_subnet_cidr,
+                                              spec.subnet_slot or 0, settings.regions),
             budget=self._budget(team), budgets=self.budgets,
             platform_deployer=settings.team_projects.deployer if spec.nodes else None),
             opts=after_apis)
@@ -198,7 +201,7 @@ class TpuPlatform(pulumi.ComponentResource):
         placement = self._team_placement(
             team, space, self.buckets.uri("data"),
             [access.tpu_api, *access.grants, *space.identity.grants, self.package.object],
-            access.project_id)
+            access.project_id, {region: s.id for region, s in access.subnets.items()})
         self.team_nodes[team] = [self._node(node, spec.job(node.job), placement)
                                  for node in spec.nodes]
 
@@ -249,7 +252,8 @@ class TpuPlatform(pulumi.ComponentResource):
             package=self.package)
         self.data_uri = f"gs://{settings.platform_naming.bucket('data')}"
         placement = self._team_placement(team, space, self.data_uri,
-                                         [*space.identity.grants, self.package.object])
+                                         [*space.identity.grants, self.package.object],
+                                         subnets=platform.team_subnet)
         self.nodes = [self._node(node, settings.job(node.job), placement)
                       for node in settings.nodes]
 
@@ -281,13 +285,14 @@ class TpuPlatform(pulumi.ComponentResource):
 
     def _team_placement(self, team: str, space: TeamSpace, data_uri: str,
                         depends_on: list[pulumi.Resource],
-                        project_id: pulumi.Input[str] | None = None) -> Placement:
+                        project_id: pulumi.Input[str] | None = None,
+                        subnets: Any = None) -> Placement:
         uri = space.buckets.uri
         return Placement(
             team=team, data_uri=data_uri, checkpoints_uri=uri("checkpoints"),
             logs_uri=uri("logs"), service_account_email=space.identity.email,
             labels=self._team_labels("tpu-node", team), depends_on=depends_on,
-            project_id=project_id)
+            project_id=project_id, subnets=subnets)
 
     def _node(self, node: NodeSettings, job: JobConfig, placement: Placement) -> TpuNode:
         prefix = f"node-{placement.team}-" if placement.team else "node-"
@@ -328,7 +333,7 @@ class TpuPlatform(pulumi.ComponentResource):
             artifacts_bucket_name=net.package.bucket_name,
             service_account_email=placement.service_account_email,
             network=net.network,
-            subnetwork=_subnet(net.subnets, node.zone.rsplit("-", 1)[0]),
+            subnetwork=_subnet(placement.subnets or net.subnets, node.zone.rsplit("-", 1)[0]),
             network_tag=net.tag,
             labels={**placement.labels, **node.labels, "node": node.name},
             depends_on=placement.depends_on,
@@ -389,6 +394,8 @@ class TpuPlatform(pulumi.ComponentResource):
             "usdPerHour": self.team_costs[team].usd_per_hour if team in self.team_costs else 0,
             "projectId": access.project_id,
             "serviceAccount": access.account.email,
+            # The team's own subnets by region: its nodes' only addresses (teams.py).
+            "subnets": {region: s.id for region, s in access.subnets.items()},
             # Each cap of the team's project and why it skips a safety check (teams.py).
             "quotaCaps": [cap.to_json() for cap in access.quota_caps],
         }

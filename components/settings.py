@@ -90,6 +90,9 @@ class NetworkSettings(_Model):
     # Ranges pinned as they are (region → CIDR), e.g. a stack's ranges from before
     # the fixed slots (components/subnets.py); other regions take their slot.
     subnets: dict[str, str] = Field(default_factory=dict)
+    # Where each team's own subnets are carved (a platform stack; components/subnets.py,
+    # team_range): team slot t's /18, region slot k's /22 in it.
+    team_subnet_cidr: str = "10.160.0.0/12"
 
 
 class StorageSettings(_Model):
@@ -254,6 +257,9 @@ class TeamSettings(_Model):
     # The team's keyless deployer (its own repository's CI), declared by the platform
     # in the team's project (docs/teams.md); None: the team has no CI deployer.
     ci: CiSettings | None = None
+    # The team's block of network.teamSubnetCidr (components/subnets.py): given once,
+    # never changed or reused, so its subnets never move.
+    subnet_slot: int | None = Field(default=None, ge=0)
 
     def job(self, name: str) -> JobConfig:
         return JobConfig.from_dict(self.jobs[name], resolved=False)
@@ -1133,6 +1139,7 @@ def team_problems(s: StackSettings) -> Problems:
     if s.teams:
         yield from _team_projects_problems(s)
         yield from _platform_deployer_problems(s)
+        yield from _team_subnet_problems(s)
     if s.teams and COST_CENTRE not in s.labels:
         yield (f"{NAMESPACE}:labels.{COST_CENTRE}", f"is required with {TEAMS_KEY}: the "
                                                     f"platform's own resources carry one too")
@@ -1370,3 +1377,36 @@ def _team_reservation_problems(s: StackSettings, key: str,
             yield (f"{where}.queue.reservationName",
                    f"{name!r}: a team's node names its reservation in full, in its own zone: "
                    f"{example}")
+
+
+def _team_subnet_problems(s: StackSettings) -> Problems:
+    """Each team has its own subnet in every region of the network (its nodes' only
+    addresses, the source of its firewall rule): a slot of its own, a base that holds
+    every slot, outside the platform's own ranges (issue 34)."""
+    key = f"{NAMESPACE}:network.teamSubnetCidr"
+    cidr = s.network.team_subnet_cidr
+    problem = _range_problem(cidr)
+    if problem is None and subnets.team_slots(cidr) == 0:
+        problem = f"{cidr} is narrower than one team's block (/{subnets.TEAM_BLOCK_PREFIX})"
+    if problem is not None:
+        yield (key, problem)
+        return
+    base = ipaddress.IPv4Network(cidr)
+    for region, taken in subnets.grid_ranges(s.network.subnet_cidr, s.network.subnets).items():
+        if base.overlaps(ipaddress.IPv4Network(taken)):
+            yield (key, f"{cidr} overlaps {region}'s platform range {taken}: teams' subnets "
+                        f"must not share the platform's addresses")
+    owners: dict[int, str] = {}
+    for name, team in sorted(s.teams.items()):
+        slot_key = f"{TEAMS_KEY}.{name}.subnetSlot"
+        if team.subnet_slot is None:
+            yield (slot_key, f"is required with {TEAMS_KEY}: a number of the team's own, "
+                             f"never reused (its subnets in {cidr})")
+        elif team.subnet_slot >= subnets.team_slots(cidr):
+            yield (slot_key, f"{team.subnet_slot}: {cidr} holds slots 0 to "
+                             f"{subnets.team_slots(cidr) - 1}")
+        elif team.subnet_slot in owners:
+            yield (slot_key, f"{team.subnet_slot} is team {owners[team.subnet_slot]}'s: each "
+                             f"team has a slot of its own")
+        else:
+            owners[team.subnet_slot] = name

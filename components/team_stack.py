@@ -58,12 +58,16 @@ def contract_problems(settings: StackSettings, outputs: dict[str, Any]) -> list[
                                                             f"centre in {ref} ({theirs!r})"))
     quota = TeamQuota.model_validate(entry["quota"])
     problems += team_quota_problems(f"{TEAMS_KEY}.{team}.quota", team, settings.nodes, quota)
-    subnets = outputs["network"]["subnets"]
+    subnets = entry.get("subnets")
+    if subnets is None:
+        return [*problems, (f"{TEAMS_KEY}.{team}", f"{ref} has no output teams.{team}.subnets: "
+                                                  f"it predates team subnets; run its `pulumi "
+                                                  f"up` first (docs/teams.md, The network)")]
     for index, node in enumerate(settings.nodes):
         region = catalog.region_of(node.zone)
         if region not in subnets:
             problems.append((f"tpu-stack:nodes[{index}].zone",
-                             f"{ref} has no subnet in {region} (regions: "
+                             f"{ref} has no subnet of team {team} in {region} (regions: "
                              f"{', '.join(sorted(subnets)) or 'none'}); the platform "
                              f"declares a region's subnet with its quota there"))
     return problems
@@ -102,6 +106,11 @@ class PlatformReference:
 
     def subnet(self, region: str) -> pulumi.Output[str]:
         return self._checked.apply(lambda o: o["network"]["subnets"][region])
+
+    def team_subnet(self, region: str) -> pulumi.Output[str]:
+        """The team's own subnet in `region` (teams.<team>.subnets): its nodes' addresses."""
+        team = self.settings.team
+        return self._checked.apply(lambda o: o["teams"][team]["subnets"][region])
 
     def _check(self, outputs: dict[str, Any]) -> dict[str, Any]:
         problems = contract_problems(self.settings, outputs or {})

@@ -170,6 +170,7 @@ class TeamProjectArgs:
     regions: dict[str, list[str]]  # family → regions of the platform's quota (granted)
     network: HostNetwork
     data_bucket: pulumi.Input[str]  # the platform's shared data, read-only
+    subnet_ranges: dict[str, str]  # region → the team's own range (subnets.team_ranges)
     quota_contact: str | None = None  # Cloud Quotas' contact for increase requests
     state_bucket: str | None = None  # a shared gs:// backend's bucket (team_state.py)
     ci: CiSettings | None = None
@@ -220,10 +221,13 @@ class TeamProject(pulumi.ComponentResource):
             display_name=f"tpu-stack runtime of team {args.team}"[:100],
             project=self.project_id, opts=after)
         self.member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
+        # The team's own subnets: its nodes' only addresses, which no other team may use.
+        self.subnets = self._subnets(child)
         # The team's nodes reach each other and no other team's (network.py).
         self.firewall = peer_firewall(
             f"{t}peers", args.naming.network_resource(f"tpu-{args.team}-peers"),
-            args.network.project_id, args.network.network_id, self.account.email, child)
+            args.network.project_id, args.network.network_id,
+            sorted(args.subnet_ranges.values()), child)
         self.grants = [attached, self.firewall, *self._runtime_grants(child),
                        *self._tpu_agent(after), *self._platform_act_as(child)]
         self._members(child)
@@ -284,13 +288,26 @@ class TeamProject(pulumi.ComponentResource):
         grants += self._network_users("tpu-agent", agent, after_agent)
         return grants
 
+    def _subnets(self, child: pulumi.ResourceOptions) -> dict[str, gcp.compute.Subnetwork]:
+        """One subnet per region of the platform's network, in the host project, with
+        Private Google Access like the platform's own (network.py)."""
+        args = self.args
+        return {region: gcp.compute.Subnetwork(
+            f"{args.team}-subnet-{region}",
+            name=args.naming.network_resource(f"tpu-{args.team}-{region}"),
+            project=args.network.project_id, region=region, network=args.network.network_id,
+            ip_cidr_range=cidr, private_ip_google_access=True, opts=child)
+            for region, cidr in sorted(args.subnet_ranges.items())}
+
     def _network_users(self, logical: str, member: pulumi.Input[str],
                        opts: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+        """compute.networkUser on the team's own subnets only (never the platform's nor
+        another team's): the team's nodes can take addresses there and nowhere else."""
         network = self.args.network
         return [gcp.compute.SubnetworkIAMMember(
             f"{self.args.team}-{logical}-network-user-{region}", project=network.project_id,
             region=region, subnetwork=subnet.name, role=NETWORK_USER_ROLE, member=member,
-            opts=opts) for region, subnet in sorted(network.subnets.items())]
+            opts=opts) for region, subnet in sorted(self.subnets.items())]
 
     def _members(self, child: pulumi.ResourceOptions) -> None:
         """Members see their project's TPU nodes and may act as the team's account.

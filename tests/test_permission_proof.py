@@ -98,13 +98,13 @@ def test_finding_3_a_reserved_node_in_a_team_project_finds_no_reservation(platfo
 def test_the_settings_refuse_a_reserved_team_node_with_the_fix() -> None:
     data = file_config("platform")
     teams = json.loads(data["tpu-stack:teams"])
-    pod = teams["nlp"]["nodes"][0]
+    [pod] = [node for node in teams["nlp"]["nodes"] if node["name"] == "pod"]
     pod["provisioning"] = "reserved"
     pod.pop("queue")
     data["tpu-stack:teams"] = json.dumps(teams)
     with pytest.raises(SettingsError) as error:
         load_settings(data, "platform")
-    assert ("tpu-stack:teams.nlp.nodes[0].provisioning: reserved capacity in a team's project "
+    assert ("tpu-stack:teams.nlp.nodes[1].provisioning: reserved capacity in a team's project "
             "finds no reservation") in str(error.value)
     assert ("queue.reservationName: projects/acme-ml-shared/locations/us-central2-b/"
             "reservations/<NAME>") in str(error.value)

@@ -262,11 +262,17 @@ def test_the_network_check_catches_a_rule_open_to_every_subnet(three_teams) -> N
 # ---- state no other team can touch ----------------------------------------------------
 
 def state_files(stack: str) -> list[str]:
-    """Objects the DIY backend writes for a stack (pulumi/pulumi pkg/backend/diy)."""
+    """Objects the DIY backend writes for a stack (pulumi/pulumi pkg/backend/diy): the
+    checkpoint (plain, gzip, zstd) and its .bak, the tags file (stack_tags.go), history,
+    backups, journal and locks."""
     base = f"projects/_/buckets/{STATE}/objects/.pulumi"
-    return [f"{base}/stacks/tpu-stack/{stack}.json", f"{base}/stacks/tpu-stack/{stack}.json.bak",
+    stacks = f"{base}/stacks/tpu-stack/{stack}"
+    return [f"{stacks}.json", f"{stacks}.json.bak", f"{stacks}.json.gz", f"{stacks}.json.gz.bak",
+            f"{stacks}.json.zst", f"{stacks}.pulumi-tags",
             f"{base}/history/tpu-stack/{stack}/{stack}-1.history.json",
+            f"{base}/history/tpu-stack/{stack}/{stack}-1.checkpoint.json",
             f"{base}/backups/tpu-stack/{stack}/{stack}.1.json",
+            f"{base}/journal/tpu-stack/{stack}/000001.json",
             f"{base}/locks/organization/tpu-stack/{stack}/abc.json"]
 
 
@@ -296,6 +302,22 @@ def test_a_team_writes_its_own_state_only_and_reads_the_platform_s(three_teams) 
         assert len(previews) == 1
         for obj in state_files(f"team-{a.name}"):
             assert not any(model.can(previews[0], w, obj) for w in WRITES)
+
+
+def test_a_team_s_state_grants_reach_nothing_of_another_stack(three_teams) -> None:
+    """Not a stack whose name starts like the team's (stack names may hold dots), not the
+    legacy layout's path, not the platform's tags, history or locks, not meta.yaml."""
+    model = model_of([three_teams])
+    deployer = teams_of([three_teams])["vision"].principals["deployer"]
+    base = f"projects/_/buckets/{STATE}/objects/.pulumi"
+    others = [*state_files("team-vision.json.x"), *state_files("team-vision-2"),
+              *state_files("shared"), f"{base}/stacks/team-vision.json",  # legacy layout
+              f"{base}/stacks/other-project/team-vision.json", f"{base}/meta.yaml",
+              f"{base}/history/tpu-stack/team-vision-2/x.json"]
+    for obj in others:
+        assert not any(model.can(deployer, w, obj) for w in WRITES), obj
+    for obj in state_files("team-vision"):
+        assert all(model.can(deployer, w, obj) for w in WRITES), obj
 
 
 def test_the_state_check_catches_a_bucket_wide_grant(three_teams) -> None:

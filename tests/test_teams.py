@@ -48,7 +48,10 @@ def team(name: str, *nodes: dict, **changes: Any) -> dict:
 
 
 def platform(**teams: dict) -> dict:
-    """A platform stack (dev, so buckets stay unprotected) serving `teams`."""
+    """A platform stack (dev, so buckets stay unprotected) serving `teams`, each given a
+    subnet slot of its own in order unless it names one."""
+    for slot, spec in enumerate(teams.values()):
+        spec.setdefault("subnetSlot", slot)
     return config(tpu_stack_labels={"cost-centre": "cc-platform"}, tpu_stack_quota=QUOTA,
                   tpu_stack_nodes=[], tpu_stack_teams=teams, tpu_stack_teamProjects=TEAM_PROJECTS)
 
@@ -656,3 +659,31 @@ def test_a_created_project_s_billing_account_budgets_every_team() -> None:
     assert budgets["nlp"]["amount"]["specifiedAmount"] == {"currencyCode": "USD",
                                                            "units": str(100 * 730)}
     assert [r["thresholdPercent"] for r in budgets["nlp"]["thresholdRules"]] == [0.5, 0.9, 1.0]
+
+
+# ---- state on a shared gs:// backend ------------------------------------------------
+
+def test_state_conditions_fit_iam_s_limit_and_name_stack_files_exactly() -> None:
+    from components import team_state
+
+    condition = team_state.write_condition("b", "team-vision")
+    assert condition.count("||") <= team_state.MAX_OPERATORS
+    assert ("resource.name == 'projects/_/buckets/b/objects/.pulumi/stacks/tpu-stack/"
+            "team-vision.pulumi-tags'") in condition
+    assert "startsWith('projects/_/buckets/b/objects/.pulumi/stacks/" not in condition
+
+
+@pytest.mark.parametrize(("meta", "has_stacks", "refused"), [
+    ("version: 1\n", True, False),
+    (None, False, False),  # an empty bucket starts in the project layout
+    ("version: 0\n", True, True),
+    (None, True, True),  # stacks without meta.yaml: the legacy layout
+])
+def test_a_legacy_layout_bucket_is_refused_with_the_upgrade_step(meta, has_stacks,
+                                                                 refused) -> None:
+    from components.team_state import legacy_problem
+
+    problem = legacy_problem("acme-pulumi-state", meta, has_stacks)
+    assert (problem is not None) == refused
+    if refused:
+        assert "pulumi login gs://acme-pulumi-state && pulumi state upgrade" in problem

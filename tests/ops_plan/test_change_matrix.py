@@ -134,11 +134,13 @@ def runtime(stack: str) -> list[Step]:
     node["inputs"]["runtimeVersion"] = node["inputs"]["runtimeVersion"].replace("2.18.0", "2.19.0")
     return plan_steps(base_plan(stack), head).steps
 
+# The platform's first node is nlp's spot v5e `sweep` (its reserved pod is a queued
+# resource on the platform's reservation: a team's reserved V2Vm finds none, issue 34).
 SAME_REGION = {"dev": ("v5litepod-4", "spot"), "prod": ("v4-8", "reserved"),
-               "platform": ("v4-8", "reserved")}
+               "platform": ("v5litepod-4", "spot")}
 SMALLER = {"dev": {"acceleratorType": "v5litepod-4"},  # the first node's slice, halved
            "prod": {"topology": "2x2x2"},
-           "platform": {"topology": "2x2x2"}}
+           "platform": {"acceleratorType": "v5litepod-4"}}
 
 
 def on_demand(config: Config) -> None:
@@ -146,7 +148,7 @@ def on_demand(config: Config) -> None:
     node_field(provisioning="on-demand")(config)
     if json.loads(config.get("tpu-stack:teams", "{}")):
         edit_json(config, "tpu-stack:teams",
-                  lambda t: t["nlp"]["quota"]["v4"].update(onDemand=16))
+                  lambda t: t["nlp"]["quota"]["v5e"].update(onDemand=8))
 
 NEW_REGION = {"dev": ("europe-west4-b", "v5litepod-8", "spot"),
               "prod": ("us-central1-a", "v5litepod-8", "on-demand"),

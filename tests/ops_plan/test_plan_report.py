@@ -102,9 +102,9 @@ def _platform_plan(**pod: object) -> dict:
 
     config = file_config("platform")
     teams = json.loads(config["tpu-stack:teams"])
-    teams["nlp"]["nodes"][0].update(pod)
-    teams["nlp"]["nodes"][0] = {k: v for k, v in teams["nlp"]["nodes"][0].items()
-                                if v is not None}
+    nodes = teams["nlp"]["nodes"]
+    index = next(i for i, node in enumerate(nodes) if node["name"] == "pod")
+    nodes[index] = {k: v for k, v in {**nodes[index], **pod}.items() if v is not None}
     teams["nlp"]["quota"]["v4"]["onDemand"] = 16  # room for the node made on-demand
     config["tpu-stack:teams"] = json.dumps(teams)
     return plain(offline_plan("platform", config).to_json())
