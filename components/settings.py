@@ -1392,10 +1392,12 @@ def _team_subnet_problems(s: StackSettings) -> Problems:
         yield (key, problem)
         return
     base = ipaddress.IPv4Network(cidr)
-    for region, taken in subnets.grid_ranges(s.network.subnet_cidr, s.network.subnets).items():
-        if base.overlaps(ipaddress.IPv4Network(taken)):
-            yield (key, f"{cidr} overlaps {region}'s platform range {taken}: teams' subnets "
-                        f"must not share the platform's addresses")
+    grid = subnets.grid_ranges(s.network.subnet_cidr, s.network.subnets)
+    shared = [f"{region} {taken}" for region, taken in grid.items()
+              if base.overlaps(ipaddress.IPv4Network(taken))]
+    if shared:
+        yield (key, f"{cidr} overlaps the platform's own ranges ({', '.join(shared)}): teams' "
+                    f"subnets must not share the platform's addresses")
     owners: dict[int, str] = {}
     for name, team in sorted(s.teams.items()):
         slot_key = f"{TEAMS_KEY}.{name}.subnetSlot"

@@ -5,6 +5,7 @@ or quota, and no deployer can make itself owner (issue 19, docs/teams.md)."""
 from __future__ import annotations
 
 import copy
+import ipaddress
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,23 +184,42 @@ PROBES = [("tcp", 22), ("tcp", 8470), ("tcp", 8476), ("tcp", 2222), ("tcp", 6553
           ("udp", 8472), ("icmp", 0)]
 
 
+def subnet_ranges(runs: list[ProgramRun]) -> dict[str, str]:
+    """Subnetwork id (projects/<p>/regions/<r>/subnetworks/<name>) → its range."""
+    return {f"projects/{r.inputs['project']}/regions/{r.inputs['region']}/subnetworks/"
+            f"{r.inputs['name']}": r.inputs["ipCidrRange"]
+            for run in runs for r in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+
+
 def node_endpoints(runs: list[ProgramRun]) -> dict[str, tuple[str, Endpoint]]:
     """node id → (team, where it sits on the network), from V2Vms and queued nodes;
-    a node's address range is its subnet's (the platform's, by region)."""
-    subnets = {r.inputs["region"]: r.inputs["ipCidrRange"]
-               for run in runs for r in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+    a node's address range is the subnet it names (a team's own)."""
+    subnets = subnet_ranges(runs)
     nodes = {}
     for run in runs:
         for r in run.of_type(V2VM) + run.of_type(QUEUED_TPU):
             queued = r.type == QUEUED_TPU
             network = r.inputs["network"] if queued else r.inputs["networkConfig"]["network"]
+            subnet = (r.inputs["subnetwork"] if queued
+                      else r.inputs["networkConfig"]["subnetwork"])
             account = (r.inputs["service_account_email"] if queued
                        else r.inputs["serviceAccount"]["email"])
             node_id = r.inputs["node_id"] if queued else r.inputs["name"]
             nodes[node_id] = (r.inputs["labels"]["team"], Endpoint(
-                node_id, network, subnets[r.inputs["zone"].rsplit("-", 1)[0]], account,
+                node_id, network, subnets[subnet], account,
                 frozenset(r.inputs.get("tags") or ())))
     return nodes
+
+
+def test_each_team_s_nodes_sit_on_its_own_subnets_only(repo_runs, three_teams) -> None:
+    for runs in (repo_runs, [three_teams]):
+        nodes = node_endpoints(runs)
+        by_team: dict[str, set[str]] = {}
+        for owner, node in nodes.values():
+            by_team.setdefault(owner, set()).add(node.cidr)
+        for a, b in itertools.permutations(by_team, 2):
+            assert not any(ipaddress.ip_network(x).overlaps(ipaddress.ip_network(y))
+                           for x in by_team[a] for y in by_team[b]), (a, b)
 
 
 def network_crossings(runs: list[ProgramRun]) -> list[tuple[str, str, str, int]]:
@@ -231,18 +251,31 @@ def test_a_team_s_nodes_reach_each_other_and_iap_reaches_ssh_only(three_teams) -
         assert not admits(rules, iap, node, "tcp", 8470)
 
 
-def test_a_forged_tag_opens_nothing(three_teams) -> None:
-    """A team deployer sets any tag on its own node (tpu.nodes.update): the rules
-    that separate teams must not depend on tags."""
+def test_a_forged_tag_opens_nothing(repo_runs, three_teams) -> None:
+    """A team deployer sets any tag on its own node (tpu.nodes.update): every node of
+    every team carrying every tag there is still reaches no other team's node."""
+    for runs in (repo_runs, [three_teams]):
+        rules = rules_of(r for run in runs for r in run.registrations)
+        nodes = node_endpoints(runs)
+        every_tag = frozenset(tag for _, e in nodes.values() for tag in e.tags) | {"anything"}
+        forged = [(owner, node.forging(every_tag)) for owner, node in nodes.values()]
+        assert all(node.tags >= every_tag for _, node in forged)
+        for (team_a, a), (team_b, b) in itertools.permutations(forged, 2):
+            if team_a != team_b:
+                assert not any(admits(rules, a, b, p, n) for p, n in PROBES), (a.name, b.name)
+
+
+def test_a_pod_slice_s_workers_reach_each_other_on_every_port(three_teams) -> None:
+    """A multi-host node's workers share its subnet: TF's gRPC server (8470), the
+    coordination service and every other port the job opens are admitted between them."""
     rules = rules_of(three_teams.registrations)
     nodes = node_endpoints([three_teams])
-    [(_, nlp)] = [(t, e) for t, e in nodes.values() if t == "nlp"][:1]
-    every_tag = frozenset(tag for _, e in nodes.values() for tag in e.tags) | {"anything"}
-    forged = Endpoint(nlp.name, nlp.network, nlp.cidr, nlp.account, every_tag)
-    for owner, node in nodes.values():
-        if owner != "nlp":
-            assert not any(admits(rules, forged, node, p, n) for p, n in PROBES)
-            assert not any(admits(rules, node, forged, p, n) for p, n in PROBES)
+    for _, node in nodes.values():
+        workers = [Endpoint(f"{node.name}-w{i}", node.network, node.cidr, node.account,
+                            node.tags) for i in range(4)]
+        for a, b in itertools.permutations(workers, 2):
+            assert all(admits(rules, a, b, protocol, port) for protocol, port in PROBES)
+            assert admits(rules, a, b, "tcp", 1024) and admits(rules, a, b, "tcp", 49152)
 
 
 def test_the_network_check_catches_a_rule_open_to_every_subnet(three_teams) -> None:
@@ -250,7 +283,7 @@ def test_the_network_check_catches_a_rule_open_to_every_subnet(three_teams) -> N
     nodes = node_endpoints([three_teams])
     tag = next(iter(next(iter(nodes.values()))[1].tags))
     network = next(iter(nodes.values()))[1].network
-    wide = Rule.of("wide", {"network": network, "sourceRanges": ["10.128.0.0/16"],
+    wide = Rule.of("wide", {"network": network, "sourceRanges": ["10.0.0.0/8"],
                             "targetTags": [tag], "allows": [{"protocol": "tcp"}]})
     rules = [*rules_of(three_teams.registrations), wide]
     crossings = [(a.name, b.name) for (ta, a), (tb, b) in itertools.permutations(nodes.values(), 2)
@@ -422,8 +455,13 @@ def test_a_team_deployer_deploys_its_team_only(repo_runs) -> None:
     assert model.can(deployer, "storage.buckets.create", vision.project)
     runtime = account_name(vision.principals["runtime"].removeprefix("serviceAccount:"))
     assert model.can(deployer, "iam.serviceAccounts.actAs", runtime)
-    subnets = [s for s in model.kinds("subnetworks")]
-    assert subnets and all(model.can(deployer, "compute.subnetworks.use", s) for s in subnets)
+    own = [s for s in model.kinds("subnetworks") if "-tpu-vision-" in s]
+    others = [s for s in model.kinds("subnetworks") if s not in own]
+    assert len(own) == 2 and len(others) == 4  # the platform's 2 regions, nlp's 2
+    assert all(model.can(deployer, "compute.subnetworks.use", s) for s in own)
+    # Subnets are what no team can forge: nobody of vision may use another's.
+    for principal in vision.principals.values():
+        assert not any(model.can(principal, "compute.subnetworks.use", s) for s in others)
     assert not model.can(deployer, "compute.subnetworks.use", "projects/acme-ml-shared")
 
 

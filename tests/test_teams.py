@@ -464,7 +464,7 @@ def test_a_team_stack_declares_only_its_own_parts(repo_stacks) -> None:
     for vm in run.of_type(V2VM):
         assert vm.inputs["networkConfig"]["network"] == platform_outputs["network"]["id"]
         assert vm.inputs["networkConfig"]["subnetwork"] == (
-            platform_outputs["network"]["subnets"]["us-central1"])
+            platform_outputs["teams"]["vision"]["subnets"]["us-central1"])
         assert vm.inputs["tags"] == [platform_outputs["network"]["nodeTag"]]
         assert vm.inputs["serviceAccount"]["email"] == run.outputs["runtimeServiceAccount"]
     assert run.outputs["quota"] == {"v5e": {"spot": 8, "onDemand": 4}}
@@ -487,8 +487,11 @@ def run_team_vision(change) -> ProgramRun:
      "tpu-stack:team: 'vision' is not a team of acme/tpu-stack/platform (tpu-stack:teams: nlp)"),
     (lambda o: o["teams"]["vision"]["labels"].update({"cost-centre": "cc-other"}),
      "tpu-stack:labels.cost-centre: 'cc-vision-2210' is not team vision's cost centre"),
-    (lambda o: o["network"]["subnets"].pop("us-central1"),
-     "tpu-stack:nodes[0].zone: acme/tpu-stack/platform has no subnet in us-central1"),
+    (lambda o: o["teams"]["vision"]["subnets"].pop("us-central1"),
+     "tpu-stack:nodes[0].zone: acme/tpu-stack/platform has no subnet of team vision in "
+     "us-central1"),
+    (lambda o: o["teams"]["vision"].pop("subnets"),
+     "tpu-stack:teams.vision: acme/tpu-stack/platform has no output teams.vision.subnets"),
     (lambda o: o.update(projectId="acme-ml-other"),
      "gcp:project: acme-ml-shared is not the platform's project (acme-ml-other)"),
     (lambda o: o.pop("teams"), "has no output teams: is it a platform stack"),
@@ -687,3 +690,41 @@ def test_a_legacy_layout_bucket_is_refused_with_the_upgrade_step(meta, has_stack
     assert (problem is not None) == refused
     if refused:
         assert "pulumi login gs://acme-pulumi-state && pulumi state upgrade" in problem
+
+
+# ---- each team's own subnets ----------------------------------------------------------
+
+def test_each_team_gets_a_subnet_per_region_from_its_own_slot() -> None:
+    run = run_program(as_cli(platform(vision=team("vision", spot()),
+                                      nlp=team("nlp", subnetSlot=5))), "shared")
+    subnets = {r.name: (r.inputs["region"], r.inputs["ipCidrRange"])
+               for r in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+    # vision: slot 0 (given in order), nlp: slot 5; a /22 per region slot in a /18.
+    assert subnets["vision-subnet-us-central1"] == ("us-central1", "10.160.0.0/22")
+    assert subnets["vision-subnet-us-central2"] == ("us-central2", "10.160.4.0/22")
+    assert subnets["nlp-subnet-us-central1"] == ("us-central1", "10.161.64.0/22")
+    rules = {r.name: r.inputs for r in run.of_type("gcp:compute/firewall:Firewall")}
+    assert rules["nlp-peers"]["sourceRanges"] == ["10.161.64.0/22", "10.161.68.0/22"]
+    assert rules["nlp-peers"]["destinationRanges"] == rules["nlp-peers"]["sourceRanges"]
+    [vm] = run.of_type(V2VM)
+    assert vm.inputs["networkConfig"]["subnetwork"].endswith("/subnetworks/shared-tpu-vision-"
+                                                             "us-central1")
+
+
+@pytest.mark.parametrize(("change", "key", "words"), [
+    (lambda d: d["tpu-stack:teams"]["nlp"].update(subnetSlot=0),
+     "tpu-stack:teams.vision.subnetSlot", "0 is team nlp's"),
+    (lambda d: d["tpu-stack:teams"]["nlp"].update(subnetSlot=64),
+     "tpu-stack:teams.nlp.subnetSlot", "10.160.0.0/12 holds slots 0 to 63"),
+    (lambda d: d["tpu-stack:network"].update(teamSubnetCidr="10.128.0.0/12"),
+     "tpu-stack:network.teamSubnetCidr", "overlaps the platform's own ranges (us-central1 "
+     "10.128.0.0/20, "),
+    (lambda d: d["tpu-stack:network"].update(teamSubnetCidr="10.160.0.0/20"),
+     "tpu-stack:network.teamSubnetCidr", "narrower than one team's block (/18)"),
+])
+def test_team_subnet_settings_are_refused_naming_the_key(change, key, words) -> None:
+    data = platform(vision=team("vision"), nlp=team("nlp"))
+    data.setdefault("tpu-stack:network", {})
+    change(data)
+    problems = dict(problems_of(data))
+    assert key in problems and words in problems[key], problems
