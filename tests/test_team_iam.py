@@ -389,7 +389,8 @@ def test_a_team_s_tpu_quota_is_capped_in_its_project(repo_runs) -> None:
 def test_every_family_in_every_network_region_is_capped_for_every_team(repo_runs,
                                                                        three_teams) -> None:
     """Families and regions outside tpu-stack:quota get a cap of 0, not GCP's default:
-    a team deployer holds tpu.admin in its project and networkUser on every subnet."""
+    a team deployer holds tpu.admin in its project and networkUser on its own subnet in
+    every region."""
     for run in (repo_runs[0], three_teams):
         regions = set(run.outputs["network"]["subnets"])
         for name, entry in run.outputs["teams"].items():
