@@ -14,6 +14,8 @@ Where each grant lives:
   organization or a folder; compute.organizations.enableXpnHost);
 - the billing account: billing.costsManager, for the teams' budgets
   (cloud.google.com/billing/docs/how-to/budgets: Billing Account Costs Manager).
+And to the quota contact (`teamProjects.quotaContact`), Quota Administrator on the
+teams' folder (quota_contact_grant).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ PROJECT_IAM_ADMIN = "roles/resourcemanager.projectIamAdmin"
 XPN_ADMIN = "roles/compute.xpnAdmin"
 BUDGETS_ROLE = "roles/billing.costsManager"
 HOST_STORAGE_ROLE = "roles/storage.admin"
+QUOTA_CONTACT_ROLE = "roles/cloudquotas.admin"
 # The host project's parent as the proof names it when the bootstrap is not told.
 UNKNOWN_HOST_PARENT = "folders/HOST_PARENT"
 
@@ -97,3 +100,15 @@ def deployer_grants(settings: StackSettings, deployer: str,
     if settings.teams and settings.billing_account:  # the teams' budgets (platform.py)
         grants.append(Grant(f"billingAccounts/{settings.billing_account}", BUDGETS_ROLE, member))
     return grants
+
+
+def quota_contact_grant(settings: StackSettings, kind: str = "group") -> Grant | None:
+    """Cloud Quotas: "The Google account for the email address must have quota update
+    permission for the project, folder or organization this quota preference is for"
+    (QuotaPreference.contact_email, Cloud Quotas v1): Quota Administrator on the teams'
+    folder for `teamProjects.quotaContact` (a `group` or a `user`)."""
+    projects = settings.team_projects
+    if projects is None or not projects.folder_id or not projects.quota_contact:
+        return None
+    return Grant(f"folders/{projects.folder_id}", QUOTA_CONTACT_ROLE,
+                 f"{kind}:{projects.quota_contact}")

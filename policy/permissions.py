@@ -13,6 +13,7 @@ where IAM checks them, each row citing its API method's reference. Beside the ta
   checked with that role as `modifiedGrantsByRole`, so a `hasOnly` condition that
   leaves the role out refuses it (cloud.google.com/iam/docs/setting-limits-on-granting-
   roles: the condition applies to every role the request changes);
+- a quota preference's contact must hold quota update permission where it applies;
 - a node that uses reserved capacity must find a reservation: a reserved node uses one
   of its own project, picked by accelerator type, project and zone; another project's
   only when a queued resource names it (`reservationName`,
@@ -250,7 +251,26 @@ def prove(resources: Iterable[Mapping[str, Any]], model: IamModel,
         findings += _row_findings(label, row, inputs, model, applier.identity)
         findings += _runs_as_findings(label, kind, inputs, model, applier.identity)
         findings += _reservation_findings(label, kind, inputs, applier)
+        findings += _contact_findings(label, kind, inputs, model)
     return _unique(findings)
+
+
+QUOTA_PREFERENCE = "gcp:cloudquota/sQuotaPreference:SQuotaPreference"
+
+
+def _contact_findings(label: str, kind: str, inputs: Inputs, model: IamModel) -> list[Finding]:
+    """"The Google account for the email address must have quota update permission for
+    the project, folder or organization this quota preference is for" (Cloud Quotas v1
+    QuotaPreference.contact_email): the contact, as a group or a user."""
+    contact = inputs.get("contactEmail") if kind == QUOTA_PREFERENCE else None
+    if not contact:
+        return []
+    parent, permission = str(inputs["parent"]), "cloudquotas.quotas.update"
+    if any(model.can(f"{who}:{contact}", permission, parent) for who in ("group", "user")):
+        return []
+    return [Finding(label, f"the quota contact {contact}", "create", permission, parent,
+                    f"grant roles/cloudquotas.admin on {parent} (or its folder) to "
+                    f"group:{contact} or user:{contact}")]
 
 
 def _row_findings(label: str, row: Row, inputs: Inputs, model: IamModel,

@@ -29,6 +29,7 @@ from components.bootstrap import (
     deployer_grants,
     grants_condition,
     host_condition,
+    quota_contact_grant,
 )
 from components.ci import DOMAIN_POLICY, ENFORCED_POLICIES
 from components.settings import StackSettings
@@ -39,8 +40,10 @@ _GRANT_COMMANDS = {"folders": ["resource-manager", "folders"], "projects": ["pro
 
 
 def commands(settings: StackSettings, deployer: str, customer_id: str,
-             condition_files: dict[str, str], host_parent: str) -> list[list[str]]:
-    """Every command, in order: projects, billing, org policies, the deployer's grants.
+             condition_files: dict[str, str], host_parent: str,
+             contact_kind: str = "group") -> list[list[str]]:
+    """Every command, in order: projects, billing, org policies, the deployer's grants,
+    the quota contact's.
     `condition_files`: the folder's and the host's condition file, by resource kind."""
     assert settings.team_projects is not None and settings.team_billing_account
     folder = settings.team_projects.folder_id
@@ -59,7 +62,9 @@ def commands(settings: StackSettings, deployer: str, customer_id: str,
                         constraint, where])
         run.append(["gcloud", "resource-manager", "org-policies", "allow", DOMAIN_POLICY,
                     customer_id, where])
-    for grant in deployer_grants(settings, deployer, host_parent):
+    grants = deployer_grants(settings, deployer, host_parent)
+    contact = quota_contact_grant(settings, contact_kind)
+    for grant in [*grants, *([contact] if contact else [])]:
         run.append(_grant_command(grant, condition_files))
     return run
 
@@ -86,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-parent", required=True,
                         help="where the host project lives: folders/N or organizations/N "
                              "(`gcloud projects describe <host> --format='value(parent)'`)")
+    parser.add_argument("--quota-contact-kind", choices=("group", "user"), default="group",
+                        help="what teamProjects.quotaContact is (IAM member type)")
     args = parser.parse_args(argv)
     settings = settings_for(args.stack)
     if not settings.teams or settings.team_projects is None:
@@ -98,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {files['folders']}, {files['projects']}: the conditions of the deployer's "
           f"projectIamAdmin on the folder and on the host project")
     for command in commands(settings, args.deployer, args.customer_id,
-                            {k: str(v) for k, v in files.items()}, args.host_parent):
+                            {k: str(v) for k, v in files.items()}, args.host_parent,
+                            args.quota_contact_kind):
         print(shlex.join(command))
     return 0
 

@@ -137,3 +137,39 @@ def test_a_grant_changes_one_role_and_the_proof_checks_that_role() -> None:
     findings = prove(grants, model, applier)
     assert {f.resource for f in findings} == {"gcp:projects/iAMMember:IAMMember roles/owner"}
     assert {f.operation for f in findings} == {"create", "update", "delete"}
+
+
+def test_finding_4_the_shared_vpc_host_needs_xpn_admin_where_the_host_lives(
+        platform_run, monkeypatch) -> None:
+    """Without the bootstrap's xpnAdmin on the host project's parent (the teams' folder
+    holds it, the host may sit elsewhere) enabling the host is refused."""
+    from ops.plan import proof as proof_module
+
+    grants = proof_module.deployer_grants
+    monkeypatch.setattr(proof_module, "deployer_grants", lambda *a: [
+        g for g in grants(*a) if g.resource != bootstrap.UNKNOWN_HOST_PARENT])
+    findings = plan_proof(settings_for("platform"), platform_run).findings
+    host = "gcp:compute/sharedVPCHostProject:SharedVPCHostProject shared-vpc-host"
+    attach = "gcp:compute/sharedVPCServiceProject:SharedVPCServiceProject"
+    assert {(f.resource, f.permission) for f in findings} == {
+        (host, "compute.organizations.enableXpnHost"),
+        (host, "compute.organizations.disableXpnHost"),
+        # Attaching a team's project is checked on the host's side too.
+        (f"{attach} vision-shared-vpc", "compute.organizations.enableXpnResource"),
+        (f"{attach} nlp-shared-vpc", "compute.organizations.enableXpnResource")}
+    assert {f.on for f in findings} == {"projects/acme-ml-shared"}
+    assert all(f.fix == "grant roles/compute.xpnAdmin on projects/acme-ml-shared"
+               for f in findings)
+
+
+def test_finding_5_the_quota_contact_needs_quota_update_rights(platform_run,
+                                                               monkeypatch) -> None:
+    from ops.plan import proof as proof_module
+
+    monkeypatch.setattr(proof_module, "quota_contact_grant", lambda *a: None)
+    findings = plan_proof(settings_for("platform"), platform_run).findings
+    assert findings and {f.identity for f in findings} == {
+        "the quota contact ml-platform@acme.example"}
+    assert {f.on for f in findings} == {"projects/acme-ml-shared-vision",
+                                        "projects/acme-ml-shared-nlp"}
+    assert {f.permission for f in findings} == {"cloudquotas.quotas.update"}

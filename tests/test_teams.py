@@ -630,7 +630,9 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
               for c in commands if "add-iam-policy-binding" in c]
     assert grants == [*(("246813579024", role) for role in PLATFORM_FOLDER_ROLES),
                       *(("acme-ml-shared", role) for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE)),
-                      ("42", XPN_ADMIN), ("01AB23-45CD67-89EF01", BUDGETS_ROLE)]
+                      ("42", XPN_ADMIN), ("01AB23-45CD67-89EF01", BUDGETS_ROLE),
+                      ("246813579024", "roles/cloudquotas.admin")]  # the quota contact's
+    assert "--member=group:ml-platform@acme.example" in commands[-1]
     roles = {role for _, role in grants}
     assert not {"roles/resourcemanager.projectCreator", "roles/billing.user",
                 "roles/owner"} & roles
@@ -640,7 +642,8 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
     assert conditions == ["--condition-from-file=cond.json", "--condition-from-file=host.json"]
     policies = {c[4] for c in commands if c[3] in ("enable-enforce", "allow")}
     assert policies == {"storage.publicAccessPrevention", "compute.skipDefaultNetworkCreation",
-                        "iam.allowedPolicyMemberDomains"}
+                        "iam.allowedPolicyMemberDomains",
+                        "iam.automaticIamGrantsForDefaultServiceAccounts"}
     condition = bootstrap.grants_condition(settings)["expression"]
     assert "roles/owner" not in condition and "'roles/tpu.admin'" in condition
     assert "'roles/browser'" in condition  # the team preview accounts' role (finding 1)

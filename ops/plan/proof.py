@@ -18,7 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.bootstrap import UNKNOWN_HOST_PARENT, Grant, deployer_grants
+from components.bootstrap import (
+    UNKNOWN_HOST_PARENT,
+    Grant,
+    deployer_grants,
+    quota_contact_grant,
+)
 from components.settings import StackSettings
 from ops.plan.mock_engine import ProgramRun, planned_stack_run
 from policy.iam import Binding, IamModel
@@ -64,6 +69,8 @@ def plan_proof(settings: StackSettings, run: ProgramRun,
                                             "whoever runs `pulumi up` applies it")
         if settings.teams and settings.team_projects and settings.team_projects.folder_id:
             grants += deployer_grants(settings, deployer)
+            contact = quota_contact_grant(settings)
+            grants += [contact] if contact else []
     model = IamModel.of(_as_dict(r) for plan in runs for r in plan.registrations)
     _add_grants(model, grants)
     _place_projects(model, settings, runs)
