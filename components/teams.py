@@ -37,7 +37,7 @@ from components.network import peer_firewall
 from components.project import APIS, TPU_API
 from components.settings import CiSettings, StorageSettings, TeamQuota
 from components.storage import BucketsArgs, TrainingBuckets
-from components.team_quota import SKIPPED_SAFETY_CHECK, quota_caps
+from components.team_quota import SKIPPED_SAFETY_CHECK, quota_caps, unconfirmed_id_warning
 
 SPACE_TYPE = "tpu-stack:index:TeamSpace"
 PROJECT_TYPE = "tpu-stack:index:TeamProject"
@@ -378,6 +378,9 @@ class TeamProject(pulumi.ComponentResource):
         Google approves or not; below, it applies at once (SKIPPED_SAFETY_CHECK)."""
         args = self.args
         self.quota_caps = quota_caps(args.quota, args.regions, sorted(args.network.subnets))
+        warning = unconfirmed_id_warning(args.team, self.quota_caps)
+        if warning:
+            pulumi.log.warn(warning, resource=self)
         for cap in self.quota_caps:
             if cap.quota_id is None:
                 pulumi.log.warn(f"team {args.team}: no Cloud Quotas id is known for {cap.family} "

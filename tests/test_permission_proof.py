@@ -173,3 +173,20 @@ def test_finding_5_the_quota_contact_needs_quota_update_rights(platform_run,
     assert {f.on for f in findings} == {"projects/acme-ml-shared-vision",
                                         "projects/acme-ml-shared-nlp"}
     assert {f.permission for f in findings} == {"cloudquotas.quotas.update"}
+
+
+def test_unconfirmed_quota_ids_are_marked_in_the_catalog_the_caps_and_the_preview(
+        platform_run) -> None:
+    """Finding 6: ids named by analogy are marked, and the preview says so per team."""
+    from components import catalog
+
+    assert catalog.TPU_QUOTA_IDS[("v4", "onDemand")] in catalog.UNCONFIRMED_QUOTA_IDS
+    assert catalog.TPU_QUOTA_IDS[("v5e", "onDemand")] not in catalog.UNCONFIRMED_QUOTA_IDS
+    caps = platform_run.outputs["teams"]["nlp"]["quotaCaps"]
+    marked = {cap["quotaId"] for cap in caps if cap["quotaIdUnconfirmed"]}
+    assert marked == set(catalog.UNCONFIRMED_QUOTA_IDS)
+    warnings = [message for level, message in platform_run.logs if level == "warning"
+                and "unconfirmed by a public source" in message]
+    assert len(warnings) == 2  # one per team
+    assert all("TPUV4sPodPerProjectPerRegionForTPUAPI" in w and "tpuctl preflight" in w
+               for w in warnings)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pulumi
 
-from components import catalog, locality, progress_deadline, project, stop_save
+from components import catalog, locality, progress_deadline, project, stop_save, team_quota
 from components.archive import PackageError
 from components.cost import RATES, StackCost, StepCost, settings_cost
 from components.settings import StackSettings, load_settings
@@ -58,7 +58,8 @@ class Plan:
             "warnings": [*stop_save.stack_warnings(self.settings),
                          *locality.stack_warnings(self.settings),
                          *project.stack_warnings(self.settings),
-                         *progress_deadline.stack_warnings(self.settings)],
+                         *progress_deadline.stack_warnings(self.settings),
+                         *team_quota.stack_warnings(self.settings)],
         }
 
     def _resource_json(self, r: Registration) -> dict[str, Any]:
