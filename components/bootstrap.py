@@ -12,6 +12,8 @@ Where each grant lives:
   compute.xpnAdmin, because enabling a Shared VPC host is checked there
   (cloud.google.com/vpc/docs/shared-vpc: the Shared VPC Admin role is granted on the
   organization or a folder; compute.organizations.enableXpnHost);
+- the state bucket (`teamProjects.stateBucket`): storage.admin, for the teams' conditioned
+  grants on it and the per-team outputs objects the platform writes there;
 - the billing account: billing.costsManager, for the teams' budgets
   (cloud.google.com/billing/docs/how-to/budgets: Billing Account Costs Manager).
 And to the quota contact (`teamProjects.quotaContact`), Quota Administrator on the
@@ -97,6 +99,9 @@ def deployer_grants(settings: StackSettings, deployer: str,
                      if role == PROJECT_IAM_ADMIN else None)
                for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE)]
     grants.append(Grant(host_parent, XPN_ADMIN, member))
+    if settings.team_projects.state_bucket:  # the teams' state grants and outputs objects
+        grants.append(Grant(f"projects/_/buckets/{settings.team_projects.state_bucket}",
+                            HOST_STORAGE_ROLE, member))
     if settings.teams and settings.billing_account:  # the teams' budgets (platform.py)
         grants.append(Grant(f"billingAccounts/{settings.billing_account}", BUDGETS_ROLE, member))
     return grants

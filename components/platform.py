@@ -13,13 +13,14 @@ Three shapes, one program (docs/teams.md):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
 
-from components import catalog, cost, subnets
+from components import catalog, cost, subnets, team_state
 from components.bootstrap import granted_in_host_project
 from components.ci import (
     CI_APIS,
@@ -100,6 +101,8 @@ class TpuPlatform(pulumi.ComponentResource):
             self._declare_platform()
         self.cost = cost.stack_cost(settings.nodes)
         self.team_costs = cost.team_costs(settings.all_nodes)
+        if settings.teams and settings.team_projects and settings.team_projects.state_bucket:
+            self._write_team_outputs(settings.team_projects.state_bucket)
         self.register_outputs({})
 
     # ---- single-team and platform stacks ----------------------------------
@@ -160,6 +163,19 @@ class TpuPlatform(pulumi.ComponentResource):
             self.project.by_api[BUDGETS_API]) if self._has_budgets else None
         for team in settings.teams:
             self._declare_team(team, after_apis)
+
+    def _write_team_outputs(self, bucket: str) -> None:
+        """Each team's view of this stack's outputs, one object per team in the state
+        bucket: a team stack reads its own (team_stack.py), so no team needs the
+        platform's stack file, which holds every team's (team_state.py)."""
+        outputs = self._platform_outputs()
+        for team in sorted(self.settings.teams):
+            view = pulumi.Output.from_input(team_state.team_view(outputs, team))
+            gcp.storage.BucketObject(
+                f"{team}-platform-outputs", bucket=bucket,
+                name=team_state.outputs_object(self.settings.stack, team),
+                content=view.apply(lambda v: json.dumps(v, sort_keys=True)),
+                content_type="application/json", opts=self._child())
 
     def _deployer_on_own_account(self, deployer: str) -> None:
         """The platform deployer administers and acts as the stack's own runtime account,

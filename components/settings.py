@@ -312,11 +312,15 @@ class StackSettings(_Model):
     billing: BillingSettings | None = None
     team_projects: TeamProjectsSettings | None = None
     platform_stack: str | None = None
+    # A team stack on a shared gs:// backend: the platform's state bucket, where the
+    # platform writes this team's outputs (components/team_state.py outputs_object); the
+    # team stack reads them there instead of the platform's whole stack file.
+    platform_outputs_bucket: str | None = None
 
-    @field_validator("platform_stack", mode="before")
+    @field_validator("platform_stack", "platform_outputs_bucket", mode="before")
     @classmethod
     def _no_platform_stack(cls, value: Any) -> Any:
-        return None if value == "" else value  # Pulumi.yaml's default: no platform stack
+        return None if value == "" else value  # Pulumi.yaml's default: none
 
     @cached_property
     def naming(self) -> Naming:
@@ -1133,6 +1137,9 @@ def team_problems(s: StackSettings) -> Problems:
         yield from _team_stack_problems(s)
         yield from _team_reservation_problems(s, f"{NAMESPACE}:nodes", s.nodes)
         return
+    if s.platform_outputs_bucket:
+        yield (f"{NAMESPACE}:platformOutputsBucket", "belongs to a team stack (one with "
+                                                     f"{NAMESPACE}:platformStack)")
     yield from _quota_declaration_problems(s.quota)
     if s.billing:
         yield from _billing_problems(s.billing)

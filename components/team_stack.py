@@ -11,11 +11,13 @@ failed check stops all of it at preview.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pulumi
+import pulumi_gcp as gcp
 
-from components import catalog
+from components import catalog, team_state
 from components.settings import (
     COST_CENTRE,
     TEAMS_KEY,
@@ -88,9 +90,7 @@ class PlatformReference:
     def __init__(self, settings: StackSettings,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         self.settings = settings
-        self.reference = pulumi.StackReference(
-            REFERENCE_NAME, stack_name=settings.platform_stack, opts=opts)
-        outputs = self.reference.outputs
+        outputs = self._outputs(opts)
         checked = self._checked = outputs.apply(self._check)
         self.checked_project_id: pulumi.Output[str] = checked.apply(lambda o: o["projectId"])
         team = settings.team
@@ -103,6 +103,21 @@ class PlatformReference:
         self.network_id: pulumi.Output[str] = checked.apply(lambda o: o["network"]["id"])
         self.members: pulumi.Output[list[str]] = checked.apply(
             lambda o: o["teams"][settings.team]["members"])
+
+    def _outputs(self, opts: pulumi.ResourceOptions | None) -> pulumi.Output[dict[str, Any]]:
+        """The platform's outputs for this team: its object in the state bucket on a
+        shared gs:// backend (`platformOutputsBucket`, team_state.outputs_object), else a
+        StackReference (Pulumi Cloud, where a team token reads the stack)."""
+        settings = self.settings
+        if not settings.platform_outputs_bucket:
+            self.reference = pulumi.StackReference(
+                REFERENCE_NAME, stack_name=settings.platform_stack, opts=opts)
+            return self.reference.outputs
+        platform = (settings.platform_stack or "").rsplit("/", 1)[-1]
+        found = gcp.storage.get_bucket_object_content_output(
+            bucket=settings.platform_outputs_bucket,
+            name=team_state.outputs_object(platform, settings.team))
+        return found.content.apply(lambda text: json.loads(text) if text else {})
 
     def subnet(self, region: str) -> pulumi.Output[str]:
         return self._checked.apply(lambda o: o["network"]["subnets"][region])

@@ -49,6 +49,22 @@ STACK_FILE_SUFFIXES = (*CHECKPOINT_SUFFIXES, *(f"{s}.bak" for s in CHECKPOINT_SU
 MAX_OPERATORS = 12
 
 
+OUTPUTS_PREFIX = "tpu-stack/platform-outputs"  # outside .pulumi/: not the backend's
+
+
+def outputs_object(platform_stack: str, team: str) -> str:
+    """The object the platform writes a team's outputs to, in its state bucket: what the
+    team stack reads instead of the platform's stack file (every team's outputs)."""
+    return f"{OUTPUTS_PREFIX}/{platform_stack}/{team}.json"
+
+
+def team_view(outputs: dict, team: str) -> dict:
+    """The platform outputs a team stack consumes (components/team_stack.py), its own
+    team's entry only."""
+    return {"projectId": outputs.get("projectId"), "network": outputs.get("network"),
+            "teams": {team: outputs["teams"][team]} if team in outputs.get("teams", {}) else {}}
+
+
 def stack_files(bucket: str, stack: str) -> list[str]:
     """The exact resource names of `stack`'s own files beside its checkpoint."""
     return [object_name(bucket, f".pulumi/stacks/{PULUMI_PROJECT}/{stack}{suffix}")
@@ -75,11 +91,12 @@ def write_condition(bucket: str, stack: str) -> str:
     return " || ".join(clauses)
 
 
-def read_condition(bucket: str, stacks: list[str]) -> str:
-    """The checkpoints of `stacks` (each as the CLI may name it) and the backend's
-    meta.yaml."""
+def read_condition(bucket: str, stacks: list[str], objects: tuple[str, ...] = ()) -> str:
+    """The checkpoints of `stacks` (each as the CLI may name it), `objects` (paths in
+    the bucket) and the backend's meta.yaml."""
     names = [object_name(bucket, f".pulumi/stacks/{PULUMI_PROJECT}/{stack}{suffix}")
              for stack in stacks for suffix in CHECKPOINT_SUFFIXES]
+    names += [object_name(bucket, path) for path in objects]
     names.append(object_name(bucket, ".pulumi/meta.yaml"))
     assert len(names) - 1 <= MAX_OPERATORS, "IAM's limit of logical operators"
     return " || ".join(f"resource.name == '{name}'" for name in names)

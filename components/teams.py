@@ -347,16 +347,18 @@ class TeamProject(pulumi.ComponentResource):
 
     def _state(self, bucket: str, ci: CiIdentity, child: pulumi.ResourceOptions) -> None:
         """On a shared gs:// backend: the deployer writes its team stack's state only,
-        the preview account reads it; both read the platform's stack file (the
-        StackReference) and list the bucket (team_state.py)."""
+        the preview account reads it; both read the team's outputs object the platform
+        writes (never the platform's stack file, which holds every team's) and list the
+        bucket (team_state.py)."""
         t, own = self.args.team, team_state.team_stack(self.args.team)
-        readable = team_state.read_condition(bucket, [self.args.stack, own])
+        outputs = (team_state.outputs_object(self.args.stack, t),)
         grants = [
             ("deployer", ci.deployer_email, STATE_WRITE_ROLE,
              team_state.write_condition(bucket, own)),
             ("deployer", ci.deployer_email, STATE_READ_ROLE,
-             team_state.read_condition(bucket, [self.args.stack])),
-            ("preview", ci.preview_email, STATE_READ_ROLE, readable),
+             team_state.read_condition(bucket, [], outputs)),
+            ("preview", ci.preview_email, STATE_READ_ROLE,
+             team_state.read_condition(bucket, [own], outputs)),
         ]
         for who, email, role, expression in grants:
             name = role.rsplit(".", 1)[-1]

@@ -70,6 +70,10 @@ def commands(settings: StackSettings, deployer: str, customer_id: str,
 
 
 def _grant_command(grant: Grant, condition_files: dict[str, str]) -> list[str]:
+    if grant.resource.startswith("projects/_/buckets/"):
+        bucket = grant.resource.removeprefix("projects/_/buckets/")
+        return ["gcloud", "storage", "buckets", "add-iam-policy-binding", f"gs://{bucket}",
+                f"--member={grant.member}", f"--role={grant.role}"]
     kind, _, name = grant.resource.partition("/")
     command = ["gcloud", *_GRANT_COMMANDS[kind], "add-iam-policy-binding", name,
                f"--member={grant.member}", f"--role={grant.role}"]

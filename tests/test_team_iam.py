@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import itertools
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,7 +313,7 @@ def state_files(stack: str) -> list[str]:
 WRITES = ("storage.objects.create", "storage.objects.delete", "storage.objects.update")
 
 
-def test_a_team_writes_its_own_state_only_and_reads_the_platform_s(three_teams) -> None:
+def test_a_team_writes_its_own_state_only_and_reads_its_outputs_object(three_teams) -> None:
     model = model_of([three_teams])
     teams = teams_of([three_teams])
     platform_file = f"projects/_/buckets/{STATE}/objects/.pulumi/stacks/tpu-stack/shared.json"
@@ -325,7 +326,10 @@ def test_a_team_writes_its_own_state_only_and_reads_the_platform_s(three_teams) 
             assert not any(model.can(deployer, w, obj) for w in WRITES), (a.name, obj)
         for obj in state_files(f"team-{b.name}"):
             assert not model.can(deployer, "storage.objects.get", obj), (a.name, obj)
-        assert model.can(deployer, "storage.objects.get", platform_file)  # StackReference
+        # Not the platform's stack file: the outputs object the platform writes for it.
+        assert not model.can(deployer, "storage.objects.get", platform_file)
+        assert model.can(deployer, "storage.objects.get", f"projects/_/buckets/{STATE}/objects/"
+                         f"tpu-stack/platform-outputs/shared/{a.name}.json")
         assert model.can(deployer, "storage.objects.list", f"projects/_/buckets/{STATE}")
         # A stack named like the team's as a prefix is another stack.
         assert not model.can(deployer, "storage.objects.create",
@@ -564,3 +568,33 @@ def test_settings_name_the_project_each_planned_node_is_in(repo_runs) -> None:
         planned = {(r.inputs.get("name") or r.inputs["node_id"], r.inputs["project"])
                    for r in run.of_type(V2VM) + run.of_type(QUEUED_TPU)}
         assert planned == expected and planned, stack
+
+
+def test_a_team_reads_its_own_outputs_object_never_the_platform_s_stack_file(
+        repo_runs) -> None:
+    """Finding 10: the platform writes one object per team into the state bucket; the
+    team stack reads its own there (no StackReference), and no team principal may read
+    the platform's stack file (every team's members, deployers and nodes) or another
+    team's object."""
+    platform, vision_stack = repo_runs
+    assert not vision_stack.of_type("pulumi:pulumi:StackReference")
+    objects = {r.inputs["name"]: json.loads(r.inputs["content"])
+               for r in platform.of_type("gcp:storage/bucketObject:BucketObject")
+               if r.inputs["bucket"] == "acme-pulumi-state"}
+    assert set(objects) == {"tpu-stack/platform-outputs/platform/vision.json",
+                            "tpu-stack/platform-outputs/platform/nlp.json"}
+    assert set(objects["tpu-stack/platform-outputs/platform/vision.json"]["teams"]) == {"vision"}
+    model = model_of(repo_runs)
+    teams = teams_of(repo_runs)
+    base = "projects/_/buckets/acme-pulumi-state/objects/"
+    for name, t in teams.items():
+        other = next(o for o in teams if o != name)
+        for principal in t.principals.values():
+            for suffix in ("json", "json.gz", "json.bak", "pulumi-tags"):
+                assert not model.can(principal, "storage.objects.get",
+                                     f"{base}.pulumi/stacks/tpu-stack/platform.{suffix}")
+            assert not model.can(principal, "storage.objects.get",
+                                 f"{base}tpu-stack/platform-outputs/platform/{other}.json")
+        if "deployer" in t.principals:
+            assert model.can(t.principals["deployer"], "storage.objects.get",
+                             f"{base}tpu-stack/platform-outputs/platform/{name}.json")

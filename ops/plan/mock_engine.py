@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import functools
 import gc
+import json
 import logging
 import runpy
 from collections.abc import Callable, Mapping
@@ -98,6 +99,7 @@ class RecordingMonitor(mocks.MockMonitor):
 
 STACK_REFERENCE_TYPE = "pulumi:pulumi:StackReference"
 GET_PROJECT = "gcp:organizations/getProject:getProject"
+GET_OBJECT_CONTENT = "gcp:storage/getBucketObjectContent:getBucketObjectContent"
 # Config keys whose value names a stack the program reads through a
 # StackReference (docs/teams.md: a team stack's platform stack).
 STACK_REFERENCE_KEYS = (f"{PROJECT}:platformStack",)
@@ -135,7 +137,21 @@ class GcpMocks(mocks.Mocks):
         if args.token == GET_PROJECT:
             project = args.args.get("projectId") or "mock-project"
             return {"projectId": project, "number": self.project_number}
+        if args.token == GET_OBJECT_CONTENT:
+            return {**args.args, "content": self._object_content(args.args)}
         return {}
+
+    def _object_content(self, where: Mapping[str, Any]) -> str | None:
+        """A platform's outputs object for a team (team_state.outputs_object), from the
+        outputs of the platform stack planned for the StackReference keys."""
+        from components import team_state
+
+        parts = str(where.get("name", "")).removeprefix(team_state.OUTPUTS_PREFIX + "/")
+        stack, _, team = parts.partition("/")
+        for reference, outputs in self.stack_outputs.items():
+            if reference.rsplit("/", 1)[-1] == stack and team.endswith(".json"):
+                return json.dumps(team_state.team_view(outputs, team.removesuffix(".json")))
+        return None
 
 
 @functools.cache
