@@ -190,3 +190,23 @@ def test_unconfirmed_quota_ids_are_marked_in_the_catalog_the_caps_and_the_previe
     assert len(warnings) == 2  # one per team
     assert all("TPUV4sPodPerProjectPerRegionForTPUAPI" in w and "tpuctl preflight" in w
                for w in warnings)
+
+
+def test_tpuctl_plan_fails_naming_the_refusal(capsys) -> None:
+    """The plan verb (and so the pull-request check, which runs it per stack) exits 1
+    and prints the resource, the identity, the permission and the fix."""
+    from ops.plan.command import print_report
+    from ops.plan.offline import offline_plan
+
+    result = offline_plan("platform")
+    assert print_report(result, "markdown", None) == 0
+    assert "permission proof: serviceAccount:platform-deployer@acme-ml-shared.iam." \
+           "gserviceaccount.com may apply every resource" in capsys.readouterr().out
+    result.run = without(result.run, "platform-deployer-act-as")
+    assert print_report(result, "markdown", None) == 1
+    captured = capsys.readouterr()
+    assert ("gcp:tpu/v2Vm:V2Vm node-nlp-sweep-vm: serviceAccount:platform-deployer@acme-ml-"
+            "shared.iam.gserviceaccount.com cannot create it: missing iam.serviceAccounts.actAs "
+            "on projects/acme-ml-shared-nlp/serviceAccounts/platform-nlp-runtime@acme-ml-shared-"
+            "nlp.iam.gserviceaccount.com; fix: grant roles/iam.serviceAccountUser") in captured.out
+    assert "operation(s) its deployer may not do" in captured.err
