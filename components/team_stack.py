@@ -20,6 +20,7 @@ import pulumi_gcp as gcp
 from components import catalog, team_state
 from components.settings import (
     COST_CENTRE,
+    NAMESPACE,
     TEAMS_KEY,
     StackSettings,
     TeamQuota,
@@ -36,6 +37,14 @@ class PlatformStackError(pulumi.RunError):
 def contract_problems(settings: StackSettings, outputs: dict[str, Any]) -> list[tuple[str, str]]:
     """What the platform stack's `outputs` refuse this team stack, as (key, message)."""
     ref, team = settings.platform_stack, settings.team
+    bucket = settings.platform_outputs_bucket
+    if bucket and not outputs:
+        platform = (ref or "").rsplit("/", 1)[-1]
+        uri = f"gs://{bucket}/{team_state.outputs_object(platform, team)}"
+        return [(f"{NAMESPACE}:platformOutputsBucket",
+                 f"{uri} does not exist: {ref} writes one for each of its teams when its "
+                 f"teamProjects.stateBucket is {bucket}; is {team} one of its "
+                 f"{TEAMS_KEY}, and has its `pulumi up` run since?")]
     missing = [key for key in ("projectId", "teams", "network") if outputs.get(key) is None]
     if missing:
         return [(f"{ref}", f"has no output {', '.join(missing)}: is it a platform stack "

@@ -58,11 +58,13 @@ def outputs_object(platform_stack: str, team: str) -> str:
     return f"{OUTPUTS_PREFIX}/{platform_stack}/{team}.json"
 
 
-def team_view(outputs: dict, team: str) -> dict:
+def team_view(outputs: dict, team: str) -> dict | None:
     """The platform outputs a team stack consumes (components/team_stack.py), its own
-    team's entry only."""
+    team's entry only; None for a team the platform does not serve (no object)."""
+    if team not in (outputs.get("teams") or {}):
+        return None
     return {"projectId": outputs.get("projectId"), "network": outputs.get("network"),
-            "teams": {team: outputs["teams"][team]} if team in outputs.get("teams", {}) else {}}
+            "teams": {team: outputs["teams"][team]}}
 
 
 def stack_files(bucket: str, stack: str) -> list[str]:

@@ -149,9 +149,10 @@ class GcpMocks(mocks.Mocks):
         parts = str(where.get("name", "")).removeprefix(team_state.OUTPUTS_PREFIX + "/")
         stack, _, team = parts.partition("/")
         for reference, outputs in self.stack_outputs.items():
-            if reference.rsplit("/", 1)[-1] == stack and team.endswith(".json"):
-                return json.dumps(team_state.team_view(outputs, team.removesuffix(".json")))
-        return None
+            view = team_state.team_view(outputs, team.removesuffix(".json"))
+            if reference.rsplit("/", 1)[-1] == stack and view is not None:
+                return json.dumps(view)
+        return None  # no such object: the platform serves no such team
 
 
 @functools.cache
