@@ -210,3 +210,20 @@ def test_tpuctl_plan_fails_naming_the_refusal(capsys) -> None:
             "on projects/acme-ml-shared-nlp/serviceAccounts/platform-nlp-runtime@acme-ml-shared-"
             "nlp.iam.gserviceaccount.com; fix: grant roles/iam.serviceAccountUser") in captured.out
     assert "operation(s) its deployer may not do" in captured.err
+
+
+def test_a_team_stack_is_proved_against_the_platform_s_grants(monkeypatch) -> None:
+    """vision's deployer without networkUser on its subnets: its nodes are refused."""
+    from ops.plan import proof as proof_module
+    from ops.plan.mock_engine import planned_stack_run
+
+    platform = planned_stack_run("acme/tpu-stack/platform")
+    monkeypatch.setattr(proof_module, "planned_stack_run",
+                        lambda _ref: without(platform, "vision-deployer-network-user"))
+    proof = plan_proof(settings_for("team-vision"),
+                       run_program(file_config("team-vision"), "team-vision"))
+    assert {f.permission for f in proof.findings} == {"compute.subnetworks.use"}
+    assert {f.on for f in proof.findings} == {
+        "projects/acme-ml-shared/regions/us-central1/subnetworks/platform-tpu-vision-us-central1"}
+    assert {f.resource for f in proof.findings} == {
+        "gcp:tpu/v2Vm:V2Vm node-vision-trainer-vm", "gcp:tpu/v2Vm:V2Vm node-vision-eval-vm"}

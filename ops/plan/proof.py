@@ -49,7 +49,7 @@ class Proof:
 
 
 def plan_proof(settings: StackSettings, run: ProgramRun,
-               extra_grants: list[Grant] = ()) -> Proof:  # type: ignore[assignment]
+               extra_grants: tuple[Grant, ...] = ()) -> Proof:
     """The proof of `run`, the plan of `settings`' stack (`extra_grants`: tests)."""
     resources = [_as_dict(r) for r in run.registrations]
     runs = [run]
@@ -112,21 +112,13 @@ def _add_grants(model: IamModel, grants: list[Grant]) -> None:
 def _place_projects(model: IamModel, settings: StackSettings, runs: list[ProgramRun]) -> None:
     """Team projects sit in the teams' folder (the bootstrap made them there), the host
     project wherever it lives (the bootstrap's --host-parent)."""
-    folder = None
-    host = f"projects/{settings.gcp_project}"
-    for plan in runs:
+    projects = settings.team_projects
+    folder = f"folders/{projects.folder_id}" if projects and projects.folder_id else None
+    for plan in runs if folder else ():  # a team stack's deployer holds nothing there
         for entry in (plan.outputs.get("teams") or {}).values():
             if entry.get("projectId"):
-                folder = folder or _teams_folder(settings, plan)
-                if folder:
-                    model.parents.setdefault(f"projects/{entry['projectId']}", folder)
-    model.parents.setdefault(host, UNKNOWN_HOST_PARENT)
-
-
-def _teams_folder(settings: StackSettings, plan: ProgramRun) -> str | None:
-    if settings.team_projects and settings.team_projects.folder_id:
-        return f"folders/{settings.team_projects.folder_id}"
-    return None  # a team stack: its deployer holds nothing on the folder
+                model.parents.setdefault(f"projects/{entry['projectId']}", folder)
+    model.parents.setdefault(f"projects/{settings.gcp_project}", UNKNOWN_HOST_PARENT)
 
 
 def _as_dict(r: Any) -> dict[str, Any]:
