@@ -41,10 +41,10 @@ def contract_problems(settings: StackSettings, outputs: dict[str, Any]) -> list[
     if bucket and not outputs:
         platform = (ref or "").rsplit("/", 1)[-1]
         uri = f"gs://{bucket}/{team_state.outputs_object(platform, team)}"
-        return [(f"{NAMESPACE}:platformOutputsBucket",
-                 f"{uri} does not exist: {ref} writes one for each of its teams when its "
-                 f"teamProjects.stateBucket is {bucket}; is {team} one of its "
-                 f"{TEAMS_KEY}, and has its `pulumi up` run since?")]
+        return [(f"{NAMESPACE}:team",
+                 f"{team!r}: no outputs object {uri}: {ref} writes one for each of its "
+                 f"{TEAMS_KEY} (its teamProjects.stateBucket being {bucket}); is {team!r} "
+                 f"one of them, spelt as there, and has its `pulumi up` run since?")]
     missing = [key for key in ("projectId", "teams", "network") if outputs.get(key) is None]
     if missing:
         return [(f"{ref}", f"has no output {', '.join(missing)}: is it a platform stack "

@@ -485,8 +485,8 @@ def run_team_vision(change) -> ProgramRun:
      "tpu-stack:teams.vision.quota.usdPerHour: team vision's nodes cost $9.66/h"),
     # No object for a team the platform does not serve (its outputs objects, issue 34).
     (lambda o: o["teams"].pop("vision"),
-     "tpu-stack:platformOutputsBucket: gs://acme-pulumi-state/tpu-stack/platform-outputs/"
-     "platform/vision.json does not exist"),
+     "tpu-stack:team: 'vision': no outputs object gs://acme-pulumi-state/tpu-stack/"
+     "platform-outputs/platform/vision.json"),
     (lambda o: o["teams"]["vision"]["labels"].update({"cost-centre": "cc-other"}),
      "tpu-stack:labels.cost-centre: 'cc-vision-2210' is not team vision's cost centre"),
     (lambda o: o["teams"]["vision"]["subnets"].pop("us-central1"),
@@ -496,7 +496,7 @@ def run_team_vision(change) -> ProgramRun:
      "tpu-stack:teams.vision: acme/tpu-stack/platform has no output teams.vision.subnets"),
     (lambda o: o.update(projectId="acme-ml-other"),
      "gcp:project: acme-ml-shared is not the platform's project (acme-ml-other)"),
-    (lambda o: o.pop("teams"), "is vision one of its tpu-stack:teams"),
+    (lambda o: o.pop("teams"), "is 'vision' one of them, spelt as there"),
 ])
 def test_a_team_stack_the_platform_does_not_allow_fails_at_preview(change, words) -> None:
     with pytest.raises(PlatformStackError) as caught:
