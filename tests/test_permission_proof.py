@@ -227,3 +227,16 @@ def test_a_team_stack_is_proved_against_the_platform_s_grants(monkeypatch) -> No
         "projects/acme-ml-shared/regions/us-central1/subnetworks/platform-tpu-vision-us-central1"}
     assert {f.resource for f in proof.findings} == {
         "gcp:tpu/v2Vm:V2Vm node-vision-trainer-vm", "gcp:tpu/v2Vm:V2Vm node-vision-eval-vm"}
+
+
+def test_a_resource_type_without_a_row_is_named_as_not_proved() -> None:
+    from ops.plan.proof import Proof
+
+    applier = Applier("serviceAccount:d@p1.iam.gserviceaccount.com")
+    topic = {"type": "gcp:pubsub/topic:Topic", "name": "t", "urn": "t",
+             "inputs": {"project": "p1", "name": "t"}}
+    assert prove([topic], IamModel(), applier) == []
+    assert applier.unchecked == ["gcp:pubsub/topic:Topic"]
+    lines = Proof(applier.identity, [], applier.unchecked).lines()
+    assert lines[-1] == ("  not proved (no row in policy/permissions.py): "
+                         "gcp:pubsub/topic:Topic")

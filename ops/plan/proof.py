@@ -45,7 +45,11 @@ class Proof:
         head = (f"permission proof: {self.identity} may apply every resource"
                 if not self.findings else
                 f"permission proof: {len(self.findings)} refusal(s) for {self.identity}")
-        return [head, *(f"  {finding.line()}" for finding in self.findings)]
+        lines = [head, *(f"  {finding.line()}" for finding in self.findings)]
+        if self.unchecked:  # a type without a row in policy/permissions.py TABLE
+            lines.append(f"  not proved (no row in policy/permissions.py): "
+                         f"{', '.join(self.unchecked)}")
+        return lines
 
 
 def plan_proof(settings: StackSettings, run: ProgramRun,
