@@ -45,6 +45,7 @@ def job() -> dict[str, Any]:
 def team(index: int, nodes: int) -> dict[str, Any]:
     return {
         "members": [f"group:team-{index}@acme.example"],
+        "subnetSlot": index,  # the team's own subnets (docs/teams.md, "The network")
         "labels": {"cost-centre": f"cc-{index:04d}"},
         "quota": {"v5e": {"spot": nodes * CHIPS_PER_NODE}},
         # A keyless deployer per team, and (teamProjects.stateBucket) its state grants.
@@ -69,7 +70,9 @@ def platform_config(teams: int, nodes: int) -> dict[str, str]:
         "tpu-stack:quota": {"v5e": {r: {"preemptible": region_chips} for r in regions}},
         "tpu-stack:teamProjects": {"folderId": "1234567890", "quotaContact": "p@acme.example",
                                    "billingAccount": "01AB23-45CD67-89EF01",
-                                   "stateBucket": "acme-pulumi-state"},
+                                   "stateBucket": "acme-pulumi-state",
+                                   "deployer": "platform-deployer@acme-ml-shared"
+                                               ".iam.gserviceaccount.com"},
         "tpu-stack:teams": {f"t{i}": team(i, per_team) for i in range(teams)},
     }
     return {key: cli_value(value) for key, value in config.items()}

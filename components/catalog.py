@@ -567,3 +567,9 @@ TPU_QUOTA_IDS: dict[tuple[str, str], str] = {
     ("v5p", "onDemand"): "TPUV5PPerProjectPerRegionForTPUAPI",
     ("v5p", "preemptible"): "TPUV5PPreemptiblePerProjectPerRegionForTPUAPI",  # unconfirmed
 }
+# The ids above named by analogy, confirmed by no public source: the preview warns on
+# each cap that uses one, and `tpuctl preflight` asks Cloud Quotas whether it exists.
+UNCONFIRMED_QUOTA_IDS = frozenset({
+    TPU_QUOTA_IDS[("v2", "onDemand")], TPU_QUOTA_IDS[("v3", "onDemand")],
+    TPU_QUOTA_IDS[("v3", "preemptible")], TPU_QUOTA_IDS[("v4", "onDemand")],
+    TPU_QUOTA_IDS[("v5p", "preemptible")]})

@@ -136,8 +136,14 @@ PLATFORM_FOLDER_ROLES = {
 # Project(auto_create_network=False) did). Unconfirmed: that domain restriction
 # admits the workload identity pool principalSets the team deployers' accounts are
 # bound to; if it refused them, that grant's `up` fails (closed, not open).
+# A node (or VM) made without an account runs as the Compute Engine default account,
+# made Editor of every new project unless iam.automaticIamGrantsForDefaultServiceAccounts
+# is enforced (cloud.google.com/resource-manager/docs/organization-policy/
+# restricting-service-accounts, "Disable automatic role grants to default service
+# accounts"): enforced on the folder (issue 34, finding 9).
 DOMAIN_POLICY = "iam.allowedPolicyMemberDomains"
-ENFORCED_POLICIES = ("storage.publicAccessPrevention", "compute.skipDefaultNetworkCreation")
+ENFORCED_POLICIES = ("storage.publicAccessPrevention", "compute.skipDefaultNetworkCreation",
+                     "iam.automaticIamGrantsForDefaultServiceAccounts")
 # A team's deployer (components/teams.py declares it in the team's project): TPU
 # nodes and, through the team's storage role, buckets of its own project; actAs on
 # the team's runtime account and use of the platform's subnets are granted on

@@ -15,21 +15,20 @@ TYPE = "tpu-stack:index:Network"
 # cloud.google.com/iap/docs/using-tcp-forwarding#create-firewall-rule: the range
 # IAP TCP forwarding connects from.
 IAP_SOURCE_RANGE = "35.235.240.0/20"
-# Nodes talk to each other (a pod slice's TF workers and coordinator) only within
-# one identity: ingress from nodes running as an account, to nodes running as the
-# same account. Service accounts, not network tags: "network tags ... don't offer
-# any kind of access control. You can choose to assign any value ... to the tag
-# field on any VM you own" (cloud.google.com/firewall/docs/tags-firewalls-overview;
-# a TPU node's `tags` are set by whoever holds tpu.nodes.create/update in its
-# project, i.e. every team deployer), while running a node as an account needs
-# iam.serviceAccounts.actAs on it, which only its team and the platform hold.
-# A VPC firewall rule cannot mix tags and service accounts (cloud.google.com/
-# firewall/docs/firewalls, "Filtering by service account versus network tag").
-# That a Shared VPC host's rules match service-project accounts is from memory of
-# cloud.google.com/vpc/docs/shared-vpc (unconfirmed here), and that GCP matches a
-# TPU VM by its account is unconfirmed (TPU VMs attach to the VPC through the TPU
-# API): if it did not, a team's nodes could not reach each other (fails closed,
-# never open; `tpuctl rehearse` cannot show it, a first pod-slice run does).
+# Nodes talk to each other (a pod slice's TF workers and coordinator) only within one
+# set of subnets: ingress whose source AND destination are the stack's own ranges (a
+# team's: its own subnets, components/teams.py). Addresses, not network tags nor service
+# accounts: "network tags ... don't offer any kind of access control. You can choose to
+# assign any value ... to the tag field on any VM you own" (cloud.google.com/firewall/
+# docs/tags-firewalls-overview; a TPU node's `tags` are set by whoever holds
+# tpu.nodes.create/update in its project), and that GCP matches a TPU VM by its service
+# account (in a Shared VPC service project) is unconfirmed, while a node's address comes
+# from a subnet its creator (and its project's TPU service agent) holds
+# compute.subnetworks.use on, which IAM grants per subnet. Ingress rules take destination
+# ranges since provider 4.49 (GoogleCloudPlatform/magic-modules#6931; cloud-foundation-
+# fabric issue 1303): with no target, the rule applies to every instance, for traffic to
+# these ranges only. Every port: TF's gRPC server on 8470 and the coordination service's
+# port are whatever the job picks (docs/tpu-facts.md, "Pod slices: the ports workers use").
 # Everything else is refused by the implied deny-ingress rule (priority 65535);
 # no allow rule has a wider source, so a lower-numbered deny is not needed.
 PEER_PRIORITY = 1000
@@ -44,15 +43,13 @@ class NetworkArgs:
     subnet_cidr: str
     ssh_through_iap: bool
     node_tag: str  # what the IAP SSH rule targets
-    node_account: pulumi.Input[str]  # the email the stack's own nodes run as
     pinned: dict[str, str] = field(default_factory=dict)  # region → range kept as it is
 
 
 class Network(pulumi.ComponentResource):
     """A custom-mode VPC, a subnet per region with Private Google Access, and
-    firewall rules: traffic between the nodes of the stack's own runtime account
-    (pod workers talk to each other; each team's get their own rule, teams.py)
-    and SSH only through IAP."""
+    firewall rules: traffic within the stack's own subnets (pod workers talk to each
+    other; each team's subnets get their own rule, teams.py) and SSH only through IAP."""
 
     network: gcp.compute.Network
     subnets: dict[str, gcp.compute.Subnetwork]
@@ -87,7 +84,7 @@ class Network(pulumi.ComponentResource):
             for region, cidr in ranges.items()
         }
         peer_firewall("allow-internal", naming.network_resource("tpu-internal"),
-                      args.project_id, self.network.id, args.node_account,
+                      args.project_id, self.network.id, sorted(ranges.values()),
                       pulumi.ResourceOptions(parent=self))
         if args.ssh_through_iap:
             self._ingress("allow-iap-ssh", args, [IAP_SOURCE_RANGE],
@@ -115,12 +112,10 @@ class Network(pulumi.ComponentResource):
 
 
 def peer_firewall(logical: str, name: str, project_id: pulumi.Input[str],
-                  network_id: pulumi.Input[str], account_email: pulumi.Input[str],
+                  network_id: pulumi.Input[str], ranges: list[str],
                   opts: pulumi.ResourceOptions) -> gcp.compute.Firewall:
-    """Ingress between the nodes that run as `account_email`, and from nothing else."""
-    accounts = [account_email]
+    """Ingress from `ranges` to `ranges` on every protocol and port, and nothing else."""
     return gcp.compute.Firewall(
         logical, name=name, project=project_id, network=network_id, direction="INGRESS",
-        priority=PEER_PRIORITY, source_service_accounts=accounts,
-        target_service_accounts=accounts,
+        priority=PEER_PRIORITY, source_ranges=ranges, destination_ranges=ranges,
         allows=[gcp.compute.FirewallAllowArgs(protocol=p) for p in PEER_PROTOCOLS], opts=opts)

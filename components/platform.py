@@ -13,18 +13,27 @@ Three shapes, one program (docs/teams.md):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
 
-from components import catalog, cost
+from components import catalog, cost, subnets, team_state
+from components.bootstrap import granted_in_host_project
 from components.budget_stop import APIS as BUDGET_STOP_APIS
 from components.budget_stop import BudgetStop, BudgetStopArgs
 from components.candidates import one_quota_warning
-from components.ci import CI_APIS, PREVIEW_ROLES, CiArgs, CiIdentity, DeployerScope
-from components.identity import PROJECT_ROLES, IdentityArgs, RuntimeIdentity
+from components.ci import (
+    CI_APIS,
+    DEPLOYER_ACCOUNT_ROLE,
+    DEPLOYER_ACCOUNT_ROLES,
+    CiArgs,
+    CiIdentity,
+    DeployerScope,
+)
+from components.identity import IdentityArgs, RuntimeIdentity
 from components.locality import cross_region_warning
 from components.naming import label_value
 from components.network import Network, NetworkArgs
@@ -39,7 +48,6 @@ from components.team_stack import PlatformReference
 from components.teams import (
     OWN_PURPOSES,
     TEAM_STACK_PURPOSES,
-    TPU_XPN_AGENT_ROLE,
     BudgetsAccess,
     HostNetwork,
     TeamBudget,
@@ -67,6 +75,7 @@ class Placement:
     labels: dict[str, str]
     depends_on: list[pulumi.Resource] = field(default_factory=list)
     project_id: pulumi.Input[str] | None = None  # a team's project; None: the stack's
+    subnets: Any = None  # a team's own subnets (region → id, or a lookup); None: the stack's
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,8 @@ class TpuPlatform(pulumi.ComponentResource):
             self._declare_platform()
         self.cost = cost.stack_cost(settings.nodes)
         self.team_costs = cost.team_costs(settings.all_nodes)
+        if settings.teams and settings.team_projects and settings.team_projects.state_bucket:
+            self._write_team_outputs(settings.team_projects.state_bucket)
         self.register_outputs({})
 
     # ---- single-team and platform stacks ----------------------------------
@@ -124,7 +135,7 @@ class TpuPlatform(pulumi.ComponentResource):
             project_id=project_id, naming=naming, regions=settings.regions,
             subnet_cidr=settings.network.subnet_cidr, pinned=settings.network.subnets,
             ssh_through_iap=settings.network.ssh_through_iap,
-            node_tag=self.node_tag, node_account=self.identity.email), opts=after_apis)
+            node_tag=self.node_tag), opts=after_apis)
         self.package = TrainingPackage("package", PackageArgs(
             bucket=self.buckets.names["artifacts"],
             bucket_name=self.buckets.buckets["artifacts"].name),
@@ -146,6 +157,8 @@ class TpuPlatform(pulumi.ComponentResource):
             self.host = HostNetwork(project_id, gcp.compute.SharedVPCHostProject(
                 "shared-vpc-host", project=project_id, opts=after_apis), self.network.subnets,
                 self.network.network.id)
+        if settings.teams and settings.team_projects and settings.team_projects.deployer:
+            self._deployer_on_own_account(settings.team_projects.deployer)
         if settings.ci:
             self.ci = CiIdentity("ci", CiArgs(settings.ci, project_id, naming, scope=DeployerScope(
                 granted_roles=self._granted_project_roles(),
@@ -156,11 +169,33 @@ class TpuPlatform(pulumi.ComponentResource):
         for team in settings.teams:
             self._declare_team(team, after_apis)
 
+    def _write_team_outputs(self, bucket: str) -> None:
+        """Each team's view of this stack's outputs, one object per team in the state
+        bucket: a team stack reads its own (team_stack.py), so no team needs the
+        platform's stack file, which holds every team's (team_state.py)."""
+        outputs = self._platform_outputs()
+        for team in sorted(self.settings.teams):
+            view = pulumi.Output.from_input(team_state.team_view(outputs, team))
+            gcp.storage.BucketObject(
+                f"{team}-platform-outputs", bucket=bucket,
+                name=team_state.outputs_object(self.settings.stack, team),
+                content=view.apply(lambda v: json.dumps(v, sort_keys=True)),
+                content_type="application/json", opts=self._child())
+
+    def _deployer_on_own_account(self, deployer: str) -> None:
+        """The platform deployer administers and acts as the stack's own runtime account,
+        on that account alone (as a CI deployer does, components/ci.py); an admin's first
+        `up` applies these, as no principal grants itself."""
+        for role in DEPLOYER_ACCOUNT_ROLES:
+            logical = "acts-as" if role == DEPLOYER_ACCOUNT_ROLE else "administers"
+            gcp.serviceaccount.IAMMember(
+                f"platform-deployer-{logical}", service_account_id=self.identity.account.name,
+                role=role, member=f"serviceAccount:{deployer}", opts=self._child())
+
     def _granted_project_roles(self) -> list[str]:
         """Roles the stack grants on its own project, the deployer's own excepted:
         what its deployer's projectIamAdmin is limited to (components/ci.py)."""
-        roles = {*PROJECT_ROLES, *PREVIEW_ROLES}
-        return sorted(roles | ({TPU_XPN_AGENT_ROLE} if self.settings.teams else set()))
+        return granted_in_host_project(self.settings)
 
     def _declare_team(self, team: str, after_apis: pulumi.ResourceOptions) -> None:
         """The platform's part for every team: its project; a team whose nodes
@@ -176,7 +211,11 @@ class TpuPlatform(pulumi.ComponentResource):
             state_bucket=settings.team_projects.state_bucket, members=spec.members,
             quota=spec.quota, regions={f: sorted(r) for f, r in settings.quota.items()},
             network=self.host, data_bucket=self.buckets.names["data"], ci=spec.ci,
-            budget=self._budget(team, stopper), budgets=self.budgets), opts=after_apis)
+            subnet_ranges=subnets.team_ranges(settings.network.team_subnet_cidr,
+                                              spec.subnet_slot or 0, settings.regions),
+            budget=self._budget(team, stopper), budgets=self.budgets,
+            platform_deployer=settings.team_projects.deployer if spec.nodes else None),
+            opts=after_apis)
         if not spec.nodes:
             return
         shared = {"artifacts": self.buckets.buckets["artifacts"].name}
@@ -184,7 +223,7 @@ class TpuPlatform(pulumi.ComponentResource):
         placement = self._team_placement(
             team, space, self.buckets.uri("data"),
             [access.tpu_api, *access.grants, *space.identity.grants, self.package.object],
-            access.project_id)
+            access.project_id, {region: s.id for region, s in access.subnets.items()})
         self.team_nodes[team] = [self._node(node, spec.job(node.job), placement)
                                  for node in spec.nodes]
 
@@ -259,7 +298,8 @@ class TpuPlatform(pulumi.ComponentResource):
             package=self.package)
         self.data_uri = f"gs://{settings.platform_naming.bucket('data')}"
         placement = self._team_placement(team, space, self.data_uri,
-                                         [*space.identity.grants, self.package.object])
+                                         [*space.identity.grants, self.package.object],
+                                         subnets=platform.team_subnet)
         self.nodes = [self._node(node, settings.job(node.job), placement)
                       for node in settings.nodes]
 
@@ -291,13 +331,14 @@ class TpuPlatform(pulumi.ComponentResource):
 
     def _team_placement(self, team: str, space: TeamSpace, data_uri: str,
                         depends_on: list[pulumi.Resource],
-                        project_id: pulumi.Input[str] | None = None) -> Placement:
+                        project_id: pulumi.Input[str] | None = None,
+                        subnets: Any = None) -> Placement:
         uri = space.buckets.uri
         return Placement(
             team=team, data_uri=data_uri, checkpoints_uri=uri("checkpoints"),
             logs_uri=uri("logs"), service_account_email=space.identity.email,
             labels=self._team_labels("tpu-node", team), depends_on=depends_on,
-            project_id=project_id)
+            project_id=project_id, subnets=subnets)
 
     def _node(self, node: NodeSettings, job: JobConfig, placement: Placement) -> TpuNode:
         prefix = f"node-{placement.team}-" if placement.team else "node-"
@@ -339,8 +380,8 @@ class TpuPlatform(pulumi.ComponentResource):
             artifacts_bucket_name=net.package.bucket_name,
             service_account_email=placement.service_account_email,
             network=net.network,
-            subnetwork=_subnet(net.subnets, node.zone.rsplit("-", 1)[0]),
-            candidate_subnetworks={region: _subnet(net.subnets, region)
+            subnetwork=_subnet(placement.subnets or net.subnets, node.zone.rsplit("-", 1)[0]),
+            candidate_subnetworks={region: _subnet(placement.subnets or net.subnets, region)
                                    for region in sorted({c.zone.rsplit("-", 1)[0]
                                                          for c in node.candidates[1:]})},
             network_tag=net.tag,
@@ -403,6 +444,8 @@ class TpuPlatform(pulumi.ComponentResource):
             "usdPerHour": self.team_costs[team].usd_per_hour if team in self.team_costs else 0,
             "projectId": access.project_id,
             "serviceAccount": access.account.email,
+            # The team's own subnets by region: its nodes' only addresses (teams.py).
+            "subnets": {region: s.id for region, s in access.subnets.items()},
             # Each cap of the team's project and why it skips a safety check (teams.py).
             "quotaCaps": [cap.to_json() for cap in access.quota_caps],
         }

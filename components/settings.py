@@ -90,6 +90,9 @@ class NetworkSettings(_Model):
     # Ranges pinned as they are (region → CIDR), e.g. a stack's ranges from before
     # the fixed slots (components/subnets.py); other regions take their slot.
     subnets: dict[str, str] = Field(default_factory=dict)
+    # Where each team's own subnets are carved (a platform stack; components/subnets.py,
+    # team_range): team slot t's /18, region slot k's /22 in it.
+    team_subnet_cidr: str = "10.160.0.0/12"
 
 
 class StorageSettings(_Model):
@@ -327,6 +330,9 @@ class TeamSettings(_Model):
     # The team's keyless deployer (its own repository's CI), declared by the platform
     # in the team's project (docs/teams.md); None: the team has no CI deployer.
     ci: CiSettings | None = None
+    # The team's block of network.teamSubnetCidr (components/subnets.py): given once,
+    # never changed or reused, so its subnets never move.
+    subnet_slot: int | None = Field(default=None, ge=0)
 
     def job(self, name: str) -> JobConfig:
         return JobConfig.from_dict(self.jobs[name], resolved=False)
@@ -343,6 +349,9 @@ class TeamProjectsSettings(_Model):
     # The gs:// bucket of a self-managed backend holding every stack's state: each
     # team's deployer may write its own stack's files only (components/team_state.py).
     state_bucket: str | None = None
+    # The platform deployer's email (the bootstrap's --deployer): the platform grants it
+    # actAs on the runtime accounts of the team nodes it declares (components/teams.py).
+    deployer: str | None = None
 
 
 class BillingSettings(_Model):
@@ -376,11 +385,15 @@ class StackSettings(_Model):
     billing: BillingSettings | None = None
     team_projects: TeamProjectsSettings | None = None
     platform_stack: str | None = None
+    # A team stack on a shared gs:// backend: the platform's state bucket, where the
+    # platform writes this team's outputs (components/team_state.py outputs_object); the
+    # team stack reads them there instead of the platform's whole stack file.
+    platform_outputs_bucket: str | None = None
 
-    @field_validator("platform_stack", mode="before")
+    @field_validator("platform_stack", "platform_outputs_bucket", mode="before")
     @classmethod
     def _no_platform_stack(cls, value: Any) -> Any:
-        return None if value == "" else value  # Pulumi.yaml's default: no platform stack
+        return None if value == "" else value  # Pulumi.yaml's default: none
 
     @cached_property
     def naming(self) -> Naming:
@@ -1297,12 +1310,18 @@ def team_problems(s: StackSettings) -> Problems:
     """The shared-capacity rules: a team stack's, or a platform stack's teams and quota."""
     if s.is_team_stack:
         yield from _team_stack_problems(s)
+        yield from _team_reservation_problems(s, f"{NAMESPACE}:nodes", s.nodes)
         return
+    if s.platform_outputs_bucket:
+        yield (f"{NAMESPACE}:platformOutputsBucket", "belongs to a team stack (one with "
+                                                     f"{NAMESPACE}:platformStack)")
     yield from _quota_declaration_problems(s.quota)
     if s.billing:
         yield from _billing_problems(s.billing)
     if s.teams:
         yield from _team_projects_problems(s)
+        yield from _platform_deployer_problems(s)
+        yield from _team_subnet_problems(s)
     if s.teams and COST_CENTRE not in s.labels:
         yield (f"{NAMESPACE}:labels.{COST_CENTRE}", f"is required with {TEAMS_KEY}: the "
                                                     f"platform's own resources carry one too")
@@ -1531,3 +1550,83 @@ def _team_stack_problems(s: StackSettings) -> Problems:
     if COST_CENTRE not in s.labels:
         yield (f"{NAMESPACE}:labels.{COST_CENTRE}", "is required in a team stack: every "
                                                     "billable resource carries a cost centre")
+
+
+_ACCOUNT_EMAIL_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]"
+                               r"\.iam\.gserviceaccount\.com$")
+_RESERVATION_RE = re.compile(r"^projects/(?P<owner>[^/]+)/locations/(?P<zone>[^/]+)/"
+                             r"reservations/(?P<name>[^/]+)$")
+
+
+def _platform_deployer_problems(s: StackSettings) -> Problems:
+    """The platform deployer creates the team nodes it declares running as their team's
+    account: it needs actAs there, which the stack grants it by its email (issue 34)."""
+    key = f"{TEAM_PROJECTS_KEY}.deployer"
+    deployer = s.team_projects.deployer if s.team_projects else None
+    if deployer is not None and not _ACCOUNT_EMAIL_RE.match(deployer):
+        yield (key, f"{deployer!r} is not a service account email "
+                    f"(<id>@<project>.iam.gserviceaccount.com)")
+    with_nodes = sorted(name for name, team in s.teams.items() if team.nodes)
+    if deployer is None and with_nodes:
+        yield (key, f"is required when the platform declares team nodes ({', '.join(with_nodes)}):"
+                    f" the email of the platform's deployer (the bootstrap's --deployer), which "
+                    f"needs actAs on each team's runtime account its nodes run as")
+    for name, team in s.teams.items():
+        yield from _team_reservation_problems(s, f"{TEAMS_KEY}.{name}.nodes", team.nodes)
+
+
+def _team_reservation_problems(s: StackSettings, key: str,
+                               nodes: list[NodeSettings]) -> Problems:
+    """A team's node lives in the team's project, where the TPU API finds none of the
+    platform's reservations: it picks one by accelerator type, project and zone, and
+    another project's only when a queued resource names it (`reservationName`,
+    cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.queuedResources)."""
+    for index, node in enumerate(nodes):
+        where = f"{key}[{index}]"
+        example = f"projects/{s.gcp_project}/locations/{node.zone}/reservations/<NAME>"
+        if node.provisioning == "reserved":
+            yield (f"{where}.provisioning",
+                   f"reserved capacity in a team's project finds no reservation: the TPU API "
+                   f"looks in the node's own project; name the platform's: provisioning: "
+                   f"queued with queue.reservationName: {example}")
+        name = node.queue.reservation_name if node.queue else None
+        match = _RESERVATION_RE.match(name) if name else None
+        if name and (match is None or match["zone"] != node.zone):
+            yield (f"{where}.queue.reservationName",
+                   f"{name!r}: a team's node names its reservation in full, in its own zone: "
+                   f"{example}")
+
+
+def _team_subnet_problems(s: StackSettings) -> Problems:
+    """Each team has its own subnet in every region of the network (its nodes' only
+    addresses, the source of its firewall rule): a slot of its own, a base that holds
+    every slot, outside the platform's own ranges (issue 34)."""
+    key = f"{NAMESPACE}:network.teamSubnetCidr"
+    cidr = s.network.team_subnet_cidr
+    problem = _range_problem(cidr)
+    if problem is None and subnets.team_slots(cidr) == 0:
+        problem = f"{cidr} is narrower than one team's block (/{subnets.TEAM_BLOCK_PREFIX})"
+    if problem is not None:
+        yield (key, problem)
+        return
+    base = ipaddress.IPv4Network(cidr)
+    grid = subnets.grid_ranges(s.network.subnet_cidr, s.network.subnets)
+    shared = [f"{region} {taken}" for region, taken in grid.items()
+              if base.overlaps(ipaddress.IPv4Network(taken))]
+    if shared:
+        yield (key, f"{cidr} overlaps the platform's own ranges ({', '.join(shared)}): teams' "
+                    f"subnets must not share the platform's addresses")
+    owners: dict[int, str] = {}
+    for name, team in sorted(s.teams.items()):
+        slot_key = f"{TEAMS_KEY}.{name}.subnetSlot"
+        if team.subnet_slot is None:
+            yield (slot_key, f"is required with {TEAMS_KEY}: a number of the team's own, "
+                             f"never reused (its subnets in {cidr})")
+        elif team.subnet_slot >= subnets.team_slots(cidr):
+            yield (slot_key, f"{team.subnet_slot}: {cidr} holds slots 0 to "
+                             f"{subnets.team_slots(cidr) - 1}")
+        elif team.subnet_slot in owners:
+            yield (slot_key, f"{team.subnet_slot} is team {owners[team.subnet_slot]}'s: each "
+                             f"team has a slot of its own")
+        else:
+            owners[team.subnet_slot] = name

@@ -81,3 +81,33 @@ def subnet_ranges(cidr: str, regions: list[str],
             "has no free block before the end of IPv4"
         raise SubnetRangeError(f"{missing} {why}; pin its range in tpu-stack:network.subnets")
     return {region: grid[region] for region in regions}
+
+
+# A team's own subnets (docs/teams.md, "The network"): team slot t (tpu-stack:teams.<t>.
+# subnetSlot, append-only like REGION_SLOTS) owns the t-th /18 block of
+# `network.teamSubnetCidr`, and in it region slot k the k-th /22 (1,024 addresses; a
+# TPU VM worker takes one). A team's range depends on the base, its slot and the
+# region's slot only: adding a team or a region moves none.
+TEAM_BLOCK_PREFIX = 18
+TEAM_REGION_PREFIX = 22
+REGIONS_PER_TEAM = 2 ** (TEAM_REGION_PREFIX - TEAM_BLOCK_PREFIX)  # 16 >= len(REGION_SLOTS)
+
+
+def team_slots(cidr: str) -> int:
+    """How many team blocks `cidr` holds (0 when it is narrower than one)."""
+    prefix = ipaddress.IPv4Network(cidr).prefixlen
+    return 2 ** (TEAM_BLOCK_PREFIX - prefix) if prefix <= TEAM_BLOCK_PREFIX else 0
+
+
+def team_range(cidr: str, slot: int, region: str) -> str:
+    """The range of team slot `slot` in `region` (a slotted region, slot < team_slots)."""
+    base = ipaddress.IPv4Network(cidr)
+    if region not in REGION_SLOTS or not 0 <= slot < team_slots(cidr):
+        raise SubnetRangeError(f"no team range for slot {slot} in {region} of {cidr}")
+    start = (int(base.network_address) + slot * 2 ** (32 - TEAM_BLOCK_PREFIX)
+             + REGION_SLOTS.index(region) * 2 ** (32 - TEAM_REGION_PREFIX))
+    return str(ipaddress.IPv4Network((start, TEAM_REGION_PREFIX)))
+
+
+def team_ranges(cidr: str, slot: int, regions: list[str]) -> dict[str, str]:
+    return {region: team_range(cidr, slot, region) for region in regions}

@@ -38,9 +38,15 @@ class QuotaCap:
     def quota_id(self) -> str | None:
         return catalog.TPU_QUOTA_IDS.get((self.family, self.quota_type))
 
+    @property
+    def unconfirmed(self) -> bool:
+        """Whether its quota id is one no public source confirms (catalog)."""
+        return self.quota_id in catalog.UNCONFIRMED_QUOTA_IDS
+
     def to_json(self) -> dict[str, object]:
         return {"family": self.family, "quotaType": self.quota_type, "region": self.region,
                 "chips": self.chips, "quotaId": self.quota_id,
+                "quotaIdUnconfirmed": self.unconfirmed,
                 "ignoreSafetyChecks": SKIPPED_SAFETY_CHECK, "why": SKIP_REASON}
 
 
@@ -68,3 +74,22 @@ def stack_caps(settings: StackSettings) -> dict[str, list[QuotaCap]]:
     granted = {family: sorted(regions) for family, regions in settings.quota.items()}
     return {settings.naming.team_project(team): quota_caps(spec.quota, granted, settings.regions)
             for team, spec in sorted(settings.teams.items())}
+
+
+def unconfirmed_id_warning(team: str, caps: list[QuotaCap]) -> str | None:
+    """The preview's word on a team's caps whose quota id is unconfirmed: a wrong id
+    fails that preference's create; `tpuctl preflight` confirms each against Cloud
+    Quotas (QuotaInfo) before `up`."""
+    ids = sorted({cap.quota_id for cap in caps if cap.unconfirmed and cap.quota_id})
+    if not ids:
+        return None
+    return (f"team {team}: {len(ids)} TPU quota id(s) are unconfirmed by a public source "
+            f"({', '.join(ids)}); a wrong id fails its cap's create: run `tpuctl preflight` "
+            f"first, which asks Cloud Quotas for each")
+
+
+def stack_warnings(settings: StackSettings) -> list[str]:
+    """What the platform warns at preview about its caps (teams.py logs the same)."""
+    return [w for team, caps in zip(sorted(settings.teams), stack_caps(settings).values(),
+                                    strict=True)
+            if (w := unconfirmed_id_warning(team, caps))]

@@ -11,13 +11,16 @@ failed check stops all of it at preview.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pulumi
+import pulumi_gcp as gcp
 
-from components import catalog
+from components import catalog, team_state
 from components.settings import (
     COST_CENTRE,
+    NAMESPACE,
     TEAMS_KEY,
     StackSettings,
     TeamQuota,
@@ -34,6 +37,14 @@ class PlatformStackError(pulumi.RunError):
 def contract_problems(settings: StackSettings, outputs: dict[str, Any]) -> list[tuple[str, str]]:
     """What the platform stack's `outputs` refuse this team stack, as (key, message)."""
     ref, team = settings.platform_stack, settings.team
+    bucket = settings.platform_outputs_bucket
+    if bucket and not outputs:
+        platform = (ref or "").rsplit("/", 1)[-1]
+        uri = f"gs://{bucket}/{team_state.outputs_object(platform, team)}"
+        return [(f"{NAMESPACE}:team",
+                 f"{team!r}: no outputs object {uri}: {ref} writes one for each of its "
+                 f"{TEAMS_KEY} (its teamProjects.stateBucket being {bucket}); is {team!r} "
+                 f"one of them, spelt as there, and has its `pulumi up` run since?")]
     missing = [key for key in ("projectId", "teams", "network") if outputs.get(key) is None]
     if missing:
         return [(f"{ref}", f"has no output {', '.join(missing)}: is it a platform stack "
@@ -58,7 +69,11 @@ def contract_problems(settings: StackSettings, outputs: dict[str, Any]) -> list[
                                                             f"centre in {ref} ({theirs!r})"))
     quota = TeamQuota.model_validate(entry["quota"])
     problems += team_quota_problems(f"{TEAMS_KEY}.{team}.quota", team, settings.nodes, quota)
-    subnets = outputs["network"]["subnets"]
+    subnets = entry.get("subnets")
+    if subnets is None:
+        return [*problems, (f"{TEAMS_KEY}.{team}", f"{ref} has no output teams.{team}.subnets: "
+                                                  f"it predates team subnets; run its `pulumi "
+                                                  f"up` first (docs/teams.md, The network)")]
     for index, node in enumerate(settings.nodes):
         # A fallback candidate's region too (issue 35): the node may be placed there.
         for position, candidate in enumerate(node.candidates):
@@ -66,7 +81,7 @@ def contract_problems(settings: StackSettings, outputs: dict[str, Any]) -> list[
             if region not in subnets:
                 where = "" if position == 0 else f".fallback[{position - 1}]"
                 problems.append((f"tpu-stack:nodes[{index}]{where}.zone",
-                                 f"{ref} has no subnet in {region} (regions: "
+                                 f"{ref} has no subnet of team {team} in {region} (regions: "
                                  f"{', '.join(sorted(subnets)) or 'none'}); the platform "
                                  f"declares a region's subnet with its quota there"))
     return problems
@@ -87,9 +102,7 @@ class PlatformReference:
     def __init__(self, settings: StackSettings,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         self.settings = settings
-        self.reference = pulumi.StackReference(
-            REFERENCE_NAME, stack_name=settings.platform_stack, opts=opts)
-        outputs = self.reference.outputs
+        outputs = self._outputs(opts)
         checked = self._checked = outputs.apply(self._check)
         self.checked_project_id: pulumi.Output[str] = checked.apply(lambda o: o["projectId"])
         team = settings.team
@@ -103,8 +116,28 @@ class PlatformReference:
         self.members: pulumi.Output[list[str]] = checked.apply(
             lambda o: o["teams"][settings.team]["members"])
 
+    def _outputs(self, opts: pulumi.ResourceOptions | None) -> pulumi.Output[dict[str, Any]]:
+        """The platform's outputs for this team: its object in the state bucket on a
+        shared gs:// backend (`platformOutputsBucket`, team_state.outputs_object), else a
+        StackReference (Pulumi Cloud, where a team token reads the stack)."""
+        settings = self.settings
+        if not settings.platform_outputs_bucket:
+            self.reference = pulumi.StackReference(
+                REFERENCE_NAME, stack_name=settings.platform_stack, opts=opts)
+            return self.reference.outputs
+        platform = (settings.platform_stack or "").rsplit("/", 1)[-1]
+        found = gcp.storage.get_bucket_object_content_output(
+            bucket=settings.platform_outputs_bucket,
+            name=team_state.outputs_object(platform, settings.team))
+        return found.content.apply(lambda text: json.loads(text) if text else {})
+
     def subnet(self, region: str) -> pulumi.Output[str]:
         return self._checked.apply(lambda o: o["network"]["subnets"][region])
+
+    def team_subnet(self, region: str) -> pulumi.Output[str]:
+        """The team's own subnet in `region` (teams.<team>.subnets): its nodes' addresses."""
+        team = self.settings.team
+        return self._checked.apply(lambda o: o["teams"][team]["subnets"][region])
 
     def _check(self, outputs: dict[str, Any]) -> dict[str, Any]:
         problems = contract_problems(self.settings, outputs or {})

@@ -37,7 +37,7 @@ from components.network import peer_firewall
 from components.project import APIS, TPU_API
 from components.settings import CiSettings, StorageSettings, TeamQuota
 from components.storage import BucketsArgs, TrainingBuckets
-from components.team_quota import SKIPPED_SAFETY_CHECK, quota_caps
+from components.team_quota import SKIPPED_SAFETY_CHECK, quota_caps, unconfirmed_id_warning
 
 SPACE_TYPE = "tpu-stack:index:TeamSpace"
 PROJECT_TYPE = "tpu-stack:index:TeamProject"
@@ -173,11 +173,15 @@ class TeamProjectArgs:
     regions: dict[str, list[str]]  # family → regions of the platform's quota (granted)
     network: HostNetwork
     data_bucket: pulumi.Input[str]  # the platform's shared data, read-only
+    subnet_ranges: dict[str, str]  # region → the team's own range (subnets.team_ranges)
     quota_contact: str | None = None  # Cloud Quotas' contact for increase requests
     state_bucket: str | None = None  # a shared gs:// backend's bucket (team_state.py)
     ci: CiSettings | None = None
     budget: TeamBudget | None = None
     budgets: BudgetsAccess | None = None  # required with a budget
+    # The platform deployer, when the platform declares this team's nodes: it creates
+    # them running as the team's account, so it gets actAs on that account alone.
+    platform_deployer: str | None = None
 
 
 class TeamProject(pulumi.ComponentResource):
@@ -220,12 +224,15 @@ class TeamProject(pulumi.ComponentResource):
             display_name=f"tpu-stack runtime of team {args.team}"[:100],
             project=self.project_id, opts=after)
         self.member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
+        # The team's own subnets: its nodes' only addresses, which no other team may use.
+        self.subnets = self._subnets(child)
         # The team's nodes reach each other and no other team's (network.py).
         self.firewall = peer_firewall(
             f"{t}peers", args.naming.network_resource(f"tpu-{args.team}-peers"),
-            args.network.project_id, args.network.network_id, self.account.email, child)
+            args.network.project_id, args.network.network_id,
+            sorted(args.subnet_ranges.values()), child)
         self.grants = [attached, self.firewall, *self._runtime_grants(child),
-                       *self._tpu_agent(after)]
+                       *self._tpu_agent(after), *self._platform_act_as(child)]
         self._members(child)
         self.ci = self._deployer(after)
         self._quota(after)
@@ -243,6 +250,17 @@ class TeamProject(pulumi.ComponentResource):
         return gcp.projects.IAMMember(
             f"{self.args.team}-{logical}", project=project or self.project_id, role=role,
             member=member, opts=opts)
+
+    def _platform_act_as(self, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+        """Creating a node that runs as an account needs iam.serviceAccounts.actAs on it
+        (cloud.google.com/iam/docs/service-accounts-actas): the platform deployer gets it
+        on this team's account only, never folder- or project-wide."""
+        deployer = self.args.platform_deployer
+        if deployer is None:
+            return []
+        return [gcp.serviceaccount.IAMMember(
+            f"{self.args.team}-platform-deployer-act-as", service_account_id=self.account.name,
+            role=ACT_AS_ROLE, member=f"serviceAccount:{deployer}", opts=child)]
 
     def _runtime_grants(self, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
         """Its project roles in the team's project, and reading the shared data."""
@@ -273,13 +291,26 @@ class TeamProject(pulumi.ComponentResource):
         grants += self._network_users("tpu-agent", agent, after_agent)
         return grants
 
+    def _subnets(self, child: pulumi.ResourceOptions) -> dict[str, gcp.compute.Subnetwork]:
+        """One subnet per region of the platform's network, in the host project, with
+        Private Google Access like the platform's own (network.py)."""
+        args = self.args
+        return {region: gcp.compute.Subnetwork(
+            f"{args.team}-subnet-{region}",
+            name=args.naming.network_resource(f"tpu-{args.team}-{region}"),
+            project=args.network.project_id, region=region, network=args.network.network_id,
+            ip_cidr_range=cidr, private_ip_google_access=True, opts=child)
+            for region, cidr in sorted(args.subnet_ranges.items())}
+
     def _network_users(self, logical: str, member: pulumi.Input[str],
                        opts: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+        """compute.networkUser on the team's own subnets only (never the platform's nor
+        another team's): the team's nodes can take addresses there and nowhere else."""
         network = self.args.network
         return [gcp.compute.SubnetworkIAMMember(
             f"{self.args.team}-{logical}-network-user-{region}", project=network.project_id,
             region=region, subnetwork=subnet.name, role=NETWORK_USER_ROLE, member=member,
-            opts=opts) for region, subnet in sorted(network.subnets.items())]
+            opts=opts) for region, subnet in sorted(self.subnets.items())]
 
     def _members(self, child: pulumi.ResourceOptions) -> None:
         """Members see their project's TPU nodes and may act as the team's account.
@@ -319,16 +350,18 @@ class TeamProject(pulumi.ComponentResource):
 
     def _state(self, bucket: str, ci: CiIdentity, child: pulumi.ResourceOptions) -> None:
         """On a shared gs:// backend: the deployer writes its team stack's state only,
-        the preview account reads it; both read the platform's stack file (the
-        StackReference) and list the bucket (team_state.py)."""
+        the preview account reads it; both read the team's outputs object the platform
+        writes (never the platform's stack file, which holds every team's) and list the
+        bucket (team_state.py)."""
         t, own = self.args.team, team_state.team_stack(self.args.team)
-        readable = team_state.read_condition(bucket, [self.args.stack, own])
+        outputs = (team_state.outputs_object(self.args.stack, t),)
         grants = [
             ("deployer", ci.deployer_email, STATE_WRITE_ROLE,
              team_state.write_condition(bucket, own)),
             ("deployer", ci.deployer_email, STATE_READ_ROLE,
-             team_state.read_condition(bucket, [self.args.stack])),
-            ("preview", ci.preview_email, STATE_READ_ROLE, readable),
+             team_state.read_condition(bucket, [], outputs)),
+            ("preview", ci.preview_email, STATE_READ_ROLE,
+             team_state.read_condition(bucket, [own], outputs)),
         ]
         for who, email, role, expression in grants:
             name = role.rsplit(".", 1)[-1]
@@ -350,6 +383,9 @@ class TeamProject(pulumi.ComponentResource):
         Google approves or not; below, it applies at once (SKIPPED_SAFETY_CHECK)."""
         args = self.args
         self.quota_caps = quota_caps(args.quota, args.regions, sorted(args.network.subnets))
+        warning = unconfirmed_id_warning(args.team, self.quota_caps)
+        if warning:
+            pulumi.log.warn(warning, resource=self)
         for cap in self.quota_caps:
             if cap.quota_id is None:
                 pulumi.log.warn(f"team {args.team}: no Cloud Quotas id is known for {cap.family} "

@@ -9,16 +9,22 @@ them (camelCase) and knows nothing of Pulumi. The rules it follows
   (targetTags or targetServiceAccounts; neither: every instance);
 - an ingress rule's source matches when the sender's address is in sourceRanges
   OR the sender carries one of sourceTags / runs as one of sourceServiceAccounts
-  (those two only for senders in the same network);
+  (those two only for senders in the same network); an ingress rule with
+  destinationRanges applies only to traffic addressed to them (provider 4.49,
+  GoogleCloudPlatform/magic-modules#6931);
 - a rule matches a protocol and, for tcp/udp/sctp, a port if `allows`/`denies`
   list it (no ports: every port; protocol "all": everything);
 - the matching rule with the lowest priority number decides; at equal priority a
   deny beats an allow; no rule matches: the implied rules decide (deny ingress,
   allow egress, priority 65535).
 A connection is admitted when the sender's egress and the receiver's ingress both
-allow it. Addresses: an endpoint is given as the range it lives in (its subnet);
-for an allow rule a range that overlaps counts as a match, for a deny only one that
-contains it, so the check errs towards admitting (an isolation test stays sound).
+allow it. What an endpoint can lie about: its network tags (whoever may update a node
+sets any tag on it, cloud.google.com/firewall/docs/tags-firewalls-overview:
+`Endpoint.forging`); not its address, which comes from a subnet IAM lets it use
+(compute.subnetworks.use), nor its account (actAs). Addresses: an endpoint is given as
+the range it lives in (its subnet); for an allow rule a range that overlaps counts as a
+match, for a deny only one that contains it, so the check errs towards admitting (an
+isolation test stays sound).
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ class Endpoint:
     account: str | None = None
     tags: frozenset[str] = frozenset()
 
+    def forging(self, tags: frozenset[str]) -> Endpoint:
+        """The same endpoint carrying `tags` too: a tag is whatever its owner sets."""
+        return Endpoint(self.name, self.network, self.cidr, self.account, self.tags | tags)
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -53,6 +63,7 @@ class Rule:
     deny: bool
     protocols: tuple[tuple[str, tuple[str, ...]], ...]  # (protocol, ports; () = all)
     ranges: tuple[str, ...] = ()  # source (ingress) or destination (egress) ranges
+    ingress_destinations: tuple[str, ...] = ()  # an ingress rule's destinationRanges
     source_tags: frozenset[str] = frozenset()
     source_accounts: frozenset[str] = frozenset()
     target_tags: frozenset[str] = frozenset()
@@ -71,6 +82,8 @@ class Rule:
             name=name, network=str(inputs["network"]), direction=direction,
             priority=int(inputs.get("priority", DEFAULT_PRIORITY)), deny=deny,
             protocols=protocols, ranges=tuple(ranges or ()),
+            ingress_destinations=tuple(inputs.get("destinationRanges") or ())
+            if direction == "INGRESS" else (),
             source_tags=frozenset(inputs.get("sourceTags") or ()),
             source_accounts=frozenset(inputs.get("sourceServiceAccounts") or ()),
             target_tags=frozenset(inputs.get("targetTags") or ()),
@@ -103,8 +116,9 @@ class Rule:
                 or bool(self.source_tags & sender.tags))
 
     def destination_matches(self, receiver: Endpoint) -> bool:
-        return not self.ranges or any(_range_matches(r, receiver.cidr, loose=not self.deny)
-                                      for r in self.ranges)
+        ranges = self.ingress_destinations if self.direction == "INGRESS" else self.ranges
+        return not ranges or any(_range_matches(r, receiver.cidr, loose=not self.deny)
+                                 for r in ranges)
 
 
 def rules_of(resources: Iterable[Any]) -> list[Rule]:
@@ -128,7 +142,8 @@ def _decide(matching: list[Rule], implied_allow: bool) -> bool:
 def ingress_allows(rules: Iterable[Rule], sender: Endpoint, receiver: Endpoint,
                    protocol: str, port: int) -> bool:
     matching = [r for r in rules if r.direction == "INGRESS" and not r.disabled
-                and r.targets(receiver) and r.carries(protocol, port) and r.source_matches(sender)]
+                and r.targets(receiver) and r.carries(protocol, port) and r.source_matches(sender)
+                and r.destination_matches(receiver)]
     return _decide(matching, implied_allow=False)
 
 

@@ -40,7 +40,7 @@ EXTRA_ROLES = ("roles/owner", "roles/editor", "roles/storage.admin", "roles/clou
 
 def granted_roles() -> list[str]:
     """The predefined roles the components grant, from their own constants."""
-    from components import ci, identity, teams
+    from components import bootstrap, ci, identity, teams
 
     roles: set[str] = {*identity.PROJECT_ROLES, *identity.BUCKET_ROLES.values(),
                        identity.BUCKET_METADATA_ROLE, identity.ACT_AS_ROLE,
@@ -49,7 +49,8 @@ def granted_roles() -> list[str]:
                        *ci.DEPLOYER_ACCOUNT_ROLES, ci.IMPERSONATION_ROLE,
                        *ci.PLATFORM_FOLDER_ROLES,
                        *teams.MEMBER_PROJECT_ROLES, teams.NETWORK_USER_ROLE,
-                       teams.TPU_XPN_AGENT_ROLE}
+                       teams.TPU_XPN_AGENT_ROLE, bootstrap.XPN_ADMIN, bootstrap.BUDGETS_ROLE,
+                       bootstrap.HOST_STORAGE_ROLE}
     return sorted(roles | set(EXTRA_ROLES))
 
 

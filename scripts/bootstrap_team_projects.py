@@ -4,12 +4,13 @@ gcloud commands an admin runs, once per new team, before `pulumi up -s platform`
 It makes each team's project in the folder and links it to billing (so the
 platform's deployer needs neither projectCreator nor billing.user and owns no
 project), enforces the folder's org policies, and grants the platform's deployer
-its folder roles (components/ci.py, PLATFORM_FOLDER_ROLES). It prints the
-commands; review them, then run them as an admin (`... | sh -e`):
+its roles (components/bootstrap.py: the folder, the host project, where the host
+project lives, the billing account). It prints the commands; review them, then run
+them as an admin (`... | sh -e`):
 
     .venv/infra/bin/python scripts/bootstrap_team_projects.py --stack platform \\
         --deployer platform-deployer@acme-ml-shared.iam.gserviceaccount.com \\
-        --customer-id C0abc123
+        --customer-id C0abc123 --host-parent organizations/123456789
 """
 
 from __future__ import annotations
@@ -22,38 +23,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.ci import (
-    DOMAIN_POLICY,
-    ENFORCED_POLICIES,
-    PLATFORM_FOLDER_ROLES,
-    STORAGE_ROLE,
-    TEAM_DEPLOYER_ROLES,
+from components.bootstrap import (
+    PROJECT_IAM_ADMIN,
+    Grant,
+    deployer_grants,
+    grants_condition,
+    host_condition,
+    quota_contact_grant,
 )
-from components.identity import PROJECT_ROLES
+from components.ci import DOMAIN_POLICY, ENFORCED_POLICIES
 from components.settings import StackSettings
-from components.teams import MEMBER_PROJECT_ROLES
 
-
-def granted_in_team_projects(settings: StackSettings) -> list[str]:
-    """Project roles TeamProject grants in the teams' projects: what the deployer's
-    projectIamAdmin on the folder is limited to (modifiedGrantsByRole)."""
-    custom = [f"projects/{settings.naming.team_project(team)}/roles/"
-              f"{settings.naming.custom_role_id(STORAGE_ROLE)}" for team in settings.teams]
-    return sorted({*PROJECT_ROLES, *MEMBER_PROJECT_ROLES, *TEAM_DEPLOYER_ROLES, *custom})
-
-
-def grants_condition(settings: StackSettings) -> dict[str, str]:
-    """The condition file of the deployer's folder-level projectIamAdmin (gcloud
-    --condition-from-file: the expression holds commas, which --condition splits on)."""
-    listed = ", ".join(f"'{role}'" for role in granted_in_team_projects(settings))
-    return {"title": "tpu-stack team grants",
-            "expression": f"api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
-                          f".hasOnly([{listed}])"}
+# `gcloud <group> add-iam-policy-binding <id>` by the kind of resource a grant is on.
+_GRANT_COMMANDS = {"folders": ["resource-manager", "folders"], "projects": ["projects"],
+                   "organizations": ["organizations"], "billingAccounts": ["billing", "accounts"]}
 
 
 def commands(settings: StackSettings, deployer: str, customer_id: str,
-             condition_file: str) -> list[list[str]]:
-    """Every command, in order: projects, billing, org policies, folder grants."""
+             condition_files: dict[str, str], host_parent: str,
+             contact_kind: str = "group") -> list[list[str]]:
+    """Every command, in order: projects, billing, org policies, the deployer's grants,
+    the quota contact's.
+    `condition_files`: the folder's and the host's condition file, by resource kind."""
     assert settings.team_projects is not None and settings.team_billing_account
     folder = settings.team_projects.folder_id
     run: list[list[str]] = []
@@ -71,14 +62,24 @@ def commands(settings: StackSettings, deployer: str, customer_id: str,
                         constraint, where])
         run.append(["gcloud", "resource-manager", "org-policies", "allow", DOMAIN_POLICY,
                     customer_id, where])
-    member = f"--member=serviceAccount:{deployer}"
-    for role in PLATFORM_FOLDER_ROLES:
-        command = ["gcloud", "resource-manager", "folders", "add-iam-policy-binding", folder,
-                   member, f"--role={role}"]
-        if role == "roles/resourcemanager.projectIamAdmin":
-            command.append(f"--condition-from-file={condition_file}")
-        run.append(command)
+    grants = deployer_grants(settings, deployer, host_parent)
+    contact = quota_contact_grant(settings, contact_kind)
+    for grant in [*grants, *([contact] if contact else [])]:
+        run.append(_grant_command(grant, condition_files))
     return run
+
+
+def _grant_command(grant: Grant, condition_files: dict[str, str]) -> list[str]:
+    if grant.resource.startswith("projects/_/buckets/"):
+        bucket = grant.resource.removeprefix("projects/_/buckets/")
+        return ["gcloud", "storage", "buckets", "add-iam-policy-binding", f"gs://{bucket}",
+                f"--member={grant.member}", f"--role={grant.role}"]
+    kind, _, name = grant.resource.partition("/")
+    command = ["gcloud", *_GRANT_COMMANDS[kind], "add-iam-policy-binding", name,
+               f"--member={grant.member}", f"--role={grant.role}"]
+    if grant.role == PROJECT_IAM_ADMIN and grant.condition:
+        command.append(f"--condition-from-file={condition_files[kind]}")
+    return command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,16 +89,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack", default="platform")
     parser.add_argument("--deployer", required=True, help="the platform deployer's email")
     parser.add_argument("--condition-file", default="tpu-stack-team-grants.json")
+    parser.add_argument("--host-condition-file", default="tpu-stack-host-grants.json")
     parser.add_argument("--customer-id", required=True,
                         help="the organization's Workspace/Cloud Identity customer id (C0…)")
+    parser.add_argument("--host-parent", required=True,
+                        help="where the host project lives: folders/N or organizations/N "
+                             "(`gcloud projects describe <host> --format='value(parent)'`)")
+    parser.add_argument("--quota-contact-kind", choices=("group", "user"), default="group",
+                        help="what teamProjects.quotaContact is (IAM member type)")
     args = parser.parse_args(argv)
     settings = settings_for(args.stack)
     if not settings.teams or settings.team_projects is None:
         parser.error(f"stack {args.stack} declares no tpu-stack:teams / teamProjects")
-    condition = Path(args.condition_file)
-    condition.write_text(json.dumps(grants_condition(settings), indent=1) + "\n")
-    print(f"# {condition}: the condition of the deployer's projectIamAdmin on the folder")
-    for command in commands(settings, args.deployer, args.customer_id, str(condition)):
+    if not args.host_parent.startswith(("folders/", "organizations/")):
+        parser.error(f"--host-parent {args.host_parent!r}: folders/N or organizations/N")
+    files = {"folders": Path(args.condition_file), "projects": Path(args.host_condition_file)}
+    files["folders"].write_text(json.dumps(grants_condition(settings), indent=1) + "\n")
+    files["projects"].write_text(json.dumps(host_condition(settings), indent=1) + "\n")
+    print(f"# {files['folders']}, {files['projects']}: the conditions of the deployer's "
+          f"projectIamAdmin on the folder and on the host project")
+    for command in commands(settings, args.deployer, args.customer_id,
+                            {k: str(v) for k, v in files.items()}, args.host_parent,
+                            args.quota_contact_kind):
         print(shlex.join(command))
     return 0
 

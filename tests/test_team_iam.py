@@ -5,15 +5,16 @@ or quota, and no deployer can make itself owner (issue 19, docs/teams.md)."""
 from __future__ import annotations
 
 import copy
+import ipaddress
 import itertools
+import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from components import catalog
-from components.ci import DEPLOYER_ROLES, PLATFORM_FOLDER_ROLES
+from components.ci import DEPLOYER_ROLES
 from components.network import IAP_SOURCE_RANGE
 from components.stack_config import file_config
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
@@ -184,23 +185,42 @@ PROBES = [("tcp", 22), ("tcp", 8470), ("tcp", 8476), ("tcp", 2222), ("tcp", 6553
           ("udp", 8472), ("icmp", 0)]
 
 
+def subnet_ranges(runs: list[ProgramRun]) -> dict[str, str]:
+    """Subnetwork id (projects/<p>/regions/<r>/subnetworks/<name>) → its range."""
+    return {f"projects/{r.inputs['project']}/regions/{r.inputs['region']}/subnetworks/"
+            f"{r.inputs['name']}": r.inputs["ipCidrRange"]
+            for run in runs for r in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+
+
 def node_endpoints(runs: list[ProgramRun]) -> dict[str, tuple[str, Endpoint]]:
     """node id → (team, where it sits on the network), from V2Vms and queued nodes;
-    a node's address range is its subnet's (the platform's, by region)."""
-    subnets = {r.inputs["region"]: r.inputs["ipCidrRange"]
-               for run in runs for r in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+    a node's address range is the subnet it names (a team's own)."""
+    subnets = subnet_ranges(runs)
     nodes = {}
     for run in runs:
         for r in run.of_type(V2VM) + run.of_type(QUEUED_TPU):
             queued = r.type == QUEUED_TPU
             network = r.inputs["network"] if queued else r.inputs["networkConfig"]["network"]
+            subnet = (r.inputs["subnetwork"] if queued
+                      else r.inputs["networkConfig"]["subnetwork"])
             account = (r.inputs["service_account_email"] if queued
                        else r.inputs["serviceAccount"]["email"])
             node_id = r.inputs["node_id"] if queued else r.inputs["name"]
             nodes[node_id] = (r.inputs["labels"]["team"], Endpoint(
-                node_id, network, subnets[r.inputs["zone"].rsplit("-", 1)[0]], account,
+                node_id, network, subnets[subnet], account,
                 frozenset(r.inputs.get("tags") or ())))
     return nodes
+
+
+def test_each_team_s_nodes_sit_on_its_own_subnets_only(repo_runs, three_teams) -> None:
+    for runs in (repo_runs, [three_teams]):
+        nodes = node_endpoints(runs)
+        by_team: dict[str, set[str]] = {}
+        for owner, node in nodes.values():
+            by_team.setdefault(owner, set()).add(node.cidr)
+        for a, b in itertools.permutations(by_team, 2):
+            assert not any(ipaddress.ip_network(x).overlaps(ipaddress.ip_network(y))
+                           for x in by_team[a] for y in by_team[b]), (a, b)
 
 
 def network_crossings(runs: list[ProgramRun]) -> list[tuple[str, str, str, int]]:
@@ -232,18 +252,31 @@ def test_a_team_s_nodes_reach_each_other_and_iap_reaches_ssh_only(three_teams) -
         assert not admits(rules, iap, node, "tcp", 8470)
 
 
-def test_a_forged_tag_opens_nothing(three_teams) -> None:
-    """A team deployer sets any tag on its own node (tpu.nodes.update): the rules
-    that separate teams must not depend on tags."""
+def test_a_forged_tag_opens_nothing(repo_runs, three_teams) -> None:
+    """A team deployer sets any tag on its own node (tpu.nodes.update): every node of
+    every team carrying every tag there is still reaches no other team's node."""
+    for runs in (repo_runs, [three_teams]):
+        rules = rules_of(r for run in runs for r in run.registrations)
+        nodes = node_endpoints(runs)
+        every_tag = frozenset(tag for _, e in nodes.values() for tag in e.tags) | {"anything"}
+        forged = [(owner, node.forging(every_tag)) for owner, node in nodes.values()]
+        assert all(node.tags >= every_tag for _, node in forged)
+        for (team_a, a), (team_b, b) in itertools.permutations(forged, 2):
+            if team_a != team_b:
+                assert not any(admits(rules, a, b, p, n) for p, n in PROBES), (a.name, b.name)
+
+
+def test_a_pod_slice_s_workers_reach_each_other_on_every_port(three_teams) -> None:
+    """A multi-host node's workers share its subnet: TF's gRPC server (8470), the
+    coordination service and every other port the job opens are admitted between them."""
     rules = rules_of(three_teams.registrations)
     nodes = node_endpoints([three_teams])
-    [(_, nlp)] = [(t, e) for t, e in nodes.values() if t == "nlp"][:1]
-    every_tag = frozenset(tag for _, e in nodes.values() for tag in e.tags) | {"anything"}
-    forged = Endpoint(nlp.name, nlp.network, nlp.cidr, nlp.account, every_tag)
-    for owner, node in nodes.values():
-        if owner != "nlp":
-            assert not any(admits(rules, forged, node, p, n) for p, n in PROBES)
-            assert not any(admits(rules, node, forged, p, n) for p, n in PROBES)
+    for _, node in nodes.values():
+        workers = [Endpoint(f"{node.name}-w{i}", node.network, node.cidr, node.account,
+                            node.tags) for i in range(4)]
+        for a, b in itertools.permutations(workers, 2):
+            assert all(admits(rules, a, b, protocol, port) for protocol, port in PROBES)
+            assert admits(rules, a, b, "tcp", 1024) and admits(rules, a, b, "tcp", 49152)
 
 
 def test_the_network_check_catches_a_rule_open_to_every_subnet(three_teams) -> None:
@@ -251,7 +284,7 @@ def test_the_network_check_catches_a_rule_open_to_every_subnet(three_teams) -> N
     nodes = node_endpoints([three_teams])
     tag = next(iter(next(iter(nodes.values()))[1].tags))
     network = next(iter(nodes.values()))[1].network
-    wide = Rule.of("wide", {"network": network, "sourceRanges": ["10.128.0.0/16"],
+    wide = Rule.of("wide", {"network": network, "sourceRanges": ["10.0.0.0/8"],
                             "targetTags": [tag], "allows": [{"protocol": "tcp"}]})
     rules = [*rules_of(three_teams.registrations), wide]
     crossings = [(a.name, b.name) for (ta, a), (tb, b) in itertools.permutations(nodes.values(), 2)
@@ -263,18 +296,24 @@ def test_the_network_check_catches_a_rule_open_to_every_subnet(three_teams) -> N
 # ---- state no other team can touch ----------------------------------------------------
 
 def state_files(stack: str) -> list[str]:
-    """Objects the DIY backend writes for a stack (pulumi/pulumi pkg/backend/diy)."""
+    """Objects the DIY backend writes for a stack (pulumi/pulumi pkg/backend/diy): the
+    checkpoint (plain, gzip, zstd) and its .bak, the tags file (stack_tags.go), history,
+    backups, journal and locks."""
     base = f"projects/_/buckets/{STATE}/objects/.pulumi"
-    return [f"{base}/stacks/tpu-stack/{stack}.json", f"{base}/stacks/tpu-stack/{stack}.json.bak",
+    stacks = f"{base}/stacks/tpu-stack/{stack}"
+    return [f"{stacks}.json", f"{stacks}.json.bak", f"{stacks}.json.gz", f"{stacks}.json.gz.bak",
+            f"{stacks}.json.zst", f"{stacks}.pulumi-tags",
             f"{base}/history/tpu-stack/{stack}/{stack}-1.history.json",
+            f"{base}/history/tpu-stack/{stack}/{stack}-1.checkpoint.json",
             f"{base}/backups/tpu-stack/{stack}/{stack}.1.json",
+            f"{base}/journal/tpu-stack/{stack}/000001.json",
             f"{base}/locks/organization/tpu-stack/{stack}/abc.json"]
 
 
 WRITES = ("storage.objects.create", "storage.objects.delete", "storage.objects.update")
 
 
-def test_a_team_writes_its_own_state_only_and_reads_the_platform_s(three_teams) -> None:
+def test_a_team_writes_its_own_state_only_and_reads_its_outputs_object(three_teams) -> None:
     model = model_of([three_teams])
     teams = teams_of([three_teams])
     platform_file = f"projects/_/buckets/{STATE}/objects/.pulumi/stacks/tpu-stack/shared.json"
@@ -287,7 +326,10 @@ def test_a_team_writes_its_own_state_only_and_reads_the_platform_s(three_teams) 
             assert not any(model.can(deployer, w, obj) for w in WRITES), (a.name, obj)
         for obj in state_files(f"team-{b.name}"):
             assert not model.can(deployer, "storage.objects.get", obj), (a.name, obj)
-        assert model.can(deployer, "storage.objects.get", platform_file)  # StackReference
+        # Not the platform's stack file: the outputs object the platform writes for it.
+        assert not model.can(deployer, "storage.objects.get", platform_file)
+        assert model.can(deployer, "storage.objects.get", f"projects/_/buckets/{STATE}/objects/"
+                         f"tpu-stack/platform-outputs/shared/{a.name}.json")
         assert model.can(deployer, "storage.objects.list", f"projects/_/buckets/{STATE}")
         # A stack named like the team's as a prefix is another stack.
         assert not model.can(deployer, "storage.objects.create",
@@ -297,6 +339,22 @@ def test_a_team_writes_its_own_state_only_and_reads_the_platform_s(three_teams) 
         assert len(previews) == 1
         for obj in state_files(f"team-{a.name}"):
             assert not any(model.can(previews[0], w, obj) for w in WRITES)
+
+
+def test_a_team_s_state_grants_reach_nothing_of_another_stack(three_teams) -> None:
+    """Not a stack whose name starts like the team's (stack names may hold dots), not the
+    legacy layout's path, not the platform's tags, history or locks, not meta.yaml."""
+    model = model_of([three_teams])
+    deployer = teams_of([three_teams])["vision"].principals["deployer"]
+    base = f"projects/_/buckets/{STATE}/objects/.pulumi"
+    others = [*state_files("team-vision.json.x"), *state_files("team-vision-2"),
+              *state_files("shared"), f"{base}/stacks/team-vision.json",  # legacy layout
+              f"{base}/stacks/other-project/team-vision.json", f"{base}/meta.yaml",
+              f"{base}/history/tpu-stack/team-vision-2/x.json"]
+    for obj in others:
+        assert not any(model.can(deployer, w, obj) for w in WRITES), obj
+    for obj in state_files("team-vision"):
+        assert all(model.can(deployer, w, obj) for w in WRITES), obj
 
 
 def test_the_state_check_catches_a_bucket_wide_grant(three_teams) -> None:
@@ -335,7 +393,8 @@ def test_a_team_s_tpu_quota_is_capped_in_its_project(repo_runs) -> None:
 def test_every_family_in_every_network_region_is_capped_for_every_team(repo_runs,
                                                                        three_teams) -> None:
     """Families and regions outside tpu-stack:quota get a cap of 0, not GCP's default:
-    a team deployer holds tpu.admin in its project and networkUser on every subnet."""
+    a team deployer holds tpu.admin in its project and networkUser on its own subnet in
+    every region."""
     for run in (repo_runs[0], three_teams):
         regions = set(run.outputs["network"]["subnets"])
         for name, entry in run.outputs["teams"].items():
@@ -401,8 +460,13 @@ def test_a_team_deployer_deploys_its_team_only(repo_runs) -> None:
     assert model.can(deployer, "storage.buckets.create", vision.project)
     runtime = account_name(vision.principals["runtime"].removeprefix("serviceAccount:"))
     assert model.can(deployer, "iam.serviceAccounts.actAs", runtime)
-    subnets = [s for s in model.kinds("subnetworks")]
-    assert subnets and all(model.can(deployer, "compute.subnetworks.use", s) for s in subnets)
+    own = [s for s in model.kinds("subnetworks") if "-tpu-vision-" in s]
+    others = [s for s in model.kinds("subnetworks") if s not in own]
+    assert len(own) == 2 and len(others) == 4  # the platform's 2 regions, nlp's 2
+    assert all(model.can(deployer, "compute.subnetworks.use", s) for s in own)
+    # Subnets are what no team can forge: nobody of vision may use another's.
+    for principal in vision.principals.values():
+        assert not any(model.can(principal, "compute.subnetworks.use", s) for s in others)
     assert not model.can(deployer, "compute.subnetworks.use", "projects/acme-ml-shared")
 
 
@@ -413,25 +477,17 @@ PLATFORM_DEPLOYER = "serviceAccount:platform-deployer@acme-ml-shared.iam.gservic
 
 def bootstrap_grants(stack: str = "platform") -> list[dict[str, Any]]:
     """The bootstrap's folder grants to the platform deployer, as plan resources
-    (scripts/bootstrap_team_projects.py: outside every plan, so added here)."""
-    import importlib.util
-
+    (components/bootstrap.py: outside every plan, so added here)."""
+    from components.bootstrap import deployer_grants
     from components.stack_config import settings_for
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bootstrap_team_projects.py"
-    spec = importlib.util.spec_from_file_location("bootstrap_team_projects", path)
-    bootstrap = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bootstrap)
     settings = settings_for(stack)
-    condition = bootstrap.grants_condition(settings)
-    grants = []
-    for role in PLATFORM_FOLDER_ROLES:
-        inputs = {"folder": settings.team_projects.folder_id, "role": role,
-                  "member": PLATFORM_DEPLOYER}
-        if role == "roles/resourcemanager.projectIamAdmin":
-            inputs["condition"] = condition
-        grants.append({"type": "gcp:folder/iAMMember:IAMMember", "inputs": inputs})
-    return grants
+    email = PLATFORM_DEPLOYER.removeprefix("serviceAccount:")
+    return [{"type": "gcp:folder/iAMMember:IAMMember",
+             "inputs": {"folder": grant.resource, "role": grant.role, "member": grant.member,
+                        **({"condition": {"expression": grant.condition}}
+                           if grant.condition else {})}}
+            for grant in deployer_grants(settings, email) if grant.resource.startswith("folders/")]
 
 
 def test_the_platform_deployer_makes_no_project_and_grants_only_team_roles(repo_runs) -> None:
@@ -509,5 +565,36 @@ def test_settings_name_the_project_each_planned_node_is_in(repo_runs) -> None:
         settings = load_settings(file_config(stack), stack)
         expected = {(settings.naming.tpu_node(node.name, team), settings.node_project(team))
                     for team, node in settings.named_nodes}
-        planned = {(r.inputs["name"], r.inputs["project"]) for r in run.of_type(V2VM)}
+        planned = {(r.inputs.get("name") or r.inputs["node_id"], r.inputs["project"])
+                   for r in run.of_type(V2VM) + run.of_type(QUEUED_TPU)}
         assert planned == expected and planned, stack
+
+
+def test_a_team_reads_its_own_outputs_object_never_the_platform_s_stack_file(
+        repo_runs) -> None:
+    """Finding 10: the platform writes one object per team into the state bucket; the
+    team stack reads its own there (no StackReference), and no team principal may read
+    the platform's stack file (every team's members, deployers and nodes) or another
+    team's object."""
+    platform, vision_stack = repo_runs
+    assert not vision_stack.of_type("pulumi:pulumi:StackReference")
+    objects = {r.inputs["name"]: json.loads(r.inputs["content"])
+               for r in platform.of_type("gcp:storage/bucketObject:BucketObject")
+               if r.inputs["bucket"] == "acme-pulumi-state"}
+    assert set(objects) == {"tpu-stack/platform-outputs/platform/vision.json",
+                            "tpu-stack/platform-outputs/platform/nlp.json"}
+    assert set(objects["tpu-stack/platform-outputs/platform/vision.json"]["teams"]) == {"vision"}
+    model = model_of(repo_runs)
+    teams = teams_of(repo_runs)
+    base = "projects/_/buckets/acme-pulumi-state/objects/"
+    for name, t in teams.items():
+        other = next(o for o in teams if o != name)
+        for principal in t.principals.values():
+            for suffix in ("json", "json.gz", "json.bak", "pulumi-tags"):
+                assert not model.can(principal, "storage.objects.get",
+                                     f"{base}.pulumi/stacks/tpu-stack/platform.{suffix}")
+            assert not model.can(principal, "storage.objects.get",
+                                 f"{base}tpu-stack/platform-outputs/platform/{other}.json")
+        if "deployer" in t.principals:
+            assert model.can(t.principals["deployer"], "storage.objects.get",
+                             f"{base}tpu-stack/platform-outputs/platform/{name}.json")

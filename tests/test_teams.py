@@ -31,7 +31,10 @@ READ_ROLES = {"roles/storage.objectViewer", "roles/storage.legacyBucketReader"}
 QUOTA = {"v5e": {"us-central1": {"onDemand": 16, "preemptible": 32}},
          "v4": {"us-central2": {"onDemand": 32}}}
 TEAM_PROJECTS = {"folderId": "1234567890", "billingAccount": "01AB23-45CD67-89EF01",
-                 "quotaContact": "platform@acme.example"}
+                 "quotaContact": "platform@acme.example",
+                 "deployer": "platform-deployer@acme-ml-test.iam.gserviceaccount.com"}
+# The platform's reservation, in the host project: a team's node names it (issue 34).
+RESERVATION = "projects/acme-ml-test/locations/us-central2-b/reservations/v4-pods"
 
 
 def team(name: str, *nodes: dict, **changes: Any) -> dict:
@@ -45,7 +48,10 @@ def team(name: str, *nodes: dict, **changes: Any) -> dict:
 
 
 def platform(**teams: dict) -> dict:
-    """A platform stack (dev, so buckets stay unprotected) serving `teams`."""
+    """A platform stack (dev, so buckets stay unprotected) serving `teams`, each given a
+    subnet slot of its own in order unless it names one."""
+    for slot, spec in enumerate(teams.values()):
+        spec.setdefault("subnetSlot", slot)
     return config(tpu_stack_labels={"cost-centre": "cc-platform"}, tpu_stack_quota=QUOTA,
                   tpu_stack_nodes=[], tpu_stack_teams=teams, tpu_stack_teamProjects=TEAM_PROJECTS)
 
@@ -55,8 +61,10 @@ def spot(name: str = "trainer", **changes: Any) -> dict:
 
 
 def pod(name: str = "pod") -> dict:
+    """A v4 pod slice on the platform's reservation, through a queued resource."""
     return node(name=name, zone="us-central2-b", acceleratorType=None, generation="v4",
-                topology="2x2x4", provisioning="reserved", job="mnist")
+                topology="2x2x4", provisioning="queued", queue={"reservationName": RESERVATION},
+                job="mnist")
 
 
 def problems_of(data: dict, stack: str = "test") -> list[tuple[str, str]]:
@@ -362,7 +370,13 @@ def test_members_and_team_accounts_get_only_the_listed_project_roles(three_teams
 def test_team_nodes_run_as_their_team_and_write_to_its_buckets(three_teams) -> None:
     teams = three_teams.outputs["teams"]
     vms = three_teams.of_type(V2VM)
-    assert len(vms) == 6
+    # Each team's pod slice is a queued resource naming the platform's reservation.
+    queued = three_teams.of_type("pulumi-python:dynamic/tpu:QueuedTpu")
+    assert len(vms) == 3 and len(queued) == 3
+    for q in queued:
+        assert q.inputs["service_account_email"] == teams[q.inputs["labels"]["team"]][
+            "serviceAccount"]
+        assert q.inputs["reservation_name"] == RESERVATION
     # The job is in the node's release (C1), a secret input: the mock engine records
     # it unwrapped and names it in `secrets`.
     objects = [o for o in three_teams.of_type("gcp:storage/bucketObject:BucketObject")
@@ -450,7 +464,7 @@ def test_a_team_stack_declares_only_its_own_parts(repo_stacks) -> None:
     for vm in run.of_type(V2VM):
         assert vm.inputs["networkConfig"]["network"] == platform_outputs["network"]["id"]
         assert vm.inputs["networkConfig"]["subnetwork"] == (
-            platform_outputs["network"]["subnets"]["us-central1"])
+            platform_outputs["teams"]["vision"]["subnets"]["us-central1"])
         assert vm.inputs["tags"] == [platform_outputs["network"]["nodeTag"]]
         assert vm.inputs["serviceAccount"]["email"] == run.outputs["runtimeServiceAccount"]
     assert run.outputs["quota"] == {"v5e": {"spot": 8, "onDemand": 4}}
@@ -469,15 +483,20 @@ def run_team_vision(change) -> ProgramRun:
      "(nodes: trainer 8); its quota is 4"),
     (lambda o: o["teams"]["vision"]["quota"].update(usdPerHour=5),
      "tpu-stack:teams.vision.quota.usdPerHour: team vision's nodes cost $9.66/h"),
+    # No object for a team the platform does not serve (its outputs objects, issue 34).
     (lambda o: o["teams"].pop("vision"),
-     "tpu-stack:team: 'vision' is not a team of acme/tpu-stack/platform (tpu-stack:teams: nlp)"),
+     "tpu-stack:team: 'vision': no outputs object gs://acme-pulumi-state/tpu-stack/"
+     "platform-outputs/platform/vision.json"),
     (lambda o: o["teams"]["vision"]["labels"].update({"cost-centre": "cc-other"}),
      "tpu-stack:labels.cost-centre: 'cc-vision-2210' is not team vision's cost centre"),
-    (lambda o: o["network"]["subnets"].pop("us-central1"),
-     "tpu-stack:nodes[0].zone: acme/tpu-stack/platform has no subnet in us-central1"),
+    (lambda o: o["teams"]["vision"]["subnets"].pop("us-central1"),
+     "tpu-stack:nodes[0].zone: acme/tpu-stack/platform has no subnet of team vision in "
+     "us-central1"),
+    (lambda o: o["teams"]["vision"].pop("subnets"),
+     "tpu-stack:teams.vision: acme/tpu-stack/platform has no output teams.vision.subnets"),
     (lambda o: o.update(projectId="acme-ml-other"),
      "gcp:project: acme-ml-shared is not the platform's project (acme-ml-other)"),
-    (lambda o: o.pop("teams"), "has no output teams: is it a platform stack"),
+    (lambda o: o.pop("teams"), "is 'vision' one of them, spelt as there"),
 ])
 def test_a_team_stack_the_platform_does_not_allow_fails_at_preview(change, words) -> None:
     with pytest.raises(PlatformStackError) as caught:
@@ -539,7 +558,9 @@ def test_a_failed_contract_check_stops_everything_of_the_team_stack() -> None:
     log = CreationLog(stack_outputs={PLATFORM_REF: outputs})
     with pytest.raises(PlatformStackError):
         run_program(file_config("team-vision"), "team-vision", mock=log)
-    assert log.created == ["pulumi:pulumi:StackReference"]
+    # Nothing at all: it reads its outputs object (an invoke), and creates nothing.
+    assert log.created == []
+    assert "gcp:storage/getBucketObjectContent:getBucketObjectContent" in log.calls
     passing = CreationLog(stack_outputs={PLATFORM_REF: planned_stack_outputs(PLATFORM_REF)})
     run_program(file_config("team-vision"), "team-vision", mock=passing)
     assert {BUCKET, V2VM, "gcp:storage/bucketObject:BucketObject"} <= set(passing.created)
@@ -592,7 +613,8 @@ def test_team_projects_are_the_bootstrap_s_not_the_stack_s(repo_stacks) -> None:
 def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> None:
     import importlib.util
 
-    from components.ci import PLATFORM_FOLDER_ROLES
+    from components.bootstrap import BUDGETS_ROLE, HOST_STORAGE_ROLE, XPN_ADMIN
+    from components.ci import DEPLOYER_ROLES, PLATFORM_FOLDER_ROLES
     from components.stack_config import settings_for
 
     spec = importlib.util.spec_from_file_location(
@@ -601,21 +623,35 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
     spec.loader.exec_module(bootstrap)
     settings = settings_for("platform")
     commands = bootstrap.commands(settings, "d@acme-ml-shared.iam.gserviceaccount.com",
-                                  "C0abc123", "cond.json")
+                                  "C0abc123", {"folders": "cond.json", "projects": "host.json"},
+                                  "organizations/42")
     created = [c[3] for c in commands if c[:3] == ["gcloud", "projects", "create"]]
     assert created == ["acme-ml-shared-nlp", "acme-ml-shared-vision"]
     assert all("--folder=246813579024" in c for c in commands if c[:3] == ["gcloud", "projects",
                                                                            "create"])
-    roles = [arg.removeprefix("--role=") for c in commands for arg in c
-             if arg.startswith("--role=")]
-    assert roles == list(PLATFORM_FOLDER_ROLES)
+    grants = [(c[c.index("add-iam-policy-binding") + 1],
+               next(a.removeprefix("--role=") for a in c if a.startswith("--role=")))
+              for c in commands if "add-iam-policy-binding" in c]
+    assert grants == [*(("246813579024", role) for role in PLATFORM_FOLDER_ROLES),
+                      *(("acme-ml-shared", role) for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE)),
+                      ("42", XPN_ADMIN), ("gs://acme-pulumi-state", HOST_STORAGE_ROLE),
+                      ("01AB23-45CD67-89EF01", BUDGETS_ROLE),
+                      ("246813579024", "roles/cloudquotas.admin")]  # the quota contact's
+    assert "--member=group:ml-platform@acme.example" in commands[-1]
+    roles = {role for _, role in grants}
     assert not {"roles/resourcemanager.projectCreator", "roles/billing.user",
-                "roles/owner"} & set(roles)
+                "roles/owner"} & roles
+    # The Shared VPC host is enabled where the host project lives (issue 34, finding 4).
+    assert ["gcloud", "organizations", "add-iam-policy-binding", "42"] in [c[:4] for c in commands]
+    conditions = [a for c in commands for a in c if a.startswith("--condition-from-file=")]
+    assert conditions == ["--condition-from-file=cond.json", "--condition-from-file=host.json"]
     policies = {c[4] for c in commands if c[3] in ("enable-enforce", "allow")}
     assert policies == {"storage.publicAccessPrevention", "compute.skipDefaultNetworkCreation",
-                        "iam.allowedPolicyMemberDomains"}
+                        "iam.allowedPolicyMemberDomains",
+                        "iam.automaticIamGrantsForDefaultServiceAccounts"}
     condition = bootstrap.grants_condition(settings)["expression"]
     assert "roles/owner" not in condition and "'roles/tpu.admin'" in condition
+    assert "'roles/browser'" in condition  # the team preview accounts' role (finding 1)
 
 
 def test_a_created_project_s_billing_account_budgets_every_team() -> None:
@@ -634,3 +670,69 @@ def test_a_created_project_s_billing_account_budgets_every_team() -> None:
     assert budgets["nlp"]["amount"]["specifiedAmount"] == {"currencyCode": "USD",
                                                            "units": str(100 * 730)}
     assert [r["thresholdPercent"] for r in budgets["nlp"]["thresholdRules"]] == [0.5, 0.9, 1.0]
+
+
+# ---- state on a shared gs:// backend ------------------------------------------------
+
+def test_state_conditions_fit_iam_s_limit_and_name_stack_files_exactly() -> None:
+    from components import team_state
+
+    condition = team_state.write_condition("b", "team-vision")
+    assert condition.count("||") <= team_state.MAX_OPERATORS
+    assert ("resource.name == 'projects/_/buckets/b/objects/.pulumi/stacks/tpu-stack/"
+            "team-vision.pulumi-tags'") in condition
+    assert "startsWith('projects/_/buckets/b/objects/.pulumi/stacks/" not in condition
+
+
+@pytest.mark.parametrize(("meta", "has_stacks", "refused"), [
+    ("version: 1\n", True, False),
+    (None, False, False),  # an empty bucket starts in the project layout
+    ("version: 0\n", True, True),
+    (None, True, True),  # stacks without meta.yaml: the legacy layout
+])
+def test_a_legacy_layout_bucket_is_refused_with_the_upgrade_step(meta, has_stacks,
+                                                                 refused) -> None:
+    from components.team_state import legacy_problem
+
+    problem = legacy_problem("acme-pulumi-state", meta, has_stacks)
+    assert (problem is not None) == refused
+    if refused:
+        assert "pulumi login gs://acme-pulumi-state && pulumi state upgrade" in problem
+
+
+# ---- each team's own subnets ----------------------------------------------------------
+
+def test_each_team_gets_a_subnet_per_region_from_its_own_slot() -> None:
+    run = run_program(as_cli(platform(vision=team("vision", spot()),
+                                      nlp=team("nlp", subnetSlot=5))), "shared")
+    subnets = {r.name: (r.inputs["region"], r.inputs["ipCidrRange"])
+               for r in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+    # vision: slot 0 (given in order), nlp: slot 5; a /22 per region slot in a /18.
+    assert subnets["vision-subnet-us-central1"] == ("us-central1", "10.160.0.0/22")
+    assert subnets["vision-subnet-us-central2"] == ("us-central2", "10.160.4.0/22")
+    assert subnets["nlp-subnet-us-central1"] == ("us-central1", "10.161.64.0/22")
+    rules = {r.name: r.inputs for r in run.of_type("gcp:compute/firewall:Firewall")}
+    assert rules["nlp-peers"]["sourceRanges"] == ["10.161.64.0/22", "10.161.68.0/22"]
+    assert rules["nlp-peers"]["destinationRanges"] == rules["nlp-peers"]["sourceRanges"]
+    [vm] = run.of_type(V2VM)
+    assert vm.inputs["networkConfig"]["subnetwork"].endswith("/subnetworks/shared-tpu-vision-"
+                                                             "us-central1")
+
+
+@pytest.mark.parametrize(("change", "key", "words"), [
+    (lambda d: d["tpu-stack:teams"]["nlp"].update(subnetSlot=0),
+     "tpu-stack:teams.vision.subnetSlot", "0 is team nlp's"),
+    (lambda d: d["tpu-stack:teams"]["nlp"].update(subnetSlot=64),
+     "tpu-stack:teams.nlp.subnetSlot", "10.160.0.0/12 holds slots 0 to 63"),
+    (lambda d: d["tpu-stack:network"].update(teamSubnetCidr="10.128.0.0/12"),
+     "tpu-stack:network.teamSubnetCidr", "overlaps the platform's own ranges (us-central1 "
+     "10.128.0.0/20, "),
+    (lambda d: d["tpu-stack:network"].update(teamSubnetCidr="10.160.0.0/20"),
+     "tpu-stack:network.teamSubnetCidr", "narrower than one team's block (/18)"),
+])
+def test_team_subnet_settings_are_refused_naming_the_key(change, key, words) -> None:
+    data = platform(vision=team("vision"), nlp=team("nlp"))
+    data.setdefault("tpu-stack:network", {})
+    change(data)
+    problems = dict(problems_of(data))
+    assert key in problems and words in problems[key], problems

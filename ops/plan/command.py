@@ -13,6 +13,7 @@ from components.settings import SettingsError
 from components.stack_config import StackFileError
 from ops.plan.diff import WAY_OUT, diff_plans, load_plan, render_diff
 from ops.plan.offline import Plan, PlanError, offline_plan
+from ops.plan.proof import plan_proof
 from ops.plan.report import check_format, duplicate_urns, plain, render
 from ops.terminal import PROG, fail, from_caller
 from ops.tpu.api import TpuApiError
@@ -22,10 +23,11 @@ from policy.evaluate import evaluate, load_config
 
 def print_report(result: Plan, fmt: str | None, against: Path | None,
                  out: Path | None = None, live: bool = False) -> int:
-    """The PR-comment rendering (ops/plan/report.py, ops/plan/diff.py); exit 1 on a policy
-    violation, a duplicate URN, or a step the engine (or GCP) refuses. `out` gets the
-    plan's JSON, the very document `--format json` prints. `live`: the candidates'
-    quota headroom read from Cloud Quotas and the TPU API (ops/tpu/headroom.py)."""
+    """The PR-comment rendering (ops/plan/report.py, ops/plan/diff.py) and the permission
+    proof (ops/plan/proof.py); exit 1 on a policy violation, a duplicate URN, a step the
+    engine (or GCP) refuses, or an operation the stack's deployer may not do. `out` gets the
+    plan's JSON, the very document `--format json` prints. `live`: the candidates' quota
+    headroom read from Cloud Quotas and the TPU API (ops/tpu/headroom.py)."""
     head = plain(result.to_json())
     if live and head.get("candidates"):
         head = with_live_headroom(head, result)
@@ -44,11 +46,16 @@ def print_report(result: Plan, fmt: str | None, against: Path | None,
     else:
         text = render(head, fmt or "table", violations)
     print(text, end="")
+    proof = plan_proof(result.settings, result.run)
+    print("\n".join(proof.lines()), file=sys.stderr if fmt == "json" else sys.stdout)
     if refused:
         print(f"{PROG}: {refused} step(s) would be refused by `pulumi up` (see Diagnostics): "
               f"{WAY_OUT}", file=sys.stderr)
+    if proof.findings:
+        print(f"{PROG}: {len(proof.findings)} resource operation(s) its deployer may not do "
+              f"(permission proof, docs/teams.md)", file=sys.stderr)
     blocking = [v for v in violations if not v.advisory]
-    return 1 if blocking or duplicate_urns(head) or refused else 0
+    return 1 if blocking or duplicate_urns(head) or refused or proof.findings else 0
 
 
 def with_live_headroom(head: dict[str, Any], result: Plan) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import functools
 import gc
+import json
 import logging
 import runpy
 from collections.abc import Callable, Mapping
@@ -98,6 +99,7 @@ class RecordingMonitor(mocks.MockMonitor):
 
 STACK_REFERENCE_TYPE = "pulumi:pulumi:StackReference"
 GET_PROJECT = "gcp:organizations/getProject:getProject"
+GET_OBJECT_CONTENT = "gcp:storage/getBucketObjectContent:getBucketObjectContent"
 # Config keys whose value names a stack the program reads through a
 # StackReference (docs/teams.md: a team stack's platform stack).
 STACK_REFERENCE_KEYS = (f"{PROJECT}:platformStack",)
@@ -135,17 +137,37 @@ class GcpMocks(mocks.Mocks):
         if args.token == GET_PROJECT:
             project = args.args.get("projectId") or "mock-project"
             return {"projectId": project, "number": self.project_number}
+        if args.token == GET_OBJECT_CONTENT:
+            return {**args.args, "content": self._object_content(args.args)}
         return {}
+
+    def _object_content(self, where: Mapping[str, Any]) -> str | None:
+        """A platform's outputs object for a team (team_state.outputs_object), from the
+        outputs of the platform stack planned for the StackReference keys."""
+        from components import team_state
+
+        parts = str(where.get("name", "")).removeprefix(team_state.OUTPUTS_PREFIX + "/")
+        stack, _, team = parts.partition("/")
+        for reference, outputs in self.stack_outputs.items():
+            view = team_state.team_view(outputs, team.removesuffix(".json"))
+            if reference.rsplit("/", 1)[-1] == stack and view is not None:
+                return json.dumps(view)
+        return None  # no such object: the platform serves no such team
 
 
 @functools.cache
-def planned_stack_outputs(reference: str) -> dict[str, Any]:
-    """The outputs of `org/project/<stack>` as an offline plan of this repo's
-    Pulumi.<stack>.yaml gives them (once per process)."""
+def planned_stack_run(reference: str) -> ProgramRun:
+    """`org/project/<stack>` as an offline plan of this repo's Pulumi.<stack>.yaml
+    runs it (once per process): its outputs, and its grants for the permission proof."""
     from components.stack_config import file_config  # the program's config reader
 
     stack = reference.rsplit("/", 1)[-1]
-    return run_program(file_config(stack), stack).outputs
+    return run_program(file_config(stack), stack)
+
+
+def planned_stack_outputs(reference: str) -> dict[str, Any]:
+    """The outputs of `org/project/<stack>` (planned_stack_run)."""
+    return planned_stack_run(reference).outputs
 
 
 def referenced_stack_outputs(config: Mapping[str, str]) -> dict[str, dict[str, Any]]:

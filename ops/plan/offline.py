@@ -12,7 +12,16 @@ from typing import Any
 
 import pulumi
 
-from components import candidates, catalog, locality, meter, progress_deadline, project, stop_save
+from components import (
+    candidates,
+    catalog,
+    locality,
+    meter,
+    progress_deadline,
+    project,
+    stop_save,
+    team_quota,
+)
 from components.archive import PackageError
 from components.cost import RATES, StackCost, StepCost, settings_cost
 from components.settings import StackSettings, load_settings
@@ -62,7 +71,8 @@ class Plan:
                          *locality.stack_warnings(self.settings),
                          *project.stack_warnings(self.settings),
                          *progress_deadline.stack_warnings(self.settings),
-                         *candidates.stack_warnings(self.settings)],
+                         *candidates.stack_warnings(self.settings),
+                         *team_quota.stack_warnings(self.settings)],
             # Nodes with fallback only: absent from a plan without any (issue 35).
             **({"candidates": rows} if (rows := candidates.stack_candidates(self.settings))
                else {}),

@@ -28,6 +28,7 @@ from components.settings import StackSettings
 from components.team_quota import SKIPPED_SAFETY_CHECK, QuotaCap, stack_caps
 from ops.tpu.api import TpuApi
 from ops.tpu.preflight import Check, PreflightReport, preflight
+from ops.tpu.state_layout import STORAGE_API, layout_check
 from ops.tpu.target import StackTarget
 
 QUOTAS_API = "https://cloudquotas.googleapis.com/v1"
@@ -196,7 +197,23 @@ def live_preflight(target: StackTarget, api: TpuApi, settings: StackSettings,
     if not report.live:
         return report
     caps = cap_checks(stack_caps(settings), reader)
-    return replace(report, checks=(*report.checks, *caps))
+    state = settings.team_projects.state_bucket if settings.team_projects else None
+    layout = ([layout_check(state, *storage_get(target, os.environ if env is None else env))]
+              if state else [])
+    return replace(report, checks=(*report.checks, *caps, *layout))
+
+
+def storage_get(target: StackTarget, env: Mapping[str, str]) -> tuple[Get, str]:
+    """A getter for the Cloud Storage JSON API and its base URL: the emulator named by
+    $STORAGE_EMULATOR_HOST (google-cloud-storage's convention) anonymously; nothing
+    beside a stand-in TPU API; else the stack's credentials, built on first use."""
+    emulator = env.get("STORAGE_EMULATOR_HOST")
+    if emulator:
+        return _plain_get, f"{emulator.rstrip('/')}/storage/v1"
+    if env.get(ENDPOINT_ENV.replace("QUOTAS", "TPU")):
+        return _refuse("the TPU API is a stand-in and Cloud Storage has none "
+                       "($STORAGE_EMULATOR_HOST)"), STORAGE_API
+    return _lazy_get(target, env), STORAGE_API
 
 
 def stack_reader(target: StackTarget, env: Mapping[str, str]) -> QuotaReader:
@@ -209,6 +226,12 @@ def stack_reader(target: StackTarget, env: Mapping[str, str]) -> QuotaReader:
     if env.get(ENDPOINT_ENV.replace("QUOTAS", "TPU")):
         return QuotaReader(_refuse("the TPU API is a stand-in and Cloud Quotas has none "
                                    f"(${ENDPOINT_ENV})"))
+    return QuotaReader(_lazy_get(target, env))
+
+
+def _lazy_get(target: StackTarget, env: Mapping[str, str]) -> Get:
+    """A getter with the stack's credentials, built on first use (a missing credential
+    becomes a "not checked" row, never a traceback)."""
     get: Get | None = None
 
     def lazy(url: str) -> tuple[int, bytes]:
@@ -220,7 +243,7 @@ def stack_reader(target: StackTarget, env: Mapping[str, str]) -> QuotaReader:
                 raise OSError(f"no usable Google credentials ({error})") from None
         return get(url)
 
-    return QuotaReader(lazy)
+    return lazy
 
 
 def _refuse(reason: str) -> Get:

@@ -173,3 +173,33 @@ def test_with_a_stand_in_tpu_api_and_no_stand_in_quotas_nothing_leaves_the_machi
     caps = [c for c in report.checks if c.what.startswith("cap at")]
     assert caps and {c.outcome for c in caps} == {"not checked"}
     assert "stand-in" in caps[0].detail
+
+
+# ---- the shared backend's layout (issue 34) ---------------------------------------
+
+def _storage(meta: bytes | None, stacks: bool, status: int = 200):
+    def get(url: str) -> tuple[int, bytes]:
+        if "meta.yaml" in url:
+            return (404, b"") if meta is None else (status, meta)
+        return 200, b'{"items": [{"name": ".pulumi/stacks/x.json"}]}' if stacks else b"{}"
+    return get
+
+
+def test_a_legacy_state_bucket_fails_preflight_with_the_upgrade_step() -> None:
+    from ops.tpu.state_layout import layout_check
+
+    legacy = layout_check("acme-pulumi-state", _storage(None, stacks=True))
+    assert legacy.outcome == "fail"
+    assert "pulumi state upgrade" in legacy.detail
+    assert layout_check("b", _storage(b"version: 0\n", stacks=True)).outcome == "fail"
+    assert layout_check("b", _storage(b"version: 1\n", stacks=True)).outcome == "ok"
+    assert layout_check("b", _storage(None, stacks=False)).outcome == "ok"  # a new bucket
+    denied = layout_check("b", _storage(b"", stacks=True, status=403))
+    assert denied.outcome == "not checked" and "403" in denied.detail
+
+
+def test_preflight_of_the_platform_reads_its_state_bucket_s_layout(fake_tpu, tpu) -> None:
+    report = live_preflight(target(expected_node("dev-a")), tpu, settings_for("platform"),
+                            env={"TPU_STACK_TPU_ENDPOINT": "http://127.0.0.1:9"})
+    [row] = [c for c in report.checks if c.subject == "gs://acme-pulumi-state"]
+    assert row.outcome == "not checked" and "stand-in" in row.detail

@@ -108,7 +108,8 @@ def hyperparameter(config: Config) -> None:
 
 def add_team(config: Config) -> None:
     edit_json(config, "tpu-stack:teams", lambda teams: teams.update(
-        speech={"members": ["group:ml-speech@acme.example"], "quota": {"usdPerHour": 10}}))
+        speech={"members": ["group:ml-speech@acme.example"], "quota": {"usdPerHour": 10},
+                "subnetSlot": 2}))
 
 
 def storage_location(location: str) -> Callable[[Config], None]:
@@ -134,11 +135,13 @@ def runtime(stack: str) -> list[Step]:
     node["inputs"]["runtimeVersion"] = node["inputs"]["runtimeVersion"].replace("2.18.0", "2.19.0")
     return plan_steps(base_plan(stack), head).steps
 
+# The platform's first node is nlp's spot v5e `sweep` (its reserved pod is a queued
+# resource on the platform's reservation: a team's reserved V2Vm finds none, issue 34).
 SAME_REGION = {"dev": ("v5litepod-4", "spot"), "prod": ("v4-8", "reserved"),
-               "platform": ("v4-8", "reserved")}
+               "platform": ("v5litepod-4", "spot")}
 SMALLER = {"dev": {"acceleratorType": "v5litepod-4"},  # the first node's slice, halved
            "prod": {"topology": "2x2x2"},
-           "platform": {"topology": "2x2x2"}}
+           "platform": {"acceleratorType": "v5litepod-4"}}
 
 
 def on_demand(config: Config) -> None:
@@ -146,7 +149,7 @@ def on_demand(config: Config) -> None:
     node_field(provisioning="on-demand")(config)
     if json.loads(config.get("tpu-stack:teams", "{}")):
         edit_json(config, "tpu-stack:teams",
-                  lambda t: t["nlp"]["quota"]["v4"].update(onDemand=16))
+                  lambda t: t["nlp"]["quota"]["v5e"].update(onDemand=8))
 
 NEW_REGION = {"dev": ("europe-west4-b", "v5litepod-8", "spot"),
               "prod": ("us-central1-a", "v5litepod-8", "on-demand"),
@@ -233,7 +236,10 @@ def test_add_a_node_in_a_new_region(stack):
     result = steps(stack, add)
     assert tpu(result) == {("create", "extra")}
     region = zone.rsplit("-", 1)[0]
-    assert [s.name for s in ops(result, "create", SUBNET)] == [f"subnet-{region}"]
+    # The platform's subnet there, and each team's own (docs/teams.md, "The network").
+    teams = ["nlp", "vision"] if stack == "platform" else []
+    assert sorted(s.name for s in ops(result, "create", SUBNET)) == sorted(
+        [f"subnet-{region}", *(f"{team}-subnet-{region}" for team in teams)])
     # No existing range moves: the subnets of the regions in use are not touched.
     assert [s.name for s in result if s.type == SUBNET and s.op != "create"] == []
     assert_nothing_replaced(result)
@@ -505,12 +511,14 @@ def test_grow_the_subnet_range(stack):
 
 
 def test_grow_a_pinned_range_in_place():
-    """prod's pinned us-central2 widened in its pin: an update, nothing replaced (the
-    internal firewall rule names service accounts, not ranges: it stays)."""
+    """prod's pinned us-central2 widened in its pin: updates, nothing replaced (the
+    internal firewall rule names the subnets' ranges: it widens with them, in place)."""
     result = steps("prod", lambda c: edit_json(c, "tpu-stack:network", lambda n: n.update(
         subnets={"us-central2": "10.128.0.0/19"})))
-    assert [(s.op, s.name) for s in result] == [("update", "subnet-us-central2")]
-    assert [(c.path, c.old, c.new) for c in result[0].changes] == [
+    assert sorted((s.op, s.name) for s in result) == [("update", "allow-internal"),
+                                                      ("update", "subnet-us-central2")]
+    subnet = next(s for s in result if s.name == "subnet-us-central2")
+    assert [(c.path, c.old, c.new) for c in subnet.changes] == [
         ("ipCidrRange", "10.128.0.0/20", "10.128.0.0/19")]
 
 

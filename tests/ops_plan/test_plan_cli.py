@@ -76,8 +76,11 @@ def test_a_team_stack_the_platform_rejects_is_one_message_and_exit_2():
     assert result.stderr.splitlines() == [
         "tpuctl: error: the platform stack acme/tpu-stack/platform does not serve this team "
         "stack (1 problem; tpu-stack:teams keys are acme/tpu-stack/platform's config):",
-        "  tpu-stack:team: 'visoin' is not a team of acme/tpu-stack/platform "
-        "(tpu-stack:teams: nlp, vision)"]
+        # The team reads only its own outputs object: no list of the platform's teams.
+        "  tpu-stack:team: 'visoin': no outputs object gs://acme-pulumi-state/tpu-stack/"
+        "platform-outputs/platform/visoin.json: acme/tpu-stack/platform writes one for each "
+        "of its tpu-stack:teams (its teamProjects.stateBucket being acme-pulumi-state); is "
+        "'visoin' one of them, spelt as there, and has its `pulumi up` run since?"]
 
 
 @pytest.mark.parametrize(("error", "message"), [

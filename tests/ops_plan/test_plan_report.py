@@ -94,14 +94,17 @@ def test_a_node_sent_as_a_shape_shows_its_accelerator_type():
 
 
 def _platform_plan(**pod: object) -> dict:
-    """The platform stack's offline plan, nlp's `pod` node (v4-32, reserved) edited."""
+    """The platform stack's offline plan, nlp's `pod` node (v4-32, queued on the
+    platform's reservation) edited; a key set to None is removed."""
     from components.stack_config import file_config
     from ops.plan.offline import offline_plan
     from ops.plan.report import plain
 
     config = file_config("platform")
     teams = json.loads(config["tpu-stack:teams"])
-    teams["nlp"]["nodes"][0].update(pod)
+    nodes = teams["nlp"]["nodes"]
+    index = next(i for i, node in enumerate(nodes) if node["name"] == "pod")
+    nodes[index] = {k: v for k, v in {**nodes[index], **pod}.items() if v is not None}
     teams["nlp"]["quota"]["v4"]["onDemand"] = 16  # room for the node made on-demand
     config["tpu-stack:teams"] = json.dumps(teams)
     return plain(offline_plan("platform", config).to_json())
@@ -129,7 +132,7 @@ def test_costs_say_what_they_cover_and_where_each_price_comes_from():
 def test_an_unconfirmed_price_is_marked_and_on_demand_has_no_spot_saving():
     from ops.plan.report import cost_summary, node_rows
 
-    plan = _platform_plan(provisioning="on-demand")
+    plan = _platform_plan(provisioning="on-demand", queue=None)
     rows = {row[0]: row for row in node_rows(plan)}
     assert rows["nlp-pod"][5:] == ["~$51.52 (unconfirmed)", "~$37,609.60 (unconfirmed)", ""]
     summary = cost_summary(plan)

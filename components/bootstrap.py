@@ -1,0 +1,119 @@
+"""What the bootstrap step grants the platform's deployer, outside every plan (docs/teams.md,
+"Who deploys what"): pure, read by scripts/bootstrap_team_projects.py (which prints the
+gcloud commands) and by the permission proof (ops/plan/proof.py), so both see one list.
+
+Where each grant lives:
+- the teams' folder: PLATFORM_FOLDER_ROLES (components/ci.py), its projectIamAdmin
+  limited by `modifiedGrantsByRole` to the roles TeamProject grants in a team project;
+- the host project (the platform's `gcp:project`): the deployer roles of a stack's own
+  project (ci.DEPLOYER_ROLES, projectIamAdmin limited to the roles the stack grants
+  there) and storage.admin for the host's buckets;
+- where the host project lives (its folder or organization, `--host-parent`):
+  compute.xpnAdmin, because enabling a Shared VPC host is checked there
+  (cloud.google.com/vpc/docs/shared-vpc: the Shared VPC Admin role is granted on the
+  organization or a folder; compute.organizations.enableXpnHost);
+- the state bucket (`teamProjects.stateBucket`): storage.admin, for the teams' conditioned
+  grants on it and the per-team outputs objects the platform writes there;
+- the billing account: billing.costsManager, for the teams' budgets
+  (cloud.google.com/billing/docs/how-to/budgets: Billing Account Costs Manager).
+And to the quota contact (`teamProjects.quotaContact`), Quota Administrator on the
+teams' folder (quota_contact_grant).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components.ci import (
+    DEPLOYER_ROLES,
+    PLATFORM_FOLDER_ROLES,
+    PREVIEW_ROLES,
+    STORAGE_ROLE,
+    TEAM_DEPLOYER_ROLES,
+    grants_only,
+)
+from components.identity import PROJECT_ROLES
+from components.settings import StackSettings
+from components.teams import MEMBER_PROJECT_ROLES, TPU_XPN_AGENT_ROLE
+
+PROJECT_IAM_ADMIN = "roles/resourcemanager.projectIamAdmin"
+XPN_ADMIN = "roles/compute.xpnAdmin"
+BUDGETS_ROLE = "roles/billing.costsManager"
+HOST_STORAGE_ROLE = "roles/storage.admin"
+QUOTA_CONTACT_ROLE = "roles/cloudquotas.admin"
+# The host project's parent as the proof names it when the bootstrap is not told.
+UNKNOWN_HOST_PARENT = "folders/HOST_PARENT"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One allow binding the bootstrap adds: `resource` is an IAM resource name
+    (`folders/N`, `projects/P`, `billingAccounts/B`)."""
+
+    resource: str
+    role: str
+    member: str
+    condition: str | None = None
+
+
+def granted_in_team_projects(settings: StackSettings) -> list[str]:
+    """Project roles TeamProject grants in the teams' projects: what the deployer's
+    projectIamAdmin on the folder is limited to (modifiedGrantsByRole). The preview
+    account's roles are among them: a team's CiIdentity grants them in its project."""
+    custom = [f"projects/{settings.naming.team_project(team)}/roles/"
+              f"{settings.naming.custom_role_id(STORAGE_ROLE)}" for team in settings.teams]
+    return sorted({*PROJECT_ROLES, *MEMBER_PROJECT_ROLES, *TEAM_DEPLOYER_ROLES, *PREVIEW_ROLES,
+                   *custom})
+
+
+def granted_in_host_project(settings: StackSettings) -> list[str]:
+    """Project roles the stack grants in its own project, the deployer's own excepted:
+    the runtime account's, the preview account's and, with teams, the teams' TPU
+    service agents' tpu.xpnAgent."""
+    roles = {*PROJECT_ROLES, *PREVIEW_ROLES}
+    return sorted(roles | ({TPU_XPN_AGENT_ROLE} if settings.teams else set()))
+
+
+def grants_condition(settings: StackSettings) -> dict[str, str]:
+    """The condition file of the deployer's folder-level projectIamAdmin (gcloud
+    --condition-from-file: the expression holds commas, which --condition splits on)."""
+    return {"title": "tpu-stack team grants",
+            "expression": grants_only(granted_in_team_projects(settings))}
+
+
+def host_condition(settings: StackSettings) -> dict[str, str]:
+    return {"title": "tpu-stack host grants",
+            "expression": grants_only(granted_in_host_project(settings))}
+
+
+def deployer_grants(settings: StackSettings, deployer: str,
+                    host_parent: str = UNKNOWN_HOST_PARENT) -> list[Grant]:
+    """Every grant the bootstrap gives the platform deployer (`deployer`: its email)."""
+    assert settings.team_projects is not None and settings.team_projects.folder_id
+    member = f"serviceAccount:{deployer}"
+    folder = f"folders/{settings.team_projects.folder_id}"
+    host = f"projects/{settings.gcp_project}"
+    grants = [Grant(folder, role, member, grants_condition(settings)["expression"]
+                    if role == PROJECT_IAM_ADMIN else None) for role in PLATFORM_FOLDER_ROLES]
+    grants += [Grant(host, role, member, host_condition(settings)["expression"]
+                     if role == PROJECT_IAM_ADMIN else None)
+               for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE)]
+    grants.append(Grant(host_parent, XPN_ADMIN, member))
+    if settings.team_projects.state_bucket:  # the teams' state grants and outputs objects
+        grants.append(Grant(f"projects/_/buckets/{settings.team_projects.state_bucket}",
+                            HOST_STORAGE_ROLE, member))
+    if settings.teams and settings.billing_account:  # the teams' budgets (platform.py)
+        grants.append(Grant(f"billingAccounts/{settings.billing_account}", BUDGETS_ROLE, member))
+    return grants
+
+
+def quota_contact_grant(settings: StackSettings, kind: str = "group") -> Grant | None:
+    """Cloud Quotas: "The Google account for the email address must have quota update
+    permission for the project, folder or organization this quota preference is for"
+    (QuotaPreference.contact_email, Cloud Quotas v1): Quota Administrator on the teams'
+    folder for `teamProjects.quotaContact` (a `group` or a `user`)."""
+    projects = settings.team_projects
+    if projects is None or not projects.folder_id or not projects.quota_contact:
+        return None
+    return Grant(f"folders/{projects.folder_id}", QUOTA_CONTACT_ROLE,
+                 f"{kind}:{projects.quota_contact}")

@@ -1,0 +1,378 @@
+"""The permission proof of a plan: for every resource, may the identity that applies it
+create, update and delete it, as GCP decides (issue 34, docs/teams.md "The permission
+proof")?
+
+Pure: it reads plan resources (type, inputs, outputs, as ops/plan records them) and an
+`IamModel` (policy/iam.py) of every allow binding the deployer holds: the plan's own
+grants and the ones made outside it (the bootstrap's, components/bootstrap.py). For each
+resource type the plan uses, `TABLE` names the permissions each operation needs and
+where IAM checks them, each row citing its API method's reference. Beside the table:
+- a resource that runs as an account needs `iam.serviceAccounts.actAs` on it
+  (cloud.google.com/iam/docs/service-accounts-actas);
+- a grant changes one role: on a project, folder or organization its setIamPolicy is
+  checked with that role as `modifiedGrantsByRole`, so a `hasOnly` condition that
+  leaves the role out refuses it (cloud.google.com/iam/docs/setting-limits-on-granting-
+  roles: the condition applies to every role the request changes);
+- a quota preference's contact must hold quota update permission where it applies;
+- a node that uses reserved capacity must find a reservation: a reserved node uses one
+  of its own project, picked by accelerator type, project and zone; another project's
+  only when a queued resource names it (`reservationName`,
+  `projects/OWNER/locations/ZONE/reservations/NAME`, cloud.google.com/tpu/docs/
+  reference/rest/v2/projects.locations.queuedResources).
+A missing permission is a `Finding` naming the resource, the identity, the permission,
+where, and the grant that would fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from policy.iam import QUEUED_TPU, IamModel, binding_target, predefined_roles
+
+OPERATIONS = ("create", "update", "delete")
+Inputs = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Row:
+    """What each operation on a resource type needs, and where IAM checks it."""
+
+    where: Callable[[Inputs], list[str]]
+    create: tuple[str, ...]
+    update: tuple[str, ...]
+    delete: tuple[str, ...]
+    source: str  # the API method's reference
+    grant: bool = False  # an IAM grant: its setIamPolicy changes the grant's role
+    # Where update and delete are checked when not where create is (the resource itself).
+    existing: Callable[[Inputs], list[str]] | None = None
+
+    def needs(self, operation: str) -> tuple[str, ...]:
+        return getattr(self, operation)
+
+    def checked_on(self, operation: str, inputs: Inputs) -> list[str]:
+        if operation != "create" and self.existing is not None:
+            return self.existing(inputs)
+        return self.where(inputs)
+
+
+def _account(inputs: Inputs) -> list[str]:
+    return [str(inputs["name"])] if inputs.get("name") else []
+
+
+def _project(inputs: Inputs) -> list[str]:
+    return [f"projects/{inputs['project']}"]
+
+
+def _bucket(inputs: Inputs) -> list[str]:
+    return [f"projects/_/buckets/{str(inputs['bucket']).removeprefix('b/')}"]
+
+
+def _grant_target(module: str) -> Callable[[Inputs], list[str]]:
+    def where(inputs: Inputs) -> list[str]:
+        target = binding_target(module, inputs)
+        return [target] if target else []
+    return where
+
+
+def _quota_parent(inputs: Inputs) -> list[str]:
+    return [str(inputs["parent"])]
+
+
+def _billing(inputs: Inputs) -> list[str]:
+    return [f"billingAccounts/{inputs['billingAccount']}"]
+
+
+def _attached(inputs: Inputs) -> list[str]:
+    return [f"projects/{inputs['hostProject']}", f"projects/{inputs['serviceProject']}"]
+
+
+_REST = "cloud.google.com/{}/docs/reference/rest/"
+_SET_POLICY = ("resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy")
+# The permissions are those each method's reference lists under "IAM Permissions"
+# (or, where marked, its service's access-control page).
+TABLE: dict[str, Row] = {
+    "gcp:projects/service:Service": Row(
+        _project, ("serviceusage.services.enable",), (), (),
+        "cloud.google.com/service-usage/docs/reference/rest/v1/services/enable (disable: "
+        "never called, disable_on_destroy is false)"),
+    "gcp:projects/serviceIdentity:ServiceIdentity": Row(
+        # Unconfirmed: the v1beta1 generateServiceIdentity reference names no permission;
+        # Service Usage Admin holds both candidates.
+        _project, ("serviceusage.services.use",), (), (),
+        "cloud.google.com/service-usage/docs/reference/rest/v1beta1/services/"
+        "generateServiceIdentity (unconfirmed permission)"),
+    "gcp:compute/network:Network": Row(
+        _project, ("compute.networks.create",), ("compute.networks.update",),
+        ("compute.networks.delete",), _REST.format("compute") + "v1/networks/insert"),
+    "gcp:compute/subnetwork:Subnetwork": Row(
+        _project, ("compute.subnetworks.create",), ("compute.subnetworks.update",),
+        ("compute.subnetworks.delete",), _REST.format("compute") + "v1/subnetworks/insert"),
+    "gcp:compute/firewall:Firewall": Row(
+        _project, ("compute.firewalls.create", "compute.networks.updatePolicy"),
+        ("compute.firewalls.update", "compute.networks.updatePolicy"),
+        ("compute.firewalls.delete", "compute.networks.updatePolicy"),
+        _REST.format("compute") + "v1/firewalls/insert"),
+    "gcp:compute/sharedVPCHostProject:SharedVPCHostProject": Row(
+        _project, ("compute.organizations.enableXpnHost",), (),
+        ("compute.organizations.disableXpnHost",),
+        _REST.format("compute") + "v1/projects/enableXpnHost (checked on the host project's "
+        "organization or folder: cloud.google.com/vpc/docs/shared-vpc, Shared VPC Admin)"),
+    "gcp:compute/sharedVPCServiceProject:SharedVPCServiceProject": Row(
+        _attached, ("compute.organizations.enableXpnResource",), (),
+        ("compute.organizations.enableXpnResource",),
+        _REST.format("compute") + "v1/projects/enableXpnResource"),
+    "gcp:serviceaccount/account:Account": Row(
+        _project, ("iam.serviceAccounts.create",), ("iam.serviceAccounts.update",),
+        ("iam.serviceAccounts.delete",),
+        _REST.format("iam") + "v1/projects.serviceAccounts/create (update, delete: on the "
+        "account, .../patch, .../delete)", existing=_account),
+    "gcp:projects/iAMCustomRole:IAMCustomRole": Row(
+        _project, ("iam.roles.create",), ("iam.roles.update",), ("iam.roles.delete",),
+        _REST.format("iam") + "v1/projects.roles/create"),
+    "gcp:iam/workloadIdentityPool:WorkloadIdentityPool": Row(
+        _project, ("iam.googleapis.com/workloadIdentityPools.create",),
+        ("iam.googleapis.com/workloadIdentityPools.update",),
+        ("iam.googleapis.com/workloadIdentityPools.delete",),
+        _REST.format("iam") + "v1/projects.locations.workloadIdentityPools/create"),
+    "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider": Row(
+        _project, ("iam.googleapis.com/workloadIdentityPoolProviders.create",),
+        ("iam.googleapis.com/workloadIdentityPoolProviders.update",),
+        ("iam.googleapis.com/workloadIdentityPoolProviders.delete",),
+        _REST.format("iam") + "v1/projects.locations.workloadIdentityPools.providers/create"),
+    "gcp:projects/iAMMember:IAMMember": Row(
+        _grant_target("projects"), _SET_POLICY, _SET_POLICY, _SET_POLICY,
+        _REST.format("resource-manager") + "v3/projects/setIamPolicy", grant=True),
+    "gcp:serviceaccount/iAMMember:IAMMember": Row(
+        _grant_target("serviceaccount"), *(("iam.serviceAccounts.getIamPolicy",
+                                            "iam.serviceAccounts.setIamPolicy"),) * 3,
+        _REST.format("iam") + "v1/projects.serviceAccounts/setIamPolicy", grant=True),
+    "gcp:compute/subnetworkIAMMember:SubnetworkIAMMember": Row(
+        _grant_target("compute"), *(("compute.subnetworks.getIamPolicy",
+                                     "compute.subnetworks.setIamPolicy"),) * 3,
+        _REST.format("compute") + "v1/subnetworks/setIamPolicy", grant=True),
+    "gcp:storage/bucketIAMMember:BucketIAMMember": Row(
+        _bucket, *(("storage.buckets.getIamPolicy", "storage.buckets.setIamPolicy"),) * 3,
+        "cloud.google.com/storage/docs/json_api/v1/buckets/setIamPolicy "
+        "(cloud.google.com/storage/docs/access-control/iam-json)", grant=True),
+    "gcp:storage/bucketIAMBinding:BucketIAMBinding": Row(
+        _bucket, *(("storage.buckets.getIamPolicy", "storage.buckets.setIamPolicy"),) * 3,
+        "cloud.google.com/storage/docs/json_api/v1/buckets/setIamPolicy", grant=True),
+    "gcp:storage/bucket:Bucket": Row(
+        _project, ("storage.buckets.create",), ("storage.buckets.update",),
+        ("storage.buckets.delete",),
+        "cloud.google.com/storage/docs/json_api/v1/buckets/insert "
+        "(cloud.google.com/storage/docs/access-control/iam-json)"),
+    "gcp:storage/bucketObject:BucketObject": Row(
+        _bucket, ("storage.objects.create",), ("storage.objects.create",),
+        ("storage.objects.delete",),
+        "cloud.google.com/storage/docs/json_api/v1/objects/insert "
+        "(cloud.google.com/storage/docs/access-control/iam-json)"),
+    "gcp:cloudquota/sQuotaPreference:SQuotaPreference": Row(
+        _quota_parent, ("cloudquotas.quotas.update",), ("cloudquotas.quotas.update",), (),
+        "cloud.google.com/docs/quotas/reference/rest/v1/projects.locations."
+        "quotaPreferences/create (a preference is never deleted: Cloud Quotas has no delete)"),
+    "gcp:billing/budget:Budget": Row(
+        _billing, ("billing.budgets.create",), ("billing.budgets.update",),
+        ("billing.budgets.delete",),
+        "cloud.google.com/billing/docs/reference/budget/rest/v1/billingAccounts.budgets/create"),
+    "gcp:tpu/v2Vm:V2Vm": Row(
+        _project, ("tpu.nodes.create",), ("tpu.nodes.update",), ("tpu.nodes.delete",),
+        _REST.format("tpu") + "v2/projects.locations.nodes/create"),
+    # Unconfirmed: the queued-resources methods' permissions (tpu.queuedResources.*) are
+    # in no role of the pinned role table (iann0036/iam-dataset's roles/tpu.admin lists
+    # tpu.nodes.* only): the proof checks the node permissions a queued resource's node
+    # needs in their place.
+    QUEUED_TPU: Row(
+        _project, ("tpu.nodes.create",), ("tpu.nodes.update",), ("tpu.nodes.delete",),
+        _REST.format("tpu") + "v2/projects.locations.queuedResources/create (permission "
+        "unconfirmed)"),
+}
+# Types nothing applies in GCP (an explicit provider, a stack reference, components).
+NO_API = ("pulumi:providers:", "pulumi:pulumi:", "tpu-stack:index:")
+# The account a resource runs as, and the subnetwork it uses: actAs on the account
+# (cloud.google.com/iam/docs/service-accounts-actas) and compute.subnetworks.use on a
+# subnet (cloud.google.com/vpc/docs/shared-vpc, "Service Project Admins": networkUser).
+RUNS_AS = {"gcp:tpu/v2Vm:V2Vm": ("serviceAccount", "email"), QUEUED_TPU: ("service_account_email",)}
+USES_SUBNET = {"gcp:tpu/v2Vm:V2Vm": ("networkConfig", "subnetwork"), QUEUED_TPU: ("subnetwork",)}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A resource its identity cannot apply."""
+
+    resource: str  # `type name`
+    identity: str
+    operation: str
+    permission: str
+    on: str
+    fix: str
+
+    def line(self) -> str:
+        return (f"{self.resource}: {self.identity} cannot {self.operation} it: missing "
+                f"{self.permission} on {self.on}; fix: {self.fix}")
+
+    def to_json(self) -> dict[str, str]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Applier:
+    """Who applies a plan's resources and what GCP knows besides the plan."""
+
+    identity: str  # the principal (`serviceAccount:…`)
+    admin_applied: frozenset[str] = frozenset()  # URNs an admin applies (BOOTSTRAP_ROLES)
+    # Projects holding the reservations the stack's reserved nodes may use.
+    reservation_projects: frozenset[str] = frozenset()
+    unchecked: list[str] = field(default_factory=list)  # types without a table row
+    self_grants: list[str] = field(default_factory=list)  # grants to the applier: an admin's
+
+
+def prove(resources: Iterable[Mapping[str, Any]], model: IamModel,
+          applier: Applier) -> list[Finding]:
+    """Every permission `applier` lacks to create, update and delete `resources`."""
+    findings: list[Finding] = []
+    for resource in resources:
+        kind = resource["type"]
+        if resource.get("custom") is False or kind.startswith(NO_API):
+            continue
+        if resource.get("urn") in applier.admin_applied:
+            continue
+        row = TABLE.get(kind)
+        if row is None:
+            applier.unchecked.append(kind)
+            continue
+        inputs = {**(resource.get("outputs") or {}), **(resource.get("inputs") or {})}
+        label = f"{kind} {resource.get('name')}"
+        if row.grant and inputs.get("member") == applier.identity:
+            applier.self_grants.append(label)  # nobody grants itself: an admin's step
+            continue
+        findings += _row_findings(label, row, inputs, model, applier.identity)
+        findings += _runs_as_findings(label, kind, inputs, model, applier.identity)
+        findings += _reservation_findings(label, kind, inputs, applier)
+        findings += _contact_findings(label, kind, inputs, model)
+    return _unique(findings)
+
+
+QUOTA_PREFERENCE = "gcp:cloudquota/sQuotaPreference:SQuotaPreference"
+
+
+def _contact_findings(label: str, kind: str, inputs: Inputs, model: IamModel) -> list[Finding]:
+    """"The Google account for the email address must have quota update permission for
+    the project, folder or organization this quota preference is for" (Cloud Quotas v1
+    QuotaPreference.contact_email): the contact, as a group or a user."""
+    contact = inputs.get("contactEmail") if kind == QUOTA_PREFERENCE else None
+    if not contact:
+        return []
+    parent, permission = str(inputs["parent"]), "cloudquotas.quotas.update"
+    if any(model.can(f"{who}:{contact}", permission, parent) for who in ("group", "user")):
+        return []
+    return [Finding(label, f"the quota contact {contact}", "create", permission, parent,
+                    f"grant roles/cloudquotas.admin on {parent} (or its folder) to "
+                    f"group:{contact} or user:{contact}")]
+
+
+def _row_findings(label: str, row: Row, inputs: Inputs, model: IamModel,
+                  identity: str) -> list[Finding]:
+    roles = [str(inputs["role"])] if row.grant and "role" in inputs else []
+    found = []
+    for operation in OPERATIONS:
+        for on in row.checked_on(operation, inputs):
+            for permission in row.needs(operation):
+                if not model.can(identity, permission, on, roles):
+                    found.append(Finding(label, identity, operation, permission, on,
+                                         fix_for(model, identity, permission, on, roles)))
+    return found
+
+
+def _runs_as_findings(label: str, kind: str, inputs: Inputs, model: IamModel,
+                      identity: str) -> list[Finding]:
+    found = []
+    email = _path(inputs, RUNS_AS.get(kind, ()))
+    if email:
+        account = f"projects/{email.split('@')[1].split('.')[0]}/serviceAccounts/{email}"
+        account = _declared(model, email) or account
+        for operation in ("create", "update"):
+            if not model.can(identity, "iam.serviceAccounts.actAs", account):
+                found.append(Finding(label, identity, operation, "iam.serviceAccounts.actAs",
+                                     account, f"grant roles/iam.serviceAccountUser on {account} "
+                                              f"(that account only)"))
+    subnet = _path(inputs, USES_SUBNET.get(kind, ()))
+    if subnet and subnet.startswith("projects/") and not model.can(
+            identity, "compute.subnetworks.use", subnet):
+        found.append(Finding(label, identity, "create", "compute.subnetworks.use", subnet,
+                                 f"grant roles/compute.networkUser on {subnet}"))
+    return found
+
+
+def _reservation_findings(label: str, kind: str, inputs: Inputs,
+                          applier: Applier) -> list[Finding]:
+    project, zone = inputs.get("project"), inputs.get("zone")
+    if kind == "gcp:tpu/v2Vm:V2Vm" and (inputs.get("schedulingConfig") or {}).get("reserved"):
+        owner = project
+        why = "a reserved node uses a reservation of its own project"
+    elif kind == QUEUED_TPU and inputs.get("reservation_name"):
+        name = str(inputs["reservation_name"])
+        owner = name.split("/")[1] if name.startswith("projects/") else project
+        why = f"its queued resource names {name}"
+    else:
+        return []
+    if f"projects/{owner}" in applier.reservation_projects:
+        return []
+    holders = ", ".join(sorted(applier.reservation_projects)) or "none"
+    where = sorted(applier.reservation_projects)[0].removeprefix("projects/") \
+        if applier.reservation_projects else "OWNER"
+    return [Finding(label, applier.identity, "create", "a reservation",
+                    f"projects/{owner} ({why}; the stack's reservations are in {holders})",
+                    f"provisioning: queued with queue.reservationName: "
+                    f"projects/{where}/locations/{zone}/reservations/NAME")]
+
+
+def fix_for(model: IamModel, identity: str, permission: str, on: str,
+            roles: list[str]) -> str:
+    """The grant that would let `identity` use `permission` on `on`: a conditioned
+    binding that holds the permission gets the role added to its condition; otherwise
+    the smallest predefined role holding the permission, granted there."""
+    for name in model.ancestry(on):
+        for binding in model.bindings.get(name, ()):
+            if identity in binding.members and binding.condition and _holds_permission(
+                    model, binding.role, permission):
+                if roles:
+                    return (f"add {', '.join(repr(r) for r in roles)} to the hasOnly list of "
+                            f"the condition on {binding.role} at {name}")
+                return f"widen the condition on {binding.role} at {name}"
+    holders = [role for role, permissions in predefined_roles().items()
+               if permission in permissions and role not in ("roles/owner", "roles/editor")]
+    if not holders:
+        return f"a role holding {permission} on {on} (none in policy/iam_roles.json)"
+    smallest = min(holders, key=lambda role: (len(predefined_roles()[role]), role))
+    return f"grant {smallest} on {on}"
+
+
+def _holds_permission(model: IamModel, role: str, permission: str) -> bool:
+    permissions = model.custom_roles.get(role) or predefined_roles().get(role) or frozenset()
+    return permission in permissions
+
+
+def _declared(model: IamModel, email: str) -> str | None:
+    """The account's resource name as the plan declares it (its project may differ
+    from the one its email's domain names)."""
+    return next((name for name in model.kinds("serviceAccounts") if name.endswith(f"/{email}")),
+                None)
+
+
+def _path(inputs: Inputs, path: tuple[str, ...]) -> str | None:
+    value: Any = inputs
+    for key in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return str(value) if path and value else None
+
+
+def _unique(findings: list[Finding]) -> list[Finding]:
+    seen: dict[tuple[str, ...], Finding] = {}
+    for f in findings:
+        seen.setdefault((f.resource, f.operation, f.permission, f.on), f)
+    return list(seen.values())
