@@ -17,7 +17,7 @@ from tests.agent.conftest import Node
 from tests.agent.test_agent_chaos import stand_in_package, training
 from tests.agent.test_agent_handover import job_pids
 
-DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
+DESIGN = Path(__file__).resolve().parents[2] / "docs/design.md"
 
 
 def documented_table() -> list[tuple[str, str, str, tuple[str, ...]]]:

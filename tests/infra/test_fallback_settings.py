@@ -93,8 +93,8 @@ def test_a_team_stacks_candidate_in_a_region_the_platform_has_no_subnet_in_is_re
     with pytest.raises(PlatformStackError) as caught:
         run_program(raw, "team-vision", mock=GcpMocks(stack_outputs={platform_ref: outputs}))
 
-    assert (f"tpu-stack:nodes[0].fallback[0].zone: {platform_ref} has no subnet in us-west4"
-            in str(caught.value))
+    assert (f"tpu-stack:nodes[0].fallback[0].zone: {platform_ref} has no subnet of team "
+            f"vision in us-west4" in str(caught.value))
 
 
 def test_a_misspelt_key_in_an_entry_is_one_problem() -> None:
