@@ -14,12 +14,14 @@ Three shapes, one program (docs/teams.md):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
 
 from components import catalog, cost
+from components.budget_hold import BudgetHold, budget_hold, read_markers
 from components.budget_stop import APIS as BUDGET_STOP_APIS
 from components.budget_stop import BudgetStop, BudgetStopArgs
 from components.candidates import one_quota_warning
@@ -90,6 +92,7 @@ class TpuPlatform(pulumi.ComponentResource):
         super().__init__(TYPE, name, None, opts)
         self.settings = settings
         self.teams, self.team_nodes, self.access = {}, {}, {}
+        self.held: dict[str, BudgetHold] = {}  # teams held after a budget stop
         if settings.is_team_stack:
             self._declare_team_stack()
         else:
@@ -179,14 +182,33 @@ class TpuPlatform(pulumi.ComponentResource):
             budget=self._budget(team, stopper), budgets=self.budgets), opts=after_apis)
         if not spec.nodes:
             return
+        held = self._held(team) if stopper else None
         shared = {"artifacts": self.buckets.buckets["artifacts"].name}
         space = self._team_space(team, shared, spec.members, after_apis, access)
         placement = self._team_placement(
             team, space, self.buckets.uri("data"),
             [access.tpu_api, *access.grants, *space.identity.grants, self.package.object],
             access.project_id)
-        self.team_nodes[team] = [self._node(node, spec.job(node.job), placement)
-                                 for node in spec.nodes]
+        if held is not None:  # the buckets stay; the nodes a budget stop deleted stay out
+            self.held[team] = held
+            pulumi.log.warn(held.warning(n.name for n in spec.nodes), resource=access)
+        self.team_nodes[team] = [] if held else [
+            self._node(node, spec.job(node.job), placement) for node in spec.nodes]
+
+    def _held(self, team: str) -> BudgetHold | None:
+        """The hold a budget stop put on `team`, read from the function's markers."""
+        bucket = self.buckets.names["artifacts"]
+        try:
+            markers = read_markers(bucket, team)
+        except Exception as error:  # a failed invoke: a bare Exception (pulumi/runtime/invoke.py)
+            # The first up: the bucket is created in this run, so no stop happened yet.
+            # Unconfirmed: that objects.list on a missing bucket fails rather than lists
+            # nothing; either way the team is not held.
+            pulumi.log.warn(f"team {team}: budget-stop markers in gs://{bucket} unread "
+                            f"({error}); its nodes are declared", resource=self)
+            return None
+        return budget_hold(team, markers, datetime.now(timezone.utc),
+                           self.settings.teams[team].lift_budget_hold)
 
     def _node_dependencies(self, identity: RuntimeIdentity) -> list[pulumi.Resource]:
         """What a node waits for: the TPU API, the grants its job needs at boot
@@ -413,8 +435,13 @@ class TpuPlatform(pulumi.ComponentResource):
         space = self.teams.get(team)
         if space is not None:
             result["buckets"] = space.bucket_uris()
-            result["nodes"] = _node_outputs(spec.nodes, self.team_nodes[team],
-                                            self.team_costs[team])
+            result["nodes"] = {} if team in self.held else _node_outputs(
+                spec.nodes, self.team_nodes[team], self.team_costs[team])
+        if team in self.held:
+            hold = self.held[team]
+            result["budgetHold"] = {"interval": hold.interval, "marker": hold.marker,
+                                    "until": f"{hold.until:%Y-%m-%dT%H:%M:%SZ}",
+                                    "nodes": [n.name for n in spec.nodes]}
         return result
 
     def _team_stack_outputs(self) -> dict[str, object]:
