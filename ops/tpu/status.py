@@ -135,7 +135,8 @@ def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
 
 
 COLUMNS = ("node", "zone", "type", "state", "health", "job", "step", "phase", "goodput",
-           "input wait", "MFU", "message", "updated")
+           "lost $", "input wait", "MFU", "message", "updated")
+SHOWN_WHEN_FILLED = ("lost $",)
 # Up to this many rows a boxed rich Table; past it aligned plain columns, because rich
 # measures and renders every cell on its own (2,000 rows took seconds, bench/status_scale.py).
 BOXED_ROWS = 200
@@ -163,10 +164,14 @@ def status_table(
         listing = plain_columns(title, rows)
         return Group(listing, notes) if notes else listing
     table = Table(title=title)
-    for column in COLUMNS:
-        table.add_column(column)
+    # A column only some stacks fill takes no width where no row has a value (until the
+    # narrow/--wide layout, issue 37, decides).
+    shown = [i for i, column in enumerate(COLUMNS)
+             if column not in SHOWN_WHEN_FILLED or any(cells[i] for cells, _ in rows)]
+    for i in shown:
+        table.add_column(COLUMNS[i])
     for cells, style in rows:
-        table.add_row(*(Text(cell, style=style if i == 3 else "") for i, cell in enumerate(cells)))
+        table.add_row(*(Text(cells[i], style=style if i == 3 else "") for i in shown))
     return Group(table, notes) if notes else table
 
 
@@ -182,14 +187,14 @@ def status_rows(
         health = "; ".join((node.health, *node.symptoms)).strip("; ")
         cells = (node.node_id, node.zone, node.accelerator_type, node.state, health,
                  job.get("state", "-"), job.get("step", ""), job_phase(job, now),
-                 goodput_percent(job), *perf_cells(job), job.get("message", ""),
-                 job.get("updated", ""))
+                 goodput_percent(job), lost_usd_cell(node), *perf_cells(job),
+                 job.get("message", ""), job.get("updated", ""))
         rows.append((cells, STATE_STYLE.get(node.state, "")))
     requests = {node_id: q.state for q in queued for node_id in q.node_ids}
     zones = {node.node_id: node.zone for node in target.nodes}
     for node_id in unseen(target, nodes, unread):
         state = f"QUEUED {requests[node_id]}" if node_id in requests else missing
-        cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "", "", "", "")
+        cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "", "", "", "", "")
         rows.append((cells, "red" if state == "ABSENT" else ""))
     return rows
 
@@ -535,20 +540,29 @@ def spend_of(target: StackTarget, team: str, nodes: Sequence[NodeStatus],
                             target.budgets.get(team), now)
 
 
+def node_lost_usd(node: NodeStatus) -> float | None:
+    """Goodput's lost time of `node` (every second not `productive`: idle, restarts, lost
+    progress) priced at its list price; None without goodput or a price."""
+    try:
+        goodput = json.loads(node.job.get("goodput", ""))
+    except ValueError:
+        return None
+    if not isinstance(goodput, dict):
+        return None
+    return meter.lost_usd(goodput, spend.hourly_usd(price_table(), node.accelerator_type,
+                                                    node.spot))
+
+
+def lost_usd_cell(node: NodeStatus) -> str:
+    """The status table's `lost $` cell, e.g. "$3.21"; "" without a figure."""
+    usd = node_lost_usd(node)
+    return "" if usd is None else f"${usd:,.2f}"
+
+
 def lost_usd(nodes: Sequence[NodeStatus]) -> float | None:
-    """Goodput's lost time (every second not `productive`) priced at each node's list
-    price, summed over the nodes whose agent published goodput."""
-    total, priced = 0.0, False
-    for node in nodes:
-        hourly = spend.hourly_usd(price_table(), node.accelerator_type, node.spot)
-        try:
-            goodput = json.loads(node.job.get("goodput", ""))
-        except ValueError:
-            continue
-        usd = meter.lost_usd(goodput, hourly) if isinstance(goodput, dict) else None
-        if usd is not None:
-            total, priced = total + usd, True
-    return total if priced else None
+    """node_lost_usd summed over the nodes that have one; None when none has."""
+    figures = [usd for node in nodes if (usd := node_lost_usd(node)) is not None]
+    return sum(figures) if figures else None
 
 
 def spend_line(summary: meter.TeamSpend, lost: float | None, now: datetime) -> Text:
