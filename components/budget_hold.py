@@ -15,6 +15,7 @@ Everything but `read_markers` is pure.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -79,4 +80,34 @@ def read_markers(bucket: str, team: str) -> list[str]:
     import pulumi_gcp as gcp
 
     result = gcp.storage.get_bucket_objects(bucket=bucket, prefix=marker_prefix(team))
+    return [item.name for item in (result.bucket_objects or [])]
+
+
+# ---- the janitor's deletions past maxRuntime ------------------------------------------
+
+JANITOR_PREFIX = "janitor/"
+
+
+def settings_digest(node_settings_json: str) -> str:
+    """A node's settings as the stack file gives them (NodeSettings JSON, by alias),
+    hashed: a janitor's deletion holds while this stays the same."""
+    return hashlib.sha256(node_settings_json.encode()).hexdigest()[:16]
+
+
+def janitor_marker(node_id: str, digest: str) -> str:
+    """The object `tpuctl janitor --apply` creates when it deletes `node_id` past its
+    maxRuntime, in the stack's artifacts bucket."""
+    return f"{JANITOR_PREFIX}{node_id}/{digest}.json"
+
+
+def janitor_held(node_id: str, digest: str, marker_names: Iterable[str]) -> bool:
+    """Whether the janitor deleted `node_id` with these very settings."""
+    return janitor_marker(node_id, digest) in set(marker_names)
+
+
+def read_janitor_markers(bucket: str) -> list[str]:
+    """The janitor's markers in `bucket` (the same invoke as read_markers)."""
+    import pulumi_gcp as gcp
+
+    result = gcp.storage.get_bucket_objects(bucket=bucket, prefix=JANITOR_PREFIX)
     return [item.name for item in (result.bucket_objects or [])]

@@ -21,7 +21,14 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components import catalog, cost
-from components.budget_hold import BudgetHold, budget_hold, read_markers
+from components.budget_hold import (
+    BudgetHold,
+    budget_hold,
+    janitor_held,
+    read_janitor_markers,
+    read_markers,
+    settings_digest,
+)
 from components.budget_stop import APIS as BUDGET_STOP_APIS
 from components.budget_stop import BudgetStop, BudgetStopArgs
 from components.candidates import one_quota_warning
@@ -93,6 +100,10 @@ class TpuPlatform(pulumi.ComponentResource):
         self.settings = settings
         self.teams, self.team_nodes, self.access = {}, {}, {}
         self.held: dict[str, BudgetHold] = {}  # teams held after a budget stop
+        # The nodes declared, by team (None: the stack's own): those the janitor deleted
+        # past maxRuntime with the same settings are not (components/budget_hold.py).
+        self.declared: dict[str | None, list[NodeSettings]] = {}
+        self._janitor_markers: dict[str, list[str]] = {}
         if settings.is_team_stack:
             self._declare_team_stack()
         else:
@@ -142,7 +153,9 @@ class TpuPlatform(pulumi.ComponentResource):
             logs_uri=uri("logs"), service_account_email=self.identity.email,
             labels=self._labels("tpu-node"),
             depends_on=self._node_dependencies(self.identity))
-        self.nodes = [self._node(node, settings.job(node.job), own) for node in settings.nodes]
+        self.nodes = [self._node(node, settings.job(node.job), own)
+                      for node in self._declared(settings.nodes, None, self.buckets.names[
+                          "artifacts"])]
         if settings.teams:
             # The platform's project shares its network with the teams' projects
             # (Shared VPC; docs/teams.md).
@@ -193,20 +206,42 @@ class TpuPlatform(pulumi.ComponentResource):
             self.held[team] = held
             pulumi.log.warn(held.warning(n.name for n in spec.nodes), resource=access)
         self.team_nodes[team] = [] if held else [
-            self._node(node, spec.job(node.job), placement) for node in spec.nodes]
+            self._node(node, spec.job(node.job), placement)
+            for node in self._declared(spec.nodes, team, self.buckets.names["artifacts"])]
+
+    def _declared(self, nodes: list[NodeSettings], team: str | None,
+                  bucket: str) -> list[NodeSettings]:
+        """`nodes` but those the janitor deleted past maxRuntime with these settings."""
+        if bucket not in self._janitor_markers:
+            self._janitor_markers[bucket] = self._read(read_janitor_markers, bucket)
+        markers = self._janitor_markers[bucket]
+        declared = []
+        for node in nodes:
+            node_id = self.settings.naming.tpu_node(node.name, team)
+            if janitor_held(node_id, settings_digest(node.model_dump_json(by_alias=True)),
+                            markers):
+                pulumi.log.warn(f"node {node.name} ({node_id}) is left out: tpuctl janitor "
+                                f"deleted it past its maxRuntime; change its settings (e.g. "
+                                f"maxRuntime) to declare it again", resource=self)
+                continue
+            declared.append(node)
+        self.declared[team] = declared
+        return declared
+
+    def _read(self, read: Any, *args: str) -> list[str]:
+        """A marker listing; [] with a warning when it fails (the first up: the bucket
+        is created in this run, so nothing was stopped or deleted yet. Unconfirmed: that
+        objects.list on a missing bucket fails rather than lists nothing)."""
+        try:
+            return read(*args)
+        except Exception as error:  # a failed invoke: a bare Exception (pulumi/runtime/invoke.py)
+            pulumi.log.warn(f"markers in gs://{args[0]} unread ({error}); every node is "
+                            f"declared", resource=self)
+            return []
 
     def _held(self, team: str) -> BudgetHold | None:
         """The hold a budget stop put on `team`, read from the function's markers."""
-        bucket = self.buckets.names["artifacts"]
-        try:
-            markers = read_markers(bucket, team)
-        except Exception as error:  # a failed invoke: a bare Exception (pulumi/runtime/invoke.py)
-            # The first up: the bucket is created in this run, so no stop happened yet.
-            # Unconfirmed: that objects.list on a missing bucket fails rather than lists
-            # nothing; either way the team is not held.
-            pulumi.log.warn(f"team {team}: budget-stop markers in gs://{bucket} unread "
-                            f"({error}); its nodes are declared", resource=self)
-            return None
+        markers = self._read(read_markers, self.buckets.names["artifacts"], team)
         return budget_hold(team, markers, datetime.now(timezone.utc),
                            self.settings.teams[team].lift_budget_hold)
 
@@ -283,7 +318,8 @@ class TpuPlatform(pulumi.ComponentResource):
         placement = self._team_placement(team, space, self.data_uri,
                                          [*space.identity.grants, self.package.object])
         self.nodes = [self._node(node, settings.job(node.job), placement)
-                      for node in settings.nodes]
+                      for node in self._declared(settings.nodes, team,
+                                                 space.buckets.names["artifacts"])]
 
     # ---- shared by every shape ---------------------------------------------
 
@@ -382,7 +418,7 @@ class TpuPlatform(pulumi.ComponentResource):
             "buckets": {p: self.buckets.uri(p) for p in self.buckets.names},
             "runtimeServiceAccount": self.identity.email,
             "package": {"uri": self.package.uri, "sha256": self.package.sha256},
-            "nodes": _node_outputs(settings.nodes, self.nodes, self.cost),
+            "nodes": _node_outputs(self.declared[None], self.nodes, self.cost),
             "estimatedUsdPerHour": self.cost.usd_per_hour,
             "estimatedUsdPerMonth": self.cost.usd_per_month,
         }
@@ -436,7 +472,7 @@ class TpuPlatform(pulumi.ComponentResource):
         if space is not None:
             result["buckets"] = space.bucket_uris()
             result["nodes"] = {} if team in self.held else _node_outputs(
-                spec.nodes, self.team_nodes[team], self.team_costs[team])
+                self.declared[team], self.team_nodes[team], self.team_costs[team])
         if team in self.held:
             hold = self.held[team]
             result["budgetHold"] = {"interval": hold.interval, "marker": hold.marker,
@@ -454,7 +490,7 @@ class TpuPlatform(pulumi.ComponentResource):
             "buckets": {**space.bucket_uris(), "data": self.data_uri},
             "runtimeServiceAccount": space.identity.email,
             "package": {"uri": self.package.uri, "sha256": self.package.sha256},
-            "nodes": _node_outputs(settings.nodes, self.nodes, self.cost),
+            "nodes": _node_outputs(self.declared[settings.team], self.nodes, self.cost),
             "quota": self.platform.checked_usage,
             "estimatedUsdPerHour": self.cost.usd_per_hour,
             "estimatedUsdPerMonth": self.cost.usd_per_month,

@@ -67,3 +67,24 @@ def test_lift_budget_hold_names_a_month() -> None:
     assert problems_of(stack(budgetAction="stop", liftBudgetHold="december")) == [
         ("tpu-stack:teams.vision.liftBudgetHold",
          "'december' is not a budget interval: YYYY-MM, e.g. '2026-12'")]
+
+
+def test_a_node_the_janitor_deleted_stays_out_until_its_settings_change() -> None:
+    from components.budget_hold import janitor_marker, settings_digest
+    from components.settings import load_settings
+
+    config = stack(budgetAction="stop")
+    settings = load_settings(as_cli(config), "test", None)
+    trainer = settings.teams["vision"].nodes[0]
+    node_id = settings.naming.tpu_node(trainer.name, "vision")
+    marker = janitor_marker(node_id, settings_digest(trainer.model_dump_json(by_alias=True)))
+    artifacts = "acme-ml-test-test-artifacts"
+    held = run_program(as_cli(config), "test", mock=GcpMocks(bucket_objects={artifacts: [marker]}))
+    assert node_projects(held) == ["acme-ml-test-nlp"]
+    warnings = [m for level, m in held.logs if level == "warning" and "janitor" in m]
+    assert len(warnings) == 1 and node_id in warnings[0]
+    assert held.outputs["teams"]["vision"]["nodes"] == {}
+    config["tpu-stack:teams"]["vision"]["nodes"][0]["maxRuntime"] = "30h"  # a new decision
+    again = run_program(as_cli(config), "test",
+                        mock=GcpMocks(bucket_objects={artifacts: [marker]}))
+    assert node_projects(again) == ["acme-ml-test-nlp", "acme-ml-test-vision"]
