@@ -70,15 +70,17 @@ def test_lift_budget_hold_names_a_month() -> None:
 
 
 def test_a_node_the_janitor_deleted_stays_out_until_its_settings_change() -> None:
-    from components.budget_hold import janitor_marker, settings_digest
+    from components.budget_hold import janitor_marker
     from components.settings import load_settings
+    from ops.tpu.target import target_for
 
     config = stack(budgetAction="stop")
-    settings = load_settings(as_cli(config), "test", None)
-    trainer = settings.teams["vision"].nodes[0]
-    node_id = settings.naming.tpu_node(trainer.name, "vision")
-    marker = janitor_marker(node_id, settings_digest(trainer.model_dump_json(by_alias=True)))
-    artifacts = "acme-ml-test-test-artifacts"
+    stack_target = target_for(load_settings(as_cli(config), "test", None))  # what tpuctl reads
+    trainer = next(n for n in stack_target.nodes if n.team == "vision")
+    node_id = trainer.node_id
+    marker = janitor_marker(node_id, trainer.settings_digest)
+    artifacts = stack_target.artifacts_bucket
+    assert artifacts == "acme-ml-test-test-artifacts"
     held = run_program(as_cli(config), "test", mock=GcpMocks(bucket_objects={artifacts: [marker]}))
     assert node_projects(held) == ["acme-ml-test-nlp"]
     warnings = [m for level, m in held.logs if level == "warning" and "janitor" in m]
