@@ -212,6 +212,9 @@ class TpuPlatform(pulumi.ComponentResource):
     def _declared(self, nodes: list[NodeSettings], team: str | None,
                   bucket: str) -> list[NodeSettings]:
         """`nodes` but those the janitor deleted past maxRuntime with these settings."""
+        self.declared[team] = []
+        if not nodes:  # no listing to make
+            return []
         if bucket not in self._janitor_markers:
             self._janitor_markers[bucket] = self._read(read_janitor_markers, bucket)
         markers = self._janitor_markers[bucket]
