@@ -160,18 +160,20 @@ def status_table(
     advice = [line for node in nodes if (line := utilisation_advice(node))]
     advice += candidate_lines(target, queued, time.time())
     notes = Text("\n".join(advice), style="yellow") if advice else None
-    if len(rows) > BOXED_ROWS:
-        listing = plain_columns(title, rows)
-        return Group(listing, notes) if notes else listing
-    table = Table(title=title)
     # A column only some stacks fill takes no width where no row has a value (until the
     # narrow/--wide layout, issue 37, decides).
     shown = [i for i, column in enumerate(COLUMNS)
              if column not in SHOWN_WHEN_FILLED or any(cells[i] for cells, _ in rows)]
-    for i in shown:
-        table.add_column(COLUMNS[i])
+    columns = tuple(COLUMNS[i] for i in shown)
+    rows = [(tuple(cells[i] for i in shown), style) for cells, style in rows]
+    if len(rows) > BOXED_ROWS:
+        listing = plain_columns(title, rows, columns)
+        return Group(listing, notes) if notes else listing
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
     for cells, style in rows:
-        table.add_row(*(Text(cells[i], style=style if i == 3 else "") for i in shown))
+        table.add_row(*(Text(cell, style=style if i == 3 else "") for i, cell in enumerate(cells)))
     return Group(table, notes) if notes else table
 
 
@@ -248,17 +250,18 @@ def unread_table(target: StackTarget, unread: Sequence[Unread]) -> Table:
     return table
 
 
-def plain_columns(title: str, rows: list[Row]) -> PlainColumns:
+def plain_columns(title: str, rows: list[Row],
+                  columns: tuple[str, ...] = COLUMNS) -> PlainColumns:
     """The rows as left-aligned columns under a bold header, lines never wrapped."""
     widths = [max(len(column), *(len(cells[i]) for cells, _ in rows))
-              for i, column in enumerate(COLUMNS)]
+              for i, column in enumerate(columns)]
     state_at = sum(widths[:3]) + 3 * len(GAP)
 
     def line(cells: tuple[str, ...]) -> str:
         return GAP.join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     lines = [(line(cells), state_at, state_at + len(cells[3]), style) for cells, style in rows]
-    return PlainColumns(title, line(COLUMNS), lines)
+    return PlainColumns(title, line(columns), lines)
 
 
 @dataclass(frozen=True)
