@@ -90,3 +90,18 @@ def test_a_node_the_janitor_deleted_stays_out_until_its_settings_change() -> Non
     again = run_program(as_cli(config), "test",
                         mock=GcpMocks(bucket_objects={artifacts: [marker]}))
     assert node_projects(again) == ["acme-ml-test-nlp", "acme-ml-test-vision"]
+
+
+def test_the_offline_plan_shows_a_held_teams_nodes() -> None:
+    from ops.plan.offline import offline_plan
+    from ops.plan.report import spend_section
+
+    marker = f"budget-stop/nlp/b-9/{START:%Y-%m-%dT%H%M%SZ}/at-1.json"
+    plan = offline_plan("platform", bucket_objects={
+        "acme-ml-shared-platform-artifacts": [marker]}).to_json()
+    held = plan["spend"]["nlp"]["held"]
+    assert held["nodes"] == ["pod", "sweep"] and held["interval"] == f"{START:%Y-%m}"
+    assert "held" not in plan["spend"]["vision"]
+    assert not [r for r in plan["resources"] if r["type"] == V2VM and "nlp" in r["name"]]
+    assert f"- held: a budget stop in {START:%Y-%m} keeps pod, sweep out of this plan" in (
+        spend_section(plan) or "")
