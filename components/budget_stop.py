@@ -25,6 +25,7 @@ import pulumi_gcp as gcp
 
 from components import catalog
 from components.archive import REPO_ROOT
+from components.budget_hold import marker_prefix
 from components.naming import Naming
 
 FUNCTION_DIR = Path(__file__).resolve().parents[1] / "functions" / "budget_stop"
@@ -226,6 +227,3 @@ class BudgetStop(pulumi.ComponentResource):
                 "TPU_STACK_STOP_AT": "1"}
 
 
-def marker_prefix(team: str) -> str:
-    """Where the function's markers live in the artifacts bucket (spend.marker_name)."""
-    return f"budget-stop/{team}/"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 import pulumi
@@ -22,6 +23,14 @@ import pulumi_gcp as gcp
 
 from components import catalog, cost, subnets, team_state
 from components.bootstrap import granted_in_host_project
+from components.budget_hold import (
+    BudgetHold,
+    budget_hold,
+    janitor_held,
+    read_janitor_markers,
+    read_markers,
+    settings_digest,
+)
 from components.budget_stop import APIS as BUDGET_STOP_APIS
 from components.budget_stop import BudgetStop, BudgetStopArgs
 from components.candidates import one_quota_warning
@@ -99,6 +108,11 @@ class TpuPlatform(pulumi.ComponentResource):
         super().__init__(TYPE, name, None, opts)
         self.settings = settings
         self.teams, self.team_nodes, self.access = {}, {}, {}
+        self.held: dict[str, BudgetHold] = {}  # teams held after a budget stop
+        # The nodes declared, by team (None: the stack's own): those the janitor deleted
+        # past maxRuntime with the same settings are not (components/budget_hold.py).
+        self.declared: dict[str | None, list[NodeSettings]] = {}
+        self._janitor_markers: dict[str, list[str]] = {}
         if settings.is_team_stack:
             self._declare_team_stack()
         else:
@@ -150,7 +164,9 @@ class TpuPlatform(pulumi.ComponentResource):
             logs_uri=uri("logs"), service_account_email=self.identity.email,
             labels=self._labels("tpu-node"),
             depends_on=self._node_dependencies(self.identity))
-        self.nodes = [self._node(node, settings.job(node.job), own) for node in settings.nodes]
+        self.nodes = [self._node(node, settings.job(node.job), own)
+                      for node in self._declared(settings.nodes, None, self.buckets.names[
+                          "artifacts"])]
         if settings.teams:
             # The platform's project shares its network with the teams' projects
             # (Shared VPC; docs/teams.md).
@@ -218,14 +234,58 @@ class TpuPlatform(pulumi.ComponentResource):
             opts=after_apis)
         if not spec.nodes:
             return
+        held = self._held(team) if stopper else None
         shared = {"artifacts": self.buckets.buckets["artifacts"].name}
         space = self._team_space(team, shared, spec.members, after_apis, access)
         placement = self._team_placement(
             team, space, self.buckets.uri("data"),
             [access.tpu_api, *access.grants, *space.identity.grants, self.package.object],
             access.project_id, {region: s.id for region, s in access.subnets.items()})
-        self.team_nodes[team] = [self._node(node, spec.job(node.job), placement)
-                                 for node in spec.nodes]
+        if held is not None:  # the buckets stay; the nodes a budget stop deleted stay out
+            self.held[team] = held
+            pulumi.log.warn(held.warning(n.name for n in spec.nodes), resource=access)
+        self.team_nodes[team] = [] if held else [
+            self._node(node, spec.job(node.job), placement)
+            for node in self._declared(spec.nodes, team, self.buckets.names["artifacts"])]
+
+    def _declared(self, nodes: list[NodeSettings], team: str | None,
+                  bucket: str) -> list[NodeSettings]:
+        """`nodes` but those the janitor deleted past maxRuntime with these settings."""
+        self.declared[team] = []
+        if not nodes:  # no listing to make
+            return []
+        if bucket not in self._janitor_markers:
+            self._janitor_markers[bucket] = self._read(read_janitor_markers, bucket)
+        markers = self._janitor_markers[bucket]
+        declared = []
+        for node in nodes:
+            node_id = self.settings.naming.tpu_node(node.name, team)
+            if janitor_held(node_id, settings_digest(node.model_dump_json(by_alias=True)),
+                            markers):
+                pulumi.log.warn(f"node {node.name} ({node_id}) is left out: tpuctl janitor "
+                                f"deleted it past its maxRuntime; change its settings (e.g. "
+                                f"maxRuntime) to declare it again", resource=self)
+                continue
+            declared.append(node)
+        self.declared[team] = declared
+        return declared
+
+    def _read(self, read: Any, *args: str) -> list[str]:
+        """A marker listing; [] with a warning when it fails (the first up: the bucket
+        is created in this run, so nothing was stopped or deleted yet. Unconfirmed: that
+        objects.list on a missing bucket fails rather than lists nothing)."""
+        try:
+            return read(*args)
+        except Exception as error:  # a failed invoke: a bare Exception (pulumi/runtime/invoke.py)
+            pulumi.log.warn(f"markers in gs://{args[0]} unread ({error}); every node is "
+                            f"declared", resource=self)
+            return []
+
+    def _held(self, team: str) -> BudgetHold | None:
+        """The hold a budget stop put on `team`, read from the function's markers."""
+        markers = self._read(read_markers, self.buckets.names["artifacts"], team)
+        return budget_hold(team, markers, datetime.now(timezone.utc),
+                           self.settings.teams[team].lift_budget_hold)
 
     def _node_dependencies(self, identity: RuntimeIdentity) -> list[pulumi.Resource]:
         """What a node waits for: the TPU API, the grants its job needs at boot
@@ -301,7 +361,8 @@ class TpuPlatform(pulumi.ComponentResource):
                                          [*space.identity.grants, self.package.object],
                                          subnets=platform.team_subnet)
         self.nodes = [self._node(node, settings.job(node.job), placement)
-                      for node in settings.nodes]
+                      for node in self._declared(settings.nodes, team,
+                                                 space.buckets.names["artifacts"])]
 
     # ---- shared by every shape ---------------------------------------------
 
@@ -401,7 +462,7 @@ class TpuPlatform(pulumi.ComponentResource):
             "buckets": {p: self.buckets.uri(p) for p in self.buckets.names},
             "runtimeServiceAccount": self.identity.email,
             "package": {"uri": self.package.uri, "sha256": self.package.sha256},
-            "nodes": _node_outputs(settings.nodes, self.nodes, self.cost),
+            "nodes": _node_outputs(self.declared[None], self.nodes, self.cost),
             "estimatedUsdPerHour": self.cost.usd_per_hour,
             "estimatedUsdPerMonth": self.cost.usd_per_month,
         }
@@ -456,8 +517,13 @@ class TpuPlatform(pulumi.ComponentResource):
         space = self.teams.get(team)
         if space is not None:
             result["buckets"] = space.bucket_uris()
-            result["nodes"] = _node_outputs(spec.nodes, self.team_nodes[team],
-                                            self.team_costs[team])
+            result["nodes"] = {} if team in self.held else _node_outputs(
+                self.declared[team], self.team_nodes[team], self.team_costs[team])
+        if team in self.held:
+            hold = self.held[team]
+            result["budgetHold"] = {"interval": hold.interval, "marker": hold.marker,
+                                    "until": f"{hold.until:%Y-%m-%dT%H:%M:%SZ}",
+                                    "nodes": [n.name for n in spec.nodes]}
         return result
 
     def _team_stack_outputs(self) -> dict[str, object]:
@@ -470,7 +536,7 @@ class TpuPlatform(pulumi.ComponentResource):
             "buckets": {**space.bucket_uris(), "data": self.data_uri},
             "runtimeServiceAccount": space.identity.email,
             "package": {"uri": self.package.uri, "sha256": self.package.sha256},
-            "nodes": _node_outputs(settings.nodes, self.nodes, self.cost),
+            "nodes": _node_outputs(self.declared[settings.team], self.nodes, self.cost),
             "quota": self.platform.checked_usage,
             "estimatedUsdPerHour": self.cost.usd_per_hour,
             "estimatedUsdPerMonth": self.cost.usd_per_month,

@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.alias_generators import to_camel
 
-from components import catalog, subnets
+from components import budget_hold, catalog, subnets
 from components.gcs_locations import gcs_locations
 from components.naming import (
     LOGICAL_NAME_RE,
@@ -327,6 +327,9 @@ class TeamSettings(_Model):
     # `alert`: the budget only notifies.
     budget_action: Literal["alert", "stop"] = "alert"
     budget_horizon_hours: float = Field(default=24.0, gt=0)
+    # "YYYY-MM": lifts the hold a budget stop of that interval put on the team's nodes
+    # (components/budget_hold.py); None: a stopped team stays held until the next interval.
+    lift_budget_hold: str | None = None
     # The team's keyless deployer (its own repository's CI), declared by the platform
     # in the team's project (docs/teams.md); None: the team has no CI deployer.
     ci: CiSettings | None = None
@@ -1328,6 +1331,7 @@ def team_problems(s: StackSettings) -> Problems:
     for name, team in s.teams.items():
         yield from _team_problems(s, name, team)
         yield from _budget_action_problems(s, name, team)
+        yield from _budget_hold_problems(name, team)
     if s.quota:
         yield from project_quota_problems(s.quota, s.all_nodes)
 
@@ -1507,6 +1511,14 @@ def _budget_action_problems(s: StackSettings, name: str, team: TeamSettings) -> 
                                            "the team's nodes are stopped at, in USD a month)")
     if not s.billing_account:
         yield (f"{key}.budgetAction", f"stop needs a budget: set {NAMESPACE}:billing.account")
+
+
+def _budget_hold_problems(name: str, team: TeamSettings) -> Problems:
+    """liftBudgetHold names a budget interval by its month."""
+    lift = team.lift_budget_hold
+    if lift is not None and not budget_hold.INTERVAL_RE.match(lift):
+        yield (f"{TEAMS_KEY}.{name}.liftBudgetHold", f"{lift!r} is not a budget interval: "
+                                                     f"YYYY-MM, e.g. '2026-12'")
 
 
 def _billing_problems(billing: BillingSettings) -> Problems:

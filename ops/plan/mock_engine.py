@@ -100,6 +100,7 @@ class RecordingMonitor(mocks.MockMonitor):
 STACK_REFERENCE_TYPE = "pulumi:pulumi:StackReference"
 GET_PROJECT = "gcp:organizations/getProject:getProject"
 GET_OBJECT_CONTENT = "gcp:storage/getBucketObjectContent:getBucketObjectContent"
+GET_BUCKET_OBJECTS = "gcp:storage/getBucketObjects:getBucketObjects"
 # Config keys whose value names a stack the program reads through a
 # StackReference (docs/teams.md: a team stack's platform stack).
 STACK_REFERENCE_KEYS = (f"{PROJECT}:platformStack",)
@@ -112,9 +113,12 @@ class GcpMocks(mocks.Mocks):
     """
 
     def __init__(self, project_number: str = "123456789012",
-                 stack_outputs: Mapping[str, dict[str, Any]] | None = None) -> None:
+                 stack_outputs: Mapping[str, dict[str, Any]] | None = None,
+                 bucket_objects: Mapping[str, list[str]] | None = None) -> None:
         self.project_number = project_number
         self.stack_outputs = dict(stack_outputs or {})
+        # Object names per bucket, as GCS lists them (the budget-stop markers).
+        self.bucket_objects = dict(bucket_objects or {})
 
     def new_resource(self, args: mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         inputs = dict(args.inputs)
@@ -139,6 +143,11 @@ class GcpMocks(mocks.Mocks):
             return {"projectId": project, "number": self.project_number}
         if args.token == GET_OBJECT_CONTENT:
             return {**args.args, "content": self._object_content(args.args)}
+        if args.token == GET_BUCKET_OBJECTS:
+            bucket, prefix = args.args["bucket"], args.args.get("prefix") or ""
+            return {"bucket": bucket, "bucketObjects": [
+                {"name": name} for name in self.bucket_objects.get(bucket, [])
+                if name.startswith(prefix)]}
         return {}
 
     def _object_content(self, where: Mapping[str, Any]) -> str | None:

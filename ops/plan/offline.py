@@ -7,6 +7,7 @@ options that matter), the stack outputs and the cost estimate.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,13 @@ from components.archive import PackageError
 from components.cost import RATES, StackCost, StepCost, settings_cost
 from components.settings import StackSettings, load_settings
 from components.stack_config import file_config
-from ops.plan.mock_engine import ProgramRun, Registration, run_program
+from ops.plan.mock_engine import (
+    GcpMocks,
+    ProgramRun,
+    Registration,
+    referenced_stack_outputs,
+    run_program,
+)
 
 PLAN_FORMAT_VERSION = 1
 
@@ -53,6 +60,14 @@ class Plan:
             return None
         return f"{parent.type.rsplit(':', 1)[-1]}:{parent.name}"
 
+    def _spend_json(self) -> dict[str, Any]:
+        """spend_json, and `held` on a team a budget stop holds (the program's output)."""
+        spend = spend_json(meter.team_previews(self.settings))
+        for team, outputs in (self.run.outputs.get("teams") or {}).items():
+            if isinstance(outputs, dict) and "budgetHold" in outputs and team in spend:
+                spend[team]["held"] = outputs["budgetHold"]
+        return spend
+
     def to_json(self) -> dict[str, Any]:
         return {
             "version": PLAN_FORMAT_VERSION,
@@ -65,7 +80,7 @@ class Plan:
             "cost": cost_json(self.cost),
             # Per team: burn rate by the meter, the budget, what a budget stop deletes,
             # each node's run-time limits (components/meter.py).
-            "spend": spend_json(meter.team_previews(self.settings)),
+            "spend": self._spend_json(),
             # What the program warns on its nodes at preview and up, the same text.
             "warnings": [*stop_save.stack_warnings(self.settings),
                          *locality.stack_warnings(self.settings),
@@ -158,8 +173,11 @@ def step_json(step: StepCost) -> dict[str, Any]:
             "unconfirmed": list(step.unconfirmed)}
 
 
-def offline_plan(stack: str, config: dict[str, str] | None = None) -> Plan:
-    """Plan `stack` from its files (or from `config`, as the CLI would pass it).
+def offline_plan(stack: str, config: dict[str, str] | None = None,
+                 bucket_objects: Mapping[str, list[str]] | None = None) -> Plan:
+    """Plan `stack` from its files (or from `config`, as the CLI would pass it);
+    `bucket_objects`: object names per bucket the program's listings see (the budget-stop
+    and janitor markers, components/budget_hold.py), none by default.
 
     Raises SettingsError (one message, every problem) for a bad config and
     StackFileError for a missing stack file, before anything runs; PlanError for
@@ -168,7 +186,9 @@ def offline_plan(stack: str, config: dict[str, str] | None = None) -> Plan:
     config = config if config is not None else file_config(stack)
     settings = load_settings(config, stack)
     try:
-        run = run_program(config, stack)
+        mock = None if bucket_objects is None else GcpMocks(
+            stack_outputs=referenced_stack_outputs(config), bucket_objects=bucket_objects)
+        run = run_program(config, stack, mock=mock)
     except Exception as error:  # the program's error, whatever it is, becomes one message
         raise PlanError(program_message(error)) from None
     return Plan(stack=stack, settings=settings, run=run, cost=settings_cost(settings))

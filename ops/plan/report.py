@@ -342,6 +342,10 @@ def spend_section(plan: Mapping[str, Any]) -> str | None:
             line += (f"; budgetAction stop: a budget stop saves and deletes {deletes} (and "
                      f"every node labelled team={team} in its project)")
         lines.append(line)
+        if held := p.get("held"):
+            lines.append(f"  - held: a budget stop in {held['interval']} keeps "
+                         f"{', '.join(held['nodes'])} out of this plan until {held['until']} "
+                         f"or tpu-stack:teams.{team}.liftBudgetHold: '{held['interval']}'")
         for node in p.get("nodes") or []:
             lines.append(f"  - {node['node']}: maxRuntime {node.get('maxRuntime') or '-'}, "
                          f"idleStop {node.get('idleStop') or '-'}")

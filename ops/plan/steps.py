@@ -243,9 +243,20 @@ def _tpu_scopes(old: Any, new: Any) -> bool:
     return [s for s in old or () if s != PUBSUB_SCOPE] == [s for s in new if s != PUBSUB_SCOPE]
 
 
+def _function_environment(old: Any, new: Any) -> bool:
+    """resource_cloudfunctions2_function.go environmentVariablesDiffSuppress: the map's
+    `LOG_EXECUTION_ID` (which Cloud Run functions set themselves) is no change when the
+    new map lacks it; every other key compares as written."""
+    old, new = dict(old or {}), dict(new or {})
+    if "LOG_EXECUTION_ID" not in new:
+        old.pop("LOG_EXECUTION_ID", None)
+    return old == new
+
+
 LIST_NORMALISERS: dict[str, Callable[[Any, Any], bool]] = {
     "diffSuppressSourceRanges": _source_ranges,
     "tpuServiceAccountAddedScopesSuppress": _tpu_scopes,
+    "environmentVariablesDiffSuppress": _function_environment,
 }
 
 

@@ -6,15 +6,20 @@ makes no call that changes anything.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from google.api_core import exceptions as gexc
+
 from components import capacity, catalog
+from components.budget_hold import janitor_marker
 from node_agent.contract import MAX_RUNTIME_KEY
 from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi
-from ops.tpu.target import ExpectedNode
+from ops.tpu.target import ExpectedNode, StackTarget
 
 Verb = Literal["delete-node", "delete-queued", "reset-queued", "stop-node", "report",
                "move-queued"]
@@ -32,6 +37,7 @@ STOPPED_FOR_GOOD = "stopped"
 # 120 s by default, node_agent/deadlines.py); the janitor deletes the node this much
 # later, whether or not its agent is alive to have saved.
 MAX_RUNTIME_GRACE_MINUTES = 10.0
+PAST_MAX_RUNTIME = "past maxRuntime"
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,8 @@ class Action:
     # move-queued: the candidate's placement it moves to (components/fallback_tpu.py).
     to: Mapping[str, Any] = field(default_factory=dict, compare=False)
     chips: int = 0  # delete-queued: the quota it frees
+    # A deletion past maxRuntime: the node id it keeps out of the stack (record_holds).
+    holds: str = field(default="", compare=False)
 
     @classmethod
     def on(cls, verb: Verb, node: NodeStatus, reason: str) -> Action:
@@ -202,7 +210,9 @@ def limits_plan(nodes: list[NodeStatus], now: datetime,
             continue
         if verb == "delete-node" and node.queued_resource:
             verb = "delete-queued"
-        actions.append(Action.on(verb, node, reason))
+        action = Action.on(verb, node, reason)
+        past = verb != "stop-node" and reason.startswith(PAST_MAX_RUNTIME)
+        actions.append(replace(action, holds=node.node_id) if past else action)
     return actions
 
 
@@ -213,7 +223,7 @@ def _past_max_runtime(node: NodeStatus, now: datetime, grace_minutes: float) -> 
     age = now - node.created
     if age < timedelta(seconds=int(text), minutes=grace_minutes):
         return None
-    return (f"past maxRuntime: up {age.total_seconds() / 3600:.1f} h, maxRuntime "
+    return (f"{PAST_MAX_RUNTIME}: up {age.total_seconds() / 3600:.1f} h, maxRuntime "
             f"{int(text) / 3600:g} h plus {grace_minutes:g} min grace")
 
 
@@ -264,3 +274,26 @@ def apply_actions(
         elif action.verb == "move-queued":
             api.move_queued_resource(action.name, dict(action.to))
         on_done(action)
+
+
+def record_holds(storage_client: Any, target: StackTarget, done: Sequence[Action],
+                 now: datetime) -> list[str]:
+    """For every deletion past maxRuntime done, the marker that keeps the node out of
+    the stack until its settings change (components/budget_hold.py janitor_marker): a
+    create-only object (ifGenerationMatch=0) in the stack's artifacts bucket. The
+    markers' names; a node the stack file does not name gets none."""
+    bucket = storage_client.bucket(target.artifacts_bucket)
+    names = []
+    for action in done:
+        node = target.expected(action.holds) if action.holds else None
+        if node is None or not node.settings_digest:
+            continue
+        name = janitor_marker(node.node_id, node.settings_digest)
+        record = {"node": node.node_id, "reason": action.reason, "deleted": now.isoformat()}
+        # A second deletion of the same settings finds it there (412): recorded already.
+        with contextlib.suppress(gexc.PreconditionFailed):
+            bucket.blob(name).upload_from_string(json.dumps(record),
+                                                 content_type="application/json",
+                                                 if_generation_match=0)
+        names.append(name)
+    return names

@@ -340,6 +340,12 @@ def janitor_cmd(
         actions = node_actions.janitor_plan(read.items, idle_minutes, datetime.now(timezone.utc),
                                             queued.items)
         _act(api, actions, apply, "nothing to clean up: every node is busy")
+        if apply and any(a.holds for a in actions):
+            storage = agent_logs.AgentLogs(target.project, auth=target.auth()).client
+            for marker in node_actions.record_holds(storage, target, actions,
+                                                    datetime.now(timezone.utc)):
+                console.print(f"held: gs://{target.artifacts_bucket}/{marker} keeps the node "
+                              f"out of `pulumi up` until its settings change")
         freed = sum(a.chips for a in actions if a.verb == "delete-queued")
         if freed:
             console.print(f"{'frees' if apply else 'would free'} {freed} chips of quota held "

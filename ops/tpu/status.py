@@ -135,7 +135,10 @@ def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
 
 
 COLUMNS = ("node", "zone", "type", "state", "health", "job", "step", "phase", "goodput",
-           "input wait", "MFU", "message", "updated", "agent")
+           "lost $", "input wait", "MFU", "message", "updated", "agent")
+# Columns only some stacks fill: shown where some row has a value (lost $: a node with
+# goodput; agent: an agent that publishes its version and health, not a rehearsal's).
+SHOWN_WHEN_FILLED = ("lost $", "agent")
 # Up to this many rows a boxed rich Table; past it aligned plain columns, because rich
 # measures and renders every cell on its own (2,000 rows took seconds, bench/status_scale.py).
 BOXED_ROWS = 200
@@ -156,10 +159,10 @@ def status_table(
     source = f"rehearsal, offline: {rehearsal}" if rehearsal else ", ".join(target.projects)
     title = f"stack {target.stack} ({source})"
     rows = status_rows(target, nodes, queued, "not rehearsed" if rehearsal else "ABSENT", unread)
-    columns, rows = without_empty_agent(rows)
     advice = [line for node in nodes if (line := utilisation_advice(node))]
     advice += candidate_lines(target, queued, time.time())
     notes = Text("\n".join(advice), style="yellow") if advice else None
+    columns, rows = filled_columns(rows)
     if len(rows) > BOXED_ROWS:
         listing = plain_columns(title, rows, columns)
         return Group(listing, notes) if notes else listing
@@ -169,6 +172,15 @@ def status_table(
     for cells, style in rows:
         table.add_row(*(Text(cell, style=style if i == 3 else "") for i, cell in enumerate(cells)))
     return Group(table, notes) if notes else table
+
+
+def filled_columns(rows: list[Row]) -> tuple[tuple[str, ...], list[Row]]:
+    """The columns and rows to show: a column of SHOWN_WHEN_FILLED only where some row
+    has a value in it."""
+    shown = [i for i, column in enumerate(COLUMNS)
+             if column not in SHOWN_WHEN_FILLED or any(cells[i] for cells, _ in rows)]
+    return (tuple(COLUMNS[i] for i in shown),
+            [(tuple(cells[i] for i in shown), style) for cells, style in rows])
 
 
 def status_rows(
@@ -183,8 +195,8 @@ def status_rows(
         health = "; ".join((node.health, *node.symptoms)).strip("; ")
         cells = (node.node_id, node.zone, node.accelerator_type, node.state, health,
                  job.get("state", "-"), job.get("step", ""), job_phase(job, now),
-                 goodput_percent(job), *perf_cells(job), job.get("message", ""),
-                 job.get("updated", ""), agent_cell(job))
+                 goodput_percent(job), lost_usd_cell(node), *perf_cells(job),
+                 job.get("message", ""), job.get("updated", ""), agent_cell(job))
         rows.append((cells, STATE_STYLE.get(node.state, "")))
     requests = {node_id: q.state for q in queued for node_id in q.node_ids}
     zones = {node.node_id: node.zone for node in target.nodes}
@@ -242,14 +254,6 @@ def unread_table(target: StackTarget, unread: Sequence[Unread]) -> Table:
     for item in unread:
         table.add_row(item.project, item.zone, Text(item.error, style="red"))
     return table
-
-
-def without_empty_agent(rows: list[Row]) -> tuple[tuple[str, ...], list[Row]]:
-    """The columns and rows to show: the `agent` column (the last) only when some node's
-    agent publishes its version and health (a rehearsal's, an older agent's do not)."""
-    if any(cells[-1] for cells, _ in rows):
-        return COLUMNS, rows
-    return COLUMNS[:-1], [(cells[:-1], style) for cells, style in rows]
 
 
 def plain_columns(title: str, rows: list[Row],
@@ -563,20 +567,29 @@ def spend_of(target: StackTarget, team: str, nodes: Sequence[NodeStatus],
                             target.budgets.get(team), now)
 
 
+def node_lost_usd(node: NodeStatus) -> float | None:
+    """Goodput's lost time of `node` (every second not `productive`: idle, restarts, lost
+    progress) priced at its list price; None without goodput or a price."""
+    try:
+        goodput = json.loads(node.job.get("goodput", ""))
+    except ValueError:
+        return None
+    if not isinstance(goodput, dict):
+        return None
+    return meter.lost_usd(goodput, spend.hourly_usd(price_table(), node.accelerator_type,
+                                                    node.spot))
+
+
+def lost_usd_cell(node: NodeStatus) -> str:
+    """The status table's `lost $` cell, e.g. "$3.21"; "" without a figure."""
+    usd = node_lost_usd(node)
+    return "" if usd is None else f"${usd:,.2f}"
+
+
 def lost_usd(nodes: Sequence[NodeStatus]) -> float | None:
-    """Goodput's lost time (every second not `productive`) priced at each node's list
-    price, summed over the nodes whose agent published goodput."""
-    total, priced = 0.0, False
-    for node in nodes:
-        hourly = spend.hourly_usd(price_table(), node.accelerator_type, node.spot)
-        try:
-            goodput = json.loads(node.job.get("goodput", ""))
-        except ValueError:
-            continue
-        usd = meter.lost_usd(goodput, hourly) if isinstance(goodput, dict) else None
-        if usd is not None:
-            total, priced = total + usd, True
-    return total if priced else None
+    """node_lost_usd summed over the nodes that have one; None when none has."""
+    figures = [usd for node in nodes if (usd := node_lost_usd(node)) is not None]
+    return sum(figures) if figures else None
 
 
 def spend_line(summary: meter.TeamSpend, lost: float | None, now: datetime) -> Text:

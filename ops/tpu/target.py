@@ -17,6 +17,7 @@ from typing import Any
 
 from components import catalog, gcp_credentials
 from components.archive import REPO_ROOT
+from components.budget_hold import settings_digest
 from components.settings import SettingsError, StackSettings
 from components.stack_config import StackFileError, settings_for, stack_file_config
 
@@ -52,6 +53,9 @@ class ExpectedNode:
     # candidate_props, with its region's `subnet_name`), the node's own first.
     candidates: tuple[dict[str, Any], ...] = field(default=(), compare=False, hash=False)
     max_wait_seconds: int = 0
+    # Its settings hashed (components/budget_hold.py settings_digest): what the janitor's
+    # deletion past maxRuntime holds it out of the stack with.
+    settings_digest: str = field(default="", compare=False)
 
     @property
     def region(self) -> str:
@@ -89,6 +93,8 @@ class StackTarget:
     caps: Mapping[str, Mapping[tuple[str, str], int]] = field(default_factory=dict)
     # team -> its monthly budget in USD (tpu-stack:teams.<t>.budgetUsdPerMonth), where set.
     budgets: Mapping[str, float] = field(default_factory=dict)
+    # The stack's artifacts bucket: where the janitor records its deletions past maxRuntime.
+    artifacts_bucket: str = ""
 
     def auth(self, env: Mapping[str, str] | None = None) -> gcp_credentials.GcpAuth:
         """The credentials the stack's gcp provider would use (its config, then the
@@ -153,6 +159,7 @@ def target_for(settings: StackSettings, platform: StackSettings | None = None) -
             capacity=node.capacity,
             candidates=candidate_places(settings, node),
             max_wait_seconds=node.max_wait_seconds if node.fallback else 0,
+            settings_digest=settings_digest(node.model_dump_json(by_alias=True)),
         )
         for team, node in settings.named_nodes
     )
@@ -162,7 +169,8 @@ def target_for(settings: StackSettings, platform: StackSettings | None = None) -
     budgets = {team: spec.budget_usd_per_month for team, spec in teams.items()
                if team in caps and spec.budget_usd_per_month is not None}
     return StackTarget(project=settings.gcp_project, stack=settings.stack, nodes=nodes,
-                       caps=caps, budgets=budgets)
+                       caps=caps, budgets=budgets, artifacts_bucket=settings.naming.bucket(
+                           "artifacts", settings.team if settings.is_team_stack else None))
 
 
 def candidate_places(settings: StackSettings, node: Any) -> tuple[dict[str, Any], ...]:

@@ -106,3 +106,21 @@ def test_budget_action_stop_needs_a_budget_in_usd_and_a_billing_account() -> Non
                                                 "tpu-stack:billing.account")]
     keys = [key for key, _ in problems_of(stack(budgetAction="never"))]
     assert keys == ["tpu-stack:teams.vision.budgetAction"]
+
+
+def test_the_shipped_platform_stack_stops_nlp_at_its_budget_with_replacement_facts() -> None:
+    from ops.plan.facts import type_facts
+    from ops.plan.offline import offline_plan
+
+    run = offline_plan("platform").run
+    function = one(run, FUNCTION, "nlp")
+    assert function.inputs["serviceConfig"]["environmentVariables"]["TPU_STACK_TEAM"] == "nlp"
+    assert one(run, BUDGET, "nlp").inputs["allUpdatesRule"]["pubsubTopic"].endswith(
+        one(run, TOPIC, "nlp").inputs["name"])
+    budget_stop = [r for r in run.registrations
+                   if r.custom and r.parent and "budget-stop-nlp" in r.parent]
+    assert {r.type for r in budget_stop} >= {TOPIC, FUNCTION, ACCOUNT,
+                                            "gcp:cloudrunv2/serviceIamMember:ServiceIamMember",
+                                            "gcp:pubsub/topicIAMMember:TopicIAMMember"}
+    for r in budget_stop:
+        assert type_facts(r.type) is not None, r.type

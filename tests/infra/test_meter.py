@@ -14,7 +14,15 @@ from components.settings import load_settings
 from components.stack_config import file_config
 from functions.budget_stop import spend
 from ops.tpu.api import NodeStatus
-from ops.tpu.status import lost_usd, spend_line, spend_of
+from ops.tpu.status import (
+    COLUMNS,
+    lost_usd,
+    node_lost_usd,
+    spend_line,
+    spend_of,
+    status_rows,
+    status_table,
+)
 from ops.tpu.target import StackTarget
 
 NOW = datetime(2026, 12, 10, 20, 0, tzinfo=timezone.utc)
@@ -105,3 +113,31 @@ def test_the_preview_shows_each_teams_burn_budget_stop_and_limits() -> None:
             "stop: a budget stop saves and deletes platform-nlp-pod, platform-nlp-sweep (and "
             "every node labelled team=nlp in its project)") in text
     assert "  - platform-nlp-sweep: maxRuntime 12h, idleStop 30m" in text
+
+
+def test_status_prices_each_nodes_lost_goodput_in_its_own_column() -> None:
+    hourly = catalog.usd_per_hour(catalog.parse_accelerator_type("v4-8"), spot=False)
+    assert hourly is not None
+    busy = node("a", "v4-8", "READY", 10, goodput='{"productive": 3000, "total": 3600}')
+    silent = node("b", "v4-8", "READY", 10)
+    assert node_lost_usd(busy) == pytest.approx(hourly * 600 / 3600)
+    assert node_lost_usd(silent) is None
+    target = StackTarget(project="acme", stack="platform", nodes=())
+    rows = {cells[0]: dict(zip(COLUMNS, cells, strict=True))
+            for cells, _ in status_rows(target, [busy, silent], [], "ABSENT")}
+    assert rows["a"]["lost $"] == f"${hourly * 600 / 3600:,.2f}"
+    assert rows["b"]["lost $"] == ""
+
+
+def test_the_lost_usd_column_shows_where_a_node_has_a_figure() -> None:
+    from rich.console import Console
+
+    def rendered(nodes: list) -> str:
+        console = Console(width=300, record=True)
+        console.print(status_table(StackTarget(project="acme", stack="platform", nodes=()),
+                                   nodes))
+        return console.export_text()
+
+    busy = node("a", "v4-8", "READY", 10, goodput='{"productive": 3000, "total": 3600}')
+    assert "lost $" in rendered([busy]) and "lost $" not in rendered([node("b", "v4-8",
+                                                                          "READY", 10)])

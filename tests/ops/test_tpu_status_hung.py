@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from ops.tpu.api import NodeStatus, TpuApi
-from ops.tpu.status import collect, status_rows
+from ops.tpu.status import COLUMNS, collect, status_rows
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import STACK_LABELS, ZONE, expected_node, target
 
@@ -51,22 +51,23 @@ def test_the_hang_fields_come_through_the_guest_attributes(
 
 def test_the_agent_column_shows_its_version_and_health() -> None:
     healthy = {"version": "3f2a1b9c0d1e", "threadFaults": 0, "threadRestarts": 0}
-    assert row_of(HUNG | {"agent": json.dumps(healthy)})[13] == "3f2a1b9c0d1e ok"
+    agent = COLUMNS.index("agent")
+    assert row_of(HUNG | {"agent": json.dumps(healthy)})[agent] == "3f2a1b9c0d1e ok"
     sick = healthy | {"stuck": ["main", "status-upload"], "threadFaults": 2,
                       "refused": "0a1b2c3d4e5f"}
-    assert row_of(HUNG | {"agent": json.dumps(sick)})[13] == (
+    assert row_of(HUNG | {"agent": json.dumps(sick)})[agent] == (
         "3f2a1b9c0d1e stuck: main,status-upload; 2 faults; refused 0a1b2c3d4e5f")
-    assert row_of(HUNG)[13] == ""  # an agent that publishes none
+    assert row_of(HUNG)[agent] == ""  # an agent that publishes none
 
 
 def test_the_agent_column_is_shown_once_an_agent_publishes_its_health() -> None:
-    from ops.tpu.status import COLUMNS, without_empty_agent
+    from ops.tpu.status import filled_columns
 
     node = NodeStatus(ZONE, "dev-a", "READY", "HEALTHY", "v2-8", "r", False, {}, {}, "",
                       job=HUNG)
     rows = status_rows(target(expected_node("dev-a")), [node], [], "ABSENT", now=NOW)
-    assert without_empty_agent(rows)[0] == COLUMNS[:-1]  # no agent says anything: no column
+    assert "agent" not in filled_columns(rows)[0]  # no agent says anything: no column
     node.job["agent"] = json.dumps({"version": "3f2a1b9c0d1e"})
     rows = status_rows(target(expected_node("dev-a")), [node], [], "ABSENT", now=NOW)
-    columns, shown = without_empty_agent(rows)
+    columns, shown = filled_columns(rows)
     assert columns[-1] == "agent" and shown[0][0][-1] == "3f2a1b9c0d1e ok"

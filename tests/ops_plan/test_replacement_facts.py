@@ -132,6 +132,10 @@ def test_no_unmodelled_normalisation_is_on_an_input_the_program_sets():
     ("gcp:tpu/v2Vm:V2Vm", "serviceAccount.scopes", ["a", "https://www.googleapis.com/auth/pubsub"],
      ["a"], True),
     ("gcp:tpu/v2Vm:V2Vm", "serviceAccount.scopes", ["a"], ["b"], False),
+    ("gcp:cloudfunctionsv2/function:Function", "serviceConfig.environmentVariables",
+     {"A": "1", "LOG_EXECUTION_ID": "true"}, {"A": "1"}, True),
+    ("gcp:cloudfunctionsv2/function:Function", "serviceConfig.environmentVariables",
+     {"A": "1"}, {"A": "2"}, False),
 ])
 def test_normalised_values_compare_as_the_provider_compares_them(token, path, old, new, same):
     assert no_diff(type_facts(token), path, old, new) is same

@@ -64,6 +64,14 @@ TYPES: dict[str, TypeSource] = {
         (GO + "cloudquotas/resource_cloud_quotas_quota_preference.go",), (),
         "mmv1/products/cloudquotas/QuotaPreference.yaml",
         "func resourceCloudQuotasQuotaPreferenceDelete"),
+    "gcp:cloudfunctionsv2/function:Function": TypeSource(
+        "google_cloudfunctions2_function",
+        (GO + "cloudfunctions2/resource_cloudfunctions2_function.go",), (),
+        "mmv1/products/cloudfunctions2/Function.yaml"),
+    "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": TypeSource(
+        "google_cloud_run_v2_service_iam_member",
+        (GO + "cloudrunv2/iam_cloud_run_v2_service.go", IAM + "resource_iam_member.go"),
+        ("CloudRunV2ServiceIamSchema", "IamMemberBaseSchema")),
     "gcp:compute/firewall:Firewall": TypeSource(
         "google_compute_firewall", (GO + "compute/resource_compute_firewall.go",), (),
         "mmv1/products/compute/Firewall.yaml"),
@@ -106,6 +114,13 @@ TYPES: dict[str, TypeSource] = {
     "gcp:projects/service:Service": TypeSource(
         "google_project_service", (GO + "resourcemanager/resource_google_project_service.go",),
         ()),
+    "gcp:pubsub/topic:Topic": TypeSource(
+        "google_pubsub_topic", (GO + "pubsub/resource_pubsub_topic.go",), (),
+        "mmv1/products/pubsub/Topic.yaml"),
+    "gcp:pubsub/topicIAMMember:TopicIAMMember": TypeSource(
+        "google_pubsub_topic_iam_member",
+        (GO + "pubsub/iam_pubsub_topic.go", IAM + "resource_iam_member.go"),
+        ("PubsubTopicIamSchema", "IamMemberBaseSchema")),
     "gcp:serviceaccount/account:Account": TypeSource(
         "google_service_account",
         (GO + "resourcemanager/resource_google_service_account.go",), ()),
