@@ -17,7 +17,8 @@ masked-LM cross-entropy averaged over `masked_lm_weights`, next-sentence
 cross-entropy averaged over examples, their sum the training loss.
 
 Query, key and value are one fused projection (3H); the checkpoint layout is this
-package's own, not google-research/bert's (its checkpoints are not loaded here).
+package's own. google-research/bert's TF1 checkpoints and tensorflow/models' TF2 encoder
+checkpoints are read by tpu_training.bert_checkpoint (`initCheckpoint`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from tpu_training import bert_checkpoint
 from tpu_training import config as schema
 from tpu_training.config import JobConfig
+from tpu_training.exits import CheckpointError
 from tpu_training.tf_env import keras, tf
 
 INITIALIZER_RANGE = 0.02  # modeling.py BertConfig.initializer_range
@@ -46,6 +49,7 @@ NO_DECAY = ["layer_norm", "bias"]
 # up over a tenth of a run that short, up to that many steps.
 MAX_WARMUP_STEPS = 10_000
 WARMUP_SHARE = 0.1
+ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
             "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
 
@@ -164,18 +168,34 @@ def build_encoder(spec: BertSpec) -> keras.Model:
     """The encoder: int32 ids, mask and types [B, S] to `sequence_output` [B, S, H] and
     `pooled_output` [B, H], float32."""
     inputs = {name: keras.Input(shape=(None,), dtype=tf.int32, name=name)
-              for name in ("input_word_ids", "input_mask", "input_type_ids")}
+              for name in ENCODER_INPUTS}
     embeddings = Embeddings(spec, name="embeddings")
     x = embeddings(inputs["input_word_ids"], inputs["input_type_ids"])
     bias = keras.layers.Lambda(attention_bias, name="attention_bias")(inputs["input_mask"])
+    layer_outputs = []
     for index in range(spec.layers):
         x = TransformerLayer(spec, name=f"transformer_layer_{index}")(x, bias)
+        layer_outputs.append(x)
     first = keras.layers.Lambda(lambda sequence: sequence[:, 0], name="first_token")(x)
     pooled = _dense(spec.hidden, "pooler", activation="tanh")(first)
     outputs = {"sequence_output": x,
                "pooled_output": keras.layers.Activation("linear", dtype="float32",
-                                                        name="pooled")(pooled)}
+                                                        name="pooled")(pooled),
+               "encoder_outputs": layer_outputs}
     return keras.Model(inputs, outputs, name=f"{spec.name}_encoder")
+
+
+def hub_encoder(spec: BertSpec) -> keras.Model:
+    """The encoder as a TF Hub Transformer encoder (tensorflow.org/hub/common_saved_model_apis/
+    text, "Transformer encoders"; tensorflow/models official/nlp/tools/export_tfhub_lib.py
+    `_create_model`): the three int32 inputs to `pooled_output`, `sequence_output`,
+    `default` (the pooled output again) and `encoder_outputs` (every layer's output)."""
+    encoder = build_encoder(spec)
+    inputs = {name: keras.Input(shape=(None,), dtype=tf.int32, name=name)
+              for name in ENCODER_INPUTS}
+    outputs = dict(encoder(inputs))
+    outputs["default"] = outputs["pooled_output"]
+    return keras.Model(inputs, outputs, name=f"{spec.name}_hub_encoder")
 
 
 class MaskedLM(keras.layers.Layer):
@@ -229,6 +249,106 @@ def build_pretrainer(spec: BertSpec) -> Pretrainer:
     model = Pretrainer(spec)
     model(dummy_features(spec, 1))  # create every weight now, for checkpoints and copies
     return model
+
+
+def published_tensors(path: str, spec: BertSpec, *, source: str
+                      ) -> tuple[str, dict[str, tf.Tensor]]:
+    """The variables of the google-research/bert or tensorflow/models checkpoint at `path`
+    by their TF1 names and shapes, checked against `spec` (tpu_training.bert_checkpoint),
+    and its layout (`tf1` or `tf2`); a CheckpointError naming `source` otherwise."""
+    reader = _checkpoint_reader(path, source)
+    shape = published_shape(spec)
+    layout, sources = bert_checkpoint.plan(reader.get_variable_to_shape_map(), shape,
+                                           source=source)
+    wanted = bert_checkpoint.published_shapes(shape)
+    return layout, {name: tf.reshape(reader.get_tensor(checkpoint_name), wanted[name])
+                    for name, (checkpoint_name, _) in sources.items()}
+
+
+def published_spec(path: str, model: str, *, source: str) -> BertSpec:
+    """The spec of a `model`-sized encoder with the vocabulary of the checkpoint at `path`."""
+    layers, hidden = schema.BERT_SIZES[model]
+    shapes = _checkpoint_reader(path, source).get_variable_to_shape_map()
+    vocab = bert_checkpoint.vocab_size(shapes) or schema.BERT_DEFAULTS["vocabSize"]
+    return BertSpec(model, layers, hidden, hidden // schema.BERT_HEAD_SIZE,
+                    schema.BERT_DEFAULTS["maxSeqLength"],
+                    schema.BERT_DEFAULTS["maxPredictionsPerSeq"], vocab)
+
+
+def export_published(path: str, spec: BertSpec, directory: str, *, source: str) -> None:
+    """The TF Hub encoder export (`export_encoder`) of the published checkpoint at `path`."""
+    keras.mixed_precision.set_global_policy("float32")
+    model = build_pretrainer(spec)
+    _, tensors = published_tensors(path, spec, source=source)
+    assign_published(model, tensors)
+    export_encoder(spec, model.encoder.get_weights(), directory)
+
+
+def _checkpoint_reader(path: str, source: str):
+    try:
+        return tf.train.load_checkpoint(path)
+    except (tf.errors.OpError, ValueError) as error:
+        message = str(getattr(error, "message", error)).strip().split("\n")[0][:200]
+        raise CheckpointError.single(source, f"cannot read the checkpoint {path}: {message}"
+                                     ) from error
+
+
+def published_shape(spec: BertSpec) -> bert_checkpoint.Shape:
+    return bert_checkpoint.Shape(spec.layers, spec.hidden, spec.vocab_size, schema.BERT_HEAD_SIZE)
+
+
+def assign_published(model: Pretrainer, tensors: dict[str, tf.Tensor]) -> int:
+    """Set `model`'s variables from `tensors` (TF1 names, `published_tensors`); a head
+    the tensors lack keeps its weights. Returns how many variables were set."""
+    assigned = 0
+    for variable, names, combine in _published_sources(model):
+        if all(name in tensors for name in names):
+            variable.assign(combine([tensors[name] for name in names]))
+            assigned += 1
+    return assigned
+
+
+def _published_sources(model: Pretrainer) -> list[tuple[tf.Variable, list[str], object]]:
+    """Each variable of `model`, the TF1 names it is made of, and how (query, key and
+    value concatenated into the fused projection; next-sentence's [2, H] transposed)."""
+    one, concat = (lambda values: values[0]), (lambda values: tf.concat(values, axis=-1))
+    encoder = model.encoder
+    embeddings = encoder.get_layer("embeddings")
+    sources = [(embeddings.words.embeddings, ["bert/embeddings/word_embeddings"], one),
+               (embeddings.types.embeddings, ["bert/embeddings/token_type_embeddings"], one),
+               (embeddings.positions, ["bert/embeddings/position_embeddings"], one),
+               *_norm_sources(embeddings.norm, "bert/embeddings/LayerNorm")]
+    for index in range(model.spec.layers):
+        layer = encoder.get_layer(f"transformer_layer_{index}")
+        prefix = f"bert/encoder/layer_{index}/"
+        for part in ("kernel", "bias"):
+            sources.append((getattr(layer.qkv, part),
+                            [f"{prefix}attention/self/{name}/{part}"
+                             for name in ("query", "key", "value")], concat))
+        sources += [*_dense_sources(layer.attention_output, f"{prefix}attention/output/dense"),
+                    *_norm_sources(layer.attention_norm, f"{prefix}attention/output/LayerNorm"),
+                    *_dense_sources(layer.intermediate, f"{prefix}intermediate/dense"),
+                    *_dense_sources(layer.output_dense, f"{prefix}output/dense"),
+                    *_norm_sources(layer.output_norm, f"{prefix}output/LayerNorm")]
+    sources += _dense_sources(encoder.get_layer("pooler"), "bert/pooler/dense")
+    heads = model.masked_lm
+    sources += [*_dense_sources(heads.transform, "cls/predictions/transform/dense"),
+                *_norm_sources(heads.norm, "cls/predictions/transform/LayerNorm"),
+                (heads.bias, ["cls/predictions/output_bias"], one),
+                (model.next_sentence.kernel, ["cls/seq_relationship/output_weights"],
+                 lambda values: tf.transpose(values[0])),
+                (model.next_sentence.bias, ["cls/seq_relationship/output_bias"], one)]
+    return sources
+
+
+def _dense_sources(layer: keras.layers.Dense, name: str) -> list:
+    return [(layer.kernel, [f"{name}/kernel"], lambda values: values[0]),
+            (layer.bias, [f"{name}/bias"], lambda values: values[0])]
+
+
+def _norm_sources(layer: keras.layers.LayerNormalization, name: str) -> list:
+    return [(layer.gamma, [f"{name}/gamma"], lambda values: values[0]),
+            (layer.beta, [f"{name}/beta"], lambda values: values[0])]
 
 
 def dummy_features(spec: BertSpec, batch: int) -> dict[str, tf.Tensor]:
@@ -385,24 +505,27 @@ class BertTask:
                 "eval_nsp_accuracy": float(metrics["eval_nsp_accuracy"].result())}
 
     def export(self, model: Pretrainer, directory: str) -> None:
-        """A float32 copy of the encoder (the caller sets the float32 policy), saved with
-        the `serving_default` signature of TF Hub's BERT encoders."""
-        encoder = build_encoder(self.spec)
-        encoder.set_weights(model.encoder.get_weights())
-        ids = {name: tf.TensorSpec([None, None], tf.int32, name=name)
-               for name in ("input_word_ids", "input_mask", "input_type_ids")}
+        """A float32 copy of the encoder (the caller sets the float32 policy)."""
+        export_encoder(self.spec, model.encoder.get_weights(), directory)
 
-        @tf.function(input_signature=[ids])
-        def serve_dict(inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            outputs = encoder(inputs, training=False)
-            return {"pooled_output": outputs["pooled_output"],
-                    "sequence_output": outputs["sequence_output"]}
 
-        @tf.function(input_signature=list(ids.values()))
-        def serve(input_word_ids, input_mask, input_type_ids) -> dict[str, tf.Tensor]:
-            return serve_dict({"input_word_ids": input_word_ids, "input_mask": input_mask,
-                               "input_type_ids": input_type_ids})
+def export_encoder(spec: BertSpec, weights: list, directory: str) -> None:
+    """Save the encoder with `weights` as a TF Hub Transformer encoder: a Keras
+    SavedModel whose root is callable (`hub.load(directory)(inputs, training=...)`) and
+    has `.variables` and `.trainable_variables`, so `hub.KerasLayer(directory,
+    trainable=True)` fine-tunes it (export_tfhub_lib.py `export_model`: `core_model.save(
+    ..., include_optimizer=False, save_format="tf")`). Its `serving_default` signature
+    returns `pooled_output` and `sequence_output`, as TF Hub's BERT encoders' do."""
+    encoder = hub_encoder(spec)
+    encoder.set_weights(weights)
+    ids = {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in ENCODER_INPUTS}
 
-        module = tf.Module()
-        module.encoder, module.serve_dict = encoder, serve_dict
-        tf.saved_model.save(module, directory, signatures={"serving_default": serve})
+    @tf.function(input_signature=list(ids.values()))
+    def serve(input_word_ids, input_mask, input_type_ids) -> dict[str, tf.Tensor]:
+        outputs = encoder({"input_word_ids": input_word_ids, "input_mask": input_mask,
+                           "input_type_ids": input_type_ids}, training=False)
+        return {"pooled_output": outputs["pooled_output"],
+                "sequence_output": outputs["sequence_output"]}
+
+    encoder.save(directory, include_optimizer=False, save_format="tf",
+                 signatures={"serving_default": serve})

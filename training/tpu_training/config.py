@@ -124,6 +124,9 @@ class JobConfig:
     maxSeqLength: int | None = None
     maxPredictionsPerSeq: int | None = None
     vocabSize: int | None = None
+    # A published BERT checkpoint (google-research/bert TF1 or tensorflow/models TF2
+    # encoder) the job starts from when it has no checkpoint of its own (bert_checkpoint).
+    initCheckpoint: str | None = None
     checkpointDir: str | None = None
     exportDir: str | None = None
     tensorboardDir: str | None = None
@@ -157,6 +160,8 @@ class JobConfig:
             self,
             trainData=absolute(self.trainData, data_root),
             evalData=None if self.evalData is None else absolute(self.evalData, data_root),
+            initCheckpoint=(None if self.initCheckpoint is None
+                            else absolute(self.initCheckpoint, data_root)),
             checkpointDir=checkpoint_dir,
             exportDir=export_dir,
             tensorboardDir=tensorboard_dir,
@@ -369,7 +374,7 @@ def _type_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
 def _bert_problems(data: Mapping[str, Any], model: str) -> list[tuple[str, str]]:
     """The BERT keys: only for BERT models, in the ranges the encoder takes."""
     problems = []
-    given = [key for key in BERT_DEFAULTS if data.get(key) is not None]
+    given = [key for key in (*BERT_DEFAULTS, "initCheckpoint") if data.get(key) is not None]
     if model not in BERT_MODELS:
         return [(key, f"applies to BERT models ({', '.join(BERT_MODELS)}), not {model}")
                 for key in given if model in MODEL_NAMES]
@@ -472,7 +477,7 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 # Keys that name a place to read or write; a stack job has only the data ones.
-DATA_KEYS: tuple[str, ...] = ("trainData", "evalData")
+DATA_KEYS: tuple[str, ...] = ("trainData", "evalData", "initCheckpoint")
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
 

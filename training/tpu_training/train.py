@@ -36,6 +36,8 @@ Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdo
 
     tpu_training started stacks=SIGUSR1 tpu_init_seconds=<s>   first (tpu_training.__main__)
     tpu_training tpu_ready replicas=<n>    the strategy is made (the TPU initialised)
+    tpu_training initialised_from=<path> format=<tf1|tf2> variables=<n>   a fresh BERT job
+                                           with initCheckpoint, before resumed_from=0
     tpu_training resumed_from=<N>          once, at start (0: fresh)
     tpu_training step=<N> loss=<float>     once per execution
     tpu_training saved step=<N> seconds=<s> bytes=<b> reason=<steps|minutes|stop|final> \
@@ -269,6 +271,8 @@ class Job:
     def _restore(self) -> int:
         latest = self.manager.latest_checkpoint
         if latest is None:
+            if self.config.initCheckpoint:
+                self._initialise(self.config.initCheckpoint)
             return 0
         try:
             self.manager.checkpoint.restore(latest).assert_existing_objects_matched()
@@ -278,6 +282,13 @@ class Job:
                                  f"{error}") from error
         self.saved_step = self.step
         return self.step
+
+    def _initialise(self, path: str) -> None:
+        """Start from a published BERT checkpoint (`initCheckpoint`): the encoder, and the
+        pre-training heads it has (tpu_training.bert_checkpoint)."""
+        layout, tensors = bert.published_tensors(path, self.spec, source="initCheckpoint")
+        assigned = bert.assign_published(self.model, tensors)
+        _say(self.out, f"initialised_from={path} format={layout} variables={assigned}")
 
     def _train_then_save(self, iterator, stop: StopFlag) -> tuple[float, ...]:
         """Train until trainSteps or a stop signal, then save (reason final or stop).
