@@ -395,8 +395,9 @@ class Job:
         return perf.PerfMeter(
             lambda line: _say(self.out, line), global_batch_size=config.globalBatchSize,
             max_probe_steps=config.stepsPerExecution,
-            probe=perf.device_probe(self.strategy, self.model, self.replica_loss,
-                                    iterator.element_spec),
+            probe=perf.device_probe(
+                self.strategy, self.train_step,
+                [*self.model.variables, *self.optimizer.variables], iterator.element_spec),
             flops_per_example=flops, probe_seconds=probe_seconds,
             peak_flops_per_second=config.peakFlopsPerSecond if on_tpu else None)
 
@@ -405,17 +406,22 @@ class Job:
         the task's, so the perf probe times the same pass the steps run."""
         return self.task.loss(self.model, batch, self.config.globalBatchSize)
 
+    def train_step(self, *batch: tf.Tensor) -> tf.Tensor:
+        """One replica's training step on `batch` (the gradients all-reduced and applied by
+        the optimizer); its share of the loss. The steps and the perf probe run this."""
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            loss = self.replica_loss(*batch)
+        gradients = tape.gradient(loss, variables)
+        self.optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        return loss
+
     def train_steps_fn(self) -> Callable:
         """`train_steps(iterator, num_steps)`: one execution of `num_steps` steps on device."""
-        model, optimizer, strategy = self.model, self.optimizer, self.strategy
-        loss_metric, replica_loss = self.loss_metric, self.replica_loss
+        strategy, loss_metric, train_step = self.strategy, self.loss_metric, self.train_step
 
         def step_fn(*batch) -> None:
-            with tf.GradientTape() as tape:
-                loss = replica_loss(*batch)
-            gradients = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-            loss_metric.update_state(loss * strategy.num_replicas_in_sync)
+            loss_metric.update_state(train_step(*batch) * strategy.num_replicas_in_sync)
 
         @tf.function
         def train_steps(iterator, num_steps: tf.Tensor) -> None:
