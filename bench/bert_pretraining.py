@@ -119,7 +119,7 @@ def model_garden(config: JobConfig, pattern: str, strategy) -> Callable[[int], N
             encoder_network=encoder, mlm_activation=tf.nn.gelu,
             classification_heads=[layers.ClassificationHead(
                 inner_dim=spec.hidden, num_classes=2, name="next_sentence")])
-        optimizer = bert.make_optimizer(config, bert.learning_rate(config, spec))
+        optimizer = bert.make_optimizer(config, bert.learning_rate(config))
         loss_metric = keras.metrics.Mean()
 
     def step_fn(features: dict[str, tf.Tensor]) -> None:

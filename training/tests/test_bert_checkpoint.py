@@ -215,6 +215,11 @@ def test_init_checkpoint_starts_a_fresh_job_from_the_published_weights(strategy,
     assert initialised == f"tpu_training initialised_from={source} format=tf1 variables=" \
                           f"{5 + 12 * LAYERS + 2 + 7}"
     assert lines.index(initialised) < lines.index("tpu_training resumed_from=0")
+    # The recipe, once, at start (the job's learningRate is the peak as given).
+    recipes = [line for line in lines if line.startswith("tpu_training recipe ")]
+    assert recipes == ["tpu_training recipe optimizer=adamw peak_learning_rate=1e-09 "
+                       "warmup_steps=0 decay=linear clip_norm=1 weight_decay=0.01"]
+    assert lines.index(recipes[0]) < lines.index(initialised)
     # The export carries the published weights (a learning rate of 1e-9 moves them by less).
     exported = tf.saved_model.load(config.exportDir)
     words = next(v for v in exported.variables if "word_embeddings" in v.name)

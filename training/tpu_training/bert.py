@@ -37,18 +37,13 @@ LAYER_NORM_EPSILON = 1e-12  # modeling.py layer_norm: epsilon=1e-12
 DROPOUT_RATE = 0.1  # hidden_dropout_prob and attention_probs_dropout_prob
 # optimization.py AdamWeightDecayOptimizer: weight_decay_rate 0.01, beta_1 0.9,
 # beta_2 0.999, epsilon 1e-6, no decay on LayerNorm and bias; gradients clipped to a
-# global norm of 1.0 (create_optimizer). tf_keras' AdamW, used here, also corrects the
-# moments' bias, which that optimizer does not; its decay is decoupled the same way
-# (the weight times the rate times the learning rate).
-WEIGHT_DECAY = 0.01
+# global norm of 1.0 (create_optimizer); the rates, warm-up, decay and clipping are
+# config.recipe's. tf_keras' AdamW, used here, also corrects the moments' bias, which
+# that optimizer does not; its decay is decoupled the same way (the weight times the
+# rate times the learning rate).
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPSILON = 1e-6
-CLIP_NORM = 1.0
 NO_DECAY = ["layer_norm", "bias"]
-# run_pretraining.py: num_warmup_steps 10000 of num_train_steps 100000; the job warms
-# up over a tenth of a run that short, up to that many steps.
-MAX_WARMUP_STEPS = 10_000
-WARMUP_SHARE = 0.1
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
             "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
@@ -65,7 +60,6 @@ class BertSpec:
     seq_length: int
     max_predictions: int
     vocab_size: int
-    base_learning_rate: float = schema.BERT_BASE_LEARNING_RATE
 
     @property
     def intermediate(self) -> int:
@@ -370,19 +364,18 @@ def losses(features: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor]
     return tf.reduce_sum(per_prediction * weights, axis=-1), tf.reduce_sum(weights, -1), sentence
 
 
-def learning_rate(config: JobConfig, spec: BertSpec) -> WarmupLinear:
-    """optimization.py create_optimizer: linear warm-up, then linear decay to 0 at
-    trainSteps; the peak scaled with globalBatchSize by the square-root rule."""
-    base = config.learningRate if config.learningRate is not None else spec.base_learning_rate
-    warmup = config.warmupSteps
-    if warmup is None:
-        warmup = min(MAX_WARMUP_STEPS, int(config.trainSteps * WARMUP_SHARE))
-    return WarmupLinear(schema.scaled_learning_rate(config, base), warmup, config.trainSteps)
+def learning_rate(config: JobConfig) -> WarmupLinear:
+    """optimization.py create_optimizer: linear warm-up from 0, then linear decay to 0 at
+    trainSteps, at config.recipe's peak."""
+    resolved = schema.recipe(config)
+    return WarmupLinear(resolved.peak_learning_rate, resolved.warmup_steps, config.trainSteps)
 
 
 class WarmupLinear(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up to `peak` over `warmup_steps`, then linear decay to 0 at `total_steps`
-    (optimization.py: polynomial_decay with power 1.0 under a linear warm-up)."""
+    """Linear warm-up from 0 to `peak` over `warmup_steps`, then linear decay to 0 at
+    `total_steps` (optimization.py: polynomial_decay with power 1.0; under it, the rate at
+    global_step is init_lr x global_step / num_warmup_steps while global_step is below
+    it, 0 at the first step; `step` is the optimizer's iterations before the update)."""
 
     def __init__(self, peak: float, warmup_steps: int, total_steps: int):
         self.peak, self.warmup_steps, self.total_steps = peak, warmup_steps, total_steps
@@ -390,7 +383,7 @@ class WarmupLinear(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
         decayed = self.peak * tf.maximum(0.0, 1.0 - step / float(max(self.total_steps, 1)))
-        warm = self.peak * (step + 1.0) / float(max(self.warmup_steps, 1))
+        warm = self.peak * step / float(max(self.warmup_steps, 1))
         return tf.where(step < self.warmup_steps, warm, decayed)
 
     def get_config(self) -> dict:
@@ -399,12 +392,14 @@ class WarmupLinear(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def make_optimizer(config: JobConfig, rate) -> keras.optimizers.Optimizer:
-    """AdamW as BERT trains; LAMB from `LAMB_MIN_GLOBAL_BATCH` (config.optimizer_name)."""
-    if schema.optimizer_name(config) == "lamb":
-        return Lamb(rate)
+    """AdamW as BERT trains; LAMB from `LAMB_MIN_GLOBAL_BATCH` (config.optimizer_name);
+    both clip the gradients' global norm and decay the weights as config.recipe says."""
+    resolved = schema.recipe(config)
+    if resolved.optimizer == "lamb":
+        return Lamb(rate, weight_decay=resolved.weight_decay, global_clipnorm=resolved.clip_norm)
     optimizer = keras.optimizers.AdamW(
-        rate, weight_decay=WEIGHT_DECAY, beta_1=ADAM_BETAS[0], beta_2=ADAM_BETAS[1],
-        epsilon=ADAM_EPSILON, global_clipnorm=CLIP_NORM)
+        rate, weight_decay=resolved.weight_decay, beta_1=ADAM_BETAS[0], beta_2=ADAM_BETAS[1],
+        epsilon=ADAM_EPSILON, global_clipnorm=resolved.clip_norm)
     optimizer.exclude_from_weight_decay(var_names=NO_DECAY)
     return optimizer
 
@@ -415,7 +410,7 @@ class Lamb(keras.optimizers.Optimizer):
     decoupled weight decay, scaled per variable by ||w|| / ||step|| (1 where either is
     0); LayerNorm and bias take no decay and no scaling."""
 
-    def __init__(self, learning_rate, weight_decay: float = WEIGHT_DECAY,
+    def __init__(self, learning_rate, weight_decay: float = schema.BERT_WEIGHT_DECAY,
                  beta_1: float = ADAM_BETAS[0], beta_2: float = ADAM_BETAS[1],
                  epsilon: float = ADAM_EPSILON, name: str = "LAMB", **kwargs):
         super().__init__(name=name, **kwargs)

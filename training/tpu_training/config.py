@@ -236,15 +236,95 @@ BERT_DEVICE_BYTES_PER_PARAMETER = 16
 BERT_ACTIVATION_BYTES_PER_TOKEN_AND_HIDDEN = 34
 # The masked-LM logits of every prediction (float32) and their gradient.
 BERT_LOGIT_BYTES = 8
-# google-research/bert optimization.py trains with Adam(W) at a global batch of 256
-# (README: "batch size of 256 ... learning rate of 1e-4"; paper section A.2). Larger
+# google-research/bert trains with AdamW at a global batch of 256 and a peak of 1e-4
+# (README: "batch size of 256 ... learning rate of 1e-4"; paper section A.2); it gives no
+# rule for other batches, so AdamW keeps that rate (learningRate overrides it). Larger
 # batches take LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning:
 # Training BERT in 76 minutes", which trains BERT at batches of 512 to 65536); the
-# switch point is this package's choice: where the LAMB paper's smallest batches are.
+# switch point is this package's choice: where the LAMB paper's Table 4 leaves Adam's
+# batches behind.
 BERT_BASE_LEARNING_RATE = 1e-4
 LAMB_MIN_GLOBAL_BATCH = 8192
+# LAMB's untuned recipe (the paper's Table 4, "Untuned LAMB for BERT training across
+# different batch sizes": the square-root scaling and warm-up from a peak of 5/(2^0 x
+# 10^3) = 5e-3 with a warm-up ratio of 1/5 at 32K, halving the batch dividing the rate by
+# sqrt(2) and the ratio by 2, down to 5/(2^3 x 10^3) and 1/320 at 512). Unconfirmed:
+# the table could not be read through this repository's search tools; the figures are
+# the paper's as its authors' recipe is commonly given, to be checked against arXiv
+# 1904.00962 v5 before relying on them.
+LAMB_REFERENCE_BATCH = 32768
+LAMB_REFERENCE_LEARNING_RATE = 5e-3
+LAMB_REFERENCE_WARMUP_RATIO = 1 / 5
+# run_pretraining.py: num_warmup_steps 10000 of num_train_steps 100000; an AdamW job
+# warms up over a tenth of a run that short, up to that many steps.
+ADAMW_MAX_WARMUP_STEPS = 10_000
+ADAMW_WARMUP_SHARE = 0.1
+# optimization.py create_optimizer: gradients clipped to a global norm of 1.0, weight
+# decay 0.01 (AdamWeightDecayOptimizer's weight_decay_rate); LAMB takes the same (the
+# paper's section 4 defaults, and tensorflow/models' lamb.py).
+BERT_CLIP_NORM = 1.0
+BERT_WEIGHT_DECAY = 0.01
+# Image models: 0.1 per 256 examples (Goyal et al. 2017, "Accurate, Large Minibatch SGD"),
+# SGD with Nesterov momentum, a warm-up of a tenth of the run up to 1000 steps and a
+# cosine decay; no clipping, no weight decay (tpu_training.models).
+IMAGE_BASE_LEARNING_RATE = 0.1
+IMAGE_MAX_WARMUP_STEPS = 1000
 # The batch a model's base learning rate is given for.
 BASE_LEARNING_RATE_BATCH = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """The learning rate and optimizer a job trains with, resolved from its keys."""
+
+    optimizer: str  # sgd, adamw or lamb
+    peak_learning_rate: float
+    warmup_steps: int  # a linear warm-up from 0 over this many steps
+    decay: str  # cosine or linear, to 0 at trainSteps
+    clip_norm: float | None  # the gradients' global norm is clipped to this
+    weight_decay: float | None  # decoupled, not on LayerNorm or biases
+
+    def line(self) -> str:
+        """The job's `recipe` line (without the `tpu_training ` prefix)."""
+        return (f"recipe optimizer={self.optimizer} "
+                f"peak_learning_rate={self.peak_learning_rate:.6g} "
+                f"warmup_steps={self.warmup_steps} decay={self.decay} "
+                f"clip_norm={_or_none(self.clip_norm)} weight_decay={_or_none(self.weight_decay)}")
+
+
+def recipe(job: JobConfig) -> Recipe:
+    """The recipe of `job` (the job prints it at start; the plan shows it per job).
+
+    Image models: `learningRate` (default 0.1) per 256 examples, scaled linearly with
+    globalBatchSize (Goyal et al. 2017). BERT: `learningRate` when set is the peak as is;
+    else AdamW's 1e-4 (google-research/bert), or LAMB's Table 4 rate for the batch,
+    5e-3 x sqrt(globalBatchSize / 32768), with Table 4's warm-up ratio; `warmupSteps`
+    overrides the warm-up.
+    """
+    name = optimizer_name(job)
+    if name == "sgd":
+        base = job.learningRate if job.learningRate is not None else IMAGE_BASE_LEARNING_RATE
+        warmup = min(IMAGE_MAX_WARMUP_STEPS, job.trainSteps // 10)
+        return Recipe(name, scaled_learning_rate(job, base), _warmup(job, warmup), "cosine",
+                      None, None)
+    if name == "lamb":
+        ratio = job.globalBatchSize / LAMB_REFERENCE_BATCH
+        peak = LAMB_REFERENCE_LEARNING_RATE * math.sqrt(ratio)
+        warmup = round(job.trainSteps * min(1.0, LAMB_REFERENCE_WARMUP_RATIO * ratio))
+    else:
+        peak = BERT_BASE_LEARNING_RATE
+        warmup = min(ADAMW_MAX_WARMUP_STEPS, int(job.trainSteps * ADAMW_WARMUP_SHARE))
+    if job.learningRate is not None:
+        peak = job.learningRate
+    return Recipe(name, peak, _warmup(job, warmup), "linear", BERT_CLIP_NORM, BERT_WEIGHT_DECAY)
+
+
+def _warmup(job: JobConfig, default: int) -> int:
+    return job.warmupSteps if job.warmupSteps is not None else default
+
+
+def _or_none(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}"
 
 
 def bert_shape(job: JobConfig) -> tuple[int, int, int, int, int, int]:
@@ -288,15 +368,10 @@ def train_device_bytes(job: JobConfig, per_replica_batch: int) -> int | None:
 
 
 def scaled_learning_rate(job: JobConfig, base: float) -> float:
-    """The peak learning rate for `job`'s globalBatchSize from a `base` given for 256.
-
-    Image models: the linear rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD",
-    section 2.1: "multiply the learning rate by k"), the ResNet recipe. BERT: the
-    square-root rule (You et al. 2019, the LAMB paper, section 4: "we use the square
-    root LR scaling rule"), with BERT's 1e-4 at 256 as the base.
-    """
-    ratio = job.globalBatchSize / BASE_LEARNING_RATE_BATCH
-    return base * (math.sqrt(ratio) if job.is_bert else ratio)
+    """An image model's peak learning rate for `job`'s globalBatchSize from a `base` given
+    for 256: the linear rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD", section
+    2.1: "multiply the learning rate by k"), the ResNet recipe."""
+    return base * job.globalBatchSize / BASE_LEARNING_RATE_BATCH
 
 
 def optimizer_name(job: JobConfig) -> str:

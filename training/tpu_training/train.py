@@ -36,6 +36,8 @@ Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdo
 
     tpu_training started stacks=SIGUSR1 tpu_init_seconds=<s>   first (tpu_training.__main__)
     tpu_training tpu_ready replicas=<n>    the strategy is made (the TPU initialised)
+    tpu_training recipe optimizer=<sgd|adamw|lamb> peak_learning_rate=<x> warmup_steps=<n> \
+        decay=<cosine|linear> clip_norm=<x|none> weight_decay=<x|none>   once (config.recipe)
     tpu_training initialised_from=<path> format=<tf1|tf2> variables=<n>   a fresh BERT job
                                            with initCheckpoint, before resumed_from=0
     tpu_training resumed_from=<N>          once, at start (0: fresh)
@@ -70,7 +72,7 @@ from tpu_training.config import (
     LOCATION_KEYS,
     JobConfig,
     JobConfigError,
-    scaled_learning_rate,
+    recipe,
     train_flops_per_example,
 )
 from tpu_training.exits import StopSaveError
@@ -80,7 +82,6 @@ from tpu_training.tf_env import keras, tf
 
 COMPLETE_MARKER = "tpu_training_complete.json"
 CHECKPOINTS_KEPT = 3
-MAX_DEFAULT_WARMUP = 1000
 
 
 class Outcome(enum.Enum):
@@ -130,6 +131,7 @@ def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
         strategy = strategy or strategies.make_strategy(stopped=lambda: stop.requested)
     _say(out, f"tpu_ready replicas={strategy.num_replicas_in_sync}")
     check_batch(config.globalBatchSize, strategy.num_replicas_in_sync)
+    _say(out, recipe(config).line())
     spec = models.model_spec(config)
     if dataset_fn is None:
         dataset_fn = _dataset_fn(config.trainData, spec, config, training=True)
@@ -192,16 +194,12 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
 
 def learning_rate(config: JobConfig, spec: models.ModelSpec | bert.BertSpec
                   ) -> keras.optimizers.schedules.LearningRateSchedule:
-    """The base rate (per 256 examples) scaled with globalBatchSize
-    (`config.scaled_learning_rate`: linear for image models, square root for BERT);
-    image models warm up, then decay on a cosine, BERT as `bert.learning_rate` says."""
+    """config.recipe's schedule: image models warm up, then decay on a cosine; BERT as
+    `bert.learning_rate` says (warm-up from 0, linear decay)."""
     if isinstance(spec, bert.BertSpec):
-        return bert.learning_rate(config, spec)
-    base = config.learningRate if config.learningRate is not None else spec.base_learning_rate
-    warmup = config.warmupSteps
-    if warmup is None:
-        warmup = min(MAX_DEFAULT_WARMUP, config.trainSteps // 10)
-    return WarmupCosine(scaled_learning_rate(config, base), warmup, config.trainSteps)
+        return bert.learning_rate(config)
+    resolved = recipe(config)
+    return WarmupCosine(resolved.peak_learning_rate, resolved.warmup_steps, config.trainSteps)
 
 
 def precision_policy(strategy: tf.distribute.Strategy) -> str:
