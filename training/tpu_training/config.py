@@ -69,7 +69,8 @@ IMAGENET_MODELS: tuple[str, ...] = ("resnet18", "resnet50")
 LOCATION_KEYS: tuple[str, ...] = ("checkpointDir", "exportDir", "tensorboardDir")
 # Keys only a resolved job has: its locations, the node's stop notice, and the slice's
 # peak bf16 FLOPs per second (components/catalog.py) for the job's MFU (tpu_training.perf).
-NODE_KEYS: tuple[str, ...] = (*LOCATION_KEYS, "noticeSeconds", "peakFlopsPerSecond")
+NODE_KEYS: tuple[str, ...] = (*LOCATION_KEYS, "noticeSeconds", "peakFlopsPerSecond",
+                              "mtbfSeconds")
 
 # The time between two stop checks (one execution) may use this share of the node's
 # stop notice (`noticeSeconds`); the stop save may use half of it (components/catalog.py,
@@ -78,6 +79,19 @@ EXECUTION_SHARE_OF_NOTICE = 0.25
 # A save every minute by default: a kill loses about half of it. Saves are asynchronous
 # (tpu_training.train), so training waits only for the copy of the weights to the host.
 DEFAULT_CHECKPOINT_EVERY_MINUTES = 1.0
+# `checkpointEvery: auto`: the time between interval saves that loses least, Young's
+# first-order optimum (J. W. Young, "A first order approximation to the optimum
+# checkpoint interval", CACM 17(9), 1974; Daly, "A higher order estimate of the optimum
+# checkpoint interval for restart dumps", FGCS 22(3), 2006, gives the same first term):
+# sqrt(2 x the time a save costs training x the mean time between disruptions). The
+# job measures the save's cost (what training waited for an interval save) and takes
+# the node's mean time between disruptions from the resolved job (`mtbfSeconds`,
+# components/catalog.py); never shorter than one save's write, so a save never waits
+# for the last one and a stop waits for at most one write (the stop budget's
+# assumption, components/stop_save.py). A new estimate is printed when it moves by
+# more than this share.
+AUTO_CHECKPOINT = "auto"
+AUTO_INTERVAL_CHANGE = 0.25
 
 # Where a location may point: GCS on the VM; local folders and TF's in-memory
 # filesystem off it (TF's gs:// filesystem cannot be pointed at an emulator).
@@ -115,6 +129,9 @@ class JobConfig:
     checkpointEverySteps: int = 1000
     # Also save when this much time has passed since the last save.
     checkpointEveryMinutes: float = DEFAULT_CHECKPOINT_EVERY_MINUTES
+    # `auto`: the time interval is Young/Daly's (checkpoint_interval); the minutes above
+    # are used until the first interval save is measured.
+    checkpointEvery: str | None = None
     learningRate: float | None = None
     warmupSteps: int | None = None
     imageSize: int | None = None
@@ -132,6 +149,7 @@ class JobConfig:
     tensorboardDir: str | None = None
     noticeSeconds: float | None = None  # the node's stop notice; bounds an execution
     peakFlopsPerSecond: float | None = None  # the slice's peak: the perf line's MFU
+    mtbfSeconds: float | None = None  # the node's mean time between disruptions (catalog)
     # The node agent's deadline for every phase after TPU initialisation (docs/design.md,
     # "Deadlines"); the job itself does not read it.
     progressDeadlineSeconds: float | None = None
@@ -153,7 +171,8 @@ class JobConfig:
 
     def resolve(self, *, data_root: str, checkpoint_dir: str, export_dir: str,
                 tensorboard_dir: str, notice_seconds: float | None = None,
-                peak_flops_per_second: float | None = None) -> JobConfig:
+                peak_flops_per_second: float | None = None,
+                mtbf_seconds: float | None = None) -> JobConfig:
         """The node's job: data made absolute under `data_root`, locations, the
         node's stop notice and its slice's peak FLOPs per second set."""
         return dataclasses.replace(
@@ -167,6 +186,7 @@ class JobConfig:
             tensorboardDir=tensorboard_dir,
             noticeSeconds=notice_seconds,
             peakFlopsPerSecond=peak_flops_per_second,
+            mtbfSeconds=mtbf_seconds,
         )
 
     @property
@@ -179,6 +199,30 @@ class JobConfig:
         if self.noticeSeconds is None:
             return None
         return self.noticeSeconds * EXECUTION_SHARE_OF_NOTICE
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInterval:
+    """The time between interval saves `checkpointEvery: auto` chose, and why."""
+
+    seconds: float
+    save_cost: float  # seconds training waited for an interval save
+    mtbf: float  # the node's mean seconds between disruptions
+    reason: str  # young_daly, or write_bound: the save's write took longer
+
+    def line(self) -> str:
+        """The job's `checkpoint_interval` line (without the `tpu_training ` prefix)."""
+        return (f"checkpoint_interval seconds={self.seconds:.1f} save_cost={self.save_cost:.3f} "
+                f"mtbf={self.mtbf:.0f} reason={self.reason}")
+
+
+def checkpoint_interval(save_cost: float, mtbf: float, write_seconds: float
+                        ) -> CheckpointInterval:
+    """Young/Daly's interval, sqrt(2 x save_cost x mtbf), at least one save's write."""
+    optimal = math.sqrt(2 * max(save_cost, 0.0) * mtbf)
+    if optimal < write_seconds:
+        return CheckpointInterval(write_seconds, save_cost, mtbf, "write_bound")
+    return CheckpointInterval(optimal, save_cost, mtbf, "young_daly")
 
 
 def checkpoint_bytes(job: JobConfig) -> int:
@@ -399,7 +443,7 @@ _INTS = ("globalBatchSize", "trainSteps", "stepsPerExecution", "checkpointEveryS
          "warmupSteps", "imageSize", "numClasses", "maxSeqLength", "maxPredictionsPerSeq",
          "vocabSize")
 _NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes", "noticeSeconds",
-            "peakFlopsPerSecond", "progressDeadlineSeconds")
+            "peakFlopsPerSecond", "progressDeadlineSeconds", "mtbfSeconds")
 # Below this a deadline would mostly catch a busy host (a checkpoint write, a pause),
 # not a hang; the agent's tests shorten deadlines through its environment instead.
 MIN_PROGRESS_DEADLINE_SECONDS = 10.0
@@ -509,6 +553,18 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     if minutes is not None and not 0 < minutes < float("inf"):
         problems.append(("checkpointEveryMinutes",
                          f"must be a number of minutes more than 0, got {minutes}"))
+    every = data.get("checkpointEvery")
+    if every is not None and every != AUTO_CHECKPOINT:
+        problems.append(("checkpointEvery", f"must be {AUTO_CHECKPOINT!r} (the interval that "
+                                            f"loses least, from the save's cost and the "
+                                            f"node's disruptions), got {every!r}; for a fixed "
+                                            "interval set checkpointEveryMinutes"))
+    elif every is not None and data.get("checkpointEveryMinutes") is not None:
+        problems.append(("checkpointEvery", "auto chooses the time interval: leave "
+                                            "checkpointEveryMinutes unset"))
+    mtbf = data.get("mtbfSeconds")
+    if mtbf is not None and not 0 < mtbf < float("inf"):
+        problems.append(("mtbfSeconds", f"must be a number of seconds more than 0, got {mtbf}"))
     notice = data.get("noticeSeconds")
     if notice is not None and not 0 < notice < float("inf"):
         problems.append(("noticeSeconds", f"must be a number of seconds more than 0, got {notice}"))

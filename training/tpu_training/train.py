@@ -44,6 +44,9 @@ Progress lines on stdout, which the node agent parses (docs/design.md, "Job stdo
     tpu_training step=<N> loss=<float>     once per execution
     tpu_training saved step=<N> seconds=<s> bytes=<b> reason=<steps|minutes|stop|final> \
         blocked=<s>
+    tpu_training checkpoint_interval seconds=<s> save_cost=<s> mtbf=<s> \
+        reason=<young_daly|write_bound>   checkpointEvery: auto, after an interval save
+                                           when the interval it chooses first applies or moves
     tpu_training goodput step=<N> productive=<s> tpu_init=<s> …   after every step and
                                            saved line, and at exit (tpu_training.goodput)
     tpu_training perf step=<N> examples_per_sec=<x> input_wait_share=<s> mfu=<u|na>
@@ -69,9 +72,13 @@ from typing import TextIO
 from tpu_training import bert, bert_data, data, models, perf
 from tpu_training import strategy as strategies
 from tpu_training.config import (
+    AUTO_CHECKPOINT,
+    AUTO_INTERVAL_CHANGE,
     LOCATION_KEYS,
+    CheckpointInterval,
     JobConfig,
     JobConfigError,
+    checkpoint_interval,
     recipe,
     train_flops_per_example,
 )
@@ -229,6 +236,10 @@ class Job:
         self.saved_step: int | None = None  # the step of the newest checkpoint written
         self.pending: PendingSave | None = None  # the save being written, or not reported
         self.last_save = time.monotonic()  # when the last save began, or training began
+        # The time between interval saves: checkpointEveryMinutes, or with
+        # `checkpointEvery: auto` Young/Daly's once a save has been measured.
+        self.interval_seconds = 60 * config.checkpointEveryMinutes
+        self.interval: CheckpointInterval | None = None
 
     @property
     def step(self) -> int:
@@ -339,8 +350,7 @@ class Job:
         every = self.config.checkpointEverySteps
         if self.step // every > before // every:
             return "steps"
-        minutes = self.config.checkpointEveryMinutes
-        if time.monotonic() - self.last_save >= 60 * minutes:
+        if time.monotonic() - self.last_save >= self.interval_seconds:
             return "minutes"
         return None
 
@@ -379,6 +389,21 @@ class Job:
         _say(self.out, f"saved step={save.step} seconds={save.done - save.started:.3f} "
                        f"bytes={size} reason={save.reason} blocked={save.blocked:.3f}")
         _say(self.out, self.goodput.line(self.step))
+        if save.reason in ("steps", "minutes"):
+            self._choose_interval(save)
+
+    def _choose_interval(self, save: PendingSave) -> None:
+        """`checkpointEvery: auto`: Young/Daly's interval from this interval save's cost
+        and the node's disruptions; printed when it first applies or moves by more than
+        AUTO_INTERVAL_CHANGE."""
+        config = self.config
+        if config.checkpointEvery != AUTO_CHECKPOINT or config.mtbfSeconds is None:
+            return
+        chosen = checkpoint_interval(save.blocked, config.mtbfSeconds, save.done - save.started)
+        if (self.interval is None or abs(chosen.seconds - self.interval.seconds)
+                > AUTO_INTERVAL_CHANGE * self.interval.seconds):
+            self.interval, self.interval_seconds = chosen, chosen.seconds
+            _say(self.out, chosen.line())
 
     def perf_meter(self, iterator) -> perf.PerfMeter:
         """The perf line's meter: the device alone against the executions (tpu_training.perf).
