@@ -129,8 +129,8 @@ class JobConfig:
     checkpointEverySteps: int = 1000
     # Also save when this much time has passed since the last save.
     checkpointEveryMinutes: float = DEFAULT_CHECKPOINT_EVERY_MINUTES
-    # `auto`: the time interval is Young/Daly's (checkpoint_interval); the minutes above
-    # are used until the first interval save is measured.
+    # `auto`: the time interval is Young/Daly's (checkpoint_interval) once an interval save
+    # has been measured; checkpointEveryMinutes until then.
     checkpointEvery: str | None = None
     learningRate: float | None = None
     warmupSteps: int | None = None
@@ -559,9 +559,6 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
                                             f"loses least, from the save's cost and the "
                                             f"node's disruptions), got {every!r}; for a fixed "
                                             "interval set checkpointEveryMinutes"))
-    elif every is not None and data.get("checkpointEveryMinutes") is not None:
-        problems.append(("checkpointEvery", "auto chooses the time interval: leave "
-                                            "checkpointEveryMinutes unset"))
     mtbf = data.get("mtbfSeconds")
     if mtbf is not None and not 0 < mtbf < float("inf"):
         problems.append(("mtbfSeconds", f"must be a number of seconds more than 0, got {mtbf}"))
