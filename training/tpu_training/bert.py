@@ -43,7 +43,11 @@ DROPOUT_RATE = 0.1  # hidden_dropout_prob and attention_probs_dropout_prob
 # rate times the learning rate).
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPSILON = 1e-6
-NO_DECAY = ["layer_norm", "bias"]
+# google-research/bert names its LayerNorm variables `LayerNorm` (exclude_from_weight_decay=
+# ["LayerNorm", "layer_norm", "bias"]), tf_keras layers `layer_norm`: both, so a model
+# with either name (tensorflow/models' masked-LM head's `.../transform/LayerNorm`) takes
+# no decay on its normalisation (tf_keras matches the names case-sensitively).
+NO_DECAY = ["LayerNorm", "layer_norm", "bias"]
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
             "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
