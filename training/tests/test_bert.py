@@ -25,8 +25,9 @@ from tpu_training.tf_env import keras, tf
 # machine trains it in seconds. The schema's defaults (128, 20, 30522) are BERT's.
 SHAPE = {"maxSeqLength": 64, "maxPredictionsPerSeq": 10, "vocabSize": 256}
 CHANCE = 1 / SHAPE["vocabSize"]
+# learningRate is a BERT job's peak as is (config.recipe).
 BERT_JOB = {"model": "bert_tiny", "globalBatchSize": 32, "trainSteps": 100,
-            "stepsPerExecution": 10, "checkpointEverySteps": 50, "learningRate": 0.01,
+            "stepsPerExecution": 10, "checkpointEverySteps": 50, "learningRate": 0.0035,
             "warmupSteps": 10, "checkpointEveryMinutes": 60, **SHAPE}
 EVAL_LINE = re.compile(r"tpu_training eval_accuracy=(\d\.\d{6}) eval_loss=(\d+\.\d{6}) "
                        r"eval_nsp_accuracy=(\d\.\d{6})")
