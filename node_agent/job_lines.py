@@ -113,7 +113,7 @@ class JobRun:
                 self.checkpoint_interval = {
                     "seconds": figures["seconds"], "saveCost": figures["save_cost"],
                     "mtbf": figures["mtbf"], "reason": values.get("reason", "")}
-                return "save"
+                return "interval"
         if match := WAITING_LINE.match(line):
             self.waiting_pattern = match[1].strip()
         elif match := TPU_BUSY_LINE.match(line):
