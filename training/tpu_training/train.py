@@ -326,9 +326,7 @@ class Job:
             before, started = self.step, time.monotonic()
             steps = sizer.next_steps(before)
             train_steps(iterator, tf.constant(steps))
-            if not losses:  # this process's first execution: tracing and compilation
-                meter.measure_device()  # the device alone, for the perf line: start-up too
-                self.goodput.started_training()
+            first = not losses  # this process's first execution: tracing and compilation
             loss = float(self.loss_metric.result())
             self.loss_metric.reset_state()
             losses.append(loss)
@@ -336,6 +334,9 @@ class Job:
             sizer.measured(steps, seconds)
             _say(self.out, f"step={self.step} loss={loss:.6f}")
             _say(self.out, self.goodput.line(self.step))
+            if first:  # after the line, so the agent hears of the step before the probe
+                meter.measure_device()  # the device alone, for the perf line: start-up too
+                self.goodput.started_training()
             self._summarise(loss, steps / seconds)
             self._report_written(wait=False)
             reason = self._save_reason(before)
