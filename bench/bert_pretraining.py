@@ -32,7 +32,8 @@ tensorflow-cpu and the model garden installed without its dependencies:
     .venv/bench/bin/pip install tensorflow-cpu==2.18.1 gin-config pyyaml immutabledict \\
         psutil py-cpuinfo six scipy pandas tensorflow-datasets sentencepiece
     .venv/bench/bin/pip install --no-deps tf-keras==2.18.0 tf-models-official==2.18.0
-    .venv/bench/bin/pip install protobuf==5.29.6 "googleapis-common-protos<1.70"
+    .venv/bench/bin/pip install protobuf==5.29.6 "googleapis-common-protos<1.70" \
+        "tensorflow-metadata<1.17"   # 1.17 is generated for protobuf 6 (2026-12-04)
     PYTHONPATH=training .venv/bench/bin/python bench/bert_pretraining.py [--steps 60]
 """
 
