@@ -10,10 +10,16 @@ strategy. What differs is what is compared:
 - ours: `tpu_training.train.Job` (the job's model, loss and step) fed by
   `tpu_training.data.make_dataset_fn` (the job's input pipeline for bert_pretraining);
 - tensorflow/models (`tf-models-official`): `official.nlp.modeling.networks.BertEncoderV2`
-  and `models.BertPretrainerV2` with a `ClassificationHead` for the next sentence (the
-  BERT pre-training setup of official/nlp/configs/bert.py and tasks/masked_lm.py, whose
-  `build_losses` the loss copies), fed by
-  `official.nlp.data.pretrain_dataloader.BertPretrainDataLoader`.
+  and `models.BertPretrainerV2` (tasks/masked_lm.py's `build_losses`, which the loss
+  copies), fed by `official.nlp.data.pretrain_dataloader.BertPretrainDataLoader`.
+
+Like for like, and asserted before timing (`assert_like_for_like`): the same GELU (the
+tanh approximation, google-research/bert modeling.py's) in the feed-forward layers and
+the masked-LM head; the same heads (the masked-LM head, and run_pretraining.py's one
+dense layer on the pooled output for the next sentence, not a ClassificationHead with
+its own pooler); the same number of weights; the same optimizer excluding the same
+variables from weight decay (LayerNorm and biases: none decayed on either side, as many
+decayed on each, counted in weights: our query, key and value are one kernel).
 
 The two are timed in turns; each keeps its best round (a shared machine only slows a
 run down). It prints both rates and their ratio (ours / tensorflow/models).
@@ -26,7 +32,8 @@ tensorflow-cpu and the model garden installed without its dependencies:
     .venv/bench/bin/pip install tensorflow-cpu==2.18.1 gin-config pyyaml immutabledict \\
         psutil py-cpuinfo six scipy pandas tensorflow-datasets sentencepiece
     .venv/bench/bin/pip install --no-deps tf-keras==2.18.0 tf-models-official==2.18.0
-    .venv/bench/bin/pip install protobuf==5.29.6 "googleapis-common-protos<1.70"
+    .venv/bench/bin/pip install protobuf==5.29.6 "googleapis-common-protos<1.70" \
+        "tensorflow-metadata<1.17"   # 1.17 is generated for protobuf 6 (2026-12-04)
     PYTHONPATH=training .venv/bench/bin/python bench/bert_pretraining.py [--steps 60]
 """
 
@@ -95,13 +102,16 @@ def ours(config: JobConfig, files: list[str], strategy) -> Callable[[int], None]
             train_steps(iterator, steps)
         float(job.loss_metric.result())
 
+    layer = job.model.encoder.get_layer("transformer_layer_0")
+    run.side = Side(job.model.trainable_variables, job.optimizer,
+                    [layer.intermediate.activation, job.model.masked_lm.transform.activation])
     return run
 
 
 def model_garden(config: JobConfig, pattern: str, strategy) -> Callable[[int], None]:
     """tensorflow/models' encoder, pretrainer, loss and data loader: `run(executions)`."""
     from official.nlp.data import pretrain_dataloader
-    from official.nlp.modeling import layers, models, networks
+    from official.nlp.modeling import models, networks
 
     spec = bert.bert_spec(config)
     params = pretrain_dataloader.BertPretrainDataConfig(
@@ -115,16 +125,18 @@ def model_garden(config: JobConfig, pattern: str, strategy) -> Callable[[int], N
             vocab_size=spec.vocab_size, hidden_size=spec.hidden, num_layers=spec.layers,
             num_attention_heads=spec.heads, inner_dim=spec.intermediate,
             max_sequence_length=512, type_vocab_size=2)
-        model = models.BertPretrainerV2(
-            encoder_network=encoder, mlm_activation=tf.nn.gelu,
-            classification_heads=[layers.ClassificationHead(
-                inner_dim=spec.hidden, num_classes=2, name="next_sentence")])
-        optimizer = bert.make_optimizer(config, bert.learning_rate(config, spec))
+        model = models.BertPretrainerV2(encoder_network=encoder, mlm_activation=tanh_gelu)
+        next_sentence = keras.layers.Dense(2, name="next_sentence")  # run_pretraining.py's
+        optimizer = bert.make_optimizer(config, bert.learning_rate(config))
         loss_metric = keras.metrics.Mean()
+    model(model.inputs)
+    next_sentence.build([None, spec.hidden])
+    variables = [*model.trainable_variables, *next_sentence.trainable_variables]
 
     def step_fn(features: dict[str, tf.Tensor]) -> None:
         with tf.GradientTape() as tape:
             outputs = model(features, training=True)
+            nsp_logits = next_sentence(outputs["pooled_output"])
             # official/nlp/tasks/masked_lm.py, MaskedLMTask.build_losses.
             per_prediction = keras.losses.sparse_categorical_crossentropy(
                 features["masked_lm_ids"], tf.cast(outputs["mlm_logits"], tf.float32),
@@ -134,10 +146,10 @@ def model_garden(config: JobConfig, pattern: str, strategy) -> Callable[[int], N
                                         tf.reduce_sum(weights))
             sentence = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
                 features["next_sentence_labels"],
-                tf.cast(outputs["next_sentence"], tf.float32), from_logits=True))
+                tf.cast(nsp_logits, tf.float32), from_logits=True))
             loss = (mlm + sentence) / strategy.num_replicas_in_sync
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        gradients = tape.gradient(loss, variables)
+        optimizer.apply_gradients(zip(gradients, variables, strict=True))
         loss_metric.update_state(loss)
 
     @tf.function
@@ -153,7 +165,43 @@ def model_garden(config: JobConfig, pattern: str, strategy) -> Callable[[int], N
             train_steps(iterator, steps)
         float(loss_metric.result())
 
+    run.side = Side(variables, optimizer, [encoder._transformer_layers[0]._inner_activation,
+                                           model.masked_lm.activation])
     return run
+
+
+def tanh_gelu(x: tf.Tensor) -> tf.Tensor:
+    """GELU's tanh approximation, as google-research/bert modeling.py and the job use."""
+    return tf.nn.gelu(x, approximate=True)
+
+
+class Side:
+    """What one side trains: its variables, its optimizer and its activations."""
+
+    def __init__(self, variables: list, optimizer, activations: list):
+        self.variables, self.optimizer, self.activations = variables, optimizer, activations
+
+    def decayed(self) -> dict[str, int]:
+        """The weights the optimizer decays: name to size."""
+        return {v.name: v.shape.num_elements() for v in self.variables
+                if self.optimizer._use_weight_decay(v)}
+
+
+def assert_like_for_like(ours_side: Side, theirs: Side) -> None:
+    """Same activation, heads (weights) and weight-decay exclusions on both sides."""
+    probe = tf.linspace(-3.0, 3.0, 13)
+    for activation in (*ours_side.activations, *theirs.activations):
+        tf.debugging.assert_near(activation(probe), tanh_gelu(probe), atol=1e-6)
+    weights = [sum(v.shape.num_elements() for v in side.variables)
+               for side in (ours_side, theirs)]
+    assert weights[0] == weights[1], f"weights: ours {weights[0]}, theirs {weights[1]}"
+    decayed = [side.decayed() for side in (ours_side, theirs)]
+    for names in decayed:
+        wrong = [n for n in names if "norm" in n.lower() or "bias" in n.lower()]
+        assert not wrong, f"decayed LayerNorm or bias: {wrong}"
+    # As many weights decayed (query, key and value are one fused kernel on our side).
+    sizes = [sum(names.values()) for names in decayed]
+    assert sizes[0] == sizes[1], f"decayed weights: ours {sizes[0]}, theirs {sizes[1]}"
 
 
 def measure(run: Callable[[int], None], examples: int, executions: int) -> tuple[float, float]:
@@ -181,6 +229,7 @@ def main() -> None:
         inputs = input_rates(config, written)
         sides = {"ours": ours(config, written.files, strategy),
                  "tensorflow/models": model_garden(config, written.pattern, strategy)}
+        assert_like_for_like(sides["ours"].side, sides["tensorflow/models"].side)
         executions = max(1, args.steps // args.per_execution)
         examples = executions * args.per_execution * args.batch
         best, cpu = dict.fromkeys(sides, 0.0), {name: [] for name in sides}

@@ -168,7 +168,10 @@ def drill(root: Path, args: argparse.Namespace) -> tuple[list[Run], Run]:
     period = args.intervals * interval
     data = dataset(root / "data", **SMALL)
     rng = random.Random(args.seed)
-    config = write_config(root / "drill", data, checkpointEveryMinutes=interval / 60, **SMALL)
+    # --auto: the job's own interval (checkpointEvery: auto) for a node disrupted once a period.
+    auto = {"checkpointEvery": "auto", "mtbfSeconds": period} if args.auto else {}
+    config = write_config(root / "drill", data, checkpointEveryMinutes=interval / 60, **auto,
+                          **SMALL)
     runs = []
     for cycle in range(1, args.cycles + 1):
         kill = bool(args.kill_every) and cycle % args.kill_every == 0
@@ -176,7 +179,7 @@ def drill(root: Path, args: argparse.Namespace) -> tuple[list[Run], Run]:
         runs.append(launch(config, at, signal.SIGKILL if kill else signal.SIGTERM))
     runs.append(launch(config, 0.0, signal.SIGTERM))  # the resume after the last disruption
     baseline = launch(write_config(root / "baseline", data,
-                                   checkpointEveryMinutes=interval / 60, **SMALL),
+                                   checkpointEveryMinutes=interval / 60, **auto, **SMALL),
                       args.cycles * period, signal.SIGTERM)
     return runs, baseline
 
@@ -293,6 +296,8 @@ def main() -> None:
     parser.add_argument("--no-full-models", action="store_true")
     parser.add_argument("--throughput-seconds", type=float, default=0.0)
     parser.add_argument("--throughput-only", action="store_true")
+    parser.add_argument("--auto", action="store_true",
+                        help="checkpointEvery: auto (Young/Daly from the measured save)")
     args = parser.parse_args()
     if args.intervals is None:
         args.intervals = round(CYCLE_SECONDS / (60 * args.interval_minutes))

@@ -508,6 +508,17 @@ GCS_STREAM_WRITE_BYTES_PER_SECOND = 200 * 2**20
 # the execution under way, and the OS shutting down.
 STOP_SAVE_SHARE_OF_NOTICE = 0.5
 
+# The mean time between disruptions a node's job assumes for `checkpointEvery: auto`
+# (tpu_training.config.checkpoint_interval): preemptible TPUs run at most 24 hours
+# (docs.cloud.google.com/tpu/docs/preemptible: "TPU Spot VMs don't have the 24 hour run
+# time limit of preemptible TPUs"), so 24 h bounds their mean from above. Spot TPUs have
+# no documented preemption rate: the same 24 h is assumed (unconfirmed). Standard VMs
+# are disrupted by maintenance events, for which no rate is documented: 30 days is
+# assumed (unconfirmed).
+PREEMPTIBLE_MAX_RUN_SECONDS = 24 * 3600
+SPOT_MTBF_SECONDS = PREEMPTIBLE_MAX_RUN_SECONDS  # unconfirmed
+STANDARD_MTBF_SECONDS = 30 * 24 * 3600  # unconfirmed
+
 
 # Peak bf16 FLOPs per chip, for the preview's step-time estimate: v3 123 T (cloud.google.
 # com/tpu/docs/v3), v5e 197 T (/tpu/docs/v5e), v5p 459 T (/tpu/docs/v5p), v6e 918 T
@@ -532,6 +543,11 @@ ASSUMED_FLOPS_UTILIZATION_CONFIRMED = False  # the preview marks what rests on i
 def stop_notice_seconds(*, spot: bool) -> int:
     """How long a node has between its stop notice and power-off."""
     return SPOT_NOTICE_SECONDS if spot else STANDARD_NOTICE_SECONDS
+
+
+def mtbf_seconds(*, spot: bool) -> int:
+    """The mean seconds between a node's disruptions `checkpointEvery: auto` assumes."""
+    return SPOT_MTBF_SECONDS if spot else STANDARD_MTBF_SECONDS
 
 
 # ---- Cloud Quotas ids (components/teams.py caps each team's project) ---------

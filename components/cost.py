@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from components import catalog
 from components.settings import NodeSettings, StackSettings
 from components.stop_save import step_seconds
-from tpu_training.config import JobConfig, train_flops_per_example
+from tpu_training.config import JobConfig, recipe, train_flops_per_example
 
 SECONDS_PER_HOUR = 3600
 
@@ -43,6 +43,9 @@ class StepCost:
     # What the figure rests on that the catalog marks unconfirmed: "utilisation",
     # "peak" (the generation's peak FLOPs), "price".
     unconfirmed: tuple[str, ...] = ()
+    # The job's learning-rate and optimizer recipe (tpu_training.config.recipe), as the
+    # job's `recipe` line gives it: optimizer=… peak_learning_rate=… …
+    recipe: str = ""
 
     @property
     def usd_per_1000_steps(self) -> float | None:
@@ -61,7 +64,8 @@ def step_cost(node: NodeSettings, job: JobConfig, usd_per_hour: float | None,
         flops_per_example=train_flops_per_example(job),
         peak_flops_per_second=catalog.peak_flops_per_second(node.tpu), seconds=seconds,
         usd=None if usd_per_hour is None else usd_per_hour * seconds / SECONDS_PER_HOUR,
-        unconfirmed=tuple(what for what, unsure in unsure.items() if unsure))
+        unconfirmed=tuple(what for what, unsure in unsure.items() if unsure),
+        recipe=recipe(job).line().removeprefix("recipe "))
 
 
 @dataclass(frozen=True)

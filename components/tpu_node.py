@@ -87,14 +87,16 @@ class TpuNodeArgs:
 
 
 def resolved_job(args: TpuNodeArgs) -> JobConfig:
-    """The node's job: every location absolute, the stop notice its save must fit, and
-    its slice's peak FLOPs per second (the job's MFU, tpu_training.perf)."""
+    """The node's job: every location absolute, the stop notice its save must fit, its
+    slice's peak FLOPs per second (the job's MFU, tpu_training.perf) and the node's mean
+    time between disruptions (`checkpointEvery: auto`)."""
     loc = args.locations
     return args.job.resolve(data_root=loc.data_root, checkpoint_dir=loc.checkpoint_dir,
                             export_dir=loc.export_dir, tensorboard_dir=loc.tensorboard_dir,
                             notice_seconds=catalog.stop_notice_seconds(spot=args.settings.spot),
                             peak_flops_per_second=catalog.peak_flops_per_second(
-                                args.settings.tpu))
+                                args.settings.tpu),
+                            mtbf_seconds=catalog.mtbf_seconds(spot=args.settings.spot))
 
 
 def release_prefix(args: TpuNodeArgs) -> str:

@@ -954,6 +954,8 @@ class Agent:
         if what == "save":
             self.status.set(step=run.step, lastSave=run.last_save,
                             goodput=self.goodput.view(run.reported))
+        elif what == "interval":
+            self.status.set(checkpointInterval=run.checkpoint_interval)
         elif what == "perf" and run.perf is not None:
             self.status.progress(step=run.step,
                                  perf={**run.perf, **self.runtime_metrics.latest()})

@@ -24,6 +24,8 @@ RECENT_LINES = 40  # other output kept for the status message (a pod worker name
 TPU_BUSY_LINE = re.compile(r"^tpu_training tpu_busy holders=(.*)$")
 # How busy the TPU is (tpu_training.perf): at least every 50 executions and at the end.
 PERF_LINE = re.compile(r"^tpu_training perf (.*)$")
+# `checkpointEvery: auto`: the interval the job chose and why (tpu_training.config).
+CHECKPOINT_INTERVAL_LINE = re.compile(r"^tpu_training checkpoint_interval (.*)$")
 
 # Google's ML Goodput Measurement categories (docs/design.md, "Goodput"). The job
 # reports the first five for its own process run; the agent owns the last three.
@@ -62,6 +64,8 @@ class JobRun:
     error: str | None = None
     tpu_busy: str | None = None  # `tpu_busy holders=...`: what the job saw holding the TPU
     perf: dict[str, object] | None = None  # the latest perf line (perf_fields)
+    # {seconds, saveCost, mtbf, reason}: the latest checkpoint_interval line
+    checkpoint_interval: dict[str, object] | None = None
     stacks_signal: str | None = None  # `started stacks=SIGUSR1`: its faulthandler's signal
     tpu_init_seconds: float | None = None  # `started tpu_init_seconds=...`
     executions: int = 0  # `step=` lines
@@ -103,6 +107,13 @@ class JobRun:
         if match := PERF_LINE.match(line):
             self.perf = perf_fields(match[1]) or self.perf
             return "perf"
+        if match := CHECKPOINT_INTERVAL_LINE.match(line):
+            values, figures = key_values(match[1]), seconds_fields(match[1])
+            if {"seconds", "save_cost", "mtbf"} <= set(figures):
+                self.checkpoint_interval = {
+                    "seconds": figures["seconds"], "saveCost": figures["save_cost"],
+                    "mtbf": figures["mtbf"], "reason": values.get("reason", "")}
+                return "interval"
         if match := WAITING_LINE.match(line):
             self.waiting_pattern = match[1].strip()
         elif match := TPU_BUSY_LINE.match(line):

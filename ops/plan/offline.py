@@ -170,7 +170,7 @@ def step_json(step: StepCost) -> dict[str, Any]:
             "assumedUtilization": catalog.ASSUMED_FLOPS_UTILIZATION,
             "seconds": significant(step.seconds), "usd": significant(step.usd),
             "usdPer1000Steps": significant(step.usd_per_1000_steps),
-            "unconfirmed": list(step.unconfirmed)}
+            "unconfirmed": list(step.unconfirmed), "recipe": step.recipe}
 
 
 def offline_plan(stack: str, config: dict[str, str] | None = None,

@@ -277,7 +277,16 @@ def step_rows(plan: Mapping[str, Any]) -> list[list[str]]:
 def step_tables(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
     """The cost of a training step per node, or nothing for a plan without it."""
     rows = step_rows(plan)
-    return [table(STEP_HEADERS, rows, markdown=markdown)] if rows else []
+    return [table(STEP_HEADERS, rows, markdown=markdown), *recipe_lines(plan)] if rows else []
+
+
+def recipe_lines(plan: Mapping[str, Any]) -> list[str]:
+    """The learning rate and optimizer each node's job trains with (the job's `recipe`
+    line, tpu_training.config.recipe), one line per node."""
+    lines = [f"- {node['name']}: {node['step']['recipe']}"
+             for node in plan.get("cost", {}).get("nodes", [])
+             if node.get("step", {}).get("recipe")]
+    return ["\n".join(["Training recipe per job:", *lines])] if lines else []
 
 
 def step_line(cost: Mapping[str, Any]) -> str | None:

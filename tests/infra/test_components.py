@@ -414,12 +414,15 @@ def test_each_release_is_an_object_named_by_its_content_under_the_pointer() -> N
     assert job["tensorboardDir"] == "gs://l/tb/test-trainer/"
     assert job["noticeSeconds"] == 30  # a spot node's notice (contract C3)
     assert job["peakFlopsPerSecond"] == 8 * 197e12  # a v5litepod-8 (the job's MFU)
+    assert job["mtbfSeconds"] == 24 * 3600  # spot: preemptible's 24-hour cap (auto interval)
     vm = only(run, "gcp:tpu/v2Vm:V2Vm")
     assert release.urn in vm.dependencies  # the first boot finds its release
 
 
 def test_an_on_demand_node_gets_the_standard_notice() -> None:
-    assert release_of(node_run(provisioning="on-demand")[0])[1]["job"]["noticeSeconds"] == 120
+    job = release_of(node_run(provisioning="on-demand")[0])[1]["job"]
+    assert job["noticeSeconds"] == 120
+    assert job["mtbfSeconds"] == 30 * 24 * 3600  # maintenance, assumed monthly (unconfirmed)
 
 
 @pytest.mark.parametrize(("provisioning", "expected"), [

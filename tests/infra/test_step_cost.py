@@ -108,7 +108,10 @@ def test_the_plan_shows_the_dev_stacks_step_in_its_text_and_json():
         "job": "mnist", "model": "mnist_cnn", "globalBatchSize": 1024,
         "flopsPerExample": 6 * MNIST_FORWARD_MACS, "peakFlopsPerSecond": 8 * 197e12,
         "assumedUtilization": 0.3, "seconds": 0.004926, "usd": 6.645e-06,
-        "usdPer1000Steps": 0.006645, "unconfirmed": ["utilisation"]}
+        "usdPer1000Steps": 0.006645, "unconfirmed": ["utilisation"],
+        # 0.1 per 256 examples x 1024, warm-up a tenth of 5,000 steps (at most 1,000).
+        "recipe": "optimizer=sgd peak_learning_rate=0.4 warmup_steps=500 decay=cosine "
+                  "clip_norm=none weight_decay=none"}
     text = render(plan, "table")
     assert ("node     model      batch  step seconds  USD/step     USD/1,000 steps  unconfirmed\n"
             "trainer  mnist_cnn  1024   ~0.0049       ~$0.0000066  ~$0.0066         utilisation"
@@ -119,6 +122,15 @@ def test_the_plan_shows_the_dev_stacks_step_in_its_text_and_json():
     assert "| trainer | mnist_cnn | 1024 | ~0.0049 | ~$0.0000066 | ~$0.0066 | utilisation |" \
         in markdown
     assert json.loads(render(plan, "json"))["cost"]["nodes"][0]["step"] == step
+
+
+def test_the_plan_shows_each_jobs_training_recipe():
+    plan = {"cost": cost_json(cost.settings_cost(bert_base_settings()))}
+    text = render(plan, "table")
+    # google-research/bert's AdamW: 1e-4 at its batch of 256, warm-up a tenth of 1,000 steps,
+    # linear decay, gradients clipped to a global norm of 1, weight decay 0.01.
+    assert ("Training recipe per job:\n- trainer: optimizer=adamw peak_learning_rate=0.0001 "
+            "warmup_steps=100 decay=linear clip_norm=1 weight_decay=0.01") in text
 
 
 def test_significant_keeps_two_digits_in_fixed_notation():

@@ -25,8 +25,9 @@ from tpu_training.tf_env import keras, tf
 # machine trains it in seconds. The schema's defaults (128, 20, 30522) are BERT's.
 SHAPE = {"maxSeqLength": 64, "maxPredictionsPerSeq": 10, "vocabSize": 256}
 CHANCE = 1 / SHAPE["vocabSize"]
+# learningRate is a BERT job's peak as is (config.recipe).
 BERT_JOB = {"model": "bert_tiny", "globalBatchSize": 32, "trainSteps": 100,
-            "stepsPerExecution": 10, "checkpointEverySteps": 50, "learningRate": 0.01,
+            "stepsPerExecution": 10, "checkpointEverySteps": 50, "learningRate": 0.0035,
             "warmupSteps": 10, "checkpointEveryMinutes": 60, **SHAPE}
 EVAL_LINE = re.compile(r"tpu_training eval_accuracy=(\d\.\d{6}) eval_loss=(\d+\.\d{6}) "
                        r"eval_nsp_accuracy=(\d\.\d{6})")
@@ -177,14 +178,15 @@ def test_the_flops_table_matches_the_model(strategy):
     assert schema.train_flops_per_example(config) == pytest.approx(6 * macs, rel=0.01)
 
 
-def test_the_learning_rate_scales_by_the_square_root_and_decays_linearly():
+def test_the_learning_rate_warms_up_from_0_and_decays_linearly():
     config = JobConfig.from_dict({**BERT_JOB, "trainData": "x", "learningRate": None,
                                   "globalBatchSize": 1024, "warmupSteps": 8}, resolved=False)
     schedule = train.learning_rate(config, models.model_spec(config))
-    peak = schema.BERT_BASE_LEARNING_RATE * 2  # sqrt(1024 / 256)
-    assert float(schedule(7)) == pytest.approx(peak)
-    assert float(schedule(0)) == pytest.approx(peak / 8)
-    assert float(schedule(50)) == pytest.approx(peak * 0.5)  # half of trainSteps (100)
+    peak = schema.BERT_BASE_LEARNING_RATE  # AdamW: google-research's rate, unscaled
+    assert float(schedule(0)) == 0.0  # optimization.py: global_step / num_warmup_steps
+    assert float(schedule(4)) == pytest.approx(peak / 2)
+    assert float(schedule(8)) == pytest.approx(peak * 0.92)  # decaying from trainSteps (100)
+    assert float(schedule(50)) == pytest.approx(peak * 0.5)
     assert float(schedule(100)) == 0.0
 
 
@@ -193,7 +195,10 @@ def test_large_global_batches_take_lamb(strategy):
     large = JobConfig.from_dict({**BERT_JOB, "trainData": "x", "globalBatchSize": 8192},
                                 resolved=False)
     assert isinstance(bert.make_optimizer(small, 1e-3), keras.optimizers.AdamW)
-    assert isinstance(bert.make_optimizer(large, 1e-3), bert.Lamb)
+    lamb = bert.make_optimizer(large, 1e-3)
+    assert isinstance(lamb, bert.Lamb)
+    # Both clip the gradients' global norm (optimization.py's 1.0; issue 38: LAMB did not).
+    assert bert.make_optimizer(small, 1e-3).global_clipnorm == lamb.global_clipnorm == 1.0
 
 
 def test_lamb_trains_and_keeps_its_moments(strategy):

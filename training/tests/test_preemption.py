@@ -68,11 +68,11 @@ class Job:
     @property
     def progress(self) -> list[str]:
         """The progress lines, without the accounting (saved, goodput) and the phase
-        markers before training (started, tpu_ready)."""
+        markers before training (started, tpu_ready, recipe)."""
         return [line for line in self.lines
                 if not line.startswith(("tpu_training saved ", "tpu_training goodput ",
                                         "tpu_training perf ", "tpu_training started ",
-                                        "tpu_training tpu_ready "))]
+                                        "tpu_training tpu_ready ", "tpu_training recipe "))]
 
     @property
     def stop_saves(self) -> list[int]:

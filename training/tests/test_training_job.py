@@ -24,12 +24,13 @@ GOODPUT_LINE = re.compile(r"tpu_training goodput step=(\d+) " + " ".join(
 
 def progress(lines: list[str]) -> list[str]:
     """The lines of the job's progress, without its accounting (saved, goodput, perf)
-    and the phase marker before training (tpu_ready)."""
+    and the phase markers before training (tpu_ready, recipe)."""
     return [line for line in lines if not line.startswith(("tpu_training saved ",
                                                            "tpu_training goodput ",
                                                            "tpu_training perf ",
                                                            "tpu_training eval_progress ",
-                                                           "tpu_training tpu_ready "))]
+                                                           "tpu_training tpu_ready ",
+                                                           "tpu_training recipe "))]
 
 
 def goodput_of(line: str) -> dict[str, float]:

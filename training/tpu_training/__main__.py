@@ -1,9 +1,11 @@
-"""The command line: `python -m tpu_training run|synth` (docs/design.md, "The training package").
+"""The command line: `python -m tpu_training run|synth|convert-checkpoint` (docs/design.md,
+"The training package").
 
 Exit codes (tpu_training.exits; docs/design.md, "Exit codes"): 0 finished (or
 already finished); 75 stopped on SIGTERM after saving a checkpoint; 76 stopped on
 SIGTERM but the stop save failed; 2 a bad setting or usage; 65 records that do not
-fit the model; 66 the training data matches no file yet; 69 no TPU initialised
+fit the model, or a published checkpoint that does not (`initCheckpoint`,
+`convert-checkpoint`); 66 the training data matches no file yet; 69 no TPU initialised
 within the job's retries, at once when another process holds it (after a
 `tpu_training tpu_busy holders=<pids or unknown>` line), or storage unavailable; 1 any
 other failure. Every
@@ -29,6 +31,7 @@ from collections.abc import Sequence  # noqa: E402
 
 from tpu_training import exits, output  # noqa: E402
 from tpu_training.config import (  # noqa: E402
+    BERT_MODELS,
     MODEL_NAMES,
     RECORD_FORMATS,
     JobConfig,
@@ -64,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop.uninstall()
 
 
-_CONFIG_EXITS = {exits.RecordsError: exits.EXIT_DATA, exits.NoDataError: exits.EXIT_NO_INPUT}
+_CONFIG_EXITS = {exits.RecordsError: exits.EXIT_DATA, exits.CheckpointError: exits.EXIT_DATA,
+                 exits.NoDataError: exits.EXIT_NO_INPUT}
 
 
 class _OneLineError(Exception):
@@ -179,6 +183,17 @@ def _synth(args: argparse.Namespace, _stop: StopFlag) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace, _stop: StopFlag) -> int:
+    """Write the TF Hub encoder export of a published BERT checkpoint, without training."""
+    from tpu_training import bert
+
+    spec = bert.published_spec(args.src, args.model, source="SRC")
+    bert.export_published(args.src, spec, args.out, source="SRC")
+    print(f"tpu_training converted model={args.model} vocab={spec.vocab_size} "
+          f"export={args.out}", flush=True)
+    return 0
+
+
 def _load_json(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as file:
@@ -213,6 +228,15 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--prefix", default="train", help="file names: PREFIX-00000-of-00016")
     synth.add_argument("--seed", type=int, default=0)
     synth.set_defaults(command=_synth)
+    convert = commands.add_parser(
+        "convert-checkpoint", help="write the TF Hub encoder export of a google-research/bert "
+                                   "(TF1) or tensorflow/models (TF2) BERT checkpoint")
+    convert.add_argument("src", metavar="SRC", help="the checkpoint's prefix, e.g. "
+                                                    "uncased_L-12_H-768_A-12/bert_model.ckpt")
+    convert.add_argument("--model", required=True, choices=BERT_MODELS,
+                         help="the size the checkpoint has (its vocabulary is read from it)")
+    convert.add_argument("--out", required=True, help="the export directory (local or gs://)")
+    convert.set_defaults(command=_convert)
     return parser
 
 

@@ -17,7 +17,8 @@ masked-LM cross-entropy averaged over `masked_lm_weights`, next-sentence
 cross-entropy averaged over examples, their sum the training loss.
 
 Query, key and value are one fused projection (3H); the checkpoint layout is this
-package's own, not google-research/bert's (its checkpoints are not loaded here).
+package's own. google-research/bert's TF1 checkpoints and tensorflow/models' TF2 encoder
+checkpoints are read by tpu_training.bert_checkpoint (`initCheckpoint`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from tpu_training import bert_checkpoint
 from tpu_training import config as schema
 from tpu_training.config import JobConfig
+from tpu_training.exits import CheckpointError
 from tpu_training.tf_env import keras, tf
 
 INITIALIZER_RANGE = 0.02  # modeling.py BertConfig.initializer_range
@@ -34,18 +37,18 @@ LAYER_NORM_EPSILON = 1e-12  # modeling.py layer_norm: epsilon=1e-12
 DROPOUT_RATE = 0.1  # hidden_dropout_prob and attention_probs_dropout_prob
 # optimization.py AdamWeightDecayOptimizer: weight_decay_rate 0.01, beta_1 0.9,
 # beta_2 0.999, epsilon 1e-6, no decay on LayerNorm and bias; gradients clipped to a
-# global norm of 1.0 (create_optimizer). tf_keras' AdamW, used here, also corrects the
-# moments' bias, which that optimizer does not; its decay is decoupled the same way
-# (the weight times the rate times the learning rate).
-WEIGHT_DECAY = 0.01
+# global norm of 1.0 (create_optimizer); the rates, warm-up, decay and clipping are
+# config.recipe's. tf_keras' AdamW, used here, also corrects the moments' bias, which
+# that optimizer does not; its decay is decoupled the same way (the weight times the
+# rate times the learning rate).
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPSILON = 1e-6
-CLIP_NORM = 1.0
-NO_DECAY = ["layer_norm", "bias"]
-# run_pretraining.py: num_warmup_steps 10000 of num_train_steps 100000; the job warms
-# up over a tenth of a run that short, up to that many steps.
-MAX_WARMUP_STEPS = 10_000
-WARMUP_SHARE = 0.1
+# google-research/bert names its LayerNorm variables `LayerNorm` (exclude_from_weight_decay=
+# ["LayerNorm", "layer_norm", "bias"]), tf_keras layers `layer_norm`: both, so a model
+# with either name (tensorflow/models' masked-LM head's `.../transform/LayerNorm`) takes
+# no decay on its normalisation (tf_keras matches the names case-sensitively).
+NO_DECAY = ["LayerNorm", "layer_norm", "bias"]
+ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
             "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
 
@@ -61,7 +64,6 @@ class BertSpec:
     seq_length: int
     max_predictions: int
     vocab_size: int
-    base_learning_rate: float = schema.BERT_BASE_LEARNING_RATE
 
     @property
     def intermediate(self) -> int:
@@ -164,18 +166,34 @@ def build_encoder(spec: BertSpec) -> keras.Model:
     """The encoder: int32 ids, mask and types [B, S] to `sequence_output` [B, S, H] and
     `pooled_output` [B, H], float32."""
     inputs = {name: keras.Input(shape=(None,), dtype=tf.int32, name=name)
-              for name in ("input_word_ids", "input_mask", "input_type_ids")}
+              for name in ENCODER_INPUTS}
     embeddings = Embeddings(spec, name="embeddings")
     x = embeddings(inputs["input_word_ids"], inputs["input_type_ids"])
     bias = keras.layers.Lambda(attention_bias, name="attention_bias")(inputs["input_mask"])
+    layer_outputs = []
     for index in range(spec.layers):
         x = TransformerLayer(spec, name=f"transformer_layer_{index}")(x, bias)
+        layer_outputs.append(x)
     first = keras.layers.Lambda(lambda sequence: sequence[:, 0], name="first_token")(x)
     pooled = _dense(spec.hidden, "pooler", activation="tanh")(first)
     outputs = {"sequence_output": x,
                "pooled_output": keras.layers.Activation("linear", dtype="float32",
-                                                        name="pooled")(pooled)}
+                                                        name="pooled")(pooled),
+               "encoder_outputs": layer_outputs}
     return keras.Model(inputs, outputs, name=f"{spec.name}_encoder")
+
+
+def hub_encoder(spec: BertSpec) -> keras.Model:
+    """The encoder as a TF Hub Transformer encoder (tensorflow.org/hub/common_saved_model_apis/
+    text, "Transformer encoders"; tensorflow/models official/nlp/tools/export_tfhub_lib.py
+    `_create_model`): the three int32 inputs to `pooled_output`, `sequence_output`,
+    `default` (the pooled output again) and `encoder_outputs` (every layer's output)."""
+    encoder = build_encoder(spec)
+    inputs = {name: keras.Input(shape=(None,), dtype=tf.int32, name=name)
+              for name in ENCODER_INPUTS}
+    outputs = dict(encoder(inputs))
+    outputs["default"] = outputs["pooled_output"]
+    return keras.Model(inputs, outputs, name=f"{spec.name}_hub_encoder")
 
 
 class MaskedLM(keras.layers.Layer):
@@ -231,6 +249,106 @@ def build_pretrainer(spec: BertSpec) -> Pretrainer:
     return model
 
 
+def published_tensors(path: str, spec: BertSpec, *, source: str
+                      ) -> tuple[str, dict[str, tf.Tensor]]:
+    """The variables of the google-research/bert or tensorflow/models checkpoint at `path`
+    by their TF1 names and shapes, checked against `spec` (tpu_training.bert_checkpoint),
+    and its layout (`tf1` or `tf2`); a CheckpointError naming `source` otherwise."""
+    reader = _checkpoint_reader(path, source)
+    shape = published_shape(spec)
+    layout, sources = bert_checkpoint.plan(reader.get_variable_to_shape_map(), shape,
+                                           source=source)
+    wanted = bert_checkpoint.published_shapes(shape)
+    return layout, {name: tf.reshape(reader.get_tensor(checkpoint_name), wanted[name])
+                    for name, (checkpoint_name, _) in sources.items()}
+
+
+def published_spec(path: str, model: str, *, source: str) -> BertSpec:
+    """The spec of a `model`-sized encoder with the vocabulary of the checkpoint at `path`."""
+    layers, hidden = schema.BERT_SIZES[model]
+    shapes = _checkpoint_reader(path, source).get_variable_to_shape_map()
+    vocab = bert_checkpoint.vocab_size(shapes) or schema.BERT_DEFAULTS["vocabSize"]
+    return BertSpec(model, layers, hidden, hidden // schema.BERT_HEAD_SIZE,
+                    schema.BERT_DEFAULTS["maxSeqLength"],
+                    schema.BERT_DEFAULTS["maxPredictionsPerSeq"], vocab)
+
+
+def export_published(path: str, spec: BertSpec, directory: str, *, source: str) -> None:
+    """The TF Hub encoder export (`export_encoder`) of the published checkpoint at `path`."""
+    keras.mixed_precision.set_global_policy("float32")
+    model = build_pretrainer(spec)
+    _, tensors = published_tensors(path, spec, source=source)
+    assign_published(model, tensors)
+    export_encoder(spec, model.encoder.get_weights(), directory)
+
+
+def _checkpoint_reader(path: str, source: str):
+    try:
+        return tf.train.load_checkpoint(path)
+    except (tf.errors.OpError, ValueError) as error:
+        message = str(getattr(error, "message", error)).strip().split("\n")[0][:200]
+        raise CheckpointError.single(source, f"cannot read the checkpoint {path}: {message}"
+                                     ) from error
+
+
+def published_shape(spec: BertSpec) -> bert_checkpoint.Shape:
+    return bert_checkpoint.Shape(spec.layers, spec.hidden, spec.vocab_size, schema.BERT_HEAD_SIZE)
+
+
+def assign_published(model: Pretrainer, tensors: dict[str, tf.Tensor]) -> int:
+    """Set `model`'s variables from `tensors` (TF1 names, `published_tensors`); a head
+    the tensors lack keeps its weights. Returns how many variables were set."""
+    assigned = 0
+    for variable, names, combine in _published_sources(model):
+        if all(name in tensors for name in names):
+            variable.assign(combine([tensors[name] for name in names]))
+            assigned += 1
+    return assigned
+
+
+def _published_sources(model: Pretrainer) -> list[tuple[tf.Variable, list[str], object]]:
+    """Each variable of `model`, the TF1 names it is made of, and how (query, key and
+    value concatenated into the fused projection; next-sentence's [2, H] transposed)."""
+    one, concat = (lambda values: values[0]), (lambda values: tf.concat(values, axis=-1))
+    encoder = model.encoder
+    embeddings = encoder.get_layer("embeddings")
+    sources = [(embeddings.words.embeddings, ["bert/embeddings/word_embeddings"], one),
+               (embeddings.types.embeddings, ["bert/embeddings/token_type_embeddings"], one),
+               (embeddings.positions, ["bert/embeddings/position_embeddings"], one),
+               *_norm_sources(embeddings.norm, "bert/embeddings/LayerNorm")]
+    for index in range(model.spec.layers):
+        layer = encoder.get_layer(f"transformer_layer_{index}")
+        prefix = f"bert/encoder/layer_{index}/"
+        for part in ("kernel", "bias"):
+            sources.append((getattr(layer.qkv, part),
+                            [f"{prefix}attention/self/{name}/{part}"
+                             for name in ("query", "key", "value")], concat))
+        sources += [*_dense_sources(layer.attention_output, f"{prefix}attention/output/dense"),
+                    *_norm_sources(layer.attention_norm, f"{prefix}attention/output/LayerNorm"),
+                    *_dense_sources(layer.intermediate, f"{prefix}intermediate/dense"),
+                    *_dense_sources(layer.output_dense, f"{prefix}output/dense"),
+                    *_norm_sources(layer.output_norm, f"{prefix}output/LayerNorm")]
+    sources += _dense_sources(encoder.get_layer("pooler"), "bert/pooler/dense")
+    heads = model.masked_lm
+    sources += [*_dense_sources(heads.transform, "cls/predictions/transform/dense"),
+                *_norm_sources(heads.norm, "cls/predictions/transform/LayerNorm"),
+                (heads.bias, ["cls/predictions/output_bias"], one),
+                (model.next_sentence.kernel, ["cls/seq_relationship/output_weights"],
+                 lambda values: tf.transpose(values[0])),
+                (model.next_sentence.bias, ["cls/seq_relationship/output_bias"], one)]
+    return sources
+
+
+def _dense_sources(layer: keras.layers.Dense, name: str) -> list:
+    return [(layer.kernel, [f"{name}/kernel"], lambda values: values[0]),
+            (layer.bias, [f"{name}/bias"], lambda values: values[0])]
+
+
+def _norm_sources(layer: keras.layers.LayerNormalization, name: str) -> list:
+    return [(layer.gamma, [f"{name}/gamma"], lambda values: values[0]),
+            (layer.beta, [f"{name}/beta"], lambda values: values[0])]
+
+
 def dummy_features(spec: BertSpec, batch: int) -> dict[str, tf.Tensor]:
     sequence = tf.zeros([batch, spec.seq_length], tf.int32)
     return {"input_word_ids": sequence, "input_mask": tf.ones_like(sequence),
@@ -250,19 +368,18 @@ def losses(features: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor]
     return tf.reduce_sum(per_prediction * weights, axis=-1), tf.reduce_sum(weights, -1), sentence
 
 
-def learning_rate(config: JobConfig, spec: BertSpec) -> WarmupLinear:
-    """optimization.py create_optimizer: linear warm-up, then linear decay to 0 at
-    trainSteps; the peak scaled with globalBatchSize by the square-root rule."""
-    base = config.learningRate if config.learningRate is not None else spec.base_learning_rate
-    warmup = config.warmupSteps
-    if warmup is None:
-        warmup = min(MAX_WARMUP_STEPS, int(config.trainSteps * WARMUP_SHARE))
-    return WarmupLinear(schema.scaled_learning_rate(config, base), warmup, config.trainSteps)
+def learning_rate(config: JobConfig) -> WarmupLinear:
+    """optimization.py create_optimizer: linear warm-up from 0, then linear decay to 0 at
+    trainSteps, at config.recipe's peak."""
+    resolved = schema.recipe(config)
+    return WarmupLinear(resolved.peak_learning_rate, resolved.warmup_steps, config.trainSteps)
 
 
 class WarmupLinear(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up to `peak` over `warmup_steps`, then linear decay to 0 at `total_steps`
-    (optimization.py: polynomial_decay with power 1.0 under a linear warm-up)."""
+    """Linear warm-up from 0 to `peak` over `warmup_steps`, then linear decay to 0 at
+    `total_steps` (optimization.py: polynomial_decay with power 1.0; under it, the rate at
+    global_step is init_lr x global_step / num_warmup_steps while global_step is below
+    it, 0 at the first step; `step` is the optimizer's iterations before the update)."""
 
     def __init__(self, peak: float, warmup_steps: int, total_steps: int):
         self.peak, self.warmup_steps, self.total_steps = peak, warmup_steps, total_steps
@@ -270,7 +387,7 @@ class WarmupLinear(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
         decayed = self.peak * tf.maximum(0.0, 1.0 - step / float(max(self.total_steps, 1)))
-        warm = self.peak * (step + 1.0) / float(max(self.warmup_steps, 1))
+        warm = self.peak * step / float(max(self.warmup_steps, 1))
         return tf.where(step < self.warmup_steps, warm, decayed)
 
     def get_config(self) -> dict:
@@ -279,12 +396,14 @@ class WarmupLinear(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def make_optimizer(config: JobConfig, rate) -> keras.optimizers.Optimizer:
-    """AdamW as BERT trains; LAMB from `LAMB_MIN_GLOBAL_BATCH` (config.optimizer_name)."""
-    if schema.optimizer_name(config) == "lamb":
-        return Lamb(rate)
+    """AdamW as BERT trains; LAMB from `LAMB_MIN_GLOBAL_BATCH` (config.optimizer_name);
+    both clip the gradients' global norm and decay the weights as config.recipe says."""
+    resolved = schema.recipe(config)
+    if resolved.optimizer == "lamb":
+        return Lamb(rate, weight_decay=resolved.weight_decay, global_clipnorm=resolved.clip_norm)
     optimizer = keras.optimizers.AdamW(
-        rate, weight_decay=WEIGHT_DECAY, beta_1=ADAM_BETAS[0], beta_2=ADAM_BETAS[1],
-        epsilon=ADAM_EPSILON, global_clipnorm=CLIP_NORM)
+        rate, weight_decay=resolved.weight_decay, beta_1=ADAM_BETAS[0], beta_2=ADAM_BETAS[1],
+        epsilon=ADAM_EPSILON, global_clipnorm=resolved.clip_norm)
     optimizer.exclude_from_weight_decay(var_names=NO_DECAY)
     return optimizer
 
@@ -295,7 +414,7 @@ class Lamb(keras.optimizers.Optimizer):
     decoupled weight decay, scaled per variable by ||w|| / ||step|| (1 where either is
     0); LayerNorm and bias take no decay and no scaling."""
 
-    def __init__(self, learning_rate, weight_decay: float = WEIGHT_DECAY,
+    def __init__(self, learning_rate, weight_decay: float = schema.BERT_WEIGHT_DECAY,
                  beta_1: float = ADAM_BETAS[0], beta_2: float = ADAM_BETAS[1],
                  epsilon: float = ADAM_EPSILON, name: str = "LAMB", **kwargs):
         super().__init__(name=name, **kwargs)
@@ -385,24 +504,27 @@ class BertTask:
                 "eval_nsp_accuracy": float(metrics["eval_nsp_accuracy"].result())}
 
     def export(self, model: Pretrainer, directory: str) -> None:
-        """A float32 copy of the encoder (the caller sets the float32 policy), saved with
-        the `serving_default` signature of TF Hub's BERT encoders."""
-        encoder = build_encoder(self.spec)
-        encoder.set_weights(model.encoder.get_weights())
-        ids = {name: tf.TensorSpec([None, None], tf.int32, name=name)
-               for name in ("input_word_ids", "input_mask", "input_type_ids")}
+        """A float32 copy of the encoder (the caller sets the float32 policy)."""
+        export_encoder(self.spec, model.encoder.get_weights(), directory)
 
-        @tf.function(input_signature=[ids])
-        def serve_dict(inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            outputs = encoder(inputs, training=False)
-            return {"pooled_output": outputs["pooled_output"],
-                    "sequence_output": outputs["sequence_output"]}
 
-        @tf.function(input_signature=list(ids.values()))
-        def serve(input_word_ids, input_mask, input_type_ids) -> dict[str, tf.Tensor]:
-            return serve_dict({"input_word_ids": input_word_ids, "input_mask": input_mask,
-                               "input_type_ids": input_type_ids})
+def export_encoder(spec: BertSpec, weights: list, directory: str) -> None:
+    """Save the encoder with `weights` as a TF Hub Transformer encoder: a Keras
+    SavedModel whose root is callable (`hub.load(directory)(inputs, training=...)`) and
+    has `.variables` and `.trainable_variables`, so `hub.KerasLayer(directory,
+    trainable=True)` fine-tunes it (export_tfhub_lib.py `export_model`: `core_model.save(
+    ..., include_optimizer=False, save_format="tf")`). Its `serving_default` signature
+    returns `pooled_output` and `sequence_output`, as TF Hub's BERT encoders' do."""
+    encoder = hub_encoder(spec)
+    encoder.set_weights(weights)
+    ids = {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in ENCODER_INPUTS}
 
-        module = tf.Module()
-        module.encoder, module.serve_dict = encoder, serve_dict
-        tf.saved_model.save(module, directory, signatures={"serving_default": serve})
+    @tf.function(input_signature=list(ids.values()))
+    def serve(input_word_ids, input_mask, input_type_ids) -> dict[str, tf.Tensor]:
+        outputs = encoder({"input_word_ids": input_word_ids, "input_mask": input_mask,
+                           "input_type_ids": input_type_ids}, training=False)
+        return {"pooled_output": outputs["pooled_output"],
+                "sequence_output": outputs["sequence_output"]}
+
+    encoder.save(directory, include_optimizer=False, save_format="tf",
+                 signatures={"serving_default": serve})

@@ -69,7 +69,8 @@ IMAGENET_MODELS: tuple[str, ...] = ("resnet18", "resnet50")
 LOCATION_KEYS: tuple[str, ...] = ("checkpointDir", "exportDir", "tensorboardDir")
 # Keys only a resolved job has: its locations, the node's stop notice, and the slice's
 # peak bf16 FLOPs per second (components/catalog.py) for the job's MFU (tpu_training.perf).
-NODE_KEYS: tuple[str, ...] = (*LOCATION_KEYS, "noticeSeconds", "peakFlopsPerSecond")
+NODE_KEYS: tuple[str, ...] = (*LOCATION_KEYS, "noticeSeconds", "peakFlopsPerSecond",
+                              "mtbfSeconds")
 
 # The time between two stop checks (one execution) may use this share of the node's
 # stop notice (`noticeSeconds`); the stop save may use half of it (components/catalog.py,
@@ -78,6 +79,19 @@ EXECUTION_SHARE_OF_NOTICE = 0.25
 # A save every minute by default: a kill loses about half of it. Saves are asynchronous
 # (tpu_training.train), so training waits only for the copy of the weights to the host.
 DEFAULT_CHECKPOINT_EVERY_MINUTES = 1.0
+# `checkpointEvery: auto`: the time between interval saves that loses least, Young's
+# first-order optimum (J. W. Young, "A first order approximation to the optimum
+# checkpoint interval", CACM 17(9), 1974; Daly, "A higher order estimate of the optimum
+# checkpoint interval for restart dumps", FGCS 22(3), 2006, gives the same first term):
+# sqrt(2 x the time a save costs training x the mean time between disruptions). The
+# job measures the save's cost (what training waited for an interval save) and takes
+# the node's mean time between disruptions from the resolved job (`mtbfSeconds`,
+# components/catalog.py); never shorter than one save's write, so a save never waits
+# for the last one and a stop waits for at most one write (the stop budget's
+# assumption, components/stop_save.py). A new estimate is printed when it moves by
+# more than this share.
+AUTO_CHECKPOINT = "auto"
+AUTO_INTERVAL_CHANGE = 0.25
 
 # Where a location may point: GCS on the VM; local folders and TF's in-memory
 # filesystem off it (TF's gs:// filesystem cannot be pointed at an emulator).
@@ -115,6 +129,9 @@ class JobConfig:
     checkpointEverySteps: int = 1000
     # Also save when this much time has passed since the last save.
     checkpointEveryMinutes: float = DEFAULT_CHECKPOINT_EVERY_MINUTES
+    # `auto`: the time interval is Young/Daly's (checkpoint_interval) once an interval save
+    # has been measured; checkpointEveryMinutes until then.
+    checkpointEvery: str | None = None
     learningRate: float | None = None
     warmupSteps: int | None = None
     imageSize: int | None = None
@@ -124,11 +141,15 @@ class JobConfig:
     maxSeqLength: int | None = None
     maxPredictionsPerSeq: int | None = None
     vocabSize: int | None = None
+    # A published BERT checkpoint (google-research/bert TF1 or tensorflow/models TF2
+    # encoder) the job starts from when it has no checkpoint of its own (bert_checkpoint).
+    initCheckpoint: str | None = None
     checkpointDir: str | None = None
     exportDir: str | None = None
     tensorboardDir: str | None = None
     noticeSeconds: float | None = None  # the node's stop notice; bounds an execution
     peakFlopsPerSecond: float | None = None  # the slice's peak: the perf line's MFU
+    mtbfSeconds: float | None = None  # the node's mean time between disruptions (catalog)
     # The node agent's deadline for every phase after TPU initialisation (docs/design.md,
     # "Deadlines"); the job itself does not read it.
     progressDeadlineSeconds: float | None = None
@@ -150,18 +171,22 @@ class JobConfig:
 
     def resolve(self, *, data_root: str, checkpoint_dir: str, export_dir: str,
                 tensorboard_dir: str, notice_seconds: float | None = None,
-                peak_flops_per_second: float | None = None) -> JobConfig:
+                peak_flops_per_second: float | None = None,
+                mtbf_seconds: float | None = None) -> JobConfig:
         """The node's job: data made absolute under `data_root`, locations, the
         node's stop notice and its slice's peak FLOPs per second set."""
         return dataclasses.replace(
             self,
             trainData=absolute(self.trainData, data_root),
             evalData=None if self.evalData is None else absolute(self.evalData, data_root),
+            initCheckpoint=(None if self.initCheckpoint is None
+                            else absolute(self.initCheckpoint, data_root)),
             checkpointDir=checkpoint_dir,
             exportDir=export_dir,
             tensorboardDir=tensorboard_dir,
             noticeSeconds=notice_seconds,
             peakFlopsPerSecond=peak_flops_per_second,
+            mtbfSeconds=mtbf_seconds,
         )
 
     @property
@@ -174,6 +199,30 @@ class JobConfig:
         if self.noticeSeconds is None:
             return None
         return self.noticeSeconds * EXECUTION_SHARE_OF_NOTICE
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInterval:
+    """The time between interval saves `checkpointEvery: auto` chose, and why."""
+
+    seconds: float
+    save_cost: float  # seconds training waited for an interval save
+    mtbf: float  # the node's mean seconds between disruptions
+    reason: str  # young_daly, or write_bound: the save's write took longer
+
+    def line(self) -> str:
+        """The job's `checkpoint_interval` line (without the `tpu_training ` prefix)."""
+        return (f"checkpoint_interval seconds={self.seconds:.1f} save_cost={self.save_cost:.3f} "
+                f"mtbf={self.mtbf:.0f} reason={self.reason}")
+
+
+def checkpoint_interval(save_cost: float, mtbf: float, write_seconds: float
+                        ) -> CheckpointInterval:
+    """Young/Daly's interval, sqrt(2 x save_cost x mtbf), at least one save's write."""
+    optimal = math.sqrt(2 * max(save_cost, 0.0) * mtbf)
+    if optimal < write_seconds:
+        return CheckpointInterval(write_seconds, save_cost, mtbf, "write_bound")
+    return CheckpointInterval(optimal, save_cost, mtbf, "young_daly")
 
 
 def checkpoint_bytes(job: JobConfig) -> int:
@@ -231,15 +280,95 @@ BERT_DEVICE_BYTES_PER_PARAMETER = 16
 BERT_ACTIVATION_BYTES_PER_TOKEN_AND_HIDDEN = 34
 # The masked-LM logits of every prediction (float32) and their gradient.
 BERT_LOGIT_BYTES = 8
-# google-research/bert optimization.py trains with Adam(W) at a global batch of 256
-# (README: "batch size of 256 ... learning rate of 1e-4"; paper section A.2). Larger
+# google-research/bert trains with AdamW at a global batch of 256 and a peak of 1e-4
+# (README: "batch size of 256 ... learning rate of 1e-4"; paper section A.2); it gives no
+# rule for other batches, so AdamW keeps that rate (learningRate overrides it). Larger
 # batches take LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning:
 # Training BERT in 76 minutes", which trains BERT at batches of 512 to 65536); the
-# switch point is this package's choice: where the LAMB paper's smallest batches are.
+# switch point is this package's choice: where the LAMB paper's Table 4 leaves Adam's
+# batches behind.
 BERT_BASE_LEARNING_RATE = 1e-4
 LAMB_MIN_GLOBAL_BATCH = 8192
+# LAMB's untuned recipe (the paper's Table 4, "Untuned LAMB for BERT training across
+# different batch sizes": the square-root scaling and warm-up from a peak of 5/(2^0 x
+# 10^3) = 5e-3 with a warm-up ratio of 1/5 at 32K, halving the batch dividing the rate by
+# sqrt(2) and the ratio by 2, down to 5/(2^3 x 10^3) and 1/320 at 512). Unconfirmed:
+# the table could not be read through this repository's search tools; the figures are
+# the paper's as its authors' recipe is commonly given, to be checked against arXiv
+# 1904.00962 v5 before relying on them.
+LAMB_REFERENCE_BATCH = 32768
+LAMB_REFERENCE_LEARNING_RATE = 5e-3
+LAMB_REFERENCE_WARMUP_RATIO = 1 / 5
+# run_pretraining.py: num_warmup_steps 10000 of num_train_steps 100000; an AdamW job
+# warms up over a tenth of a run that short, up to that many steps.
+ADAMW_MAX_WARMUP_STEPS = 10_000
+ADAMW_WARMUP_SHARE = 0.1
+# optimization.py create_optimizer: gradients clipped to a global norm of 1.0, weight
+# decay 0.01 (AdamWeightDecayOptimizer's weight_decay_rate); LAMB takes the same (the
+# paper's section 4 defaults, and tensorflow/models' lamb.py).
+BERT_CLIP_NORM = 1.0
+BERT_WEIGHT_DECAY = 0.01
+# Image models: 0.1 per 256 examples (Goyal et al. 2017, "Accurate, Large Minibatch SGD"),
+# SGD with Nesterov momentum, a warm-up of a tenth of the run up to 1000 steps and a
+# cosine decay; no clipping, no weight decay (tpu_training.models).
+IMAGE_BASE_LEARNING_RATE = 0.1
+IMAGE_MAX_WARMUP_STEPS = 1000
 # The batch a model's base learning rate is given for.
 BASE_LEARNING_RATE_BATCH = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """The learning rate and optimizer a job trains with, resolved from its keys."""
+
+    optimizer: str  # sgd, adamw or lamb
+    peak_learning_rate: float
+    warmup_steps: int  # a linear warm-up from 0 over this many steps
+    decay: str  # cosine or linear, to 0 at trainSteps
+    clip_norm: float | None  # the gradients' global norm is clipped to this
+    weight_decay: float | None  # decoupled, not on LayerNorm or biases
+
+    def line(self) -> str:
+        """The job's `recipe` line (without the `tpu_training ` prefix)."""
+        return (f"recipe optimizer={self.optimizer} "
+                f"peak_learning_rate={self.peak_learning_rate:.6g} "
+                f"warmup_steps={self.warmup_steps} decay={self.decay} "
+                f"clip_norm={_or_none(self.clip_norm)} weight_decay={_or_none(self.weight_decay)}")
+
+
+def recipe(job: JobConfig) -> Recipe:
+    """The recipe of `job` (the job prints it at start; the plan shows it per job).
+
+    Image models: `learningRate` (default 0.1) per 256 examples, scaled linearly with
+    globalBatchSize (Goyal et al. 2017). BERT: `learningRate` when set is the peak as is;
+    else AdamW's 1e-4 (google-research/bert), or LAMB's Table 4 rate for the batch,
+    5e-3 x sqrt(globalBatchSize / 32768), with Table 4's warm-up ratio; `warmupSteps`
+    overrides the warm-up.
+    """
+    name = optimizer_name(job)
+    if name == "sgd":
+        base = job.learningRate if job.learningRate is not None else IMAGE_BASE_LEARNING_RATE
+        warmup = min(IMAGE_MAX_WARMUP_STEPS, job.trainSteps // 10)
+        return Recipe(name, scaled_learning_rate(job, base), _warmup(job, warmup), "cosine",
+                      None, None)
+    if name == "lamb":
+        ratio = job.globalBatchSize / LAMB_REFERENCE_BATCH
+        peak = LAMB_REFERENCE_LEARNING_RATE * math.sqrt(ratio)
+        warmup = round(job.trainSteps * min(1.0, LAMB_REFERENCE_WARMUP_RATIO * ratio))
+    else:
+        peak = BERT_BASE_LEARNING_RATE
+        warmup = min(ADAMW_MAX_WARMUP_STEPS, int(job.trainSteps * ADAMW_WARMUP_SHARE))
+    if job.learningRate is not None:
+        peak = job.learningRate
+    return Recipe(name, peak, _warmup(job, warmup), "linear", BERT_CLIP_NORM, BERT_WEIGHT_DECAY)
+
+
+def _warmup(job: JobConfig, default: int) -> int:
+    return job.warmupSteps if job.warmupSteps is not None else default
+
+
+def _or_none(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}"
 
 
 def bert_shape(job: JobConfig) -> tuple[int, int, int, int, int, int]:
@@ -283,15 +412,10 @@ def train_device_bytes(job: JobConfig, per_replica_batch: int) -> int | None:
 
 
 def scaled_learning_rate(job: JobConfig, base: float) -> float:
-    """The peak learning rate for `job`'s globalBatchSize from a `base` given for 256.
-
-    Image models: the linear rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD",
-    section 2.1: "multiply the learning rate by k"), the ResNet recipe. BERT: the
-    square-root rule (You et al. 2019, the LAMB paper, section 4: "we use the square
-    root LR scaling rule"), with BERT's 1e-4 at 256 as the base.
-    """
-    ratio = job.globalBatchSize / BASE_LEARNING_RATE_BATCH
-    return base * (math.sqrt(ratio) if job.is_bert else ratio)
+    """An image model's peak learning rate for `job`'s globalBatchSize from a `base` given
+    for 256: the linear rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD", section
+    2.1: "multiply the learning rate by k"), the ResNet recipe."""
+    return base * job.globalBatchSize / BASE_LEARNING_RATE_BATCH
 
 
 def optimizer_name(job: JobConfig) -> str:
@@ -319,7 +443,7 @@ _INTS = ("globalBatchSize", "trainSteps", "stepsPerExecution", "checkpointEveryS
          "warmupSteps", "imageSize", "numClasses", "maxSeqLength", "maxPredictionsPerSeq",
          "vocabSize")
 _NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes", "noticeSeconds",
-            "peakFlopsPerSecond", "progressDeadlineSeconds")
+            "peakFlopsPerSecond", "progressDeadlineSeconds", "mtbfSeconds")
 # Below this a deadline would mostly catch a busy host (a checkpoint write, a pause),
 # not a hang; the agent's tests shorten deadlines through its environment instead.
 MIN_PROGRESS_DEADLINE_SECONDS = 10.0
@@ -373,7 +497,7 @@ def _type_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
 def _bert_problems(data: Mapping[str, Any], model: str) -> list[tuple[str, str]]:
     """The BERT keys: only for BERT models, in the ranges the encoder takes."""
     problems = []
-    given = [key for key in BERT_DEFAULTS if data.get(key) is not None]
+    given = [key for key in (*BERT_DEFAULTS, "initCheckpoint") if data.get(key) is not None]
     if model not in BERT_MODELS:
         return [(key, f"applies to BERT models ({', '.join(BERT_MODELS)}), not {model}")
                 for key in given if model in MODEL_NAMES]
@@ -433,6 +557,15 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     if minutes is not None and not 0 < minutes < float("inf"):
         problems.append(("checkpointEveryMinutes",
                          f"must be a number of minutes more than 0, got {minutes}"))
+    every = data.get("checkpointEvery")
+    if every is not None and every != AUTO_CHECKPOINT:
+        problems.append(("checkpointEvery", f"must be {AUTO_CHECKPOINT!r} (the interval that "
+                                            f"loses least, from the save's cost and the "
+                                            f"node's disruptions), got {every!r}; for a fixed "
+                                            "interval set checkpointEveryMinutes"))
+    mtbf = data.get("mtbfSeconds")
+    if mtbf is not None and not 0 < mtbf < float("inf"):
+        problems.append(("mtbfSeconds", f"must be a number of seconds more than 0, got {mtbf}"))
     notice = data.get("noticeSeconds")
     if notice is not None and not 0 < notice < float("inf"):
         problems.append(("noticeSeconds", f"must be a number of seconds more than 0, got {notice}"))
@@ -479,7 +612,7 @@ def _value_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 # Keys that name a place to read or write; a stack job has only the data ones.
-DATA_KEYS: tuple[str, ...] = ("trainData", "evalData")
+DATA_KEYS: tuple[str, ...] = ("trainData", "evalData", "initCheckpoint")
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
 

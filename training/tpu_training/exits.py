@@ -53,3 +53,7 @@ class TpuBusyError(UnavailableError):
 
 class StopSaveError(RuntimeError):
     """The work under way or the save after a stop signal failed (exit 76)."""
+
+
+class CheckpointError(JobConfigError):
+    """A published checkpoint (`initCheckpoint`) that does not fit the model (exit 65)."""

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable
 
 from tpu_training import bert
-from tpu_training.config import JobConfig
+from tpu_training.config import IMAGE_BASE_LEARNING_RATE, JobConfig
 from tpu_training.tf_env import keras, tf
 
 DEFAULT_IMAGE_SIZE = 224
@@ -39,10 +39,11 @@ def model_spec(config: JobConfig) -> ModelSpec | bert.BertSpec:
         return bert.bert_spec(config)
     width = config.widthMultiplier or 1.0
     if config.model == "mnist_cnn":
-        return ModelSpec(config.model, MNIST_SHAPE, config.numClasses or 10, 0.1, width)
+        return ModelSpec(config.model, MNIST_SHAPE, config.numClasses or 10,
+                         IMAGE_BASE_LEARNING_RATE, width)
     size = config.imageSize or DEFAULT_IMAGE_SIZE
-    # 0.1 per 256 examples: Goyal et al. 2017, "Accurate, Large Minibatch SGD".
-    return ModelSpec(config.model, (size, size, 3), config.numClasses or 1000, 0.1, width)
+    return ModelSpec(config.model, (size, size, 3), config.numClasses or 1000,
+                     IMAGE_BASE_LEARNING_RATE, width)
 
 
 def build_model(spec: ModelSpec) -> keras.Model:

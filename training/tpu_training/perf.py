@@ -6,11 +6,12 @@ On a TPU the input pipeline runs on the host and the steps run on the device, so
 host cannot see the device wait: one execution of `stepsPerExecution` steps is a
 single XLA program, and its `next(iterator)` is fed from the host's prefetch buffer
 inside it. What the host can time is the whole execution. So the job also times the
-device alone (`DeviceTime`): a probe runs the same model's forward and backward pass,
-with the same all-reduce of the gradients, on one batch made on the device (no input
-pipeline at all), at two sizes (1 and n steps) to split a fixed cost per execution
-from a cost per step. An execution of k steps that the pipeline does not hold up takes
-about `fixed + k * per_step`; whatever it takes beyond that, it waited for input.
+device alone (`DeviceTime`): a probe runs the job's own training step (forward and
+backward pass, the gradients' all-reduce, the optimizer's update of the weights and
+its slots) on one batch made on the device (no input pipeline at all), at two sizes
+(1 and n steps) to split a fixed cost per execution from a cost per step. An execution
+of k steps that the pipeline does not hold up takes about `fixed + k * per_step`;
+whatever it takes beyond that, it waited for input.
 
     input_wait_share = (execution seconds - device seconds) / wall seconds of the window
     examples_per_sec = steps * globalBatchSize / wall seconds of the window
@@ -25,13 +26,18 @@ strategy) MFU is `na`: there is no peak to compare with.
 
 Why not the profiler's input-pipeline analysis: it needs a trace written and converted
 by the TensorBoard profile plugin, which the TPU image does not carry, and tracing costs
-the job time while it runs. The probe costs a second of device time per line.
+the job time while it runs. The probe costs a second of device time per line, plus a
+copy of the model's and the optimizer's variables to host memory and back (12 bytes a
+weight with Adam's two moments: about 4 GB for BERT-Large), which the job's wall time
+pays but the window leaves out.
 
-The probe leaves the model as it found it: it applies no gradients, and restores the
-non-trainable variables (BatchNorm's moving statistics) it updated. What it cannot
-time is the optimizer's update of the weights (an elementwise pass over them and their
-slots, small beside the model's matrix work at a useful batch): the device time is a
-little short, so the share leans high by that much, never low.
+The probe runs the same program on the same shapes, so it needs what the steps need
+when nothing holds them up; the share has no bias from leaving work out. Its error is
+the timing's: the probe's two sizes and the window are each timed once, so load from
+other processes on the host between them moves the share by their difference (on a
+quiet TPU host a few thousandths; tests hold a cached in-memory dataset under 0.05 on
+a busy 2-core CPU), and the share is clipped at 0 when the executions ran faster than
+the probe.
 """
 
 from __future__ import annotations
@@ -192,29 +198,26 @@ class PerfMeter:
         self._mark = self.clock()
 
 
-def device_probe(strategy: tf.distribute.Strategy, model, replica_loss: Callable,
-                 element_spec) -> Probe:
-    """A probe of the device alone: `replica_loss(*batch)`'s forward and backward pass and
-    the gradients' all-reduce, on a batch of `element_spec` made on the device, n times.
+def device_probe(strategy: tf.distribute.Strategy, train_step: Callable,
+                 state: list[tf.Variable], element_spec) -> Probe:
+    """A probe of the device alone: `train_step(*batch)`, the job's whole training step
+    (forward and backward pass, the gradients' all-reduce and the optimizer's update),
+    on a batch of `element_spec` made on the device, n times; its result is not kept.
 
     The batch is zeros the compiler cannot see as constants (a zero drawn at run time),
-    so nothing is folded away. Gradients are all-reduced as `apply_gradients` does, then
-    summed into the result, so none is pruned; none is applied. BatchNorm's moving
-    statistics, which a training pass updates, are put back after each probe.
+    so nothing is folded away. Everything the steps change, `state` (the model's and the
+    optimizer's variables: weights, BatchNorm statistics, moments, the step), is copied to
+    host memory before a probe and written back after it, so training continues from
+    where it was as if no probe had run.
     """
     specs = tf.nest.map_structure(_one_replica, element_spec)
-    variables = model.trainable_variables
 
     def replica_step() -> tf.Tensor:
         zero = tf.cast(tf.random.uniform([]) < 0.0, tf.float32)
         batch = tf.nest.map_structure(
             lambda spec: tf.fill(spec.shape, tf.cast(zero, spec.dtype)), specs)
-        with tf.GradientTape() as tape:
-            loss = replica_loss(*batch) if isinstance(batch, (tuple, list)) \
-                else replica_loss(batch)
-        gradients = [g for g in tape.gradient(loss, variables) if g is not None]
-        gradients = tf.distribute.get_replica_context().all_reduce("sum", gradients)
-        return tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in gradients])
+        loss = train_step(*batch) if isinstance(batch, (tuple, list)) else train_step(batch)
+        return tf.cast(loss, tf.float32)
 
     @tf.function
     def probe_steps(num_steps: tf.Tensor) -> tf.Tensor:
@@ -224,11 +227,11 @@ def device_probe(strategy: tf.distribute.Strategy, model, replica_loss: Callable
         return total
 
     def probe(steps: int) -> float:
-        kept = [variable.read_value() for variable in model.non_trainable_variables]
+        kept = [variable.numpy() for variable in state]  # to the host: no device memory
         started = time.monotonic()
         probe_steps(tf.constant(steps)).numpy()  # waits for the device
         seconds = time.monotonic() - started
-        for variable, value in zip(model.non_trainable_variables, kept, strict=True):
+        for variable, value in zip(state, kept, strict=True):
             variable.assign(value)
         return seconds
 

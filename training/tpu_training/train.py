@@ -44,10 +44,17 @@ loses its reader: `output_orphaned`):
     tpu_training tpu_ready replicas=<n>    the strategy is made (the TPU initialised)
     tpu_training handlers_reinstalled signals=<…> replaced_by=<…>   after tpu_ready or an
                                            execution, when another replaced a handler
+    tpu_training recipe optimizer=<sgd|adamw|lamb> peak_learning_rate=<x> warmup_steps=<n> \
+        decay=<cosine|linear> clip_norm=<x|none> weight_decay=<x|none>   once (config.recipe)
+    tpu_training initialised_from=<path> format=<tf1|tf2> variables=<n>   a fresh BERT job
+                                           with initCheckpoint, before resumed_from=0
     tpu_training resumed_from=<N>          once, at start (0: fresh)
     tpu_training step=<N> loss=<float>     once per execution
     tpu_training saved step=<N> seconds=<s> bytes=<b> reason=<steps|minutes|stop|final> \
         blocked=<s>
+    tpu_training checkpoint_interval seconds=<s> save_cost=<s> mtbf=<s> \
+        reason=<young_daly|write_bound>   checkpointEvery: auto, after an interval save
+                                           when the interval it chooses first applies or moves
     tpu_training goodput step=<N> productive=<s> tpu_init=<s> …   after every step and
                                            saved line, and at exit (tpu_training.goodput)
     tpu_training perf step=<N> examples_per_sec=<x> input_wait_share=<s> mfu=<u|na>
@@ -75,10 +82,14 @@ from typing import TextIO
 from tpu_training import bert, bert_data, data, models, output, perf
 from tpu_training import strategy as strategies
 from tpu_training.config import (
+    AUTO_CHECKPOINT,
+    AUTO_INTERVAL_CHANGE,
     LOCATION_KEYS,
+    CheckpointInterval,
     JobConfig,
     JobConfigError,
-    scaled_learning_rate,
+    checkpoint_interval,
+    recipe,
     train_flops_per_example,
 )
 from tpu_training.exits import StopSaveError
@@ -89,7 +100,6 @@ from tpu_training.tf_env import keras, tf
 COMPLETE_MARKER = "tpu_training_complete.json"
 EVAL_PROGRESS_SECONDS = 10.0  # evaluation says how far it got at most this often
 CHECKPOINTS_KEPT = 3
-MAX_DEFAULT_WARMUP = 1000
 
 
 class Outcome(enum.Enum):
@@ -143,6 +153,7 @@ def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
     _say(out, f"tpu_ready replicas={strategy.num_replicas_in_sync}")
     restore_handlers(stop, out)
     check_batch(config.globalBatchSize, strategy.num_replicas_in_sync)
+    _say(out, recipe(config).line())
     spec = models.model_spec(config)
     if dataset_fn is None:
         dataset_fn = _dataset_fn(config.trainData, spec, config, training=True)
@@ -205,16 +216,12 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
 
 def learning_rate(config: JobConfig, spec: models.ModelSpec | bert.BertSpec
                   ) -> keras.optimizers.schedules.LearningRateSchedule:
-    """The base rate (per 256 examples) scaled with globalBatchSize
-    (`config.scaled_learning_rate`: linear for image models, square root for BERT);
-    image models warm up, then decay on a cosine, BERT as `bert.learning_rate` says."""
+    """config.recipe's schedule: image models warm up, then decay on a cosine; BERT as
+    `bert.learning_rate` says (warm-up from 0, linear decay)."""
     if isinstance(spec, bert.BertSpec):
-        return bert.learning_rate(config, spec)
-    base = config.learningRate if config.learningRate is not None else spec.base_learning_rate
-    warmup = config.warmupSteps
-    if warmup is None:
-        warmup = min(MAX_DEFAULT_WARMUP, config.trainSteps // 10)
-    return WarmupCosine(scaled_learning_rate(config, base), warmup, config.trainSteps)
+        return bert.learning_rate(config)
+    resolved = recipe(config)
+    return WarmupCosine(resolved.peak_learning_rate, resolved.warmup_steps, config.trainSteps)
 
 
 def precision_policy(strategy: tf.distribute.Strategy) -> str:
@@ -244,6 +251,10 @@ class Job:
         self.saved_step: int | None = None  # the step of the newest checkpoint written
         self.pending: PendingSave | None = None  # the save being written, or not reported
         self.last_save = time.monotonic()  # when the last save began, or training began
+        # The time between interval saves: checkpointEveryMinutes, or with
+        # `checkpointEvery: auto` Young/Daly's once a save has been measured.
+        self.interval_seconds = 60 * config.checkpointEveryMinutes
+        self.interval: CheckpointInterval | None = None
 
     @property
     def step(self) -> int:
@@ -288,6 +299,8 @@ class Job:
     def _restore(self) -> int:
         latest = self.manager.latest_checkpoint
         if latest is None:
+            if self.config.initCheckpoint:
+                self._initialise(self.config.initCheckpoint)
             return 0
         try:
             self.manager.checkpoint.restore(latest).assert_existing_objects_matched()
@@ -297,6 +310,13 @@ class Job:
                                  f"{error}") from error
         self.saved_step = self.step
         return self.step
+
+    def _initialise(self, path: str) -> None:
+        """Start from a published BERT checkpoint (`initCheckpoint`): the encoder, and the
+        pre-training heads it has (tpu_training.bert_checkpoint)."""
+        layout, tensors = bert.published_tensors(path, self.spec, source="initCheckpoint")
+        assigned = bert.assign_published(self.model, tensors)
+        _say(self.out, f"initialised_from={path} format={layout} variables={assigned}")
 
     def _train_then_save(self, iterator, stop: StopFlag) -> tuple[float, ...]:
         """Train until trainSteps or a stop signal, then save (reason final or stop).
@@ -325,9 +345,7 @@ class Job:
             before, started = self.step, time.monotonic()
             steps = sizer.next_steps(before)
             train_steps(iterator, tf.constant(steps))
-            if not losses:  # this process's first execution: tracing and compilation
-                meter.measure_device()  # the device alone, for the perf line: start-up too
-                self.goodput.started_training()
+            first = not losses  # this process's first execution: tracing and compilation
             loss = float(self.loss_metric.result())
             self.loss_metric.reset_state()
             losses.append(loss)
@@ -335,6 +353,9 @@ class Job:
             sizer.measured(steps, seconds)
             _say(self.out, f"step={self.step} loss={loss:.6f}")
             _say(self.out, self.goodput.line(self.step))
+            if first:  # after the line, so the agent hears of the step before the probe
+                meter.measure_device()  # the device alone, for the perf line: start-up too
+                self.goodput.started_training()
             self._summarise(loss, steps / seconds)
             self._report_written(wait=False)
             reason = self._save_reason(before)
@@ -350,8 +371,7 @@ class Job:
         every = self.config.checkpointEverySteps
         if self.step // every > before // every:
             return "steps"
-        minutes = self.config.checkpointEveryMinutes
-        if time.monotonic() - self.last_save >= 60 * minutes:
+        if time.monotonic() - self.last_save >= self.interval_seconds:
             return "minutes"
         return None
 
@@ -390,6 +410,21 @@ class Job:
         _say(self.out, f"saved step={save.step} seconds={save.done - save.started:.3f} "
                        f"bytes={size} reason={save.reason} blocked={save.blocked:.3f}")
         _say(self.out, self.goodput.line(self.step))
+        if save.reason in ("steps", "minutes"):
+            self._choose_interval(save)
+
+    def _choose_interval(self, save: PendingSave) -> None:
+        """`checkpointEvery: auto`: Young/Daly's interval from this interval save's cost
+        and the node's disruptions; printed when it first applies or moves by more than
+        AUTO_INTERVAL_CHANGE."""
+        config = self.config
+        if config.checkpointEvery != AUTO_CHECKPOINT or config.mtbfSeconds is None:
+            return
+        chosen = checkpoint_interval(save.blocked, config.mtbfSeconds, save.done - save.started)
+        if (self.interval is None or abs(chosen.seconds - self.interval.seconds)
+                > AUTO_INTERVAL_CHANGE * self.interval.seconds):
+            self.interval, self.interval_seconds = chosen, chosen.seconds
+            _say(self.out, chosen.line())
 
     def _state_names(self, save: PendingSave) -> bool:
         """Whether the checkpoint state file (what a restart restores) names `save` yet."""
@@ -411,8 +446,9 @@ class Job:
         return perf.PerfMeter(
             lambda line: _say(self.out, line), global_batch_size=config.globalBatchSize,
             max_probe_steps=config.stepsPerExecution,
-            probe=perf.device_probe(self.strategy, self.model, self.replica_loss,
-                                    iterator.element_spec),
+            probe=perf.device_probe(
+                self.strategy, self.train_step,
+                [*self.model.variables, *self.optimizer.variables], iterator.element_spec),
             flops_per_example=flops, probe_seconds=probe_seconds,
             peak_flops_per_second=config.peakFlopsPerSecond if on_tpu else None)
 
@@ -421,17 +457,22 @@ class Job:
         the task's, so the perf probe times the same pass the steps run."""
         return self.task.loss(self.model, batch, self.config.globalBatchSize)
 
+    def train_step(self, *batch: tf.Tensor) -> tf.Tensor:
+        """One replica's training step on `batch` (the gradients all-reduced and applied by
+        the optimizer); its share of the loss. The steps and the perf probe run this."""
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            loss = self.replica_loss(*batch)
+        gradients = tape.gradient(loss, variables)
+        self.optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        return loss
+
     def train_steps_fn(self) -> Callable:
         """`train_steps(iterator, num_steps)`: one execution of `num_steps` steps on device."""
-        model, optimizer, strategy = self.model, self.optimizer, self.strategy
-        loss_metric, replica_loss = self.loss_metric, self.replica_loss
+        strategy, loss_metric, train_step = self.strategy, self.loss_metric, self.train_step
 
         def step_fn(*batch) -> None:
-            with tf.GradientTape() as tape:
-                loss = replica_loss(*batch)
-            gradients = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-            loss_metric.update_state(loss * strategy.num_replicas_in_sync)
+            loss_metric.update_state(train_step(*batch) * strategy.num_replicas_in_sync)
 
         @tf.function
         def train_steps(iterator, num_steps: tf.Tensor) -> None:
