@@ -15,7 +15,11 @@ Where each grant lives:
 - the state bucket (`teamProjects.stateBucket`): storage.admin, for the teams' conditioned
   grants on it and the per-team outputs objects the platform writes there;
 - the billing account: billing.costsManager, for the teams' budgets
-  (cloud.google.com/billing/docs/how-to/budgets: Billing Account Costs Manager).
+  (cloud.google.com/billing/docs/how-to/budgets: Billing Account Costs Manager);
+- with a team's `budgetAction: stop`, the host project again: BUDGET_STOP_HOST_ROLES, for
+  the budget stop's topic, function, Cloud Run invoker grant and marker custom role
+  (components/budget_stop.py). Its grant of the TPU custom role in the team's project
+  fits the folder's condition, which names that role in every team project.
 And to the quota contact (`teamProjects.quotaContact`), Quota Administrator on the
 teams' folder (quota_contact_grant).
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from components.budget_stop import BUDGET_STOP_ROLE
 from components.ci import (
     DEPLOYER_ROLES,
     PLATFORM_FOLDER_ROLES,
@@ -41,6 +46,25 @@ XPN_ADMIN = "roles/compute.xpnAdmin"
 BUDGETS_ROLE = "roles/billing.costsManager"
 HOST_STORAGE_ROLE = "roles/storage.admin"
 QUOTA_CONTACT_ROLE = "roles/cloudquotas.admin"
+# What the budget stop (components/budget_stop.py) needs in the host project, each the
+# smallest predefined role holding its permissions (policy/iam_roles.json, from
+# iann0036/iam-dataset): granted only when a team's budget stops its TPUs.
+BUDGET_STOP_HOST_ROLES = {
+    # pubsub.topics.create/update/delete and the topic's setIamPolicy (the billing
+    # publisher's grant): roles/pubsub.editor holds no setIamPolicy
+    # (cloud.google.com/pubsub/docs/access-control).
+    "roles/pubsub.admin": "the budget's topic and its publisher grant",
+    # cloudfunctions.functions.create/update/delete (cloud.google.com/functions/docs/
+    # reference/iam/roles); actAs on the function's account is granted on that account.
+    "roles/cloudfunctions.developer": "the budget-stop function",
+    # run.services.setIamPolicy: the one Cloud Run role holding it (Cloud Run Developer
+    # "can get but not set IAM policies", cloud.google.com/run/docs/securing/managing-access).
+    "roles/run.admin": "the trigger account's run.invoker on the function's service",
+    # iam.roles.create/update/delete in the host project: the markers' custom role. The
+    # host's projectIamAdmin condition names no custom role, so a role it could widen
+    # is grantable on buckets only, where storage.admin already lets it grant anything.
+    "roles/iam.roleAdmin": "the budget stop's marker custom role",
+}
 # The host project's parent as the proof names it when the bootstrap is not told.
 UNKNOWN_HOST_PARENT = "folders/HOST_PARENT"
 
@@ -59,9 +83,14 @@ class Grant:
 def granted_in_team_projects(settings: StackSettings) -> list[str]:
     """Project roles TeamProject grants in the teams' projects: what the deployer's
     projectIamAdmin on the folder is limited to (modifiedGrantsByRole). The preview
-    account's roles are among them: a team's CiIdentity grants them in its project."""
+    account's roles are among them: a team's CiIdentity grants them in its project.
+    A custom role's name is its project's (projects/P/roles/ID), so each team project's
+    are listed: its deployer's storage role and the budget stop's TPU role (listed for
+    every team, so turning `budgetAction: stop` on needs no new bootstrap; a condition
+    naming a role nobody grants admits nothing more)."""
     custom = [f"projects/{settings.naming.team_project(team)}/roles/"
-              f"{settings.naming.custom_role_id(STORAGE_ROLE)}" for team in settings.teams]
+              f"{settings.naming.custom_role_id(role)}"
+              for team in settings.teams for role in (STORAGE_ROLE, BUDGET_STOP_ROLE)]
     return sorted({*PROJECT_ROLES, *MEMBER_PROJECT_ROLES, *TEAM_DEPLOYER_ROLES, *PREVIEW_ROLES,
                    *custom})
 
@@ -97,7 +126,7 @@ def deployer_grants(settings: StackSettings, deployer: str,
                     if role == PROJECT_IAM_ADMIN else None) for role in PLATFORM_FOLDER_ROLES]
     grants += [Grant(host, role, member, host_condition(settings)["expression"]
                      if role == PROJECT_IAM_ADMIN else None)
-               for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE)]
+               for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE, *budget_stop_host_roles(settings))]
     grants.append(Grant(host_parent, XPN_ADMIN, member))
     if settings.team_projects.state_bucket:  # the teams' state grants and outputs objects
         grants.append(Grant(f"projects/_/buckets/{settings.team_projects.state_bucket}",
@@ -105,6 +134,12 @@ def deployer_grants(settings: StackSettings, deployer: str,
     if settings.teams and settings.billing_account:  # the teams' budgets (platform.py)
         grants.append(Grant(f"billingAccounts/{settings.billing_account}", BUDGETS_ROLE, member))
     return grants
+
+
+def budget_stop_host_roles(settings: StackSettings) -> list[str]:
+    """BUDGET_STOP_HOST_ROLES when a team's budget stops its TPUs, else none."""
+    stops = any(team.budget_action == "stop" for team in settings.teams.values())
+    return sorted(BUDGET_STOP_HOST_ROLES) if stops else []
 
 
 def quota_contact_grant(settings: StackSettings, kind: str = "group") -> Grant | None:

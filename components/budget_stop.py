@@ -26,6 +26,7 @@ import pulumi_gcp as gcp
 from components import catalog
 from components.archive import REPO_ROOT
 from components.budget_hold import marker_prefix
+from components.ci import DEPLOYER_ACCOUNT_ROLES
 from components.naming import Naming
 
 FUNCTION_DIR = Path(__file__).resolve().parents[1] / "functions" / "budget_stop"
@@ -105,6 +106,9 @@ PERMISSIONS = ("tpu.nodes.list", "tpu.nodes.get", "tpu.nodes.update", "tpu.nodes
 # for that, cloud.google.com/storage/docs/access-control/iam-permissions, no delete).
 MARKER_PERMISSIONS = ("storage.objects.create",)
 INVOKER_ROLE = "roles/run.invoker"
+# The TPU custom role's id in the team's project (naming.custom_role_id): the bootstrap
+# names it in the folder's grant condition (components/bootstrap.py).
+BUDGET_STOP_ROLE = "budget_stop"
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ class BudgetStopArgs:
     artifacts_bucket: pulumi.Input[str]  # the source archive and the markers live here
     horizon_hours: float
     labels: dict[str, str]
+    deployer: str | None = None  # the platform deployer's email (teamProjects.deployer)
 
 
 class BudgetStop(pulumi.ComponentResource):
@@ -142,7 +147,7 @@ class BudgetStop(pulumi.ComponentResource):
             display_name=f"tpu-stack budget stop of team {args.team}"[:100],
             project=args.platform_project, opts=child)
         member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
-        grants = self._grants(args, member, child)
+        grants = self._grants(args, member, child) + self._deployer_grants(args, child)
         source = self._source(args, child)
         self.function = gcp.cloudfunctionsv2.Function(
             f"{t}budget-stop", name=args.naming.cloud_function("budget-stop", args.team),
@@ -176,7 +181,7 @@ class BudgetStop(pulumi.ComponentResource):
         """The TPU permissions in the team's project; creating markers under its prefix."""
         t = f"{args.team}-"
         role = gcp.projects.IAMCustomRole(
-            f"{t}budget-stop-role", role_id=args.naming.custom_role_id("budget_stop"),
+            f"{t}budget-stop-role", role_id=args.naming.custom_role_id(BUDGET_STOP_ROLE),
             title=f"tpu-stack budget stop of team {args.team}"[:100],
             description="Find, ask to save and delete the team's TPU nodes and queued resources",
             permissions=list(PERMISSIONS), project=args.team_project, opts=child)
@@ -201,6 +206,21 @@ class BudgetStop(pulumi.ComponentResource):
                 expression=prefix.apply(lambda p: f'resource.name.startsWith("{p}")')),
             opts=child)
         return [tpu, markers]
+
+    def _deployer_grants(self, args: BudgetStopArgs,
+                         child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+        """Deploying a function needs actAs on its runtime account (cloud.google.com/
+        functions/docs/reference/iam/roles, "Additional configuration for deployment"),
+        and its Eventarc trigger on the trigger's account: the deployer administers and
+        acts as this account alone, as it does the platform's runtime account (an
+        admin's first `up` applies these: no principal grants itself)."""
+        if args.deployer is None:
+            return []
+        return [gcp.serviceaccount.IAMMember(
+            f"{args.team}-budget-stop-deployer-{role.rsplit('.', 1)[-1]}",
+            service_account_id=self.account.name, role=role,
+            member=f"serviceAccount:{args.deployer}", opts=child)
+            for role in DEPLOYER_ACCOUNT_ROLES]
 
     def _source(self, args: BudgetStopArgs,
                 child: pulumi.ResourceOptions) -> gcp.storage.BucketObject:

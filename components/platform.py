@@ -317,7 +317,9 @@ class TpuPlatform(pulumi.ComponentResource):
             team_project=settings.naming.team_project(team), zones=zones,
             artifacts_bucket=self.buckets.buckets["artifacts"].name,
             horizon_hours=settings.teams[team].budget_horizon_hours,
-            labels=self._labels("budget-stop")), opts=after_apis)
+            labels=self._labels("budget-stop"),
+            deployer=settings.team_projects.deployer if settings.team_projects else None),
+            opts=after_apis)
 
     def _budget(self, team: str, stopper: BudgetStop | None = None) -> TeamBudget | None:
         """The team's monthly budget: its own figure, else its hourly ceiling

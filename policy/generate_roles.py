@@ -50,7 +50,7 @@ def granted_roles() -> list[str]:
                        *ci.PLATFORM_FOLDER_ROLES,
                        *teams.MEMBER_PROJECT_ROLES, teams.NETWORK_USER_ROLE,
                        teams.TPU_XPN_AGENT_ROLE, bootstrap.XPN_ADMIN, bootstrap.BUDGETS_ROLE,
-                       bootstrap.HOST_STORAGE_ROLE}
+                       bootstrap.HOST_STORAGE_ROLE, *bootstrap.BUDGET_STOP_HOST_ROLES}
     return sorted(roles | set(EXTRA_ROLES))
 
 

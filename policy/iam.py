@@ -59,6 +59,10 @@ SET_IAM_POLICY = {
     "subnetworks": "compute.subnetworks.setIamPolicy",
 }
 QUEUED_TPU = "pulumi-python:dynamic/tpu:QueuedTpu"
+FALLBACK_TPU = "pulumi-python:dynamic/tpu:FallbackTpu"  # components/fallback_tpu.py
+# Resources named projects/P/... that sit in project P whether or not the plan declares
+# them (a Cloud Run function's service is made by its function, not by the plan).
+_IN_THEIR_PROJECT = ("topics", "functions", "services")
 # Where modifiedGrantsByRole is set (setting-limits-on-granting-roles).
 _LIMITABLE = ("projects", "folders", "organizations")
 
@@ -139,6 +143,8 @@ class IamModel:
             parent = self.parents.get(chain[-1])
             if parent is None and kind_of(chain[-1]) == "objects":
                 parent = chain[-1].split("/objects/", 1)[0]
+            if parent is None and kind_of(chain[-1]) in _IN_THEIR_PROJECT:
+                parent = "/".join(chain[-1].split("/")[:2])
             if parent is None:
                 break
             chain.append(parent)
@@ -232,10 +238,12 @@ def _resource_name(kind: str, inputs: Mapping[str, Any],
         return outputs.get("name") or None
     if kind == "gcp:tpu/v2Vm:V2Vm":
         return f"projects/{project}/locations/{inputs['zone']}/nodes/{inputs['name']}"
-    if kind == QUEUED_TPU:  # components/queued_tpu.py: the node its request becomes
+    if kind in (QUEUED_TPU, FALLBACK_TPU):  # the node its request becomes
         return f"projects/{project}/locations/{inputs['zone']}/nodes/{inputs['node_id']}"
     if kind == "gcp:compute/subnetwork:Subnetwork":
         return f"projects/{project}/regions/{inputs['region']}/subnetworks/{inputs['name']}"
+    if kind == "gcp:pubsub/topic:Topic":
+        return f"projects/{project}/topics/{inputs['name']}"
     return None
 
 

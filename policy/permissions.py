@@ -14,7 +14,8 @@ where IAM checks them, each row citing its API method's reference. Beside the ta
   leaves the role out refuses it (cloud.google.com/iam/docs/setting-limits-on-granting-
   roles: the condition applies to every role the request changes);
 - a quota preference's contact must hold quota update permission where it applies;
-- a node that uses reserved capacity must find a reservation: a reserved node uses one
+- a node that uses reserved capacity must find a reservation (a fallback node: each
+  candidate that names one): a reserved node uses one
   of its own project, picked by accelerator type, project and zone; another project's
   only when a queued resource names it (`reservationName`,
   `projects/OWNER/locations/ZONE/reservations/NAME`, cloud.google.com/tpu/docs/
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy.iam import QUEUED_TPU, IamModel, binding_target, predefined_roles
+from policy.iam import FALLBACK_TPU, QUEUED_TPU, IamModel, binding_target, predefined_roles
 
 OPERATIONS = ("create", "update", "delete")
 Inputs = Mapping[str, Any]
@@ -82,6 +83,15 @@ def _quota_parent(inputs: Inputs) -> list[str]:
 
 def _billing(inputs: Inputs) -> list[str]:
     return [f"billingAccounts/{inputs['billingAccount']}"]
+
+
+def _topic(inputs: Inputs) -> list[str]:
+    return [f"projects/{inputs['project']}/topics/{inputs['topic']}"]
+
+
+def _run_service(inputs: Inputs) -> list[str]:
+    return [f"projects/{inputs['project']}/locations/{inputs['location']}/services/"
+            f"{inputs['name']}"]
 
 
 def _attached(inputs: Inputs) -> list[str]:
@@ -188,14 +198,46 @@ TABLE: dict[str, Row] = {
         _project, ("tpu.nodes.create",), ("tpu.nodes.update",), ("tpu.nodes.delete",),
         _REST.format("tpu") + "v2/projects.locations.queuedResources/create (permission "
         "unconfirmed)"),
+    # components/fallback_tpu.py: each candidate a queued resource (as QueuedTpu above).
+    FALLBACK_TPU: Row(
+        _project, ("tpu.nodes.create",), ("tpu.nodes.update",), ("tpu.nodes.delete",),
+        _REST.format("tpu") + "v2/projects.locations.queuedResources/create, per candidate "
+        "(permission unconfirmed, as QueuedTpu's)"),
+    "gcp:pubsub/topic:Topic": Row(
+        _project, ("pubsub.topics.create",), ("pubsub.topics.update",),
+        ("pubsub.topics.delete",), "cloud.google.com/pubsub/docs/reference/rest/v1/"
+        "projects.topics/create (patch, delete; cloud.google.com/pubsub/docs/access-control)"),
+    "gcp:pubsub/topicIAMMember:TopicIAMMember": Row(
+        _topic, *(("pubsub.topics.getIamPolicy", "pubsub.topics.setIamPolicy"),) * 3,
+        "cloud.google.com/pubsub/docs/reference/rest/v1/projects.topics/setIamPolicy "
+        "(cloud.google.com/pubsub/docs/access-control)", grant=True),
+    # actAs on the runtime and trigger accounts: RUNS_AS below.
+    "gcp:cloudfunctionsv2/function:Function": Row(
+        _project, ("cloudfunctions.functions.create",), ("cloudfunctions.functions.update",),
+        ("cloudfunctions.functions.delete",),
+        "cloud.google.com/functions/docs/reference/rest/v2/projects.locations.functions/"
+        "create (cloud.google.com/functions/docs/reference/iam/permissions)"),
+    "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": Row(
+        _run_service, *(("run.services.getIamPolicy", "run.services.setIamPolicy"),) * 3,
+        "cloud.google.com/run/docs/reference/rest/v2/projects.locations.services/"
+        "setIamPolicy (cloud.google.com/run/docs/reference/iam/permissions)", grant=True),
 }
 # Types nothing applies in GCP (an explicit provider, a stack reference, components).
 NO_API = ("pulumi:providers:", "pulumi:pulumi:", "tpu-stack:index:")
-# The account a resource runs as, and the subnetwork it uses: actAs on the account
-# (cloud.google.com/iam/docs/service-accounts-actas) and compute.subnetworks.use on a
+# The accounts a resource runs as, and the subnetworks it uses: actAs on each account
+# (cloud.google.com/iam/docs/service-accounts-actas) and compute.subnetworks.use on each
 # subnet (cloud.google.com/vpc/docs/shared-vpc, "Service Project Admins": networkUser).
-RUNS_AS = {"gcp:tpu/v2Vm:V2Vm": ("serviceAccount", "email"), QUEUED_TPU: ("service_account_email",)}
-USES_SUBNET = {"gcp:tpu/v2Vm:V2Vm": ("networkConfig", "subnetwork"), QUEUED_TPU: ("subnetwork",)}
+# A function's deployer needs actAs on its runtime account (cloud.google.com/functions/
+# docs/reference/iam/roles, "Additional configuration for deployment") and on its
+# trigger's account (Eventarc: a trigger's creator acts as its service account,
+# cloud.google.com/eventarc/docs/access-control; as recalled, unconfirmed here).
+RUNS_AS = {"gcp:tpu/v2Vm:V2Vm": (("serviceAccount", "email"),),
+           QUEUED_TPU: (("service_account_email",),),
+           FALLBACK_TPU: (("service_account_email",),),
+           "gcp:cloudfunctionsv2/function:Function": (("serviceConfig", "serviceAccountEmail"),
+                                                      ("eventTrigger", "serviceAccountEmail"))}
+USES_SUBNET = {"gcp:tpu/v2Vm:V2Vm": ("networkConfig", "subnetwork"), QUEUED_TPU: ("subnetwork",),
+               FALLBACK_TPU: ("subnetwork",)}
 
 
 @dataclass(frozen=True)
@@ -289,8 +331,8 @@ def _row_findings(label: str, row: Row, inputs: Inputs, model: IamModel,
 def _runs_as_findings(label: str, kind: str, inputs: Inputs, model: IamModel,
                       identity: str) -> list[Finding]:
     found = []
-    email = _path(inputs, RUNS_AS.get(kind, ()))
-    if email:
+    emails = [_path(inputs, path) for path in RUNS_AS.get(kind, ())]
+    for email in dict.fromkeys(e for e in emails if e):
         account = f"projects/{email.split('@')[1].split('.')[0]}/serviceAccounts/{email}"
         account = _declared(model, email) or account
         for operation in ("create", "update"):
@@ -298,26 +340,44 @@ def _runs_as_findings(label: str, kind: str, inputs: Inputs, model: IamModel,
                 found.append(Finding(label, identity, operation, "iam.serviceAccounts.actAs",
                                      account, f"grant roles/iam.serviceAccountUser on {account} "
                                               f"(that account only)"))
-    subnet = _path(inputs, USES_SUBNET.get(kind, ()))
-    if subnet and subnet.startswith("projects/") and not model.can(
-            identity, "compute.subnetworks.use", subnet):
-        found.append(Finding(label, identity, "create", "compute.subnetworks.use", subnet,
+    for subnet in _subnets(kind, inputs):
+        if subnet.startswith("projects/") and not model.can(
+                identity, "compute.subnetworks.use", subnet):
+            found.append(Finding(label, identity, "create", "compute.subnetworks.use", subnet,
                                  f"grant roles/compute.networkUser on {subnet}"))
     return found
 
 
+def _candidates(kind: str, inputs: Inputs) -> list[Inputs]:
+    """A fallback node's candidates (each a queued resource), else the resource itself."""
+    if kind == FALLBACK_TPU:
+        return [inputs, *(c for c in inputs.get("candidates") or () if isinstance(c, Mapping))]
+    return [inputs]
+
+
+def _subnets(kind: str, inputs: Inputs) -> list[str]:
+    path = USES_SUBNET.get(kind, ())
+    found = (_path(candidate, path) for candidate in _candidates(kind, inputs))
+    return list(dict.fromkeys(s for s in found if s))
+
+
 def _reservation_findings(label: str, kind: str, inputs: Inputs,
                           applier: Applier) -> list[Finding]:
-    project, zone = inputs.get("project"), inputs.get("zone")
+    if kind in (QUEUED_TPU, FALLBACK_TPU):
+        named = {str(c["reservation_name"]): str(c.get("zone") or inputs.get("zone"))
+                 for c in _candidates(kind, inputs) if c.get("reservation_name")}
+        return [f for name, zone in named.items() for f in _reservation_finding(
+            label, name.split("/")[1] if name.startswith("projects/") else inputs.get("project"),
+            zone, f"its queued resource names {name}", applier)]
     if kind == "gcp:tpu/v2Vm:V2Vm" and (inputs.get("schedulingConfig") or {}).get("reserved"):
-        owner = project
-        why = "a reserved node uses a reservation of its own project"
-    elif kind == QUEUED_TPU and inputs.get("reservation_name"):
-        name = str(inputs["reservation_name"])
-        owner = name.split("/")[1] if name.startswith("projects/") else project
-        why = f"its queued resource names {name}"
-    else:
-        return []
+        return _reservation_finding(label, inputs.get("project"), str(inputs.get("zone")),
+                                    "a reserved node uses a reservation of its own project",
+                                    applier)
+    return []
+
+
+def _reservation_finding(label: str, owner: Any, zone: str, why: str,
+                         applier: Applier) -> list[Finding]:
     if f"projects/{owner}" in applier.reservation_projects:
         return []
     holders = ", ".join(sorted(applier.reservation_projects)) or "none"

@@ -233,10 +233,148 @@ def test_a_resource_type_without_a_row_is_named_as_not_proved() -> None:
     from ops.plan.proof import Proof
 
     applier = Applier("serviceAccount:d@p1.iam.gserviceaccount.com")
-    topic = {"type": "gcp:pubsub/topic:Topic", "name": "t", "urn": "t",
-             "inputs": {"project": "p1", "name": "t"}}
-    assert prove([topic], IamModel(), applier) == []
-    assert applier.unchecked == ["gcp:pubsub/topic:Topic"]
+    zone = {"type": "gcp:dns/managedZone:ManagedZone", "name": "t", "urn": "t",
+            "inputs": {"project": "p1", "name": "t"}}
+    assert prove([zone], IamModel(), applier) == []
+    assert applier.unchecked == ["gcp:dns/managedZone:ManagedZone"]
     lines = Proof(applier.identity, [], applier.unchecked).lines()
     assert lines[-1] == ("  not proved (no row in policy/permissions.py): "
-                         "gcp:pubsub/topic:Topic")
+                         "gcp:dns/managedZone:ManagedZone")
+
+
+# ---- the budget stop and the fallback nodes (issues 35, 36) -----------------------
+
+BUDGET_STOP_ACCOUNT = ("projects/acme-ml-shared/serviceAccounts/platform-nlp-budget-stop@"
+                       "acme-ml-shared.iam.gserviceaccount.com")
+RESERVATION = "projects/acme-ml-shared/locations/us-central1-a/reservations/v5e-pool"
+
+
+def _platform_with(change) -> dict[str, str]:
+    data = file_config("platform")
+    teams = json.loads(data["tpu-stack:teams"])
+    change(teams)
+    data["tpu-stack:teams"] = json.dumps(teams)
+    return data
+
+
+def _budget_stop(teams: dict) -> None:
+    teams["nlp"]["budgetAction"] = "stop"
+
+
+def _fallback(teams: dict) -> None:
+    """nlp's `burst`: the host's reservation first (named, from nlp's project), spot next."""
+    teams["nlp"]["quota"]["v5e"]["reserved"] = 8
+    teams["nlp"]["nodes"].append({
+        "name": "burst", "zone": "us-central1-a", "acceleratorType": "v5litepod-8",
+        "provisioning": "queued", "queue": {"reservationName": RESERVATION},
+        "fallback": [{"provisioning": "spot"}], "maxWait": "20m", "job": "sweep"})
+
+
+@pytest.fixture(scope="module")
+def budget_stop_stack() -> tuple[object, ProgramRun]:
+    data = _platform_with(_budget_stop)
+    return load_settings(data, "platform"), run_program(data, "platform")
+
+
+@pytest.fixture(scope="module")
+def fallback_stack() -> tuple[object, ProgramRun]:
+    data = _platform_with(_fallback)
+    return load_settings(data, "platform"), run_program(data, "platform")
+
+
+def test_the_platform_with_a_budget_stop_is_applied_by_its_deployer(budget_stop_stack) -> None:
+    settings, run = budget_stop_stack
+    assert {r.type for r in run.registrations} >= {
+        "gcp:pubsub/topic:Topic", "gcp:pubsub/topicIAMMember:TopicIAMMember",
+        "gcp:cloudfunctionsv2/function:Function",
+        "gcp:cloudrunv2/serviceIamMember:ServiceIamMember"}
+    proof = plan_proof(settings, run)
+    assert proof.findings == [], "\n".join(proof.lines())
+    assert proof.unchecked == []
+    assert proof.identity == PLATFORM_DEPLOYER
+
+
+def test_the_platform_with_a_fallback_node_is_applied_by_its_deployer(fallback_stack) -> None:
+    settings, run = fallback_stack
+    [node] = run.of_type("pulumi-python:dynamic/tpu:FallbackTpu")
+    assert [c.get("reservation_name") for c in node.inputs["candidates"]] == [RESERVATION, None]
+    proof = plan_proof(settings, run)
+    assert proof.findings == [], "\n".join(proof.lines())
+    assert proof.unchecked == []
+
+
+def _without_host_role(role: str):
+    from ops.plan import proof as proof_module
+
+    grants = proof_module.deployer_grants
+    return proof_module, "deployer_grants", lambda *a: [
+        g for g in grants(*a) if not (g.resource == "projects/acme-ml-shared" and g.role == role)]
+
+
+TOPIC = "gcp:pubsub/topic:Topic nlp-budget"
+FUNCTION = "gcp:cloudfunctionsv2/function:Function nlp-budget-stop"
+
+
+@pytest.mark.parametrize("removed, refused", [
+    ("roles/pubsub.admin", {
+        (TOPIC, "pubsub.topics.create", "projects/acme-ml-shared"),
+        ("gcp:pubsub/topicIAMMember:TopicIAMMember nlp-budget-billing-publisher",
+         "pubsub.topics.setIamPolicy", "projects/acme-ml-shared/topics/platform-nlp-budget")}),
+    ("roles/cloudfunctions.developer", {
+        (FUNCTION, "cloudfunctions.functions.create", "projects/acme-ml-shared")}),
+    ("roles/run.admin", {
+        ("gcp:cloudrunv2/serviceIamMember:ServiceIamMember nlp-budget-stop-invoker",
+         "run.services.setIamPolicy",
+         "projects/acme-ml-shared/locations/us-central1/services/platform-nlp-budget-stop")}),
+    ("roles/iam.roleAdmin", {
+        ("gcp:projects/iAMCustomRole:IAMCustomRole nlp-budget-stop-marker-role",
+         "iam.roles.create", "projects/acme-ml-shared")}),
+    ("the budget stop's role in the folder's condition", {
+        ("gcp:projects/iAMMember:IAMMember nlp-budget-stop-tpu",
+         "resourcemanager.projects.setIamPolicy", "projects/acme-ml-shared-nlp")}),
+    ("nlp-budget-stop-deployer-serviceAccountUser", {
+        (FUNCTION, "iam.serviceAccounts.actAs", BUDGET_STOP_ACCOUNT)}),
+    ("nlp-budget-stop-deployer-serviceAccountAdmin", {
+        ("gcp:serviceaccount/account:Account nlp-budget-stop", "iam.serviceAccounts.update",
+         BUDGET_STOP_ACCOUNT)}),
+])
+def test_each_grant_the_budget_stop_needs_when_removed_is_named(
+        budget_stop_stack, monkeypatch, removed, refused) -> None:
+    settings, run = budget_stop_stack
+    if removed.startswith("roles/"):
+        monkeypatch.setattr(*_without_host_role(removed))
+    elif removed.startswith("the budget stop's role"):
+        monkeypatch.setattr(bootstrap, "BUDGET_STOP_ROLE", "not_the_budget_stop")
+    else:
+        run = without(run, removed)
+    found = {(f.resource, f.permission, f.on) for f in plan_proof(settings, run).findings}
+    assert refused <= found, found
+    assert {f[1] for f in found} <= {p for _, p, _ in refused} | {
+        # the same grant's other operations and permissions
+        "pubsub.topics.update", "pubsub.topics.delete", "pubsub.topics.getIamPolicy",
+        "cloudfunctions.functions.update", "cloudfunctions.functions.delete",
+        "run.services.getIamPolicy", "iam.roles.update", "iam.roles.delete",
+        "iam.serviceAccounts.delete"}, found
+
+
+def test_a_fallback_node_needs_act_as_each_candidate_s_subnet_and_reservation(
+        fallback_stack) -> None:
+    """Without actAs on nlp's runtime account, networkUser on the second candidate's
+    subnet, or with a reservation of a project the stack holds none in."""
+    settings, run = fallback_stack
+    [node] = run.of_type("pulumi-python:dynamic/tpu:FallbackTpu")
+    changed = copy.deepcopy(node)
+    changed.inputs["candidates"][1]["subnetwork"] = \
+        "projects/other-host/regions/us-central1/subnetworks/elsewhere"
+    changed.inputs["candidates"][0]["reservation_name"] = \
+        "projects/elsewhere/locations/us-central1-a/reservations/r"
+    kept = [r for r in without(run, "platform-deployer-act-as").registrations if r is not node]
+    findings = plan_proof(settings, ProgramRun([*kept, changed], run.outputs)).findings
+    mine = {(f.permission, f.on.split(" ")[0]) for f in findings
+            if f.resource.endswith("node-nlp-burst-fallback")}
+    assert mine == {
+        ("iam.serviceAccounts.actAs", "projects/acme-ml-shared-nlp/serviceAccounts/"
+         "platform-nlp-runtime@acme-ml-shared-nlp.iam.gserviceaccount.com"),
+        ("compute.subnetworks.use", "projects/other-host/regions/us-central1/subnetworks/"
+                                    "elsewhere"),
+        ("a reservation", "projects/elsewhere")}
