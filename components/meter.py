@@ -130,7 +130,7 @@ def team_previews(settings: StackSettings) -> list[TeamPreview]:
         by_team.setdefault(team or settings.team, []).append((node_id, node))
     previews = []
     for team in sorted(set(by_team) | set(settings.teams)):
-        nodes = by_team.get(team, [])
+        nodes = sorted(by_team.get(team, []), key=lambda pair: pair[0])  # by node id
         spec = settings.teams.get(team)
         action = spec.budget_action if spec else "alert"
         hourly = {node_id: node_hourly_usd(node) for node_id, node in nodes}

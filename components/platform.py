@@ -525,7 +525,7 @@ class TpuPlatform(pulumi.ComponentResource):
             hold = self.held[team]
             result["budgetHold"] = {"interval": hold.interval, "marker": hold.marker,
                                     "until": f"{hold.until:%Y-%m-%dT%H:%M:%SZ}",
-                                    "nodes": [n.name for n in spec.nodes]}
+                                    "nodes": sorted(n.name for n in spec.nodes)}
         return result
 
     def _team_stack_outputs(self) -> dict[str, object]:

@@ -99,7 +99,7 @@ def test_the_preview_shows_each_teams_burn_budget_stop_and_limits() -> None:
     preview = {p.team: p for p in meter.team_previews(settings)}["nlp"]
     assert preview.usd_per_hour == pytest.approx(burn)
     assert preview.hours_to_budget == pytest.approx(60_000 / burn)
-    assert preview.stop_deletes == ("platform-nlp-sweep", "platform-nlp-pod")  # stack order
+    assert preview.stop_deletes == ("platform-nlp-pod", "platform-nlp-sweep")
     assert [(n.node_id, n.max_runtime, n.idle_stop) for n in preview.limits] == [
         ("platform-nlp-pod", None, "1h"), ("platform-nlp-sweep", "12h", "30m")]
 
