@@ -384,6 +384,32 @@ def policy_section(violations: Sequence[Violation], *, markdown: bool) -> str:
     return "\n".join(lines)
 
 
+# What `pulumi preview` counts (its summary, pulumi/pulumi pkg/backend/display/diff.go
+# renderSummaryEvent: one step per resource the engine registers): the program's resources,
+# components included, plus the stack itself and one default provider per package the
+# custom resources use without an explicit provider (unconfirmed for the count of
+# default providers: read from a stack's state, not code).
+STACK_RESOURCE = 1
+
+
+def default_providers(resources: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The packages whose default provider the engine registers (gcp, random, ...)."""
+    return {r["type"].split(":", 1)[0] for r in resources
+            if r.get("custom", True) and not r.get("provider")
+            and not r["type"].startswith("pulumi:")}  # builtins: no default provider
+
+
+def preview_count(plan: Mapping[str, Any]) -> str:
+    """The plan's headline: how many resources `pulumi preview` counts, and of what."""
+    resources = plan.get("resources", [])
+    custom = sum(1 for r in resources if r.get("custom", True))
+    providers = len(default_providers(resources))
+    total = len(resources) + STACK_RESOURCE + providers
+    return (f"{total} resources (pulumi preview's count): {custom} in GCP, "
+            f"{len(resources) - custom} components, the stack, {providers} default "
+            f"provider{'s' if providers != 1 else ''}")
+
+
 def _resource_rows(plan: Mapping[str, Any]) -> list[list[str]]:
     return [[r["name"], gcp_name(r), display_type(r["type"]), r.get("component") or "",
              "yes" if r.get("protect") else ""]
@@ -411,7 +437,7 @@ def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown:
         cost_summary(plan),
         *node_tables(plan, markdown=markdown),
         *step_tables(plan, markdown=markdown),
-        f"{len(resources)} resources",
+        preview_count(plan),
         table(("resource", "GCP name", "type", "component", "protected"), resources,
               markdown=True) if markdown else resource_table(resources),
     ]
