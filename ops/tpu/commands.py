@@ -200,8 +200,9 @@ def _status_or_rehearsal(api: TpuApi, target: StackTarget, team: str | None = No
         return _status_now(api, target, team)
     except NoCredentialsError as error:
         if not node_status.rehearsed(target):
-            raise NoCredentialsError(f"{error} (or `tpuctl rehearse --stack {target.stack}` "
-                                     "first, then `tpuctl status --offline`)") from None
+            hint = (node_status.failed_rehearsal(target.stack) or f"`tpuctl rehearse --stack "
+                    f"{target.stack}` first, then `tpuctl status --offline`")
+            raise NoCredentialsError(f"{error} (or {hint})") from None
         console.print(_rehearsal_view(target))
         fail(f"{error}; showed the last rehearsal (offline) instead: `tpuctl status --stack "
              f"{target.stack} --offline` shows it without this error")
@@ -211,8 +212,7 @@ def _rehearsal_view(target: StackTarget) -> RenderableType:
     nodes = node_status.rehearsed(target)
     path = node_status.rehearsal_dir(target.stack)
     if not nodes:
-        raise TargetError(f"stack {target.stack} has no rehearsal here ({path} holds none): "
-                          f"run `tpuctl rehearse --stack {target.stack}`")
+        raise TargetError(node_status.no_rehearsal(target.stack, path))
     return node_status.status_table(target, nodes, rehearsal=path)
 
 

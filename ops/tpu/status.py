@@ -90,6 +90,21 @@ def rehearsal_dir(stack: str, root: Path | None = None) -> Path:
     return (root or REHEARSAL_ROOT) / stack
 
 
+def failed_rehearsal(stack: str, folder: Path | None = None) -> str | None:
+    """Why the stack's last rehearsal failed before a node booted, and what to do; None
+    when it did not (advice to rehearse never comes without the reason it failed)."""
+    failure = record.read_failure(folder or rehearsal_dir(stack))
+    if not failure:
+        return None
+    return (f"the last `tpuctl rehearse --stack {stack}` failed before a node booted: "
+            f"{failure}; fix that, then run it again")
+
+
+def no_rehearsal(stack: str, folder: Path) -> str:
+    return (failed_rehearsal(stack, folder) or f"stack {stack} has no rehearsal here "
+            f"({folder} holds none): run `tpuctl rehearse --stack {stack}`")
+
+
 def rehearsed(target: StackTarget, root: Path | None = None) -> list[NodeStatus]:
     """Offline: every node the stack's rehearsals booted, each with the status its agent
     left in the emulator; one whose stack file or training sources changed since shows
