@@ -72,15 +72,6 @@ TERMINAL_COLUMNS = 100
 MIN_COLUMN = 8
 
 
-def elide(text: str, width: int) -> str:
-    """`text` in `width` characters: its middle dropped for `…`, so a name's head and its
-    distinguishing tail (a release's hash) both stay."""
-    if len(text) <= width:
-        return text
-    head = (width - 1) // 2
-    return f"{text[:head]}…{text[len(text) - (width - 1 - head):]}"
-
-
 def fitted_widths(widths: list[int], total: int, gap: int = 2) -> list[int]:
     """Column widths that fit `total` characters with `gap` between columns: the widest
     column gives way first, none below MIN_COLUMN (or its own width)."""
@@ -96,7 +87,7 @@ def fitted_widths(widths: list[int], total: int, gap: int = 2) -> list[int]:
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, markdown: bool,
           columns: int = TERMINAL_COLUMNS) -> str:
     """A markdown table, or plain aligned columns for a terminal, `columns` wide at most
-    (long cells elided in the middle)."""
+    (a value too long for its column on a line of its own below its row)."""
     cells = [[str(c) for c in headers], *([str(c) for c in row] for row in rows)]
     if markdown:
         escaped = [[c.replace("|", "\\|") for c in row] for row in cells]
@@ -105,8 +96,25 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, markdown: bo
         return "\n".join(lines)
     widths = fitted_widths([max(len(row[i]) for row in cells) for i in range(len(headers))],
                            columns)
-    return "\n".join("  ".join(elide(c, w).ljust(w) for c, w in zip(row, widths, strict=True))
-                     .rstrip() for row in cells)
+    return "\n".join(line for row in cells for line in wrapped_row(row, widths, columns))
+
+
+WRAPPED = "↓"  # in a cell whose value is on its own line below the row
+
+
+def wrapped_row(row: Sequence[str], widths: Sequence[int], columns: int) -> list[str]:
+    """A row in its columns; a value too long for its column goes whole onto a line of
+    its own below, under its column (further left if it would pass `columns`), so a
+    bucket, URN or project name is never cut and can be copied."""
+    starts = [sum(widths[:i]) + 2 * i for i in range(len(widths))]
+    long = [i for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+            if len(cell) > width]
+    cells = [cell[:len(cell) - len(cell.lstrip())] + WRAPPED if i in long else cell
+             for i, cell in enumerate(row)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()]
+    for i in long:
+        lines.append(" " * max(0, min(starts[i], columns - len(row[i]))) + row[i])
+    return lines
 
 
 def display_type(token: str) -> str:

@@ -145,13 +145,33 @@ def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
     return [node.node_id for node in target.nodes if node.node_id not in present]
 
 
-COLUMNS = ("node", "zone", "type", "state", "health", "job", "step", "phase", "goodput",
-           "input wait", "MFU", "message", "updated")
+@dataclass(frozen=True)
+class Column:
+    """A status column; `narrow`: shown by default, the rest with `--wide`. A new column
+    is one entry here and its cell in status_rows (seam S7)."""
+
+    header: str
+    narrow: bool = False
+
+
+# The narrow table (what a user needs first: which node, in what state, how far its job
+# is, and its message) fits 100 columns for the stacks the repo ships; `--wide` shows all.
+COLUMNS = (Column("node", narrow=True), Column("zone"), Column("type"),
+           Column("state", narrow=True), Column("health"), Column("job", narrow=True),
+           Column("step", narrow=True), Column("phase"), Column("goodput", narrow=True),
+           Column("input wait"), Column("MFU"), Column("message", narrow=True),
+           Column("updated"))
 # Up to this many rows a boxed rich Table; past it aligned plain columns, because rich
 # measures and renders every cell on its own (2,000 rows took seconds, bench/status_scale.py).
 BOXED_ROWS = 200
-Row = tuple[tuple[str, ...], str]  # the cells and the style of the state cell
+Row = tuple[tuple[str, ...], str]  # the cells (every column's) and the style of the state cell
 GAP = "  "
+# Never folded or cut: a name is copied from the table.
+WHOLE = {"node", "zone", "type"}
+
+
+def shown(wide: bool) -> list[int]:
+    return [i for i, column in enumerate(COLUMNS) if wide or column.narrow]
 
 
 def status_table(
@@ -160,23 +180,35 @@ def status_table(
     queued: Sequence[QueuedStatus] = (),
     rehearsal: Path | None = None,
     unread: Sequence[Unread] = (),
+    *,
+    wide: bool = False,
 ) -> RenderableType:
     """One row per node; with `rehearsal`, the offline view of that rehearsal's state.
     Every cell is text as it is: a job's message `[line 3 ...]` is no markup. A node
-    whose (project, zone) is `unread` gets no row: unread_table has one for its pair."""
+    whose (project, zone) is `unread` gets no row: unread_table has one for its pair.
+    The narrow columns, or with `wide` every one; a long value wraps inside its cell,
+    never cut, and a name is never broken."""
     source = f"rehearsal, offline: {rehearsal}" if rehearsal else ", ".join(target.projects)
     title = f"stack {target.stack} ({source})"
     rows = status_rows(target, nodes, queued, "not rehearsed" if rehearsal else "ABSENT", unread)
+    columns = shown(wide)
+    rows = [(tuple(cells[i] for i in columns), style) for cells, style in rows]
+    headers = [COLUMNS[i].header for i in columns]
     advice = [line for node in nodes if (line := utilisation_advice(node))]
     notes = Text("\n".join(advice), style="yellow") if advice else None
     if len(rows) > BOXED_ROWS:
-        listing = plain_columns(title, rows)
+        listing = plain_columns(title, headers, rows)
         return Group(listing, notes) if notes else listing
     table = Table(title=title)
-    for column in COLUMNS:
-        table.add_column(column)
+    state = headers.index("state")
+    for i, header in enumerate(headers):
+        whole = header in WHOLE
+        table.add_column(header, overflow="fold", no_wrap=whole,
+                         min_width=max((len(cells[i]) for cells, _ in rows), default=0)
+                         if whole else None)
     for cells, style in rows:
-        table.add_row(*(Text(cell, style=style if i == 3 else "") for i, cell in enumerate(cells)))
+        table.add_row(*(Text(cell, style=style if i == state else "")
+                        for i, cell in enumerate(cells)))
     return Group(table, notes) if notes else table
 
 
@@ -185,6 +217,7 @@ def status_rows(
     unread: Sequence[Unread] = (),
     now: float | None = None,
 ) -> list[Row]:
+    """Every column's cells (in COLUMNS' order) for each node, then each absent one."""
     now = time.time() if now is None else now
     rows = []
     for node in nodes:
@@ -222,17 +255,19 @@ def unread_table(target: StackTarget, unread: Sequence[Unread]) -> Table:
     return table
 
 
-def plain_columns(title: str, rows: list[Row]) -> PlainColumns:
+def plain_columns(title: str, headers: list[str], rows: list[Row]) -> PlainColumns:
     """The rows as left-aligned columns under a bold header, lines never wrapped."""
-    widths = [max(len(column), *(len(cells[i]) for cells, _ in rows))
-              for i, column in enumerate(COLUMNS)]
-    state_at = sum(widths[:3]) + 3 * len(GAP)
+    widths = [max(len(header), *(len(cells[i]) for cells, _ in rows))
+              for i, header in enumerate(headers)]
+    state = headers.index("state")
+    state_at = sum(widths[:state]) + state * len(GAP)
 
-    def line(cells: tuple[str, ...]) -> str:
+    def line(cells: Sequence[str]) -> str:
         return GAP.join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
-    lines = [(line(cells), state_at, state_at + len(cells[3]), style) for cells, style in rows]
-    return PlainColumns(title, line(COLUMNS), lines)
+    lines = [(line(cells), state_at, state_at + len(cells[state]), style)
+             for cells, style in rows]
+    return PlainColumns(title, line(headers), lines)
 
 
 @dataclass(frozen=True)
