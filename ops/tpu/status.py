@@ -154,10 +154,13 @@ class Column:
     narrow: bool = False
 
 
-# The narrow table (what a user needs first: which node, in what state, how far its job
-# is, and its message) fits 100 columns for the stacks the repo ships; `--wide` shows all.
+# The narrow table (what a user needs first: which node, its state and health, how far
+# its job is, and its message) fits 100 columns on a terminal: rich wraps a long message
+# or health inside its cell there (off a terminal nothing wraps, ops/terminal.py);
+# `--wide` shows every column.
 COLUMNS = (Column("node", narrow=True), Column("zone"), Column("type"),
-           Column("state", narrow=True), Column("health"), Column("job", narrow=True),
+           Column("state", narrow=True), Column("health", narrow=True),
+           Column("job", narrow=True),
            Column("step", narrow=True), Column("phase"), Column("goodput", narrow=True),
            Column("input wait"), Column("MFU"), Column("message", narrow=True),
            Column("updated"))
@@ -199,17 +202,18 @@ def status_table(
     if len(rows) > BOXED_ROWS:
         listing = plain_columns(title, headers, rows)
         return Group(listing, notes) if notes else listing
-    table = Table(title=title)
+    table = Table()
     state = headers.index("state")
     for i, header in enumerate(headers):
         whole = header in WHOLE
+        longest = max((len(cells[i]) for cells, _ in rows), default=0)
         table.add_column(header, overflow="fold", no_wrap=whole,
-                         min_width=max((len(cells[i]) for cells, _ in rows), default=0)
-                         if whole else None)
+                         min_width=longest if whole else None)
     for cells, style in rows:
         table.add_row(*(Text(cell, style=style if i == state else "")
                         for i, cell in enumerate(cells)))
-    return Group(table, notes) if notes else table
+    # The title on a line of its own: as a Table title rich would wrap it to the table.
+    return Group(Text(title), table, *([notes] if notes else []))
 
 
 def status_rows(
