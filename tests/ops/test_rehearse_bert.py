@@ -107,3 +107,14 @@ def test_the_readme_bert_stack_rehearses_end_to_end(tmp_path: Path) -> None:
     assert status["state"] == "succeeded" and int(status["step"]) == 4
     checkpoints = list((workdir / "node-bert" / "gcs").rglob("ckpt-4.index"))
     assert len(checkpoints) == 1
+
+
+def test_the_readme_bert_stack_plans_without_warnings(tmp_path: Path) -> None:
+    """Its no-progress deadline (150 s: five 30 s executions) once exceeded its checkpoint
+    interval (a minute by default), a warning of its own."""
+    from ops.plan.offline import offline_plan
+    from ops.plan.report import plain
+
+    plan = plain(offline_plan("bert", bert_config(tmp_path)).to_json())
+    assert plan["warnings"] == []
+    assert any(r["type"] == "gcp:tpu/v2Vm:V2Vm" for r in plan["resources"])
