@@ -79,10 +79,14 @@ def test_every_suite_prints_its_time_and_the_summary_lists_them(tree: Path) -> N
     assert summary[-1] == "every check passed"
     calls = (tree / "calls.log").read_text().splitlines()
     pytest_calls = [call.split(" ", 1)[1] for call in calls if " -m pytest " in call]
+    quiet = "-m pytest -q -p no:cacheprovider"
     assert pytest_calls == [
-        "-m pytest -q -p no:cacheprovider -n 2 tests training/tests/test_config.py -k preemption",
-        "-m pytest -q -p no:cacheprovider -n 2 training/tests -k preemption",
-        "-m pytest -q -p no:cacheprovider -n 2 training/tests -m tf_version -k preemption"]
+        f"{quiet} -n 2 -m not alone tests training/tests/test_config.py -k preemption",
+        f"{quiet} -m alone tests training/tests/test_config.py -k preemption",
+        f"{quiet} -n 2 -m not alone training/tests -k preemption",
+        f"{quiet} -m alone training/tests -k preemption",
+        f"{quiet} -n 2 -m (tf_version) and not alone training/tests -k preemption",
+        f"{quiet} -m (tf_version) and alone training/tests -k preemption"]
 
 
 def test_a_suite_over_its_limit_is_cut_short_and_the_rest_still_run(tree: Path) -> None:

@@ -102,7 +102,15 @@ TF_VERSION_MODULES = {
 }
 
 
+# Tests that measure how a job shares the CPU (input wait against compute), marked
+# `alone`: scripts/test.sh runs them after the others, with no other test beside them
+# (on two xdist workers the other worker's job took the input pipeline's CPU).
+ALONE_MODULES = {"test_perf.py"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in TF_VERSION_MODULES:
             item.add_marker(pytest.mark.tf_version)
+        if item.path.name in ALONE_MODULES:
+            item.add_marker(pytest.mark.alone)
