@@ -20,6 +20,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components import catalog, cost
+from components.candidates import one_quota_warning
 from components.ci import CI_APIS, PREVIEW_ROLES, CiArgs, CiIdentity, DeployerScope
 from components.identity import PROJECT_ROLES, IdentityArgs, RuntimeIdentity
 from components.locality import cross_region_warning
@@ -275,7 +276,8 @@ class TpuPlatform(pulumi.ComponentResource):
                            opts=self._child())
         for warning in (stop_save_warning(node, job),  # at preview and up
                         cross_region_warning(self.settings, node, job),
-                        progress_deadline_warning(node, job)):
+                        progress_deadline_warning(node, job),
+                        one_quota_warning(node)):
             if warning:
                 pulumi.log.warn(warning, resource=tpu_node)
         return tpu_node
@@ -309,6 +311,9 @@ class TpuPlatform(pulumi.ComponentResource):
             service_account_email=placement.service_account_email,
             network=net.network,
             subnetwork=_subnet(net.subnets, node.zone.rsplit("-", 1)[0]),
+            candidate_subnetworks={region: _subnet(net.subnets, region)
+                                   for region in sorted({c.zone.rsplit("-", 1)[0]
+                                                         for c in node.candidates[1:]})},
             network_tag=net.tag,
             labels={**placement.labels, **node.labels, "node": node.name},
             depends_on=placement.depends_on,

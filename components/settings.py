@@ -119,6 +119,22 @@ class QueueSettings(_Model):
         return int(match["n"]) * _DURATION_SECONDS[match["unit"]]
 
 
+class FallbackSettings(_Model):
+    """One entry of a node's `fallback`: the placement it overrides; what it does not
+    name comes from the node (NodeSettings.candidates)."""
+
+    zone: str | None = None
+    provisioning: Provisioning | None = None
+    accelerator_type: str | None = None
+    generation: str | None = None
+    topology: str | None = None
+    queue: QueueSettings | None = None
+
+
+# A node with `fallback` and no `maxWait` waits this long on each candidate.
+DEFAULT_MAX_WAIT = "30m"
+
+
 class NodeSettings(_Model):
     """One entry of `tpu-stack:nodes`."""
 
@@ -135,6 +151,10 @@ class NodeSettings(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
     # Runs under a committed use discount: the cost estimate prices it at that rate.
     commitment: Commitment | None = None
+    # Candidates tried in order after the node's own placement (components/fallback_tpu.py).
+    fallback: list[FallbackSettings] = Field(default_factory=list)
+    max_wait: str | None = None
+    allow_costlier: bool = False
 
     @property
     def tpu(self) -> catalog.Slice:
@@ -173,6 +193,36 @@ class NodeSettings(_Model):
         use on-demand quota (docs/tpu-facts.md: "Quota is per TPU family and region,
         separately for on-demand and preemptible")."""
         return "preemptible" if self.capacity == "spot" else "onDemand"
+
+    @property
+    def candidates(self) -> list[NodeSettings]:
+        """The node's own placement, then each `fallback` entry over it: an entry naming
+        acceleratorType drops the node's generation + topology and the other way round,
+        one naming a provisioning other than queued drops the node's queue."""
+        return [self] + [self._over(entry) for entry in self.fallback]
+
+    def _over(self, entry: FallbackSettings) -> NodeSettings:
+        update: dict[str, Any] = entry.model_dump(exclude_none=True, exclude={"queue"})
+        if entry.accelerator_type:
+            update.update(generation=None, topology=None)
+        elif entry.generation or entry.topology:
+            update["accelerator_type"] = None
+        if entry.queue is not None:
+            update["queue"] = entry.queue
+        elif entry.provisioning not in (None, "queued"):
+            update["queue"] = None
+        candidate = self.model_copy(update={**update, "fallback": [], "max_wait": None})
+        if candidate.commitment and candidate.capacity != "reserved":
+            # A commitment is a reservation's discount: not one of an unreserved candidate.
+            candidate = candidate.model_copy(update={"commitment": None})
+        return candidate
+
+    @property
+    def max_wait_seconds(self) -> int:
+        """How long a request may wait on one candidate before the next is tried."""
+        match = _DURATION_RE.match(self.max_wait or DEFAULT_MAX_WAIT)
+        assert match, "checked by _fallback_problems"
+        return int(match["n"]) * _DURATION_SECONDS[match["unit"]]
 
     @property
     def workers(self) -> str:
@@ -371,7 +421,8 @@ class StackSettings(_Model):
     def regions(self) -> list[str]:
         """Regions that need a subnet: every node's, and every region with
         granted quota (a team stack's nodes use the platform's subnets)."""
-        regions = {catalog.region_of(node.zone) for _, node in self.all_nodes}
+        regions = {catalog.region_of(c.zone) for _, node in self.all_nodes
+                   for c in node.candidates}
         return sorted(regions | {r for by_region in self.quota.values() for r in by_region})
 
     @property
@@ -928,6 +979,7 @@ def node_problems(key: str, node: NodeSettings, job_names: Mapping[str, Any],
     yield from _labels_problems(f"{key}.labels", node.labels)
     yield from _queue_problems(key, node)
     yield from _commitment_problems(key, node)
+    yield from _fallback_problems(key, node)
     slice_problems = list(_slice_problems(key, node))
     if slice_problems:
         yield from slice_problems
@@ -1073,6 +1125,90 @@ def _commitment_problems(key: str, node: NodeSettings) -> Problems:
                                     f"cloud.google.com/tpu/docs/long-term-reservation); this "
                                     f"node is {node.provisioning}: use provisioning: reserved, "
                                     f"or a queue with a reservationName")
+
+
+def _fallback_problems(key: str, node: NodeSettings) -> Problems:
+    """`fallback`, `maxWait`, `allowCostlier` (docs/design.md, "Capacity that finds
+    itself"): each candidate is checked as a node of its own, at its own key."""
+    if node.max_wait is not None and not _DURATION_RE.match(node.max_wait):
+        yield (f"{key}.maxWait", f"{node.max_wait!r} is not a duration: a number and s, m, "
+                                 f"h or d (e.g. 30m, 20s)")
+    if not node.fallback:
+        if node.max_wait is not None:
+            yield (f"{key}.maxWait", "applies only with fallback (how long a request waits "
+                                     "before the next candidate is tried)")
+        if node.allow_costlier:
+            yield (f"{key}.allowCostlier", "applies only with fallback")
+        return
+    yield from _queueable_problems(f"{key}.provisioning", node)
+    if list(_slice_problems(key, node)):
+        return  # the node's own problem says it; nothing to compare the candidates with
+    own_price = _hourly(node)
+    seen: dict[tuple[Any, ...], str] = {_placement(node): "the node's own placement"}
+    for index, candidate in enumerate(node.candidates[1:]):
+        entry_key = f"{key}.fallback[{index}]"
+        problems = list(_candidate_problems(entry_key, candidate))
+        yield from problems
+        if problems:
+            continue
+        placement = _placement(candidate)
+        if placement in seen:  # under .zone: a misspelt zone key's own problem says it
+            yield (f"{entry_key}.zone", f"the same placement as {seen[placement]}: "
+                                        f"{_label(candidate)}")
+            continue
+        seen[placement] = f"{key}.fallback[{index}]"
+        price = _hourly(candidate)
+        if (not node.allow_costlier and own_price is not None and price is not None
+                and price > own_price + 1e-9):
+            yield (entry_key, f"{_label(candidate)} costs ${price:.2f}/h, more than the node's "
+                              f"own ${own_price:.2f}/h: set allowCostlier: true on the node "
+                              f"to allow it")
+
+
+def _queueable_problems(key: str, node: NodeSettings) -> Problems:
+    """With fallback every candidate is a queued resource (components/fallback_tpu.py),
+    whose tiers are spot, guaranteed, a reservation by name, or none: on demand
+    (google-cloud-tpu 1.27 QueuedResource). Legacy preemptible and a reserved node
+    without a reservation's name have no queued form."""
+    if node.provisioning in ("preemptible", "reserved"):
+        instead = "spot" if node.provisioning == "preemptible" else \
+            "queued with queue.reservationName"
+        yield (key, f"{node.provisioning} cannot be a candidate of a node with fallback (each "
+                    f"candidate is a queued resource): use {instead}")
+
+
+def _candidate_problems(key: str, candidate: NodeSettings) -> Problems:
+    yield from _queueable_problems(f"{key}.provisioning", candidate)
+    yield from _queue_problems(key, candidate)
+    slice_problems = list(_slice_problems(key, candidate))
+    if slice_problems:
+        yield from slice_problems
+        return
+    tpu = candidate.tpu
+    yield from _zone_problems(key, candidate, tpu)
+    if not _ZONE_RE.match(candidate.zone) or candidate.zone not in tpu.generation.zones:
+        return
+    region = catalog.region_of(candidate.zone)
+    if region not in subnets.REGION_SLOTS:
+        yield (f"{key}.zone", f"{candidate.zone}: the stack's network has no subnet slot for "
+                              f"{region} (components/subnets.py REGION_SLOTS)")
+    yield from _runtime_problems(key, candidate, tpu)
+
+
+def _placement(node: NodeSettings) -> tuple[Any, ...]:
+    queue = node.queue.model_dump() if node.queue else None
+    return (node.zone, node.tpu.accelerator_type, node.provisioning,
+            json.dumps(queue, sort_keys=True))
+
+
+def _label(node: NodeSettings) -> str:
+    return f"{node.zone} {node.tpu.accelerator_type} {node.provisioning}"
+
+
+def _hourly(node: NodeSettings) -> float | None:
+    from components.cost import node_cost  # cost imports the settings
+
+    return node_cost(node).usd_per_hour
 
 
 _GITHUB_REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")

@@ -60,12 +60,15 @@ def contract_problems(settings: StackSettings, outputs: dict[str, Any]) -> list[
     problems += team_quota_problems(f"{TEAMS_KEY}.{team}.quota", team, settings.nodes, quota)
     subnets = outputs["network"]["subnets"]
     for index, node in enumerate(settings.nodes):
-        region = catalog.region_of(node.zone)
-        if region not in subnets:
-            problems.append((f"tpu-stack:nodes[{index}].zone",
-                             f"{ref} has no subnet in {region} (regions: "
-                             f"{', '.join(sorted(subnets)) or 'none'}); the platform "
-                             f"declares a region's subnet with its quota there"))
+        # A fallback candidate's region too (issue 35): the node may be placed there.
+        for position, candidate in enumerate(node.candidates):
+            region = catalog.region_of(candidate.zone)
+            if region not in subnets:
+                where = "" if position == 0 else f".fallback[{position - 1}]"
+                problems.append((f"tpu-stack:nodes[{index}]{where}.zone",
+                                 f"{ref} has no subnet in {region} (regions: "
+                                 f"{', '.join(sorted(subnets)) or 'none'}); the platform "
+                                 f"declares a region's subnet with its quota there"))
     return problems
 
 

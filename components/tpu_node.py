@@ -9,6 +9,7 @@ import pulumi_gcp as gcp
 
 import node_agent as agent
 from components import catalog
+from components.fallback_tpu import FallbackTpu, candidate_props
 from components.queued_tpu import QueuedTpu
 from components.settings import NodeSettings, QueueSettings
 from node_agent import desired
@@ -72,6 +73,8 @@ class TpuNodeArgs:
     # The artifacts bucket resource's `name` output (TrainingPackage.bucket_name): the
     # release object takes it, so it follows a bucket replacement (components/package.py).
     artifacts_bucket_name: pulumi.Input[str] | None = None
+    # A node with fallback: the subnetwork of each candidate region other than its own.
+    candidate_subnetworks: dict[str, pulumi.Input[str]] = field(default_factory=dict)
 
     @property
     def artifacts_bucket(self) -> str:
@@ -172,6 +175,31 @@ def queued_node(name: str, args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> Q
     )
 
 
+def fallback_node(name: str, args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> FallbackTpu:
+    """A node with `fallback`: each candidate a queued resource carrying the same node (id,
+    metadata, account, labels), tried in order (components/fallback_tpu.py)."""
+    node = args.settings
+    subnets = {catalog.region_of(node.zone): args.subnetwork, **args.candidate_subnetworks}
+    return FallbackTpu(
+        name,
+        project=args.project_id,
+        node_id=args.node_id,
+        queued_resource_id=args.queued_resource_id,
+        candidates=[candidate_props(c, subnets[catalog.region_of(c.zone)])
+                    for c in node.candidates],
+        max_wait_seconds=node.max_wait_seconds,
+        network=args.network,
+        enable_external_ips=node.external_ips,
+        service_account_email=args.service_account_email,
+        scopes=[CLOUD_PLATFORM_SCOPE],
+        metadata=node_metadata(args),
+        labels=args.labels,
+        tags=[args.network_tag],
+        description=description(node),
+        opts=opts,
+    )
+
+
 def v2_vm(name: str, args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> gcp.tpu.V2Vm:
     node = args.settings
     return gcp.tpu.V2Vm(
@@ -208,7 +236,7 @@ class TpuNode(pulumi.ComponentResource):
 
     node_id: str
     release: gcp.storage.BucketObject
-    vm: gcp.tpu.V2Vm | QueuedTpu
+    vm: gcp.tpu.V2Vm | QueuedTpu | FallbackTpu
 
     def __init__(self, name: str, args: TpuNodeArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
@@ -220,7 +248,9 @@ class TpuNode(pulumi.ComponentResource):
         # docs/tpu-facts.md: with an explicit name a replacement must delete first.
         child = pulumi.ResourceOptions(parent=self, delete_before_replace=True,
                                        depends_on=[*args.depends_on, self.release])
-        if args.settings.provisioning == "queued":
+        if args.settings.fallback:
+            self.vm = fallback_node(f"{name}-fallback", args, child)
+        elif args.settings.provisioning == "queued":
             self.vm = queued_node(f"{name}-queued", args, child)
         else:
             self.vm = v2_vm(f"{name}-vm", args, child)

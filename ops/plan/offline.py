@@ -12,7 +12,7 @@ from typing import Any
 
 import pulumi
 
-from components import catalog, locality, progress_deadline, project, stop_save
+from components import candidates, catalog, locality, progress_deadline, project, stop_save
 from components.archive import PackageError
 from components.cost import RATES, StackCost, StepCost, settings_cost
 from components.settings import StackSettings, load_settings
@@ -58,7 +58,11 @@ class Plan:
             "warnings": [*stop_save.stack_warnings(self.settings),
                          *locality.stack_warnings(self.settings),
                          *project.stack_warnings(self.settings),
-                         *progress_deadline.stack_warnings(self.settings)],
+                         *progress_deadline.stack_warnings(self.settings),
+                         *candidates.stack_warnings(self.settings)],
+            # Nodes with fallback only: absent from a plan without any (issue 35).
+            **({"candidates": rows} if (rows := candidates.stack_candidates(self.settings))
+               else {}),
         }
 
     def _resource_json(self, r: Registration) -> dict[str, Any]:

@@ -370,6 +370,25 @@ def duplicates_section(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
     return ["\n".join(lines)]
 
 
+# Headroom: chips left of the quota (limit − usage − the plan's other nodes) and of the
+# reservation; the quota's id is in the plan's JSON (`candidates`).
+CANDIDATE_HEADERS = ("node", "#", "zone", "type", "provisioning", "USD/h", "USD/1k steps",
+                     "quota left", "resv. left")
+
+
+def candidate_tables(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
+    """Each node with fallback: its candidates in order (components/candidates.py)."""
+    rows = [[name if row["position"] == 1 else "", str(row["position"]), row["zone"],
+             row["acceleratorType"], row["provisioning"], money(row["usdPerHour"]),
+             step_money(row["usdPer1000Steps"]), row["quotaHeadroom"],
+             row["reservationHeadroom"]]
+            for name, node_rows_ in plan.get("candidates", {}).items() for row in node_rows_]
+    if not rows:
+        return []
+    return [heading("fallback candidates, tried in order", markdown=markdown, level=3),
+            table(CANDIDATE_HEADERS, rows, markdown=markdown)]
+
+
 def warnings_section(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
     """The plan's warnings (a stop save that may not fit its notice, a node reading its
     data across regions), or nothing."""
@@ -445,6 +464,7 @@ def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown:
         cost_summary(plan),
         *node_tables(plan, markdown=markdown),
         *step_tables(plan, markdown=markdown),
+        *candidate_tables(plan, markdown=markdown),
         preview_count(plan),
         table(("resource", "GCP name", "type", "component", "protected"), resources,
               markdown=True) if markdown else resource_table(resources),

@@ -6,15 +6,17 @@ makes no call that changes anything.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
-from components import catalog
+from components import capacity, catalog
 from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi
+from ops.tpu.target import ExpectedNode
 
-Verb = Literal["delete-node", "reset-queued", "stop-node", "report"]
+Verb = Literal["delete-node", "reset-queued", "stop-node", "report", "move-queued",
+               "delete-queued"]
 # A spot or preemptible TPU is never restarted: it stays PREEMPTED, holding quota,
 # until deleted (docs/tpu-facts.md, "Spot TPUs"). TERMINATED nodes do not come back either.
 LOST_STATES = {"PREEMPTED", "TERMINATED"}
@@ -31,6 +33,9 @@ class Action:
     subject: str  # the node id, or the queued resource's name for reset-queued
     reason: str
     name: str  # the resource name the change is made on (it names the project)
+    # move-queued: the candidate's placement it moves to (components/fallback_tpu.py).
+    to: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    chips: int = 0  # delete-queued: the quota it frees
 
     @classmethod
     def on(cls, verb: Verb, node: NodeStatus, reason: str) -> Action:
@@ -61,9 +66,87 @@ def recovery_plan(nodes: list[NodeStatus], queued: Sequence[QueuedStatus] = ()) 
     return actions
 
 
-def janitor_plan(nodes: list[NodeStatus], idle_minutes: float, now: datetime) -> list[Action]:
-    """READY nodes whose job finished, or with no job activity for `idle_minutes`."""
+# A request waiting in the queue (a fallback node's, past its maxWait, moves on).
+WAITING_QUEUED_STATES = {"WAITING_FOR_RESOURCES", "ACCEPTED", "CREATING"}
+
+
+def fallback_recovery_plan(expected: Sequence[ExpectedNode], nodes: Sequence[NodeStatus],
+                           queued: Sequence[QueuedStatus], now: datetime) -> list[Action]:
+    """A node with fallback (issue 35): its request FAILED for capacity, quota, a
+    reservation, or waiting longer than maxWait moves to the next candidate (after the
+    last: the first, a new round); after a preemption (its node PREEMPTED or TERMINATED,
+    its request SUSPENDED) it starts again from its first candidate. A permanent failure
+    is reported, never moved: the next candidate would fail the same way."""
+    actions: list[Action] = []
+    node_state = {n.node_id: n.state for n in nodes}
+    for node in expected:
+        if not node.candidates:
+            continue
+        for request in (q for q in queued if node.node_id in q.node_ids):
+            action = _fallback_action(node, request, node_state.get(node.node_id), now)
+            if action is not None:
+                actions.append(action)
+    return actions
+
+
+def _fallback_action(node: ExpectedNode, request: QueuedStatus, node_state: str | None,
+                     now: datetime) -> Action | None:
+    at = node.candidate_at(request.zone, request.accelerator_type)
+    count = len(node.candidates)
+    here = f"candidate {node.candidate_label(at)}"
+    if node_state in LOST_STATES or request.state in ("SUSPENDED", "SUSPENDING"):
+        why = f"{node_state or request.state} on {here}: start again from the first candidate"
+        return _move(node, request, 0, why) if at else Action(
+            "reset-queued", request.zone, request.name, why, request.name)
+    if request.state == "FAILED":
+        failure = capacity.classify(capacity.ApiError(request.error_code,
+                                                      request.error_message), request.zone)
+        if not failure.moves_on:
+            return Action("report", request.zone, request.name,
+                          f"FAILED on {here} ({failure.kind}: {failure.detail}): fix it, "
+                          f"no other candidate is tried", request.name)
+        return _move(node, request, (at + 1) % count,
+                     f"FAILED on {here} ({failure.kind}: {failure.detail})")
+    waited = (now - request.created).total_seconds() if request.created else 0.0
+    if request.state in WAITING_QUEUED_STATES and waited > node.max_wait_seconds:
+        return _move(node, request, (at + 1) % count,
+                     f"{request.state} on {here} for {waited / 60:.0f} min, longer than "
+                     f"maxWait ({node.max_wait_seconds / 60:.0f} min)")
+    return None
+
+
+def _move(node: ExpectedNode, request: QueuedStatus, to: int, reason: str) -> Action:
+    return Action("move-queued", request.zone, request.name,
+                  f"{reason}: move to candidate {node.candidate_label(to)}", request.name,
+                  to=node.candidates[to])
+
+
+# Requests that hold quota and will not provision: FAILED and SUSPENDED ones keep it
+# until deleted (marin-community/marin #87), as does one past its validUntil.
+STALE_QUEUED_STATES = {"FAILED", "SUSPENDED"}
+
+
+def queued_janitor_plan(queued: Sequence[QueuedStatus], now: datetime) -> list[Action]:
+    """The stack's queued resources that are FAILED, SUSPENDED or past validUntil: deleted,
+    each with the chips of quota it frees."""
     actions = []
+    for request in queued:
+        expired = request.valid_until is not None and request.valid_until <= now
+        if request.state not in STALE_QUEUED_STATES and not expired:
+            continue
+        why = request.state if request.state in STALE_QUEUED_STATES else \
+            f"past validUntil {request.valid_until:%Y-%m-%d %H:%M} UTC ({request.state})"
+        what = f"{request.chips} chips of {request.accelerator_type or 'TPU'}"
+        actions.append(Action("delete-queued", request.zone, request.name,
+                              f"{why}: frees {what}", request.name, chips=request.chips))
+    return actions
+
+
+def janitor_plan(nodes: list[NodeStatus], idle_minutes: float, now: datetime,
+                 queued: Sequence[QueuedStatus] = ()) -> list[Action]:
+    """READY nodes whose job finished, or with no job activity for `idle_minutes`; and
+    the stale queued resources (queued_janitor_plan)."""
+    actions = queued_janitor_plan(queued, now)
     for node in nodes:
         reason = _why_idle(node, idle_minutes, now) if node.state == "READY" else None
         if reason is None:
@@ -126,4 +209,8 @@ def apply_actions(
             api.reset_queued_resource(action.name)
         elif action.verb == "stop-node":
             api.stop_node(action.name)
+        elif action.verb == "delete-queued":
+            api.delete_queued_resource(action.name)
+        elif action.verb == "move-queued":
+            api.move_queued_resource(action.name, dict(action.to))
         on_done(action)

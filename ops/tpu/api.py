@@ -147,15 +147,64 @@ class QueuedStatus:
     name: str  # projects/<p>/locations/<zone>/queuedResources/<id>
     state: str
     node_ids: tuple[str, ...]
+    # FAILED: its `failedData.error` (google.rpc code and message), for the classifier.
+    error_code: int = 0
+    error_message: str = ""
+    created: datetime | None = None
+    valid_until: datetime | None = None  # queueingPolicy: validUntilTime, or created + duration
+    chips: int = 0  # of every node it asks for: the quota it holds
+    accelerator_type: str = ""  # its first node's (a type, or the generation of a config)
 
     @classmethod
     def from_queued(cls, queued: tpu_v2.QueuedResource) -> QueuedStatus:
+        pb = tpu_v2.QueuedResource.pb(queued)
+        created = (pb.create_time.ToDatetime(timezone.utc) if pb.HasField("create_time")
+                   else None)
+        error = pb.state.failed_data.error
         return cls(
             zone=_parts(queued.name)[1],
             name=queued.name,
             state=queued.state.state.name,
             node_ids=tuple(spec.node_id for spec in queued.tpu.node_spec),
+            error_code=error.code,
+            error_message=error.message,
+            created=created,
+            valid_until=_valid_until(pb, created),
+            chips=sum(_chips(spec.node) for spec in pb.tpu.node_spec),
+            accelerator_type=next((_type_of(spec.node) for spec in pb.tpu.node_spec), ""),
         )
+
+
+def _valid_until(pb: Any, created: datetime | None) -> datetime | None:
+    policy = pb.queueing_policy
+    if policy.HasField("valid_until_time"):
+        return policy.valid_until_time.ToDatetime(timezone.utc)
+    if policy.HasField("valid_until_duration") and created is not None:
+        return created + policy.valid_until_duration.ToTimedelta()
+    return None
+
+
+def _type_of(node: Any) -> str:
+    if node.accelerator_type:
+        return node.accelerator_type
+    config = node.accelerator_config
+    return f"{tpu_v2.AcceleratorConfig.Type(config.type_).name.lower()} {config.topology}" \
+        if config.topology else ""
+
+
+def _chips(node: Any) -> int:
+    """Chips a node asks for (catalog: a type's chips, or a topology's product)."""
+    from components import catalog
+
+    if node.accelerator_type:
+        try:
+            return catalog.parse_accelerator_type(node.accelerator_type).chips
+        except catalog.CatalogError:
+            return 0
+    chips = 1
+    for side in (node.accelerator_config.topology or "0").split("x"):
+        chips *= int(side) if side.isdigit() else 0
+    return chips
 
 
 @dataclass(frozen=True, order=True)
@@ -478,6 +527,25 @@ class TpuApi:
 
     def reset_queued_resource(self, queued_resource: str, timeout: float = 600.0) -> None:
         self.call("reset_queued_resource", queued_resource, wait=timeout, name=queued_resource)
+
+    def delete_queued_resource(self, queued_resource: str, timeout: float = 600.0) -> None:
+        """Delete a request in any state, its nodes first (force), and wait until it is gone
+        (components/queued_tpu.py force_delete)."""
+        from components.queued_tpu import force_delete
+
+        force_delete(self.client, queued_resource, timeout, poll=2.0)
+
+    def move_queued_resource(self, queued_resource: str, placement: Mapping[str, Any],
+                             timeout: float = 600.0) -> str:
+        """The request's node, queued again at `placement` (a candidate's, components/
+        fallback_tpu.py): the old request is deleted and confirmed gone first, so at most
+        one is alive. Returns the new request's name."""
+        from components import fallback_tpu
+
+        old = self.call("get_queued_resource", queued_resource, name=queued_resource)
+        props = fallback_tpu.props_from_request(old, placement)
+        self.delete_queued_resource(queued_resource, timeout)
+        return fallback_tpu.enqueue(self.client, props, timeout)
 
 
 def belongs_to(labels: Any, stack: str) -> bool:

@@ -238,7 +238,8 @@ def wait_cmd(
         outcome = _wait_with_progress(
             _api(target), target, cast(node_status.Until, until), limit, period
         )
-    console.print(node_status.status_table(target, outcome.nodes, unread=outcome.unread))
+    console.print(node_status.status_table(target, outcome.nodes, outcome.queued,
+                                           unread=outcome.unread))
     if outcome.unread:
         console.print(node_status.unread_table(target, outcome.unread))
     colour = "green" if outcome.reached else "red"
@@ -287,7 +288,13 @@ def recover_cmd(
         # A request whose node's zone was not read may still have its node: never reset it.
         blind = {(u.project, u.zone) for u in read.unread}
         requests = [q for q in queued.items if (q.name.split("/")[1], q.zone) not in blind]
-        actions = node_actions.recovery_plan(read.items, requests)
+        # A node with fallback moves between its candidates (issue 35); the others as before.
+        moving = {n.node_id for n in target.nodes if n.candidates}
+        actions = node_actions.recovery_plan(
+            [n for n in read.items if n.node_id not in moving],
+            [q for q in requests if not moving & set(q.node_ids)],
+        ) + node_actions.fallback_recovery_plan(target.nodes, read.items, requests,
+                                                datetime.now(timezone.utc))
         _act(api, actions, apply, "nothing to recover: no PREEMPTED or TERMINATED nodes")
     if actions and apply:
         console.print(
@@ -310,9 +317,15 @@ def janitor_cmd(
         api = _api(target)
         read = node_status.read_stack(api, target)
         _readable(target, read)
-        actions = node_actions.janitor_plan(read.items, idle_minutes, datetime.now(timezone.utc))
+        queued = node_status.read_queued(api, target)
+        actions = node_actions.janitor_plan(read.items, idle_minutes, datetime.now(timezone.utc),
+                                            queued.items)
         _act(api, actions, apply, "nothing to clean up: every node is busy")
-    _partial(target, read.unread)
+        freed = sum(a.chips for a in actions if a.verb == "delete-queued")
+        if freed:
+            console.print(f"{'frees' if apply else 'would free'} {freed} chips of quota held "
+                          f"by FAILED, SUSPENDED or expired queued resources")
+    _partial(target, sorted(set(read.unread) | set(queued.unread)))
 
 
 def _act(api: TpuApi, actions: list[node_actions.Action], apply: bool, nothing: str) -> None:

@@ -130,7 +130,8 @@ def read_queued(api: TpuApi, target: StackTarget) -> Read[QueuedStatus]:
     """The stack's queued resources; no call at all for a stack without queued nodes."""
     if not target.queued_node_ids:
         return Read([])
-    places = {(node.project, node.zone) for node in target.nodes if node.queued}
+    places = {(node.project, zone) for node in target.nodes if node.queued
+              for zone in node.zones}
     return api.read_queued(places, target.queued_node_ids)
 
 
@@ -198,6 +199,7 @@ def status_table(
     rows = [(tuple(cells[i] for i in columns), style) for cells, style in rows]
     headers = [COLUMNS[i].header for i in columns]
     advice = [line for node in nodes if (line := utilisation_advice(node))]
+    advice += candidate_lines(target, queued, time.time())
     notes = Text("\n".join(advice), style="yellow") if advice else None
     if len(rows) > BOXED_ROWS:
         listing = plain_columns(title, headers, rows)
@@ -239,6 +241,37 @@ def status_rows(
         cells = (node_id, zones[node_id], "", state, "", "-", "", "", "", "", "", "", "")
         rows.append((cells, "red" if state == "ABSENT" else ""))
     return rows
+
+
+def candidate_lines(target: StackTarget, queued: Sequence[QueuedStatus],
+                    now: float) -> list[str]:
+    """A line per node with fallback whose request the API listed: the candidate it is
+    on (`2/4 us-east5-b spot`), the request's state and for how long, the last
+    failure's class (components/capacity.py) and the time left before the next
+    candidate (its maxWait; `tpuctl recover --apply` moves it)."""
+    from components import capacity
+
+    lines = []
+    for node in target.nodes:
+        request = next((q for q in queued if node.candidates and node.node_id in q.node_ids),
+                       None)
+        if request is None:
+            continue
+        at = node.candidate_at(request.zone, request.accelerator_type)
+        waited = now - request.created.timestamp() if request.created else None
+        since = f" for {waited / 60:.0f} min" if waited is not None else ""
+        parts = [f"{node.logical}: candidate {node.candidate_label(at)}",
+                 f"request {request.state}{since}"]
+        if request.state == "FAILED":
+            failure = capacity.classify(capacity.ApiError(request.error_code,
+                                                          request.error_message), request.zone)
+            parts.append(f"last failure: {failure.kind}")
+        if request.state in ("WAITING_FOR_RESOURCES", "ACCEPTED") and waited is not None:
+            left = node.max_wait_seconds - waited
+            parts.append(f"next candidate in {left / 60:.0f} min" if left > 0 else
+                         "past maxWait: `tpuctl recover --apply` moves it to the next candidate")
+        lines.append("; ".join(parts))
+    return lines
 
 
 def unseen(target: StackTarget, nodes: list[NodeStatus], unread: Sequence[Unread]) -> list[str]:
@@ -594,6 +627,7 @@ class WaitOutcome:
     nodes: list[NodeStatus]
     reason: str
     unread: tuple[Unread, ...] = ()
+    queued: tuple[QueuedStatus, ...] = ()  # the last read of the stack's queued resources
 
 
 def unread_reasons(unread: Sequence[Unread]) -> list[str]:
@@ -623,9 +657,10 @@ def wait_until(
         unread = sorted(set(unread) | set(queued.unread))
         problems = unread_reasons(unread) + stuck(nodes, queued.items)
         if problems:
-            return WaitOutcome(False, nodes, "; ".join(problems), tuple(unread))
+            return WaitOutcome(False, nodes, "; ".join(problems), tuple(unread),
+                               tuple(queued.items))
         if elapsed >= timeout:
             more = f"; {len(unread)} (project, zone) unread" if unread else ""
             return WaitOutcome(False, nodes, f"not {until} after {timeout:.0f} s{more}",
-                               tuple(unread))
+                               tuple(unread), tuple(queued.items))
         sleep(poll)

@@ -48,10 +48,33 @@ class ExpectedNode:
     project: str
     team: str = ""  # the `team` label it carries (the stack's own team for its own nodes)
     capacity: str = ""  # NodeSettings.capacity: what the team's cap counts it against
+    # A node with fallback: each candidate's placement (components/fallback_tpu.py
+    # candidate_props, with its region's `subnet_name`), the node's own first.
+    candidates: tuple[dict[str, Any], ...] = field(default=(), compare=False, hash=False)
+    max_wait_seconds: int = 0
 
     @property
     def region(self) -> str:
         return catalog.region_of(self.zone)
+
+    def candidate_at(self, zone: str, accelerator_type: str = "") -> int:
+        """The candidate (0-based) a request in `zone` of `accelerator_type` is on: the
+        first in that zone of that type, else the first in that zone, else the first."""
+        same_zone = [i for i, c in enumerate(self.candidates) if c["zone"] == zone]
+        typed = [i for i in same_zone
+                 if self.candidates[i].get("accelerator_type") in (None, accelerator_type)]
+        return (typed or same_zone or [0])[0]
+
+    def candidate_label(self, index: int) -> str:
+        """`2/4 us-east5-b spot` (components/fallback_tpu.py label)."""
+        from components.fallback_tpu import label
+
+        return label(index + 1, len(self.candidates), self.candidates[index])
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        """Where the node may live: its zone, or every candidate's."""
+        return tuple(dict.fromkeys(c["zone"] for c in self.candidates)) or (self.zone,)
 
 
 @dataclass(frozen=True)
@@ -79,8 +102,9 @@ class StackTarget:
 
     @property
     def places(self) -> list[tuple[str, str]]:
-        """(project, zone) of every node: where the TPU API lists them."""
-        return sorted({(node.project, node.zone) for node in self.nodes})
+        """(project, zone) of every node, every candidate zone of a node with fallback
+        included: where the TPU API lists them."""
+        return sorted({(node.project, zone) for node in self.nodes for zone in node.zones})
 
     @property
     def projects(self) -> list[str]:
@@ -121,10 +145,12 @@ def target_for(settings: StackSettings, platform: StackSettings | None = None) -
             tpu=node.tpu,
             runtime_version=node.runtime,
             spot=node.spot,
-            queued=node.provisioning == "queued",
+            queued=node.provisioning == "queued" or bool(node.fallback),
             project=settings.node_project(team),
             team=team or settings.team,  # the label components/naming.py gives it
             capacity=node.capacity,
+            candidates=candidate_places(settings, node),
+            max_wait_seconds=node.max_wait_seconds if node.fallback else 0,
         )
         for team, node in settings.named_nodes
     )
@@ -133,6 +159,18 @@ def target_for(settings: StackSettings, platform: StackSettings | None = None) -
             if team in settings.teams or team == settings.team}
     return StackTarget(project=settings.gcp_project, stack=settings.stack, nodes=nodes,
                        caps=caps)
+
+
+def candidate_places(settings: StackSettings, node: Any) -> tuple[dict[str, Any], ...]:
+    """A node with fallback's candidates, as tpuctl recover queues them; () without."""
+    if not node.fallback:
+        return ()
+    from components.fallback_tpu import candidate_props
+
+    naming = settings.platform_naming if settings.is_team_stack else settings.naming
+    return tuple({**candidate_props(c, None),
+                  "subnet_name": naming.network_resource(f"tpu-{catalog.region_of(c.zone)}")}
+                 for c in node.candidates)
 
 
 def team_cap(quota: Any) -> dict[tuple[str, str], int]:

@@ -39,6 +39,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
 from google.protobuf import empty_pb2, json_format
+from google.rpc import status_pb2
 
 PATH = re.compile(
     r"^/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
@@ -95,6 +96,19 @@ class _Fault:
     collection: str | None
     message: str
     zone: str | None = None
+    details: list[dict[str, Any]] = field(default_factory=list)
+
+
+# Failures as the real API answers them (components/capacity.py, docs/tpu-facts.md "When
+# a create fails"): the capacity message of a failed create operation (code 8), the
+# message of a 429 quota refusal, and a reservation that cannot take the node (code 9).
+CAPACITY_MESSAGE = ('There is no more capacity in the zone "{zone}"; you can try in another '
+                    'zone where Cloud TPU Nodes are offered (see '
+                    'https://cloud.google.com/tpu/docs/regions)')
+QUOTA_MESSAGE = "Quota '{quota_id}' exhausted. Limit {limit} in region {region}"
+RESERVATION_MESSAGE = ("Insufficient reserved capacity. Contact customer support to increase "
+                       "your reservation.")
+QUOTA_FAILURE_TYPE = "type.googleapis.com/google.rpc.QuotaFailure"
 
 
 @dataclass
@@ -116,6 +130,8 @@ class FakeTpuApi:
         self._guest: dict[tuple[str, str], dict[int, dict[tuple[str, str], str]]] = {}
         self._faults: list[_Fault] = []
         self._queued_scripts: dict[str, list[str]] = {}
+        self._queued_errors: dict[str, tuple[int, str]] = {}
+        self._node_create_errors: dict[str, tuple[int, str]] = {}
         self._server: ThreadingHTTPServer | None = None
         self._in_flight: dict[str, int] = {}
 
@@ -235,11 +251,33 @@ class FakeTpuApi:
             scripted.message.state.state = QueuedState[states[0]]
             scripted.upcoming = [QueuedState[s] for s in states[1:]]
 
-    def script_queued(self, queued_id: str, *states: str) -> None:
-        """The states a queued resource created later goes through.
+    def script_queued(self, queued_id: str, *states: str, zone: str | None = None,
+                      error: tuple[int, str] | None = None) -> None:
+        """The states a queued resource created later goes through (in `zone` only, if
+        given: a fallback's candidates share one id); `error` (google.rpc code, message)
+        is its `failedData.error` once FAILED.
 
-        Default: WAITING_FOR_RESOURCES, then ACTIVE."""
-        self._queued_scripts[queued_id] = list(states)
+        Default: WAITING_FOR_RESOURCES, then ACTIVE. A last state of
+        WAITING_FOR_RESOURCES waits for resources forever."""
+        key = f"{zone}/{queued_id}" if zone else queued_id
+        self._queued_scripts[key] = list(states)
+        if error is not None:
+            self._queued_errors[key] = error
+
+    def refuse_for_quota(self, zone: str, quota_id: str, limit: int = 32) -> None:
+        """Queued-resource creates in `zone` answer 429 RESOURCE_EXHAUSTED with a
+        google.rpc.QuotaFailure naming `quota_id` in the zone's region."""
+        region = zone.rsplit("-", 1)[0]
+        message = QUOTA_MESSAGE.format(quota_id=quota_id, limit=limit, region=region)
+        violation = {"subject": f"project:{self.project}", "description": message,
+                     "quotaId": quota_id, "quotaDimensions": {"region": region}}
+        self._faults.append(_Fault(429, 10**6, "create", "queuedResources", message, zone,
+                                   [{"@type": QUOTA_FAILURE_TYPE, "violations": [violation]}]))
+
+    def fail_node_creates(self, zone: str, code: int = 8, message: str | None = None) -> None:
+        """Node creates in `zone` return an operation that ends with `code` and `message`
+        (default: code 8, the capacity message)."""
+        self._node_create_errors[zone] = (code, message or CAPACITY_MESSAGE.format(zone=zone))
 
     def set_guest_attributes(
         self,
@@ -339,9 +377,11 @@ class FakeTpuApi:
                 fault.remaining -= 1
                 if fault.status == 200:  # an answer cut short: `message` is the whole body
                     return 200, fault.message
-                status = {403: "PERMISSION_DENIED", 503: "UNAVAILABLE", 429: "RESOURCE_EXHAUSTED"}
+                status = {403: "PERMISSION_DENIED", 503: "UNAVAILABLE", 429: "RESOURCE_EXHAUSTED",
+                          400: "INVALID_ARGUMENT"}
                 return _error(
-                    fault.status, status.get(fault.status, "UNKNOWN"), fault.message or "injected"
+                    fault.status, status.get(fault.status, "UNKNOWN"), fault.message or "injected",
+                    fault.details,
                 )
         return None
 
@@ -367,6 +407,8 @@ class FakeTpuApi:
         node_id = query["nodeId"]
         if (zone, node_id) in self._nodes:
             return _error(409, "ALREADY_EXISTS", f"node {node_id} already exists")
+        if zone in self._node_create_errors:
+            return _failed_operation(zone, node_id, *self._node_create_errors[zone])
         node = tpu_v2.Node.from_json(body or b"{}", ignore_unknown_fields=True)
         node.name = self._name(zone, "nodes", node_id)
         node.create_time = datetime.now(timezone.utc)
@@ -445,8 +487,14 @@ class FakeTpuApi:
             return _error(409, "ALREADY_EXISTS", f"queued resource {queued_id} already exists")
         queued = tpu_v2.QueuedResource.from_json(body or b"{}", ignore_unknown_fields=True)
         queued.name = self._name(zone, "queuedResources", queued_id)
-        states = self._queued_scripts.pop(queued_id, ["WAITING_FOR_RESOURCES", "ACTIVE"])
+        key = f"{zone}/{queued_id}"
+        key = key if key in self._queued_scripts else queued_id
+        states = self._queued_scripts.pop(key, ["WAITING_FOR_RESOURCES", "ACTIVE"])
         queued.state = tpu_v2.QueuedResourceState(state=QueuedState[states[0]])
+        if key in self._queued_errors:
+            code, message = self._queued_errors.pop(key)
+            queued.state.failed_data = tpu_v2.QueuedResourceState.FailedData(
+                error=status_pb2.Status(code=code, message=message))
         self._queued[(zone, queued_id)] = _Scripted(queued, [QueuedState[s] for s in states[1:]])
         return _done(zone, queued_id, tpu_v2.QueuedResource.pb(queued))
 
@@ -597,8 +645,23 @@ def _done(zone: str, rid: str, response: object) -> tuple[int, Any]:
     return 200, json_format.MessageToJson(operation)
 
 
-def _error(code: int, status: str, message: str) -> tuple[int, Any]:
-    return code, json.dumps({"error": {"code": code, "status": status, "message": message}})
+def _error(code: int, status: str, message: str,
+           details: list[dict[str, Any]] | None = None) -> tuple[int, Any]:
+    error: dict[str, Any] = {"code": code, "status": status, "message": message}
+    if details:
+        error["details"] = details  # google.rpc details as JSON, each with its "@type"
+    return code, json.dumps({"error": error})
+
+
+def _failed_operation(zone: str, rid: str, code: int, message: str) -> tuple[int, Any]:
+    """A long-running operation that is done with an error, as a failed create ends
+    (`Error code 8, message: There is no more capacity in the zone ...`)."""
+    operation = operations_pb2.Operation(
+        name=f"projects/-/locations/{zone}/operations/op-{rid}", done=True
+    )
+    operation.error.code = code
+    operation.error.message = message
+    return 200, json_format.MessageToJson(operation)
 
 
 def _not_found(kind: str, zone: str, rid: str) -> tuple[int, Any]:

@@ -11,8 +11,10 @@ from components import queued_tpu
 from components.stack_config import file_config
 from ops.plan.facts import facts, type_facts
 from ops.plan.facts.generate import (
+    FALLBACK_TPU,
     QUEUED_TPU,
     conditional_force_new,
+    fallback_tpu_entry,
     mmv1_immutable,
     pulumi_path,
     resource_fields,
@@ -40,15 +42,24 @@ def _queued(stack: str) -> dict[str, str]:
     return config
 
 
+def _with_fallback(stack: str) -> dict[str, str]:
+    config = file_config(stack)
+    nodes = json.loads(config["tpu-stack:nodes"])
+    nodes[0].update(fallback=[{"zone": "us-west4-a"}])
+    config["tpu-stack:nodes"] = json.dumps(nodes)
+    return config
+
+
 @pytest.fixture(scope="module")
 def declared_types() -> set[str]:
     plans = [offline_plan(stack) for stack in repo_stacks()]
     plans.append(offline_plan("dev", _queued("dev")))
+    plans.append(offline_plan("dev", _with_fallback("dev")))
     return {r.type for p in plans for r in p.run.registrations if r.custom}
 
 
 def test_every_type_the_program_declares_has_an_entry(declared_types):
-    assert QUEUED_TPU in declared_types
+    assert {QUEUED_TPU, FALLBACK_TPU} <= declared_types
     missing = sorted(t for t in declared_types if type_facts(t) is None)
     assert missing == [], f"no replacement facts for {missing}: add them to " \
         "ops/plan/facts/generate.py TYPES and regenerate"
@@ -240,3 +251,10 @@ properties:
         immutable: true
 """
     assert mmv1_immutable(product) == ["networkConfig.subnetwork", "zone"]
+
+
+def test_the_fallback_entry_follows_its_provider():
+    assert type_facts(FALLBACK_TPU) == fallback_tpu_entry(), \
+        "components/fallback_tpu.py changed: regenerate ops/plan/facts/replacement.json"
+    assert "candidates" in type_facts(FALLBACK_TPU)["replaceUnless"]
+    assert "service_account_email" not in type_facts(FALLBACK_TPU)["replaceUnless"]

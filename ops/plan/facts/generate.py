@@ -37,6 +37,7 @@ import yaml
 
 OUT = Path(__file__).with_name("replacement.json")
 QUEUED_TPU = "pulumi-python:dynamic/tpu:QueuedTpu"  # components/queued_tpu.py
+FALLBACK_TPU = "pulumi-python:dynamic/tpu:FallbackTpu"  # components/fallback_tpu.py
 
 
 @dataclass(frozen=True)
@@ -458,6 +459,22 @@ def queued_tpu_entry() -> dict[str, Any]:
                         "symbol": "QueuedTpuProvider.diff, .update, IN_PLACE, PROVIDER_ONLY"}]}
 
 
+def fallback_tpu_entry() -> dict[str, Any]:
+    """FallbackTpuProvider.diff: the node's own inputs as QueuedTpu's, except that the
+    candidates, maxWait and the top-level view of the first candidate are updates. An edit
+    of `candidates` that removes the one the node runs on replaces it: which one that is
+    only the state knows, so the plan shows every edit of the list as an update."""
+    from components import fallback_tpu, queued_tpu
+
+    return {"replaceUnless": sorted({*queued_tpu.IN_PLACE, *fallback_tpu.STEERING,
+                                     *fallback_tpu.PLACEMENT_KEYS}),
+            # A request `tpuctl recover` moved waits again: QueuedTpu's update holds.
+            "heldWhileWaiting": sorted(queued_tpu.IN_PLACE),
+            "forceNew": [], "forceNewIf": {}, "deleteBeforeReplace": True, "autoName": None,
+            "source": [{"repo": "tpu-stack", "path": "components/fallback_tpu.py",
+                        "symbol": "FallbackTpuProvider.diff, STEERING, PLACEMENT_KEYS"}]}
+
+
 def generate(args: argparse.Namespace) -> dict[str, Any]:
     gcp = Checkout("pulumi/pulumi-gcp", args.pulumi_gcp)
     # The provider at the commit pulumi-gcp builds (its `upstream` submodule).
@@ -478,6 +495,7 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
         "forceNewIf": {}, "deleteBeforeReplace": False, "autoName": None,
         "source": [bridge.cite(*BRIDGE_CONFIG), gcp.cite(PULUMI_GCP[0])]}
     types[QUEUED_TPU] = queued_tpu_entry()
+    types[FALLBACK_TPU] = fallback_tpu_entry()
     return {
         "generatedBy": "ops/plan/facts/generate.py",
         "rules": {

@@ -1,0 +1,127 @@
+"""The preview of a node's fallback candidates: price, step cost, headroom, one-quota warning.
+
+Pure: the plan (ops/plan) and the program's warnings read it. Quota headroom is the
+quota's limit less its usage less what the plan's other nodes take. Offline the limit is
+the one the stack declares (`tpu-stack:quota`, the project's granted chips) and the usage
+outside the plan is unknown, so the figure is an upper bound, shown `<=N`; where the stack
+declares no quota for the family and region it is `unknown`, as is a reservation's
+headroom (a candidate without a reservation has none to show: `n/a`). Live figures from
+Cloud Quotas are not read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from components import catalog, cost
+from components.settings import NodeSettings, StackSettings
+from tpu_training.config import JobConfig
+
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    position: int  # 1 = the node's own placement
+    zone: str
+    accelerator_type: str
+    provisioning: str
+    usd_per_hour: float | None
+    usd_per_1000_steps: float | None
+    quota: str  # the quota it draws on: its id, or family + type where the catalog has none
+    quota_headroom: str  # chips, or "unknown" (offline)
+    reservation_headroom: str  # chips, "unknown", or "n/a" (no reservation)
+
+    def to_json(self) -> dict[str, object]:
+        return {"position": self.position, "zone": self.zone,
+                "acceleratorType": self.accelerator_type, "provisioning": self.provisioning,
+                "usdPerHour": self.usd_per_hour, "usdPer1000Steps": self.usd_per_1000_steps,
+                "quota": self.quota, "quotaHeadroom": self.quota_headroom,
+                "reservationHeadroom": self.reservation_headroom}
+
+
+def quota_of(node: NodeSettings) -> tuple[str, str]:
+    """(the quota a placement draws on, its region): catalog.TPU_QUOTA_IDS by family and
+    quota type (docs/tpu-facts.md: quota is per family and region, on-demand and
+    preemptible apart), else `<family> <quota type>`."""
+    family = node.tpu.generation.name
+    quota = catalog.TPU_QUOTA_IDS.get((family, node.quota_type), f"{family} {node.quota_type}")
+    return quota, catalog.region_of(node.zone)
+
+
+def candidate_rows(node: NodeSettings, job: JobConfig | None,
+                   headroom: Mapping[tuple[str, str], object] | None = None
+                   ) -> list[CandidateRow]:
+    """One row per candidate, the node's own first. `headroom`: chips left per (quota,
+    region) once the plan's other nodes are counted (declared_headroom)."""
+    rows = []
+    for position, candidate in enumerate(node.candidates, start=1):
+        priced = cost.node_cost(candidate, job=job)
+        quota, region = quota_of(candidate)
+        left = None if headroom is None else headroom.get((quota, region))
+        reserved = candidate.capacity == "reserved"
+        rows.append(CandidateRow(
+            position, candidate.zone, candidate.tpu.accelerator_type,
+            _provisioning(candidate), priced.usd_per_hour,
+            priced.step.usd_per_1000_steps if priced.step else None,
+            quota, UNKNOWN if left is None else str(left),
+            UNKNOWN if reserved else "n/a"))
+    return rows
+
+
+def _provisioning(node: NodeSettings) -> str:
+    if node.provisioning != "queued" or node.queue is None:
+        return node.provisioning
+    tier = ("spot" if node.queue.spot else "guaranteed" if node.queue.guaranteed else
+            "reserved" if node.queue.reservation_name else "")
+    return f"queued {tier}".strip()
+
+
+def one_quota_warning(node: NodeSettings) -> str | None:
+    """A node whose candidates all draw on one regional quota: one quota error there
+    fails every candidate, so the fallback does not help against quota."""
+    if not node.fallback:
+        return None
+    quotas = {quota_of(candidate) for candidate in node.candidates}
+    if len(quotas) != 1:
+        return None
+    (quota, region), = quotas
+    return (f"node {node.name}: every fallback candidate draws on one regional quota, "
+            f"{quota} in {region}: when it runs out every candidate fails; add a candidate "
+            f"in another region, or of another family or provisioning")
+
+
+def stack_warnings(settings: StackSettings) -> list[str]:
+    return [w for _, node in settings.all_nodes if (w := one_quota_warning(node))]
+
+
+def declared_headroom(settings: StackSettings, node: NodeSettings) -> dict[tuple[str, str], str]:
+    """(quota, region) → `<=N`: the stack's declared quota (`tpu-stack:quota`, its own
+    project's) less what the plan's other nodes in that project take. {} for a team's node,
+    which lives in its team's project."""
+    own = [n for team, n in settings.named_nodes if team is None]
+    if not any(n is node for n in own):
+        return {}
+    taken: dict[tuple[str, str], int] = {}
+    for other in own:
+        if other is not node:
+            key = quota_of(other)
+            taken[key] = taken.get(key, 0) + other.tpu.chips
+    headroom = {}
+    for family, by_region in settings.quota.items():
+        for region, chips in by_region.items():
+            for quota_type in ("onDemand", "preemptible"):
+                quota = catalog.TPU_QUOTA_IDS.get((family, quota_type),
+                                                  f"{family} {quota_type}")
+                left = chips.of(quota_type) - taken.get((quota, region), 0)  # type: ignore[arg-type]
+                headroom[(quota, region)] = f"<={left}"
+    return headroom
+
+
+def stack_candidates(settings: StackSettings) -> dict[str, list[dict[str, object]]]:
+    """The plan's `candidates`: each node with fallback's rows; {} when none has any."""
+    jobs = {id(node): job for node, job in settings.node_jobs}
+    return {node.name: [row.to_json() for row in candidate_rows(
+                node, jobs.get(id(node)), declared_headroom(settings, node))]
+            for _, node in settings.all_nodes if node.fallback}
