@@ -114,8 +114,11 @@ cut_short() {
   # SIGNAL CODE: stop the suite under way, then the summary, then exit CODE.
   trap - INT TERM
   if [[ -n $running_pid ]]; then
+    # timeout passes the TERM to its process group (it leads it); what is left after
+    # it ends (a process that ignores TERM) is killed with the group.
     kill -TERM "$running_pid" 2>/dev/null
     wait "$running_pid" 2>/dev/null
+    kill -KILL -- "-$running_pid" 2>/dev/null
   fi
   failures+=("${running:-scripts/test.sh} (cut short by SIG$1)")
   summary

@@ -92,7 +92,7 @@ def test_every_suite_prints_its_time_and_the_summary_lists_them(tree: Path) -> N
 def test_a_suite_over_its_limit_is_cut_short_and_the_rest_still_run(tree: Path) -> None:
     started = time.monotonic()
     result = run_tests(tree, FAKE_SLOW="infra", TEST_SUITE_TIMEOUT="2", TEST_WORKERS="0")
-    assert time.monotonic() - started < 60  # not the stand-in's 60 s sleep
+    assert time.monotonic() - started < 20  # neither the stand-in's 60 s sleep nor the KILL
     assert result.returncode == 1
     summary = summary_of(result.stdout)
     assert summary[-2:] == ["1 failed:", "infra tests (cut short: over its limit of 2 s)"]
