@@ -322,14 +322,15 @@ class PlainColumns:
         styles = {style: console.get_style(style) for *_, style in self.lines if style}
         yield from (Segment(_cut(self.title, width)), newline,
                     Segment(_cut(self.header, width), Style(bold=True)), newline)
-        for text, start, end, style in self.lines:  # few segments: rich's cost is per one
+        for text, start, end, style in self.lines:
             text = _cut(text, width)
             if style and start < len(text):
                 yield Segment(text[:start])
                 yield Segment(text[start:end], styles[style])
-                yield Segment(text[end:] + "\n")
+                yield Segment(text[end:])
             else:
-                yield Segment(text + "\n")
+                yield Segment(text)
+            yield newline
 
 
 def _cut(line: str, width: int) -> str:
