@@ -366,9 +366,12 @@ def report(figures: dict[str, Figures], args: argparse.Namespace,
     for name, (wall, cpu, seen, requests_made, peak, peak_project) in figures.items():
         print(f"{name:62} {wall:8.2f} {cpu:6.2f} {requests_made:9d} {peak:5d} {peak_project:6d} "
               f"{seen:6d} {base / wall:11.1f}x")
-    status = list(figures.values())[-1][0]
+    status, status_cpu = list(figures.values())[-1][:2]
     print(f"tpuctl status under 2 s: {'yes' if status < 2 else 'NO'} ({status:.2f} s; load "
           f"average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+    print(f"tpuctl status CPU per 1,000 nodes: {status_cpu * 1000 / args.nodes:.3f} s "
+          f"(baseline {next(iter(figures.values()))[1] * 1000 / args.nodes:.3f} s; the per-node "
+          "work: the floor once the reads overlap)")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +33,15 @@ class PackageArgs:
 
 
 def stage(archive: Archive, staging_dir: Path) -> Path:
-    """Write the archive where Pulumi's FileAsset can read it (once per digest)."""
+    """Write the archive where Pulumi's FileAsset can read it (once per digest). Written
+    beside it and renamed into place, so a process planning at the same time (tests on
+    several pytest-xdist workers) never reads a half-written archive."""
     staging_dir.mkdir(parents=True, exist_ok=True)
     path = staging_dir / archive.filename
     if not path.exists():
-        path.write_bytes(archive.data)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        partial.write_bytes(archive.data)
+        os.replace(partial, path)
     return path
 
 

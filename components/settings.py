@@ -905,7 +905,8 @@ def _network_problems(s: StackSettings) -> Problems:
     pinned: dict[str, ipaddress.IPv4Network] = {}
     for region, cidr in sorted(s.network.subnets.items()):
         problem = (_range_problem(cidr) if region in regions else
-                   f"{region!r} is not a region with TPUs ({', '.join(regions)})")
+                   f"{region!r} is not a region with TPUs{_did_you_mean(region, regions, ())} "
+                   f"({', '.join(regions)})")
         net = None if problem else ipaddress.IPv4Network(cidr)
         clash = net and next((f"{other}'s {pin}" for other, pin in pinned.items()
                               if pin.overlaps(net)), None)
@@ -1070,8 +1071,19 @@ def _zone_problems(key: str, node: NodeSettings, tpu: catalog.Slice) -> Problems
         yield (f"{key}.zone", f"{node.zone!r} is not a zone name: "
                               f"{catalog.zone_suggestion(gen, node.zone)}")
     elif node.zone not in gen.zones:
-        yield (f"{key}.zone", f"{node.zone} does not offer TPU {gen.name} "
+        yield (f"{key}.zone", f"{node.zone} does not offer TPU {gen.name}"
+                              f"{_did_you_mean(node.zone, gen.zones, catalog.all_zones())} "
                               f"({', '.join(gen.zones)})")
+
+
+def _did_you_mean(name: str, allowed: tuple[str, ...] | list[str],
+                  known: tuple[str, ...] | set[str]) -> str:
+    """`; did you mean <the allowed name closest to name>?` for a name that is none of
+    the `known` ones (a misspelling), else "": a real zone that lacks the TPU is no typo."""
+    if name in known:
+        return ""
+    meant = _closest(name, list(allowed))
+    return f"; did you mean {meant}?" if meant else ""
 
 
 def _runtime_problems(key: str, node: NodeSettings, tpu: catalog.Slice) -> Problems:
@@ -1452,8 +1464,10 @@ def _quota_declaration_problems(quota: Mapping[str, Mapping[str, ProjectChips]])
         offered = sorted({catalog.region_of(zone) for zone in gen.zones})
         for region in by_region:
             if region not in offered:
-                yield (f"{QUOTA_KEY}.{family}.{region}", f"{family} is not offered in {region} "
-                                                         f"(regions: {', '.join(offered)})")
+                known = {catalog.region_of(zone) for zone in catalog.all_zones()}
+                yield (f"{QUOTA_KEY}.{family}.{region}",
+                       f"{family} is not offered in {region}"
+                       f"{_did_you_mean(region, offered, known)} (regions: {', '.join(offered)})")
 
 
 TEAM_PROJECTS_KEY = f"{NAMESPACE}:teamProjects"

@@ -8,6 +8,10 @@
 # Usage: scripts/setup.sh [infra|tf218|tf220|image ...]   (default: all)
 #        scripts/setup.sh --which [ENV...]   the Python each (default: every one) would be
 #                                            built with; builds nothing
+#        scripts/setup.sh --stamp [ENV...]   the stamp each would be built under (its
+#                                            .venv/ENV/.installed): a hash of its pip
+#                                            arguments and of the requirement files they
+#                                            name, so a changed file rebuilds; builds nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -89,13 +93,45 @@ progress() {
     -e "s|^Installing collected packages.*|  .venv/$1: installing (this takes a while)|p"
 }
 
+requirement_files() {
+  # PIP_ARGS...: the files pip reads the package list from: each `-r FILE` and the
+  # files it includes with `-r` in turn, and the pyproject.toml of a local project
+  # (`./training[tf218,test]`).
+  local arg previous="" path
+  for arg in "$@"; do
+    if [[ $previous == -r && -f $arg ]]; then  # a missing one: pip says so
+      echo "$arg"
+      sed -n -E 's/^-r[[:space:]]*([^[:space:]]+).*/\1/p' "$arg" | while read -r path; do
+        requirement_files -r "$(dirname "$arg")/$path"
+      done
+    elif [[ $arg == ./* ]]; then
+      path=${arg%%\[*}
+      [[ -f $path/pyproject.toml ]] && echo "$path/pyproject.toml"
+    fi
+    previous=$arg
+  done
+}
+
+stamp_of() {
+  # PIP_ARGS...: what an environment was built from, the arguments and the contents of
+  # the requirement files they name (a changed file rebuilds the environment).
+  local file
+  {
+    printf '%s\n' "$@"
+    requirement_files "$@" | while read -r file; do
+      printf '== %s\n' "$file"
+      cat "$file"
+    done
+  } | sha256sum | cut -c1-16
+}
+
 make_venv() {
   # make_venv NAME PIP_ARGS... [-- NO_DEPS_PIP_ARGS...]: the packages after `--` are
   # installed in a second step with --no-deps.
   local name=$1; shift
   local stamp=".venv/$name/.installed"
   local want
-  want=$(printf '%s\n' "$@" | sha256sum | cut -c1-16)
+  want=$(stamp_of "$@")
   local with_deps=() no_deps=()
   while [[ $# -gt 0 && $1 != -- ]]; do with_deps+=("$1"); shift; done
   if [[ $# -gt 0 ]]; then shift; no_deps=("$@"); fi
@@ -119,17 +155,26 @@ make_venv() {
   echo "  .venv/$name ready in $((SECONDS - started)) s" >&2
 }
 
-setup_one() {
+TEST_REFERENCES=('tensorflow-hub==0.16.1' 'tf-models-official==2.18.0' 'gin-config==0.5.0'
+                 'scipy==1.14.1')
+
+pip_args() {
+  # NAME: the pip arguments of its environment, into PIP_ARGS.
   case $1 in
-    infra) make_venv infra -r requirements-dev.txt -e ./training ;;
+    infra) PIP_ARGS=(-r requirements-dev.txt -e ./training) ;;
     # tf-keras declares a dependency on `tensorflow`, which pip would install beside
     # tensorflow-cpu (two TensorFlows in one venv); it needs nothing else, so it goes
     # in with --no-deps, as the agent installs it on a node.
-    tf218) make_venv tf218 -e './training[tf218,test]' -- 'tf-keras>=2.18,<2.19' ;;
-    tf220) make_venv tf220 -e './training[tf220,test]' -- 'tf-keras>=2.20,<2.21' ;;
-    image) make_venv image 'tensorflow-cpu>=2.18,<2.19' ;;
+    # tensorflow-hub and tf-models-official (the BERT export's and checkpoint tests'
+    # references, training/pyproject.toml) pull a full tensorflow likewise: --no-deps,
+    # with gin-config and scipy, which official.nlp.modeling imports.
+    tf218) PIP_ARGS=(-e './training[tf218,test]' -- 'tf-keras>=2.18,<2.19' "${TEST_REFERENCES[@]}") ;;
+    tf220) PIP_ARGS=(-e './training[tf220,test]' -- 'tf-keras>=2.20,<2.21' "${TEST_REFERENCES[@]}") ;;
+    image) PIP_ARGS=('tensorflow-cpu>=2.18,<2.19') ;;
   esac
 }
+
+setup_one() { pip_args "$1"; make_venv "$1" "${PIP_ARGS[@]}"; }
 
 ALL_ENVS=(infra tf218 tf220 image)
 if [[ ${1:-} == --which ]]; then  # the Python each environment would be built with
@@ -141,6 +186,13 @@ if [[ ${1:-} == --which ]]; then  # the Python each environment would be built w
     if python=$(pick_python "$env"); then echo "$env $python"; else status=2; fi
   done
   exit $status
+fi
+if [[ ${1:-} == --stamp ]]; then  # what each environment's .installed would hold
+  shift
+  [[ $# -gt 0 ]] || set -- "${ALL_ENVS[@]}"
+  for env in "$@"; do python_range "$env" > /dev/null || exit 2; done
+  for env in "$@"; do pip_args "$env"; echo "$env $(stamp_of "${PIP_ARGS[@]}")"; done
+  exit 0
 fi
 if [[ $# -eq 0 ]]; then set -- "${ALL_ENVS[@]}"; fi
 for env in "$@"; do python_range "$env" > /dev/null || exit 2; done  # a typo before any build

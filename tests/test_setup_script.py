@@ -13,7 +13,8 @@ import pytest
 
 from components.archive import REPO_ROOT
 
-TOOLS = ("bash", "dirname", "find", "sort", "sha256sum", "cut", "cat")  # what runs before a build
+# What runs before a build.
+TOOLS = ("bash", "dirname", "find", "sort", "sha256sum", "cut", "cat", "sed")
 
 
 def fake_python(path: Path, version: tuple[int, int, int]) -> Path:
@@ -131,3 +132,31 @@ def test_which_without_arguments_shows_every_environments_pick_or_why_not(
     assert result.stdout.splitlines() == [f"infra {python}", f"tf220 {python}"]
     assert [line.split(" needs ")[0] for line in result.stderr.splitlines()] == [
         "setup.sh: .venv/tf218", "setup.sh: .venv/image"]
+
+
+def test_a_changed_requirements_file_changes_the_stamp_so_the_environment_is_rebuilt(
+        tmp_path: Path) -> None:
+    """The stamp (.venv/ENV/.installed) holds the requirement files' contents, not only
+    setup.sh's arguments: before, a changed requirements file never rebuilt anything."""
+    for name in ("requirements.txt", "requirements-dev.txt", "training/pyproject.toml"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / name, tmp_path / name)
+
+    def stamps() -> dict[str, str]:
+        result = setup_sh(tmp_path, "--stamp", "infra", "tf218", "image", python=None)
+        assert result.returncode == 0, result.stderr
+        return dict(line.split() for line in result.stdout.splitlines())
+
+    before = stamps()
+    assert set(before) == {"infra", "tf218", "image"}
+    with (tmp_path / "requirements.txt").open("a") as file:  # included by -dev's `-r`
+        file.write("example-package>=1\n")
+    after_requirements = stamps()
+    assert after_requirements["infra"] != before["infra"]
+    assert after_requirements["tf218"] == before["tf218"]
+    pyproject = tmp_path / "training" / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"pytest>=8"', '"pytest>=9"'))
+    after_pyproject = stamps()
+    assert after_pyproject["tf218"] != before["tf218"]
+    assert after_pyproject["infra"] != after_requirements["infra"]  # -e ./training
+    assert after_pyproject["image"] == before["image"]  # names no file

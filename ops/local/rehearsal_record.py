@@ -18,6 +18,7 @@ from typing import Any
 from components.archive import REPO_ROOT, sources_digest
 
 RECORD = "rehearsal.json"
+FAILURE = "failed.txt"  # in the stack's folder: the last rehearsal's error, if it failed
 STATUS_OBJECTS = "status-objects"
 WORKER0_STATUS = "worker-0/status.json"
 TRAINING = "training/"
@@ -41,6 +42,23 @@ def write_record(folder: Path, stack: str, node: str, planned_release: str,
         timespec="seconds"), "plannedRelease": planned_release,
         "rehearsedRelease": rehearsed_release, "digests": fingerprint(stack)}
     (folder / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def write_failure(stack_dir: Path, message: str) -> None:
+    """Why the stack's last rehearsal stopped before a node booted (its error line)."""
+    stack_dir.mkdir(parents=True, exist_ok=True)
+    (stack_dir / FAILURE).write_text(message + "\n")
+
+
+def read_failure(stack_dir: Path) -> str | None:
+    try:
+        return (stack_dir / FAILURE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def clear_failure(stack_dir: Path) -> None:
+    (stack_dir / FAILURE).unlink(missing_ok=True)
 
 
 def read_record(folder: Path) -> dict[str, Any] | None:

@@ -64,6 +64,7 @@ from ops.terminal import console as make_console
 from ops.terminal import from_caller, print_error
 from ops.tpu.status import goodput_percent
 from policy.tpu_policies import tpu_slice, tpu_view
+from tpu_training.config import BERT_DEFAULTS, BERT_MODELS
 
 # The synthetic data is written by the node image's Python (TensorFlow only), with the
 # package's own source and the tf-keras wheel the package carries: no training venv.
@@ -76,6 +77,11 @@ DEFAULT_BATCH = 64
 # becomes 20 MB, and the whole rehearsal stays well under 200 MB on disk.
 REHEARSAL_WIDTH = 0.25
 REHEARSAL_IMAGE_SIZE = 32  # ResNets: the smallest size the job accepts (config.py)
+# BERT has no width knob: a rehearsal trains the smallest published BERT (4.4 M weights,
+# 53 MB of checkpoint at BERT's vocabulary) on short synthetic sequences over a small
+# vocabulary (synth's floor is 128 words: BERT's special tokens are ids 0 to 103).
+REHEARSAL_BERT = "bert_tiny"
+REHEARSAL_BERT_SHAPE = {"maxSeqLength": 32, "maxPredictionsPerSeq": 5, "vocabSize": 512}
 EXECUTIONS = 4  # status updates during a rehearsal: one per execution
 POLL_SECONDS = 0.5
 T = TypeVar("T")
@@ -129,32 +135,64 @@ def local_path(uri: str, gcs_root: Path) -> str:
 
 
 def rehearsal_job(job: dict[str, Any], gcs_root: Path, steps: int | None = None,
-                  batch: int | None = None) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
+                  batch: int | None = None, data: Path | None = None,
+                  ) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
     """The job with local locations and a CPU-sized run; what changed (key -> (from, to)).
 
     A TPU-sized job (a 1024 batch for thousands of steps) takes hours on a CPU;
     the rehearsal checks the boot, so it trains a few executions of a small batch.
+    With `data` (a folder of the user's own records) the data keys point into it and the
+    record's shape (BERT's sequence, predictions and vocabulary; a raw image's size) stays
+    the job's, since the records have it.
     """
     local = dict(job)
     for key in LOCATION_KEYS:
         if job.get(key):
             local[key] = local_path(job[key], gcs_root)
+    if data is not None:
+        local |= {key: str(data / Path(job[key]).name) for key in DATA_KEYS if job.get(key)}
     train = min(job["trainSteps"], DEFAULT_STEPS if steps is None else steps)
     per_execution = min(job.get("stepsPerExecution", 100), max(1, train // EXECUTIONS))
     local |= {"trainSteps": train // per_execution * per_execution,
               "stepsPerExecution": per_execution,
               "checkpointEverySteps": per_execution,
               "globalBatchSize": min(job["globalBatchSize"],
-                                     DEFAULT_BATCH if batch is None else batch),
-              "widthMultiplier": min(job.get("widthMultiplier") or 1.0, REHEARSAL_WIDTH)}
-    if job["model"] != "mnist_cnn":
-        local["imageSize"] = min(job.get("imageSize") or 224, REHEARSAL_IMAGE_SIZE)
+                                     DEFAULT_BATCH if batch is None else batch)}
+    if job.get("warmupSteps"):  # the same share of the run warms up (at most all of it)
+        local["warmupSteps"] = job["warmupSteps"] * local["trainSteps"] // job["trainSteps"]
+    local |= cpu_sized_model(job, own_records=data is not None)
     changed = {key: (str(job.get(key)), str(local[key])) for key in local
                if local[key] != job.get(key)}
     return local, changed
 
 
+def cpu_sized_model(job: dict[str, Any], *, own_records: bool) -> dict[str, Any]:
+    """The model settings a CPU trains in seconds: a narrow image model on small images,
+    or the smallest BERT on short sequences (a shape the user's own records keep)."""
+    if job["model"] in BERT_MODELS:
+        shape = {} if own_records else {key: min(job.get(key) or BERT_DEFAULTS[key], value)
+                                        for key, value in REHEARSAL_BERT_SHAPE.items()}
+        return {"model": REHEARSAL_BERT, **shape}
+    sized: dict[str, Any] = {
+        "widthMultiplier": min(job.get("widthMultiplier") or 1.0, REHEARSAL_WIDTH)}
+    raw_images = job.get("recordFormat", "raw") == "raw"
+    if job["model"] != "mnist_cnn" and not (own_records and raw_images):
+        sized["imageSize"] = min(job.get("imageSize") or 224, REHEARSAL_IMAGE_SIZE)
+    return sized
+
+
 DATA_KEYS = ("trainData", "evalData")
+
+
+def own_records(job: dict[str, Any], data: Path) -> None:
+    """The user's records under `data` for each of the job's data patterns, or why not."""
+    if not data.is_dir():
+        raise RehearsalError(f"--data {data}: not a folder")
+    for key in DATA_KEYS:
+        if job.get(key) and not glob.glob(job[key]):
+            raise RehearsalError(f"--data {data}: no file matches {Path(job[key]).name} (the "
+                                 f"file pattern of the stack's {key}); put the records there "
+                                 f"or leave out --data for synthetic ones")
 
 
 def write_datasets(job: dict[str, Any], console: Console) -> None:
@@ -192,8 +230,10 @@ def synth_env() -> dict[str, str]:
 
 
 # Runs several `tpu_training synth` command lines in one process (argv: their JSON).
+# Stops at the first that fails: one error, printed once.
 SYNTH_EACH = ("import json, sys\nfrom tpu_training.__main__ import main\n"
-              "sys.exit(max(main(args) for args in json.loads(sys.argv[1])))\n")
+              "for args in json.loads(sys.argv[1]):\n"
+              "    if code := main(args):\n        sys.exit(code)\n")
 
 
 def synth_args(key: str, job: dict[str, Any]) -> list[str]:
@@ -208,7 +248,9 @@ def synth_args(key: str, job: dict[str, Any]) -> list[str]:
     args = ["synth", "--model", job["model"], "--out", str(Path(pattern).parent),
             "--examples", str(synth_examples(job)), "--shards", "2", "--prefix", prefix]
     for option, flag in (("recordFormat", "--format"), ("imageSize", "--image-size"),
-                         ("numClasses", "--num-classes")):
+                         ("numClasses", "--num-classes"), ("maxSeqLength", "--max-seq-length"),
+                         ("maxPredictionsPerSeq", "--max-predictions-per-seq"),
+                         ("vocabSize", "--vocab-size")):
         if job.get(option):
             args += [flag, str(job[option])]
     return args
@@ -509,21 +551,26 @@ def about_the_run(pod: Pod, job: dict[str, Any], status_dir: Path) -> list[str]:
 
 
 def rehearse(stack: str, *, workdir: Path | None, console: Console, node: str | None = None,
-             steps: int | None = None, batch: int | None = None) -> int:
+             steps: int | None = None, batch: int | None = None, data: Path | None = None,
+             config: dict[str, str] | None = None) -> int:
     """Boot each of the stack's nodes here, one after another (or the one `node` names),
     each in a folder of its own under `workdir` (default .cache/rehearse/<stack>), kept
     until that node is rehearsed again. 0 when every node's rehearsal succeeded, else the
     first failed node's code (its worker 0's bootstrap exit code, 75 stopped, 2 could
-    not start)."""
+    not start). `data`: a folder of the user's own records instead of synthetic ones;
+    `config`: the stack's config instead of its files. A rehearsal that cannot start
+    leaves why, for `tpuctl status --offline` (rehearsal_record.write_failure)."""
+    root = workdir or REPO_ROOT / ".cache" / "rehearse" / stack
+    rehearsal_record.clear_failure(root)
     try:
-        plan = offline_plan(stack)
+        plan = offline_plan(stack, config)
         chosen = pick_nodes(planned_slices(plan), node)
         releases = {name: planned_release_object(plan, metadata)
                     for name, (metadata, _) in chosen}
     except (SettingsError, StackFileError, PlanError, RehearsalError, CatalogError) as error:
         print_error(error)
+        rehearsal_record.write_failure(root, str(error))
         return 2
-    root = workdir or REPO_ROOT / ".cache" / "rehearse" / stack
     names = [name for name, _ in chosen]
     if len(chosen) > 1:
         console.print(f"stack {stack} has {len(chosen)} nodes: rehearsing each, one after "
@@ -531,7 +578,7 @@ def rehearse(stack: str, *, workdir: Path | None, console: Console, node: str | 
     codes = {}
     for name, (metadata, hosts) in chosen:
         codes[name] = rehearse_node(stack, name, metadata, hosts, releases[name], root / name,
-                                    console, steps, batch)
+                                    console, steps, batch, data)
     if len(codes) > 1:
         console.print("rehearsed: " + ", ".join(
             f"{name} {'ok' if code == 0 else f'exit {code}'}" for name, code in codes.items()),
@@ -541,13 +588,13 @@ def rehearse(stack: str, *, workdir: Path | None, console: Console, node: str | 
 
 def rehearse_node(stack: str, name: str, metadata: dict[str, str], hosts: int,
                   release_object: tuple[str, dict[str, Any]], workdir: Path, console: Console,
-                  steps: int | None, batch: int | None) -> int:
+                  steps: int | None, batch: int | None, data: Path | None = None) -> int:
     """Boot one node (`name`, its TpuNode) in `workdir`; worker 0's bootstrap exit code
     (0 finished, 75 stopped), else the first failed worker's; 2 when it cannot start."""
     planned_uri, release = release_object
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    job, changed = rehearsal_job(release["job"], workdir / "gcs", steps, batch)
+    job, changed = rehearsal_job(release["job"], workdir / "gcs", steps, batch, data)
     console.print(f"rehearsing {name} of stack {stack} in {workdir}", markup=False)
     console.print("The node gets the metadata the stack declares, except what this machine "
                   "cannot do as the VM does: TensorFlow's gs:// filesystem cannot reach a GCS "
@@ -559,7 +606,10 @@ def rehearse_node(stack: str, name: str, metadata: dict[str, str], hosts: int,
         console.print("  (no evalData in the stack's job: the job trains only, no evaluation)",
                       markup=False)
     try:
-        write_datasets(job, console)
+        if data is None:
+            write_datasets(job, console)
+        else:
+            own_records(job, data)
         with StorageEmulator() as gcs:
             serve_package(gcs, metadata, release)
             # The job reaches the node as a release under its prefix, as the stack uploads it.
@@ -571,6 +621,7 @@ def rehearse_node(stack: str, name: str, metadata: dict[str, str], hosts: int,
             code = boot(gcs, metadata, hosts, job, changed, workdir, console)
     except (RehearsalError, PackageError) as error:  # PackageError: the wheels cannot be fetched
         print_error(error)
+        rehearsal_record.write_failure(workdir.parent, f"{name}: {error}")
         return 2
     console.print(f"the rehearsal left {disk_usage(workdir) / 1e6:.0f} MB in {workdir}",
                   markup=False)
@@ -658,7 +709,10 @@ def register(app: typer.Typer) -> None:
             None, "--steps", min=1, help=f"Train this many steps (default {DEFAULT_STEPS})."),
         batch: int | None = typer.Option(
             None, "--batch", min=1, help=f"Global batch size on CPU (default {DEFAULT_BATCH})."),
+        data: Path | None = typer.Option(
+            None, "--data", help="A folder of your own records, named as the job's trainData "
+                                 "and evalData patterns name them (default: synthetic ones)."),
     ) -> None:
         """Boot the stack's TPU nodes here: emulated GCS and metadata, the real job on CPU."""
         raise typer.Exit(rehearse(stack, workdir=from_caller(workdir), console=make_console(),
-                                  node=node, steps=steps, batch=batch))
+                                  node=node, steps=steps, batch=batch, data=from_caller(data)))

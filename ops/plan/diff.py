@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ops.plan.report import (
+    STACK_RESOURCE,
     check_format,
+    default_providers,
     display_type,
     duplicate_urns,
     duplicates_section,
@@ -55,10 +57,6 @@ CAPACITY_RISK = {
 # "N changes" when more than one kind changes, and "M unchanged".
 SUMMARY_WORDS = {"create": "+ {} to create", "update": "~ {} to update",
                  "replace": "+-{} to replace", "delete": "- {} to delete"}
-# What the engine counts beside the program's resources: the stack itself, and one
-# default provider per package the custom resources use without an explicit one
-# (unconfirmed for the count of default providers: read from a stack's state, not code).
-STACK_RESOURCE = 1
 
 
 @dataclass(frozen=True)
@@ -285,12 +283,9 @@ def cost_line(diff: PlanDiff) -> str:
 
 def unchanged_count(diff: PlanDiff) -> int:
     """Unchanged as the engine counts: the program's resources without a change, same
-    steps, the stack and the default providers (STACK_RESOURCE)."""
-    resources = diff.head.get("resources", [])
-    packages = {r["type"].split(":", 1)[0] for r in resources
-                if r.get("custom", True) and not r.get("provider")
-                and not r["type"].startswith("pulumi:")}  # builtins: no default provider
-    return diff.steps.counts()["same"] + STACK_RESOURCE + len(packages)
+    steps, the stack and the default providers (report.py, STACK_RESOURCE)."""
+    providers = default_providers(diff.head.get("resources", []))
+    return diff.steps.counts()["same"] + STACK_RESOURCE + len(providers)
 
 
 def summary(diff: PlanDiff) -> str:

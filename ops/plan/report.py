@@ -72,15 +72,6 @@ TERMINAL_COLUMNS = 100
 MIN_COLUMN = 8
 
 
-def elide(text: str, width: int) -> str:
-    """`text` in `width` characters: its middle dropped for `…`, so a name's head and its
-    distinguishing tail (a release's hash) both stay."""
-    if len(text) <= width:
-        return text
-    head = (width - 1) // 2
-    return f"{text[:head]}…{text[len(text) - (width - 1 - head):]}"
-
-
 def fitted_widths(widths: list[int], total: int, gap: int = 2) -> list[int]:
     """Column widths that fit `total` characters with `gap` between columns: the widest
     column gives way first, none below MIN_COLUMN (or its own width)."""
@@ -96,7 +87,7 @@ def fitted_widths(widths: list[int], total: int, gap: int = 2) -> list[int]:
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, markdown: bool,
           columns: int = TERMINAL_COLUMNS) -> str:
     """A markdown table, or plain aligned columns for a terminal, `columns` wide at most
-    (long cells elided in the middle)."""
+    (a value too long for its column on a line of its own below its row)."""
     cells = [[str(c) for c in headers], *([str(c) for c in row] for row in rows)]
     if markdown:
         escaped = [[c.replace("|", "\\|") for c in row] for row in cells]
@@ -105,8 +96,25 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, markdown: bo
         return "\n".join(lines)
     widths = fitted_widths([max(len(row[i]) for row in cells) for i in range(len(headers))],
                            columns)
-    return "\n".join("  ".join(elide(c, w).ljust(w) for c, w in zip(row, widths, strict=True))
-                     .rstrip() for row in cells)
+    return "\n".join(line for row in cells for line in wrapped_row(row, widths, columns))
+
+
+WRAPPED = "↓"  # in a cell whose value is on its own line below the row
+
+
+def wrapped_row(row: Sequence[str], widths: Sequence[int], columns: int) -> list[str]:
+    """A row in its columns; a value too long for its column goes whole onto a line of
+    its own below, under its column (further left if it would pass `columns`), so a
+    bucket, URN or project name is never cut and can be copied."""
+    starts = [sum(widths[:i]) + 2 * i for i in range(len(widths))]
+    long = [i for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+            if len(cell) > width]
+    cells = [cell[:len(cell) - len(cell.lstrip())] + WRAPPED if i in long else cell
+             for i, cell in enumerate(row)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()]
+    for i in long:
+        lines.append(" " * max(0, min(starts[i], columns - len(row[i]))) + row[i])
+    return lines
 
 
 def display_type(token: str) -> str:
@@ -445,6 +453,32 @@ def policy_section(violations: Sequence[Violation], *, markdown: bool) -> str:
     return "\n".join(lines)
 
 
+# What `pulumi preview` counts (its summary, pulumi/pulumi pkg/backend/display/diff.go
+# renderSummaryEvent: one step per resource the engine registers): the program's resources,
+# components included, plus the stack itself and one default provider per package the
+# custom resources use without an explicit provider (unconfirmed for the count of
+# default providers: read from a stack's state, not code).
+STACK_RESOURCE = 1
+
+
+def default_providers(resources: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The packages whose default provider the engine registers (gcp, random, ...)."""
+    return {r["type"].split(":", 1)[0] for r in resources
+            if r.get("custom", True) and not r.get("provider")
+            and not r["type"].startswith("pulumi:")}  # builtins: no default provider
+
+
+def preview_count(plan: Mapping[str, Any]) -> str:
+    """The plan's headline: how many resources `pulumi preview` counts, and of what."""
+    resources = plan.get("resources", [])
+    custom = sum(1 for r in resources if r.get("custom", True))
+    providers = len(default_providers(resources))
+    total = len(resources) + STACK_RESOURCE + providers
+    return (f"{total} resources (pulumi preview's count): {custom} in GCP, "
+            f"{len(resources) - custom} components, the stack, {providers} default "
+            f"provider{'s' if providers != 1 else ''}")
+
+
 def _resource_rows(plan: Mapping[str, Any]) -> list[list[str]]:
     return [[r["name"], gcp_name(r), display_type(r["type"]), r.get("component") or "",
              "yes" if r.get("protect") else ""]
@@ -474,7 +508,7 @@ def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown:
         *node_tables(plan, markdown=markdown),
         *step_tables(plan, markdown=markdown),
         *candidate_tables(plan, markdown=markdown),
-        f"{len(resources)} resources",
+        preview_count(plan),
         table(("resource", "GCP name", "type", "component", "protected"), resources,
               markdown=True) if markdown else resource_table(resources),
     ]

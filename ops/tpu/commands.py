@@ -148,6 +148,9 @@ def status_cmd(
         False, "--offline",
         help="Show the stack's last `tpuctl rehearse` here, no API calls (also the fallback "
              "without Google credentials)."),
+    wide: bool = typer.Option(
+        False, "--wide", help="Every column (zone, type, health, phase, input wait, MFU, "
+                              "updated); by default the ones that fit 100 columns."),
 ) -> None:
     """One row per node: state, health, symptoms and the agent's job status; a summary
     line per team (nodes by state, chips against the team's cap, goodput)."""
@@ -155,18 +158,18 @@ def status_cmd(
     with clear_errors():
         target = _load(stack, team)
         if offline:
-            console.print(_rehearsal_view(target))
+            console.print(_rehearsal_view(target, wide))
             return
         api = _api(target)
         if not watch:
-            view, unread = _status_or_rehearsal(api, target, team)
+            view, unread = _status_or_rehearsal(api, target, team, wide)
             console.print(view)
             _partial(target, unread)
             return
         with Live(console=console, auto_refresh=False) as live:
             try:
                 while True:
-                    view, unread = _status_now(api, target, team)
+                    view, unread = _status_now(api, target, team, wide)
                     parts = [view, node_status.unread_table(target, unread)] if unread else [view]
                     live.update(Group(*parts), refresh=True)
                     time.sleep(period)
@@ -174,7 +177,7 @@ def status_cmd(
                 return
 
 
-def _status_now(api: TpuApi, target: StackTarget, team: str | None = None
+def _status_now(api: TpuApi, target: StackTarget, team: str | None = None, wide: bool = False
                 ) -> tuple[RenderableType, list[Unread]]:
     """The table and a line per team, from every pair that could be read; the pairs not.
     The queued resources are listed while the nodes are (the same per-project bound)."""
@@ -185,7 +188,7 @@ def _status_now(api: TpuApi, target: StackTarget, team: str | None = None
     _readable(target, read)
     nodes = read.items if team is None else node_status.of_team(target, read.items, team)
     unread = sorted(set(read.unread) | set(queued.unread))
-    table = node_status.status_table(target, nodes, queued.items, unread=unread)
+    table = node_status.status_table(target, nodes, queued.items, unread=unread, wide=wide)
     lines = [node_status.summary_line(s)
              for s in node_status.team_summaries(target, nodes, unread)]
     if team is not None:  # the team's money: spend by the meter, burn, its budget
@@ -195,29 +198,29 @@ def _status_now(api: TpuApi, target: StackTarget, team: str | None = None
     return Group(table, *lines), unread
 
 
-def _status_or_rehearsal(api: TpuApi, target: StackTarget, team: str | None = None
-                         ) -> tuple[RenderableType, list[Unread]]:
+def _status_or_rehearsal(api: TpuApi, target: StackTarget, team: str | None = None,
+                         wide: bool = False) -> tuple[RenderableType, list[Unread]]:
     """Live status. Without credentials, the stack's last rehearsal if there is one,
     and still exit 2, as every verb that cannot reach the API (the rehearsal is no
     node's state): `--offline` shows it without the error."""
     try:
-        return _status_now(api, target, team)
+        return _status_now(api, target, team, wide)
     except NoCredentialsError as error:
         if not node_status.rehearsed(target):
-            raise NoCredentialsError(f"{error} (or `tpuctl rehearse --stack {target.stack}` "
-                                     "first, then `tpuctl status --offline`)") from None
-        console.print(_rehearsal_view(target))
+            hint = (node_status.failed_rehearsal(target.stack) or f"`tpuctl rehearse --stack "
+                    f"{target.stack}` first, then `tpuctl status --offline`")
+            raise NoCredentialsError(f"{error} (or {hint})") from None
+        console.print(_rehearsal_view(target, wide))
         fail(f"{error}; showed the last rehearsal (offline) instead: `tpuctl status --stack "
              f"{target.stack} --offline` shows it without this error")
 
 
-def _rehearsal_view(target: StackTarget) -> RenderableType:
+def _rehearsal_view(target: StackTarget, wide: bool = False) -> RenderableType:
     nodes = node_status.rehearsed(target)
     path = node_status.rehearsal_dir(target.stack)
     if not nodes:
-        raise TargetError(f"stack {target.stack} has no rehearsal here ({path} holds none): "
-                          f"run `tpuctl rehearse --stack {target.stack}`")
-    return node_status.status_table(target, nodes, rehearsal=path)
+        raise TargetError(node_status.no_rehearsal(target.stack, path))
+    return node_status.status_table(target, nodes, rehearsal=path, wide=wide)
 
 
 def wait_cmd(

@@ -93,6 +93,21 @@ def rehearsal_dir(stack: str, root: Path | None = None) -> Path:
     return (root or REHEARSAL_ROOT) / stack
 
 
+def failed_rehearsal(stack: str, folder: Path | None = None) -> str | None:
+    """Why the stack's last rehearsal failed before a node booted, and what to do; None
+    when it did not (advice to rehearse never comes without the reason it failed)."""
+    failure = record.read_failure(folder or rehearsal_dir(stack))
+    if not failure:
+        return None
+    return (f"the last `tpuctl rehearse --stack {stack}` failed before a node booted: "
+            f"{failure}; fix that, then run it again")
+
+
+def no_rehearsal(stack: str, folder: Path) -> str:
+    return (failed_rehearsal(stack, folder) or f"stack {stack} has no rehearsal here "
+            f"({folder} holds none): run `tpuctl rehearse --stack {stack}`")
+
+
 def rehearsed(target: StackTarget, root: Path | None = None) -> list[NodeStatus]:
     """Offline: every node the stack's rehearsals booted, each with the status its agent
     left in the emulator; one whose stack file or training sources changed since shows
@@ -134,16 +149,42 @@ def absent(target: StackTarget, nodes: list[NodeStatus]) -> list[str]:
     return [node.node_id for node in target.nodes if node.node_id not in present]
 
 
-COLUMNS = ("node", "zone", "type", "state", "health", "job", "step", "phase", "goodput",
-           "lost $", "input wait", "MFU", "message", "updated", "agent")
-# Columns only some stacks fill: shown where some row has a value (lost $: a node with
-# goodput; agent: an agent that publishes its version and health, not a rehearsal's).
-SHOWN_WHEN_FILLED = ("lost $", "agent")
+@dataclass(frozen=True)
+class Column:
+    """A status column; `narrow`: shown by default, the rest with `--wide`; `filled`:
+    shown only where some row has a value (a column only some stacks fill: lost $ for
+    a node with goodput, agent for an agent that publishes its version and health, not
+    a rehearsal's). A new column is one entry here and its cell in status_rows (seam S7)."""
+
+    header: str
+    narrow: bool = False
+    filled: bool = False
+
+
+# The narrow table (what a user needs first: which node, its state and health, how far
+# its job is, and its message) fits 100 columns on a terminal: rich wraps a long message
+# or health inside its cell there (off a terminal nothing wraps, ops/terminal.py);
+# `--wide` shows every column.
+COLUMNS = (Column("node", narrow=True), Column("zone"), Column("type"),
+           Column("state", narrow=True), Column("health", narrow=True),
+           Column("job", narrow=True),
+           Column("step", narrow=True), Column("phase"), Column("goodput", narrow=True),
+           Column("lost $", filled=True), Column("input wait"), Column("MFU"),
+           Column("message", narrow=True), Column("updated"), Column("agent", filled=True))
 # Up to this many rows a boxed rich Table; past it aligned plain columns, because rich
 # measures and renders every cell on its own (2,000 rows took seconds, bench/status_scale.py).
 BOXED_ROWS = 200
-Row = tuple[tuple[str, ...], str]  # the cells and the style of the state cell
+Row = tuple[tuple[str, ...], str]  # the cells (every column's) and the style of the state cell
 GAP = "  "
+# Never folded or cut: a name is copied from the table.
+WHOLE = {"node", "zone", "type"}
+
+
+def shown(wide: bool, rows: Sequence[Row] = ()) -> list[int]:
+    """The columns to show: the narrow ones, or with `wide` every one; a `filled` column
+    only where some row has a value in it."""
+    return [i for i, column in enumerate(COLUMNS) if (wide or column.narrow)
+            and (not column.filled or any(i < len(cells) and cells[i] for cells, _ in rows))]
 
 
 def status_table(
@@ -152,35 +193,38 @@ def status_table(
     queued: Sequence[QueuedStatus] = (),
     rehearsal: Path | None = None,
     unread: Sequence[Unread] = (),
+    *,
+    wide: bool = False,
 ) -> RenderableType:
     """One row per node; with `rehearsal`, the offline view of that rehearsal's state.
     Every cell is text as it is: a job's message `[line 3 ...]` is no markup. A node
-    whose (project, zone) is `unread` gets no row: unread_table has one for its pair."""
+    whose (project, zone) is `unread` gets no row: unread_table has one for its pair.
+    The narrow columns, or with `wide` every one; a long value wraps inside its cell,
+    never cut, and a name is never broken."""
     source = f"rehearsal, offline: {rehearsal}" if rehearsal else ", ".join(target.projects)
     title = f"stack {target.stack} ({source})"
     rows = status_rows(target, nodes, queued, "not rehearsed" if rehearsal else "ABSENT", unread)
+    columns = shown(wide, rows)
+    rows = [(tuple(cells[i] for i in columns), style) for cells, style in rows]
+    headers = [COLUMNS[i].header for i in columns]
     advice = [line for node in nodes if (line := utilisation_advice(node))]
     advice += candidate_lines(target, queued, time.time())
     notes = Text("\n".join(advice), style="yellow") if advice else None
-    columns, rows = filled_columns(rows)
     if len(rows) > BOXED_ROWS:
-        listing = plain_columns(title, rows, columns)
+        listing = plain_columns(title, headers, rows)
         return Group(listing, notes) if notes else listing
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
+    table = Table()
+    state = headers.index("state")
+    for i, header in enumerate(headers):
+        whole = header in WHOLE
+        longest = max((len(cells[i]) for cells, _ in rows), default=0)
+        table.add_column(header, overflow="fold", no_wrap=whole,
+                         min_width=longest if whole else None)
     for cells, style in rows:
-        table.add_row(*(Text(cell, style=style if i == 3 else "") for i, cell in enumerate(cells)))
-    return Group(table, notes) if notes else table
-
-
-def filled_columns(rows: list[Row]) -> tuple[tuple[str, ...], list[Row]]:
-    """The columns and rows to show: a column of SHOWN_WHEN_FILLED only where some row
-    has a value in it."""
-    shown = [i for i, column in enumerate(COLUMNS)
-             if column not in SHOWN_WHEN_FILLED or any(cells[i] for cells, _ in rows)]
-    return (tuple(COLUMNS[i] for i in shown),
-            [(tuple(cells[i] for i in shown), style) for cells, style in rows])
+        table.add_row(*(Text(cell, style=style if i == state else "")
+                        for i, cell in enumerate(cells)))
+    # The title on a line of its own: as a Table title rich would wrap it to the table.
+    return Group(Text(title), table, *([notes] if notes else []))
 
 
 def status_rows(
@@ -188,6 +232,7 @@ def status_rows(
     unread: Sequence[Unread] = (),
     now: float | None = None,
 ) -> list[Row]:
+    """Every column's cells (in COLUMNS' order) for each node, then each absent one."""
     now = time.time() if now is None else now
     rows = []
     for node in nodes:
@@ -256,18 +301,19 @@ def unread_table(target: StackTarget, unread: Sequence[Unread]) -> Table:
     return table
 
 
-def plain_columns(title: str, rows: list[Row],
-                  columns: tuple[str, ...] = COLUMNS) -> PlainColumns:
+def plain_columns(title: str, headers: list[str], rows: list[Row]) -> PlainColumns:
     """The rows as left-aligned columns under a bold header, lines never wrapped."""
-    widths = [max(len(column), *(len(cells[i]) for cells, _ in rows))
-              for i, column in enumerate(columns)]
-    state_at = sum(widths[:3]) + 3 * len(GAP)
+    widths = [max(len(header), *(len(cells[i]) for cells, _ in rows))
+              for i, header in enumerate(headers)]
+    state = headers.index("state")
+    state_at = sum(widths[:state]) + state * len(GAP)
 
-    def line(cells: tuple[str, ...]) -> str:
+    def line(cells: Sequence[str]) -> str:
         return GAP.join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
-    lines = [(line(cells), state_at, state_at + len(cells[3]), style) for cells, style in rows]
-    return PlainColumns(title, line(columns), lines)
+    lines = [(line(cells), state_at, state_at + len(cells[state]), style)
+             for cells, style in rows]
+    return PlainColumns(title, line(headers), lines)
 
 
 @dataclass(frozen=True)

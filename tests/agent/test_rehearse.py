@@ -289,7 +289,8 @@ def test_every_node_is_rehearsed_each_in_a_folder_of_its_own(
 
     calls = []
 
-    def one_node(stack, name, metadata, hosts, release_object, workdir, console, steps, batch):
+    def one_node(stack, name, metadata, hosts, release_object, workdir, console, steps, batch,
+                 data=None):
         calls.append((name, hosts, workdir, release_object[0].split("/releases/")[1][:15]))
         return {"node-nlp-sweep": 0, "node-nlp-pod": 75}[name]
 

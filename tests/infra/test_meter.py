@@ -123,7 +123,7 @@ def test_status_prices_each_nodes_lost_goodput_in_its_own_column() -> None:
     assert node_lost_usd(busy) == pytest.approx(hourly * 600 / 3600)
     assert node_lost_usd(silent) is None
     target = StackTarget(project="acme", stack="platform", nodes=())
-    rows = {cells[0]: dict(zip(COLUMNS, cells, strict=True))
+    rows = {cells[0]: dict(zip((c.header for c in COLUMNS), cells, strict=True))
             for cells, _ in status_rows(target, [busy, silent], [], "ABSENT")}
     assert rows["a"]["lost $"] == f"${hourly * 600 / 3600:,.2f}"
     assert rows["b"]["lost $"] == ""
@@ -135,7 +135,7 @@ def test_the_lost_usd_column_shows_where_a_node_has_a_figure() -> None:
     def rendered(nodes: list) -> str:
         console = Console(width=300, record=True)
         console.print(status_table(StackTarget(project="acme", stack="platform", nodes=()),
-                                   nodes))
+                                   nodes, wide=True))
         return console.export_text()
 
     busy = node("a", "v4-8", "READY", 10, goodput='{"productive": 3000, "total": 3600}')

@@ -51,7 +51,7 @@ def test_the_hang_fields_come_through_the_guest_attributes(
 
 def test_the_agent_column_shows_its_version_and_health() -> None:
     healthy = {"version": "3f2a1b9c0d1e", "threadFaults": 0, "threadRestarts": 0}
-    agent = COLUMNS.index("agent")
+    agent = [column.header for column in COLUMNS].index("agent")
     assert row_of(HUNG | {"agent": json.dumps(healthy)})[agent] == "3f2a1b9c0d1e ok"
     sick = healthy | {"stuck": ["main", "status-upload"], "threadFaults": 2,
                       "refused": "0a1b2c3d4e5f"}
@@ -61,13 +61,16 @@ def test_the_agent_column_shows_its_version_and_health() -> None:
 
 
 def test_the_agent_column_is_shown_once_an_agent_publishes_its_health() -> None:
-    from ops.tpu.status import filled_columns
+    from ops.tpu.status import shown
 
     node = NodeStatus(ZONE, "dev-a", "READY", "HEALTHY", "v2-8", "r", False, {}, {}, "",
                       job=HUNG)
     rows = status_rows(target(expected_node("dev-a")), [node], [], "ABSENT", now=NOW)
-    assert "agent" not in filled_columns(rows)[0]  # no agent says anything: no column
+    headers = [COLUMNS[i].header for i in shown(True, rows)]
+    assert "agent" not in headers  # no agent says anything: no column
     node.job["agent"] = json.dumps({"version": "3f2a1b9c0d1e"})
     rows = status_rows(target(expected_node("dev-a")), [node], [], "ABSENT", now=NOW)
-    columns, shown = filled_columns(rows)
-    assert columns[-1] == "agent" and shown[0][0][-1] == "3f2a1b9c0d1e ok"
+    columns = shown(True, rows)
+    assert COLUMNS[columns[-1]].header == "agent"
+    assert rows[0][0][columns[-1]] == "3f2a1b9c0d1e ok"
+    assert "agent" not in [COLUMNS[i].header for i in shown(False, rows)]  # --wide only

@@ -82,7 +82,7 @@ def test_status_shows_the_figures_and_the_advice(tpuctl, fake_tpu: FakeTpuApi) -
         "state": "running", "step": "900",
         "perf": json.dumps(perf(0.72, 0.091), separators=(",", ":"))})
 
-    run = tpuctl("status", "--stack", "dev")
+    run = tpuctl("status", "--stack", "dev", "--wide")  # input wait and MFU: wide columns
 
     assert run.code == 0, run.err
     row = next(line for line in run.out.splitlines() if NODE in line and "READY" in line)

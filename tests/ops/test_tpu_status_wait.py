@@ -179,7 +179,7 @@ def test_a_large_stack_is_shown_as_plain_columns_with_every_row() -> None:
         for i, n in enumerate(nodes[:-1])
     ]
 
-    lines = render(status_table(target(*nodes), statuses)).splitlines()
+    lines = render(status_table(target(*nodes), statuses, wide=True)).splitlines()
 
     assert lines[0] == "stack dev (acme-ml-dev)"
     assert lines[1].split() == ["node", "zone", "type", "state", "health", "job", "step",

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ops.plan.report import elide, fitted_widths, render
+from ops.plan.report import fitted_widths, render, table
 from policy.evaluate import evaluate
 
 
@@ -152,21 +152,36 @@ def test_the_plan_shows_the_gcp_names_it_will_create():
         assert name in text
 
 
-def test_the_terminal_tables_fit_100_columns():
+def test_the_terminal_tables_fit_100_columns_and_never_cut_a_name():
     """The platform plan's tables (the widest: long team names, accounts, types) fit a
-    100-column terminal; an elided cell keeps its head and its tail."""
+    100-column terminal; a value too long for its column is whole on a line of its own
+    (one longer than 100 columns too), so every GCP name can be copied."""
     from ops.plan.offline import offline_plan
-    from ops.plan.report import plain
+    from ops.plan.report import gcp_name, plain
 
-    text = render(plain(offline_plan("platform").to_json()), "table")
+    plan = plain(offline_plan("platform").to_json())
+    text = render(plan, "table")
     tables = text[text.index("\nnode "):]
-    assert max(len(line) for line in tables.splitlines()) <= 100
+    lines = tables.splitlines()
+    assert all(len(line) <= 100 or "  " not in line.strip() for line in lines)
+    assert "…" not in tables
+    values = {value for line in lines for value in line.split()}
+    names = {gcp_name(r) for r in plan["resources"] if r.get("custom", True)} - {""}
+    assert {name for name in names if " " not in name} <= values
     assert "gcp:storage:Bucket" in tables and "gcp:storage/bucket:Bucket" not in tables
     assert "[CiIdentity:ci-vision]" in tables
 
 
-def test_elide_keeps_head_and_tail():
-    assert elide("platform-vision-deployer@acme-ml-shared.iam.gserviceaccount.com", 20) == \
-        "platform-…ccount.com"
-    assert elide("short", 20) == "short"
+def test_a_long_value_goes_whole_onto_its_own_line_under_its_column():
+    rows = [["checkpoints", "gs://acme-ml-dev-dev-checkpoints", "gcp:storage:Bucket"],
+            ["data", "gs://acme-ml-dev-dev-data", "gcp:storage:Bucket"]]
+    text = table(("resource", "GCP name", "type"), rows, markdown=False, columns=60)
+    assert text.splitlines() == [
+        "resource     GCP name                     type",
+        "checkpoints  ↓                            gcp:storage:Bucket",
+        "             gs://acme-ml-dev-dev-checkpoints",
+        "data         gs://acme-ml-dev-dev-data    gcp:storage:Bucket"]
+
+
+def test_fitted_widths_shrink_the_widest_column_first():
     assert fitted_widths([60, 60, 9], 100) == [43, 44, 9]

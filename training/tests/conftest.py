@@ -79,3 +79,41 @@ def job_file(tmp_path, job):
         return path
 
     return write
+
+
+# The tests whose outcome can change with the TensorFlow version, marked `tf_version`:
+# scripts/test.sh runs every test on TensorFlow 2.18 (the TPU image's) and these on 2.20
+# too (training/README.md, "Tests and benchmarks"). What differs between the two is
+# TensorFlow and its tf-keras: model building and fitting, optimizers and mixed
+# precision, checkpoint and SavedModel formats, tf.data, tf.image and tf.io, the
+# strategy. The other modules test the job's own process (signals and exit codes, the
+# hang dump, the input-wait probe, the command line, goodput and config arithmetic)
+# through the same TensorFlow calls these run.
+TF_VERSION_MODULES = {
+    "test_environment.py",      # one TensorFlow, its own tf-keras
+    "test_training_job.py",     # fit, checkpoints (async too), export, precision
+    "test_bert.py",             # tf-keras layers, AdamW and LAMB, bfloat16, the export
+    "test_input_pipeline.py",   # tf.data sharding and batching
+    "test_imagenet.py",         # tf.image decoding, ResNet preprocessing
+    "test_resume.py",           # the checkpointed input position, restored
+    "test_checkpoint_size.py",  # the size table against real checkpoints
+    "test_strategy.py",         # the cluster resolver and strategy fallbacks
+    "test_record_index.py",     # tf.io.gfile reads
+}
+
+
+# Tests whose outcome depends on the CPU they get, marked `alone`: scripts/test.sh runs
+# them after the others, with no other test beside them (on two xdist workers the other
+# worker's job took the CPU they measure or budget).
+ALONE_MODULES = {
+    "test_perf.py",  # the input pipeline's share of the time against compute
+    "test_cli.py",   # a TPU retry whose first attempt must fit a 3 s budget
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in TF_VERSION_MODULES:
+            item.add_marker(pytest.mark.tf_version)
+        if item.path.name in ALONE_MODULES:
+            item.add_marker(pytest.mark.alone)

