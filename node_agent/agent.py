@@ -1,24 +1,23 @@
 """tpu-stack node agent: install the training package from GCS and supervise the job.
 
-Runs on every TPU VM worker at every boot (the bootstrap writes the zipapp and starts
-it), with nothing but the image's Python and TensorFlow: standard library only.
-Its inputs are the node's metadata (docs/design.md, "What a TPU node carries in
-metadata") and the releases under its `tpu-stack-release` prefix; every output goes
-to guest attributes and to GCS, so nothing is lost when a spot node disappears.
-
     python3 agent.pyz run            one pass: install, run the job, exit with its outcome
     python3 agent.pyz run --stay     as a service: after the job ends wait for a new release
-
-Transient failures (TPU not ready or in use, storage 5xx, data not there yet) are
-retried with backoff for as long as the node lives; permanent ones (a bad job
-config, records that do not fit the model, a package whose sha256 differs) stop
-with state `failed` and the job's last error line as the message. A preemption
-or host-maintenance notice stops the job at once so it saves inside the notice; an
-announced maintenance window gets a checkpoint before it starts.
 
 Environment: GCE_METADATA_HOST, STORAGE_EMULATOR_HOST (google-auth and
 google-cloud-storage conventions), TPU_STACK_ROOT (default /opt/tpu-stack).
 """
+# Runs on every TPU VM worker at every boot (the bootstrap writes the zipapp and starts
+# it), with nothing but the image's Python and TensorFlow: standard library only.
+# Its inputs are the node's metadata (docs/design.md, "What a TPU node carries in
+# metadata") and the releases under its `tpu-stack-release` prefix; every output goes
+# to guest attributes and to GCS, so nothing is lost when a spot node disappears.
+#
+# Transient failures (TPU not ready or in use, storage 5xx, data not there yet) are
+# retried with backoff for as long as the node lives; permanent ones (a bad job
+# config, records that do not fit the model, a package whose sha256 differs) stop
+# with state `failed` and the job's last error line as the message. A preemption
+# or host-maintenance notice stops the job at once so it saves inside the notice; an
+# announced maintenance window gets a checkpoint before it starts.
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ names in sorted order, every entry dated 1980-01-01 (the zip format's earliest
 date) with fixed permissions, and stored, not deflated (zlib's output may differ
 between zlib builds; Python's zipfile defaults to ZIP_STORED). The zip travels
 base64-encoded in the bash bootstrap (a metadata value is text), so each module goes in
-without its comments and the docstrings of its functions and classes (`lean`): a
-quarter of the bytes, every line where it was (a traceback on the node names the same
+without its comments and docstrings (`lean`): a quarter of the bytes, every line where
+it was (a traceback on the node names the same
 line numbers as the source here). For the same budget a module's longer description is
 written as comments under its one-line docstring.
 """
@@ -80,17 +80,22 @@ def zipapp() -> bytes:
 
 
 def lean(source: str) -> str:
-    """`source` without comments and without the docstrings of its functions and classes
-    (the module's stays: the agent prints its usage from it), each line kept in place: a
-    docstring becomes `""` and blank lines, a comment is cut from its line."""
+    """`source` without comments and docstrings, each line kept in place: a comment is
+    cut from its line; a docstring's lines go blank (`""` where it is its body's only
+    statement). A module that reads `__doc__` keeps its own (the agent prints its usage
+    from it)."""
     lines = source.splitlines(keepends=True)
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             row, col = token.start
             line = lines[row - 1]
             lines[row - 1] = line[:col].rstrip() + ("\n" if line.endswith("\n") else "")
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module) and "__doc__" in source:
+            continue
+        if not isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef,
+                                 ast.ClassDef)) or not node.body:
             continue
         first = node.body[0]
         if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
@@ -101,9 +106,10 @@ def lean(source: str) -> str:
                 lines[end - 1][first.end_col_offset:].strip():
             continue  # shares a line with other code: left as it is
         indent = lines[start - 1][:first.col_offset]
-        lines[start - 1] = f'{indent}""\n'
-        for row in range(start, end):
+        for row in range(start - 1, end):
             lines[row] = "\n"
+        if len(node.body) == 1:  # the body's only statement: a body must stay
+            lines[start - 1] = f'{indent}""\n'
     return "".join(lines)
 
 
