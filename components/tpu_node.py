@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
@@ -170,19 +171,12 @@ def queued_node(name: str, args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> Q
         accelerator_type=node.accelerator_type,
         accelerator_config_type=node.tpu.generation.api_type if by_shape else None,
         accelerator_topology=node.tpu.topology if by_shape else None,
-        network=args.network,
         subnetwork=args.subnetwork,
-        enable_external_ips=node.external_ips,
-        service_account_email=args.service_account_email,
-        scopes=[CLOUD_PLATFORM_SCOPE],
-        metadata=node_metadata(args),
-        labels=args.labels,
-        tags=[args.network_tag],
         spot=queue.spot,
         guaranteed=queue.guaranteed,
         reservation_name=queue.reservation_name,
         valid_until_seconds=queue.valid_until_seconds,
-        description=description(node),
+        **_dynamic_node_props(args),
         opts=opts,
     )
 
@@ -200,16 +194,19 @@ def fallback_node(name: str, args: TpuNodeArgs, opts: pulumi.ResourceOptions) ->
         candidates=[candidate_props(c, subnets[catalog.region_of(c.zone)])
                     for c in node.candidates],
         max_wait_seconds=node.max_wait_seconds,
-        network=args.network,
-        enable_external_ips=node.external_ips,
-        service_account_email=args.service_account_email,
-        scopes=[CLOUD_PLATFORM_SCOPE],
-        metadata=node_metadata(args),
-        labels=args.labels,
-        tags=[args.network_tag],
-        description=description(node),
+        **_dynamic_node_props(args),
         opts=opts,
     )
+
+
+def _dynamic_node_props(args: TpuNodeArgs) -> dict[str, Any]:
+    """What a queued node and a node with fallback carry alike: its network, account,
+    metadata, labels and tags."""
+    return {"network": args.network, "enable_external_ips": args.settings.external_ips,
+            "service_account_email": args.service_account_email,
+            "scopes": [CLOUD_PLATFORM_SCOPE], "metadata": node_metadata(args),
+            "labels": args.labels, "tags": [args.network_tag],
+            "description": description(args.settings)}
 
 
 def v2_vm(name: str, args: TpuNodeArgs, opts: pulumi.ResourceOptions) -> gcp.tpu.V2Vm:

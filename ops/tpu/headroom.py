@@ -22,7 +22,7 @@ from typing import Any
 
 from google.cloud import tpu_v2, tpu_v2alpha1
 
-from components import candidates, catalog, gcp_credentials
+from components import candidates, catalog
 from components.queued_tpu import ENDPOINT_ENV
 from components.settings import NodeSettings, StackSettings
 from ops.tpu.api import (
@@ -34,7 +34,7 @@ from ops.tpu.api import (
     _type_of,
     belongs_to,
 )
-from ops.tpu.quota import Get, QuotaReader, QuotaReadError, authorized_get, limit_in
+from ops.tpu.quota import Get, QuotaReader, QuotaReadError, lazy_get, limit_in
 from ops.tpu.target import StackTarget
 
 TPU_API = "https://tpu.googleapis.com"
@@ -163,18 +163,7 @@ def stack_reservations(target: StackTarget, env: Mapping[str, str]) -> Reservati
     $TPU_STACK_TPU_ENDPOINT, the stand-in tpuctl's TPU calls go to."""
     if env.get(ENDPOINT_ENV):
         return ReservationReader(_plain_get, env[ENDPOINT_ENV])
-    get: Get | None = None
-
-    def lazy(url: str) -> tuple[int, bytes]:
-        nonlocal get
-        if get is None:
-            try:
-                get = authorized_get(gcp_credentials.build(target.auth(env)))
-            except Exception as error:  # google.auth's errors, a bad credentials file
-                raise OSError(f"no usable Google credentials ({error})") from None
-        return get(url)
-
-    return ReservationReader(lazy)
+    return ReservationReader(lazy_get(target, env))
 
 
 def _plain_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:

@@ -213,7 +213,7 @@ def storage_get(target: StackTarget, env: Mapping[str, str]) -> tuple[Get, str]:
     if env.get(ENDPOINT_ENV.replace("QUOTAS", "TPU")):
         return _refuse("the TPU API is a stand-in and Cloud Storage has none "
                        "($STORAGE_EMULATOR_HOST)"), STORAGE_API
-    return _lazy_get(target, env), STORAGE_API
+    return lazy_get(target, env), STORAGE_API
 
 
 def stack_reader(target: StackTarget, env: Mapping[str, str]) -> QuotaReader:
@@ -226,10 +226,10 @@ def stack_reader(target: StackTarget, env: Mapping[str, str]) -> QuotaReader:
     if env.get(ENDPOINT_ENV.replace("QUOTAS", "TPU")):
         return QuotaReader(_refuse("the TPU API is a stand-in and Cloud Quotas has none "
                                    f"(${ENDPOINT_ENV})"))
-    return QuotaReader(_lazy_get(target, env))
+    return QuotaReader(lazy_get(target, env))
 
 
-def _lazy_get(target: StackTarget, env: Mapping[str, str]) -> Get:
+def lazy_get(target: StackTarget, env: Mapping[str, str]) -> Get:
     """A getter with the stack's credentials, built on first use (a missing credential
     becomes a "not checked" row, never a traceback)."""
     get: Get | None = None
