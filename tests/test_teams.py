@@ -613,7 +613,12 @@ def test_team_projects_are_the_bootstrap_s_not_the_stack_s(repo_stacks) -> None:
 def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> None:
     import importlib.util
 
-    from components.bootstrap import BUDGETS_ROLE, HOST_STORAGE_ROLE, XPN_ADMIN
+    from components.bootstrap import (
+        BUDGETS_ROLE,
+        HOST_STORAGE_ROLE,
+        XPN_ADMIN,
+        budget_stop_host_roles,
+    )
     from components.ci import DEPLOYER_ROLES, PLATFORM_FOLDER_ROLES
     from components.stack_config import settings_for
 
@@ -634,6 +639,8 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
               for c in commands if "add-iam-policy-binding" in c]
     assert grants == [*(("246813579024", role) for role in PLATFORM_FOLDER_ROLES),
                       *(("acme-ml-shared", role) for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE)),
+                      # nlp's budget stops its TPUs: its topic, function and invoker grant
+                      *(("acme-ml-shared", role) for role in budget_stop_host_roles(settings)),
                       ("42", XPN_ADMIN), ("gs://acme-pulumi-state", HOST_STORAGE_ROLE),
                       ("01AB23-45CD67-89EF01", BUDGETS_ROLE),
                       ("246813579024", "roles/cloudquotas.admin")]  # the quota contact's

@@ -91,7 +91,7 @@ def test_a_team_stack_the_platform_rejects_is_one_message_and_exit_2():
 def test_any_error_of_the_program_is_one_message(monkeypatch, error, message):
     import ops.plan.offline
 
-    def broken(config, stack):
+    def broken(config, stack, **_):
         raise error
 
     monkeypatch.setattr(ops.plan.offline, "run_program", broken)
