@@ -39,6 +39,15 @@ def strategy():
     return made
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_split_first(request):
+    """Every process (each pytest-xdist worker too) splits the CPU into replicas before
+    its first test: a TensorFlow op of a test run before the strategy is made would fix
+    the CPU at one device, whatever order the worker takes its tests in."""
+    if importlib.util.find_spec("tensorflow") is not None:
+        request.getfixturevalue("strategy")
+
+
 @pytest.fixture(scope="session")
 def mnist_data(strategy, tmp_path_factory) -> str:
     """A 16-shard synthetic MNIST dataset; its glob."""

@@ -189,8 +189,8 @@ def _convert(args: argparse.Namespace, _stop: StopFlag) -> int:
 
     spec = bert.published_spec(args.src, args.model, source="SRC")
     bert.export_published(args.src, spec, args.out, source="SRC")
-    print(f"tpu_training converted model={args.model} vocab={spec.vocab_size} "
-          f"export={args.out}", flush=True)
+    output.say(f"converted model={args.model} vocab={spec.vocab_size} "
+               f"export={args.out}")
     return 0
 
 
