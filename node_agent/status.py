@@ -267,21 +267,11 @@ class Status:
 
     def _publish_when_due(self) -> bool:
         """The guest attributes' loop body."""
-        if self.attributes_due.next_run():
-            try:
-                self._publish_attributes()
-            finally:
-                self.attributes_due.ran()
-        return not self.attributes_due.stopped
+        return _when_due(self.attributes_due, self._publish_attributes)
 
     def _upload_periodically(self) -> bool:
         """The upload loop's body: status.json and job.log when due."""
-        if self.uploads_due.next_run():
-            try:
-                self._upload()
-            finally:
-                self.uploads_due.ran()
-        return not self.uploads_due.stopped
+        return _when_due(self.uploads_due, self._upload)
 
     def _publish_attributes(self) -> None:
         """The guest attributes whose text changed."""
@@ -318,6 +308,16 @@ class Status:
         if self._uploaded.get(uri) != digest:
             self.storage.upload(uri, data, content_type, STATUS_KEY, metadata)
             self._uploaded[uri] = digest
+
+
+def _when_due(due: Due, work: Callable[[], None]) -> bool:
+    """A publishing loop's body: `work` once `due` says so; False once it stopped."""
+    if due.next_run():
+        try:
+            work()
+        finally:
+            due.ran()
+    return not due.stopped
 
 
 def attribute_texts(fields: Mapping[str, object]) -> dict[str, str]:

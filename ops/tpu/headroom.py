@@ -34,7 +34,7 @@ from ops.tpu.api import (
     _type_of,
     belongs_to,
 )
-from ops.tpu.quota import Get, QuotaReader, QuotaReadError, lazy_get, limit_in
+from ops.tpu.quota import Get, QuotaReader, QuotaReadError, lazy_get, limit_in, plain_get
 from ops.tpu.target import StackTarget
 
 TPU_API = "https://tpu.googleapis.com"
@@ -162,18 +162,8 @@ def stack_reservations(target: StackTarget, env: Mapping[str, str]) -> Reservati
     """A reader with the stack's credentials (built on first use), or anonymous against
     $TPU_STACK_TPU_ENDPOINT, the stand-in tpuctl's TPU calls go to."""
     if env.get(ENDPOINT_ENV):
-        return ReservationReader(_plain_get, env[ENDPOINT_ENV])
+        return ReservationReader(plain_get, env[ENDPOINT_ENV])
     return ReservationReader(lazy_get(target, env))
-
-
-def _plain_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
-    import requests
-
-    try:
-        response = requests.get(url, timeout=timeout)
-    except requests.RequestException as error:
-        raise OSError(str(error)) from None
-    return response.status_code, response.content
 
 
 def live_reservations(settings: StackSettings, api: TpuApi, read: ReservationReader,

@@ -209,7 +209,7 @@ def storage_get(target: StackTarget, env: Mapping[str, str]) -> tuple[Get, str]:
     beside a stand-in TPU API; else the stack's credentials, built on first use."""
     emulator = env.get("STORAGE_EMULATOR_HOST")
     if emulator:
-        return _plain_get, f"{emulator.rstrip('/')}/storage/v1"
+        return plain_get, f"{emulator.rstrip('/')}/storage/v1"
     if env.get(ENDPOINT_ENV.replace("QUOTAS", "TPU")):
         return _refuse("the TPU API is a stand-in and Cloud Storage has none "
                        "($STORAGE_EMULATOR_HOST)"), STORAGE_API
@@ -222,7 +222,7 @@ def stack_reader(target: StackTarget, env: Mapping[str, str]) -> QuotaReader:
     $TPU_STACK_QUOTAS_ENDPOINT if set. With a stand-in TPU API and no stand-in
     Cloud Quotas, Cloud Quotas is not asked."""
     if env.get(ENDPOINT_ENV):
-        return QuotaReader(_plain_get, base=env[ENDPOINT_ENV].rstrip("/"))
+        return QuotaReader(plain_get, base=env[ENDPOINT_ENV].rstrip("/"))
     if env.get(ENDPOINT_ENV.replace("QUOTAS", "TPU")):
         return QuotaReader(_refuse("the TPU API is a stand-in and Cloud Quotas has none "
                                    f"(${ENDPOINT_ENV})"))
@@ -252,7 +252,7 @@ def _refuse(reason: str) -> Get:
     return get
 
 
-def _plain_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+def plain_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
     import requests
 
     try:

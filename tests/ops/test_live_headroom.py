@@ -10,8 +10,8 @@ from components.settings import load_settings
 from ops.plan.command import print_report
 from ops.plan.offline import offline_plan
 from ops.tpu.api import TpuApi
-from ops.tpu.headroom import ReservationReader, _plain_get, live_candidates
-from ops.tpu.quota import QuotaReader, quota_info_url
+from ops.tpu.headroom import ReservationReader, live_candidates
+from ops.tpu.quota import QuotaReader, plain_get, quota_info_url
 from tests.fakes.tpu_api import FakeTpuApi, running
 from tests.infra.stack_fixtures import as_cli, config, node
 from tests.ops.test_tpu_quota import FakeQuotas, quota_info
@@ -44,7 +44,7 @@ def settings():
 def read_live(fake: FakeTpuApi, stack, quotas: QuotaReader):
     """live_candidates against the fake TPU API (nodes and reservations)."""
     return live_candidates(stack, TpuApi(deadline=10.0), quotas,
-                           ReservationReader(_plain_get, fake.endpoint))
+                           ReservationReader(plain_get, fake.endpoint))
 
 
 def reader(limits: dict[str, tuple]) -> QuotaReader:
@@ -89,7 +89,7 @@ def test_an_unread_zone_leaves_its_region_unknown_never_too_high(fake) -> None:
 def test_tpuctl_plan_live_shows_the_figures(fake, monkeypatch, capsys) -> None:
     monkeypatch.setattr("ops.plan.command.live_source",
                         lambda _result: (TpuApi(deadline=10.0), reader({SPOT: [(None, 48)]}),
-                                         ReservationReader(_plain_get, fake.endpoint)))
+                                         ReservationReader(plain_get, fake.endpoint)))
     plan = offline_plan("test", as_cli(config(
         gcp_project=PROJECT, tpu_stack_nodes=[node(fallback=[{"zone": "us-west4-a"}])])))
 
