@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 import re
+import time
 
 import pytest
 
 from tpu_training import data, models, perf, synth, train
 from tpu_training.config import JobConfig, train_flops_per_example
+from tpu_training.tf_env import tf
 
 PERF_LINE = re.compile(r"tpu_training perf step=(\d+) examples_per_sec=(\d+\.\d{3}) "
                        r"input_wait_share=([01]\.\d{4}) mfu=(na|\d+\.\d{4})")
@@ -30,29 +32,46 @@ def run_job(strategy, job: dict) -> list[re.Match]:
     return perf_lines(out.getvalue())
 
 
-@pytest.fixture(scope="module")
-def large_jpegs(strategy, tmp_path_factory) -> str:
-    """ImageNet records of photos about 1,400 pixels a side: decoding them is the work."""
-    spec = models.ModelSpec("resnet18", (1024, 1024, 3), 10, 0.1)
-    out = tmp_path_factory.mktemp("large-jpegs")
-    return synth.write_dataset(str(out), spec, examples=64, shards=4,
-                               record_format="imagenet").pattern
-
-
 def locations(root: str) -> dict:
     return {"checkpointDir": f"{root}/ckpt", "exportDir": f"{root}/export",
             "tensorboardDir": f"{root}/tb"}
 
 
-def test_an_input_bound_job_waits_for_most_of_its_time(strategy, large_jpegs):
-    # A tiny ResNet on 32-pixel crops of large JPEGs: the host's decoding holds it up.
-    job = {"model": "resnet18", "recordFormat": "imagenet", "imageSize": 32, "numClasses": 10,
-           "widthMultiplier": 0.0625, "globalBatchSize": 16, "trainData": large_jpegs,
-           **TWENTY_EXECUTIONS, **locations("ram://input-bound")}
-    lines = run_job(strategy, job)
+READ_LATENCY_SECONDS = 0.1  # a replica's batch, as a slow read from GCS waits for it
+
+
+def slow_reads(dataset_fn):
+    """`dataset_fn`, each batch held up by a wait that takes no CPU: a read's latency.
+
+    A wait on the network leaves the CPU to the steps, as a TPU host's reads leave the
+    device to them; decoding on the CPU would compete with the steps, which on a CPU
+    strategy run on the same two cores, and move the share with the machine's load.
+    """
+    def wait(batch):
+        tf.py_function(lambda: time.sleep(READ_LATENCY_SECONDS), [], [])
+        return batch
+
+    def slow(context):
+        return dataset_fn(context).map(lambda *batch: wait(batch)).prefetch(1)
+
+    return slow
+
+
+def test_an_input_bound_job_waits_for_most_of_its_time(strategy, mnist_data):
+    # A tiny CNN (a few milliseconds a step) whose batches each wait 0.1 s on their read:
+    # about nine tenths of the time goes to waiting, and load on the machine slows the
+    # steps, which the probe measures too, not the waits.
+    job = JobConfig.from_dict({"model": "mnist_cnn", "widthMultiplier": 0.0625,
+                               "globalBatchSize": 16, "trainData": mnist_data,
+                               **TWENTY_EXECUTIONS, **locations("ram://input-bound")})
+    spec = models.model_spec(job)
+    records = data.make_dataset_fn(data.list_files(mnist_data), spec, job.globalBatchSize)
+    out = io.StringIO()
+    train.run(job, strategy=strategy, out=out, dataset_fn=slow_reads(records))
+    lines = perf_lines(out.getvalue())
     assert [int(m[1]) for m in lines] == [22, 40]  # after 10 timed executions, and the end
     last = lines[-1]
-    assert float(last[3]) > 0.5, last[0]  # about 0.8 on a busy 2-core machine
+    assert float(last[3]) > 0.5, last[0]
     assert last[4] == "na"  # on CPU: no peak to compare with
 
 
