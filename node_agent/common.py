@@ -26,12 +26,14 @@ import datetime
 import hashlib
 import http.client
 import json
+import os
 import random
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, TypeVar
 
 RETRY_ATTEMPTS = 6
@@ -61,6 +63,14 @@ def transient_status(code: int) -> bool:
 
 def log(message: str) -> None:
     print(f"tpu-stack-agent: {message}", file=sys.stderr, flush=True)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`: a reader or a crash sees the old file or the new one,
+    never half of one (callers writing one path from two threads hold a lock)."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
 
 
 def utc_now() -> str:

@@ -53,7 +53,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from node_agent.common import log
+from node_agent.common import log, write_atomically
 
 AGENT_CODE_PATH = "instance/attributes/startup-script"
 HEREDOC = "TPU_STACK_AGENT_ZIPAPP"  # the bootstrap's heredoc around the zipapp's base64
@@ -110,9 +110,7 @@ def zipapp_in_script(script: str) -> bytes | None:
 
 def write_agent(path: Path, data: bytes) -> None:
     """Replace `path` with `data` atomically (a crash never leaves half an agent)."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
+    write_atomically(path, data)
 
 
 def previous_file(path: Path) -> Path:
@@ -151,9 +149,7 @@ def save(root: Path, state: Mapping[str, object]) -> None:
     of one; the caller goes on reading the job when this raises."""
     path = root / HANDOVER_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(state_json(state))
-    os.replace(partial, path)
+    write_atomically(path, state_json(state).encode())
 
 
 def unknown_fields(state: Mapping[str, object]) -> list[str]:

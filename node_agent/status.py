@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from node_agent.common import AgentError, TransientError, log, utc_now
+from node_agent.common import AgentError, TransientError, log, utc_now, write_atomically
 from node_agent.contract import STATUS_KEY
 from node_agent.metadata import Metadata
 from node_agent.storage import Storage
@@ -256,8 +256,8 @@ class Status:
     def _write_local(self) -> None:
         try:
             text = self._json(self._snapshot())
-            with self._lock:
-                (self.dir / "status.json").write_text(text)
+            with self._lock:  # the publisher's thread writes it too
+                write_atomically(self.dir / "status.json", text.encode())
                 self._last_local = time.monotonic()
         except OSError as error:
             log(f"status.json: {error}")

@@ -228,6 +228,35 @@ def test_publishing_a_status_never_raises(tmp_path: Path) -> None:
         "state"] == "running"
 
 
+def test_a_reader_of_the_local_status_never_sees_half_a_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The caller's thread and the publisher's both write status.json; a reader (the agent
+    # after a restart, a test) reading between a truncate and its write read "" and failed.
+    monkeypatch.setattr(status, "STEP_PUBLISH_SECONDS", 0.0)
+    published = status.Status(metadata=_Broken(), storage=_Broken(),  # type: ignore[arg-type]
+                              root=tmp_path, worker=0)
+    path = tmp_path / "status" / "worker-0" / "status.json"
+    done = threading.Event()
+
+    def write() -> None:
+        for step in range(3000):
+            published.progress(step=step)
+        done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        reads = 0
+        while not done.is_set():
+            if path.exists():
+                assert "step" in json.loads(path.read_text())
+                reads += 1
+    finally:
+        writer.join()
+        published.close()
+    assert reads > 0 and json.loads(path.read_text())["step"] == "2999"
+
+
 class _Downloads:
     """A package download answering these sha256s in turn."""
 
