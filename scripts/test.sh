@@ -8,7 +8,9 @@
 # every failure, also when the run is cut short (Ctrl-C, SIGTERM, a suite's limit).
 # The exit code is 1 when anything failed (130/143 when interrupted).
 # Usage: scripts/test.sh [PYTEST_ARGS...]   (e.g. -k preemption; passed to every pytest)
-# Environment: TEST_WORKERS (pytest-xdist workers per suite, default 2; 0 for none),
+# Environment: TEST_WORKERS (pytest-xdist workers of a training suite, default 2, and twice
+#              as many for the infra suite, whose end-to-end tests mostly wait on the
+#              processes they run; 0 for none),
 #              TEST_SUITE_TIMEOUT (seconds, every suite's limit instead of its own).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -56,14 +58,16 @@ exit_reason() {
 }
 
 suite() {
-  # suite NAME LIMIT PYTHON SELECTION PATHS...: pytest with the caller's arguments, in two
-  # passes: the tests SELECTION (a -m expression, "" for all) picks on WORKERS processes,
-  # then those marked `alone` (they measure CPU shares) with nothing beside them. Exit 5
-  # is pytest's "no tests collected": a pass (or, with a selection such as -k, a suite)
-  # may hold none of them.
-  local name=$1 limit=$2 python=$3 selection=$4 code alone_code started=$SECONDS workers=()
-  shift 4
-  ((WORKERS > 0)) && workers=(-n "$WORKERS")
+  # suite NAME LIMIT WORKERS PYTHON SELECTION PATHS...: pytest with the caller's arguments,
+  # in two passes: the tests SELECTION (a -m expression, "" for all) picks on WORKERS
+  # processes (an idle one takes tests queued for a busy one: `worksteal`), then those
+  # marked `alone` (they measure CPU shares) with nothing beside them. Exit 5 is pytest's
+  # "no tests collected": a pass (or, with a selection such as -k, a suite) may hold none
+  # of them.
+  local name=$1 limit=$2 count=$3 python=$4 selection=$5 code alone_code started=$SECONDS
+  local workers=()
+  shift 5
+  ((count > 0)) && workers=(-n "$count" --dist worksteal)
   running=$name
   run "$(limit_of "$limit")" "$python" -m pytest -q -p no:cacheprovider "${workers[@]}" \
     -m "${selection:+($selection) and }not alone" "$@" "${PYTEST_ARGS[@]}"
@@ -142,7 +146,8 @@ fi
 timed "lint" "$lint_started"
 
 step "infra tests"
-suite "infra tests" 1200 .venv/infra/bin/python "" tests training/tests/test_config.py
+suite "infra tests" 1200 $((2 * WORKERS)) .venv/infra/bin/python "" \
+  tests training/tests/test_config.py
 
 # TensorFlow 2.18 is the TPU image's (docs/tpu-facts.md): every training test runs on it.
 # On 2.20 the tests marked tf_version run: what can change with the TensorFlow version.
@@ -151,11 +156,12 @@ for tf in tf218 tf220; do
     2>/dev/null)
   if [[ $tf == tf218 ]]; then
     step "training tests on TensorFlow $version"
-    suite "training on TF ${version:-?}" 900 ".venv/$tf/bin/python" "" training/tests
+    suite "training on TF ${version:-?}" 900 "$WORKERS" ".venv/$tf/bin/python" "" \
+      training/tests
   else
     step "training tests marked tf_version on TensorFlow $version"
-    suite "training on TF ${version:-?} (tf_version)" 600 ".venv/$tf/bin/python" \
-      tf_version training/tests
+    suite "training on TF ${version:-?} (tf_version)" 600 "$WORKERS" \
+      ".venv/$tf/bin/python" tf_version training/tests
   fi
 done
 

@@ -81,11 +81,13 @@ def test_every_suite_prints_its_time_and_the_summary_lists_them(tree: Path) -> N
     pytest_calls = [call.split(" ", 1)[1] for call in calls if " -m pytest " in call]
     quiet = "-m pytest -q -p no:cacheprovider"
     assert pytest_calls == [
-        f"{quiet} -n 2 -m not alone tests training/tests/test_config.py -k preemption",
+        f"{quiet} -n 4 --dist worksteal -m not alone tests training/tests/test_config.py "
+        "-k preemption",
         f"{quiet} -m alone tests training/tests/test_config.py -k preemption",
-        f"{quiet} -n 2 -m not alone training/tests -k preemption",
+        f"{quiet} -n 2 --dist worksteal -m not alone training/tests -k preemption",
         f"{quiet} -m alone training/tests -k preemption",
-        f"{quiet} -n 2 -m (tf_version) and not alone training/tests -k preemption",
+        f"{quiet} -n 2 --dist worksteal -m (tf_version) and not alone training/tests "
+        "-k preemption",
         f"{quiet} -m (tf_version) and alone training/tests -k preemption"]
 
 
@@ -130,3 +132,16 @@ def test_pytest_prints_test_paths_from_the_repository_root() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     paths = {line.split("::")[0] for line in result.stdout.splitlines() if "::" in line}
     assert paths == {"tests/agent/test_deadlines.py", "training/tests/test_config.py"}
+
+
+def test_the_long_end_to_end_tests_are_collected_first() -> None:
+    # Quick unit tests first in pytest's order, then an end-to-end file: collected the
+    # other way round, so the workers start on the long ones.
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "tests/agent/test_agent_units.py", "tests/agent/test_agent_boot.py"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True).stdout
+    files = [line.split("::")[0] for line in listed.splitlines() if "::" in line]
+    boot = [index for index, name in enumerate(files) if name.endswith("test_agent_boot.py")]
+    units = [index for index, name in enumerate(files) if name.endswith("test_agent_units.py")]
+    assert boot and units and max(boot) < min(units), files

@@ -120,9 +120,18 @@ ALONE_MODULES = {
 }
 
 
+# Files whose tests train for tens of seconds or wait on a job's subprocess: they start
+# first, so pytest-xdist's workers end together (started last, in pytest's alphabetical
+# order, one worker trained them alone while the other idled).
+LONG_MODULES = {"test_imagenet.py", "test_bert.py", "test_bert_checkpoint.py",
+                "test_job_output.py", "test_preemption.py", "test_resume.py",
+                "test_signal_handlers.py"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in TF_VERSION_MODULES:
             item.add_marker(pytest.mark.tf_version)
         if item.path.name in ALONE_MODULES:
             item.add_marker(pytest.mark.alone)
+    items.sort(key=lambda item: item.path.name not in LONG_MODULES)  # stable
