@@ -1,4 +1,5 @@
-"""The order the infra suite's tests start in (docs/design.md, S8).
+"""The order the infra suite's tests start in (docs/design.md, "Two Python environments,
+on purpose": the test command).
 
 The end-to-end tests wait tens of seconds each on real processes (an agent, a job, a
 rehearsal, a venv being built); the rest take a second or less. Started first, the long
