@@ -58,12 +58,14 @@ def orphan() -> str:
     with _lock:
         if _orphaned_to is None:
             path, fd = _open_log()
+            # Said before fds 1 and 2 move: a thread writing a line without the lock
+            # (every `say`) writes to the log from the moment they do, after this line.
+            _write_all(fd, f"{PREFIX} output_orphaned log={path}\n".encode())
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             if fd > 2:
                 os.close(fd)
             _orphaned_to = path
-            _write_all(1, f"{PREFIX} output_orphaned log={path}\n".encode())
         return _orphaned_to
 
 
