@@ -20,14 +20,17 @@ TIMEOUT = 120.0
 LINES = 3000
 # Another process writes to the same pipe (as TensorFlow's C++ threads write to stderr,
 # outside the GIL) while the job says its lines: fragments without a newline, as often
-# as it can. With print's two writes a line, about one line in ten was torn here.
+# as it can. With print's two writes a line, about one line in ten was torn here. The
+# noise says it is ready from inside its writing (after 100 fragments): a process that
+# said so before its first write was, on a busy machine, killed before it wrote any.
 NOISY_SAYER = f"""
 import os, subprocess, sys
 from tpu_training import output
 
 ready, told = os.pipe()
-noise = subprocess.Popen([sys.executable, "-c", "import os, sys; os.write(int(sys.argv[1]), "
-                          "b'r')\\nwhile True: os.write(2, b'#')", str(told)], pass_fds=[told])
+noise = subprocess.Popen([sys.executable, "-c", "import os, sys\\nfor _ in range(100): "
+                          "os.write(2, b'#')\\nos.write(int(sys.argv[1]), b'r')\\n"
+                          "while True: os.write(2, b'#')", str(told)], pass_fds=[told])
 os.read(ready, 1)
 for i in range({LINES}):
     output.say(f"step={{i}} loss=0.5")
