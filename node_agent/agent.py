@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import IO
 
 from node_agent import devices, handover, lifecycle, supervise
-from node_agent.common import AgentError, Backoff, TransientError, log, parse_utc, utc_now
+from node_agent.common import (
+    AgentError,
+    Backoff,
+    TransientError,
+    log,
+    parse_utc,
+    utc_now,
+    write_atomically,
+)
 from node_agent.contract import (
     EXIT_FAILED,
     EXIT_OK,
@@ -383,7 +391,7 @@ class Agent:
         assert self.agent_file is not None
         handover.refuse(self.root, version)
         try:
-            handover.write_agent(self.agent_file, self.own_bytes)
+            write_atomically(self.agent_file, self.own_bytes)
         except OSError as error:
             log(f"restoring {self.agent_file}: {error}")
         self.status.note(f"agent {version} refused ({why}); agent {self.version} keeps "

@@ -108,19 +108,14 @@ def zipapp_in_script(script: str) -> bytes | None:
     return data if {"__main__.py", "node_agent/agent.py"} <= names else None
 
 
-def write_agent(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` atomically (a crash never leaves half an agent)."""
-    write_atomically(path, data)
-
-
 def previous_file(path: Path) -> Path:
     return path.with_name(PREVIOUS_NAME)
 
 
 def install_agent(path: Path, data: bytes, running: bytes) -> None:
     """Write a new agent over `path`, keeping the running one's bytes as the previous."""
-    write_agent(previous_file(path), running)
-    write_agent(path, data)
+    write_atomically(previous_file(path), running)  # a crash never leaves half an agent
+    write_atomically(path, data)
 
 
 def refused(root: Path) -> set[str]:
@@ -255,7 +250,7 @@ def fall_back(root: Path, state: Mapping[str, object], why: str) -> None:
         f"{file_version(previous)}")
     refuse(root, version)
     try:
-        write_agent(path, previous.read_bytes())
+        write_atomically(path, previous.read_bytes())
         save(root, {k: v for k, v in state.items() if k in FIELDS})
     except OSError as error:
         log(f"falling back: {error}")
