@@ -17,18 +17,16 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 
-# Files of tests that each run real processes for many seconds.
+# Files of tests that each run real processes for many seconds: the agent's end-to-end
+# files (not its unit files), the rehearsals and the venv build.
 LONG = {
     *(TESTS / "agent").glob("test_agent_*.py"),
     TESTS / "agent" / "test_rehearse.py",
     TESTS / "infra" / "test_requirements_env.py",
     TESTS / "ops" / "test_rehearse_bert.py",
-}
-QUICK_AGENT_FILES = {TESTS / "agent" / name
-                     for name in ("test_agent_units.py", "test_agent_perf.py")}
+} - {TESTS / "agent" / "test_agent_units.py", TESTS / "agent" / "test_agent_perf.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Long tests first, each group in pytest's own order (a stable sort)."""
-    long_files = LONG - QUICK_AGENT_FILES
-    items.sort(key=lambda item: item.path not in long_files)
+    items.sort(key=lambda item: item.path not in LONG)
