@@ -3,8 +3,8 @@
 import pulumi
 
 from components.platform import TpuPlatform
-from components.settings import SettingsError, load_settings
 from components.stack_config import program_config
+from model.settings import SettingsError, load_settings
 
 try:
     settings = load_settings(program_config(), pulumi.get_stack(), pulumi.get_organization())

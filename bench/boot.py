@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.archive import Archive, build_archive
+from model.archive import Archive, build_archive
 from ops.local.local_node import IMAGE_PYTHON, LocalNode, node_attributes
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator

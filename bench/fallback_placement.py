@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cloud.tpu import ENDPOINT_ENV
 from components.fallback_tpu import FallbackTpuProvider
-from components.queued_tpu import ENDPOINT_ENV
 from tests.fakes.tpu_api import FakeTpuApi, running
 
 PROJECT = "acme-ml-dev"

@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.archive import build_archive
+from model.archive import build_archive
 from ops.local.local_node import LocalNode, node_attributes, publish_release
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator

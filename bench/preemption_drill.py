@@ -28,7 +28,7 @@ and their ratio.
 Save seconds are also measured for the full-size mnist_cnn and resnet50 (resnet50 at
 imageSize 32: its checkpoint does not depend on the image size, global pooling sits
 before the only dense layer), written to local disk: GCS is not reachable from here;
-the preview estimates GCS time from the bytes (components/catalog.py).
+the preview estimates GCS time from the bytes (model/catalog.py).
 
 Each run's stdout is read by the node agent's own parser of the job's lines
 (node_agent/job_lines.py `JobRun`), and the agent's accounting (`settle_run`,

@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import requests  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from components import catalog  # noqa: E402
-from components.queued_tpu import ENDPOINT_ENV  # noqa: E402
+from cloud.tpu import ENDPOINT_ENV  # noqa: E402
+from model import catalog  # noqa: E402
 from node_agent.contract import STATUS_KEY  # noqa: E402
 from ops.tpu import api as tpu_api  # noqa: E402
 from ops.tpu import status as node_status  # noqa: E402

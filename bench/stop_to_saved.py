@@ -14,7 +14,7 @@ their default steps per execution (100) on the CPU, twice each in the same run:
   (`checkpointEveryMinutes` 0.001: the interval has passed at every execution's end)
   and SIGTERM sent 0.2 s after the first step line `--after` seconds in: inside the
   next execution, that execution's save still writing. The stop finishes the execution,
-  waits for the save in flight, then saves (the worst case components/stop_save.py
+  waits for the save in flight, then saves (the worst case model/stop_save.py
   budgets: one execution and two saves). A small `--notice` (short executions) makes
   the save outlast the execution, as a large checkpoint on GCS does on a TPU.
   `in flight` says whether that save's `saved` line came between the signal and the
@@ -24,7 +24,7 @@ their default steps per execution (100) on the CPU, twice each in the same run:
 SIGTERM is sent `--after` seconds past the job's `resumed_from` line, so in the first
 two runs it lands inside an execution. A run that has not saved `--limit` seconds after the signal
 is killed and reported as more than that. Saves go to local disk (GCS is not reachable
-here); the preview adds the GCS estimate (components/stop_save.py). CPU step times are
+here); the preview adds the GCS estimate (model/stop_save.py). CPU step times are
 far longer than a TPU's: the figure is the share of the notice, and whether it fits.
 
     PYTHONPATH=$PWD:$PWD/training .venv/tf218/bin/python bench/stop_to_saved.py

@@ -29,7 +29,7 @@ from ops.plan.offline import offline_plan
 BASELINE = (2, 20)
 SCALED = (20, 200)
 LIMIT = 1.2
-# v5e zones in four US regions (components/catalog.py; the data bucket is in US,
+# v5e zones in four US regions (model/catalog.py; the data bucket is in US,
 # so no node reads across regions), so nodes spread over
 # subnets as a shared project's would.
 ZONES = ("us-central1-a", "us-west4-a", "us-south1-a", "us-west1-c")

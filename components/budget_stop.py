@@ -8,7 +8,7 @@ in the team's project only, the TPU permissions it needs (a custom role), plus
 creating its marker objects under `budget-stop/<team>/` of the artifacts bucket.
 
 `price_table` and `function_source` are pure: the function's prices come from
-components/catalog.py, so the meter it acts on is the stack's own.
+model/catalog.py, so the meter it acts on is the stack's own.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
-from components import catalog
-from components.archive import REPO_ROOT
-from components.budget_hold import marker_prefix
-from components.ci import DEPLOYER_ACCOUNT_ROLES
-from components.naming import Naming
+from model import catalog
+from model.archive import REPO_ROOT
+from model.budget_hold import marker_prefix
+from model.meter import price_table
+from model.naming import Naming
+from model.roles import BUDGET_STOP_ROLE, DEPLOYER_ACCOUNT_ROLES
 
 FUNCTION_DIR = Path(__file__).resolve().parents[1] / "functions" / "budget_stop"
 FUNCTION_FILES = ("main.py", "spend.py", "requirements.txt")
@@ -36,21 +37,6 @@ ENTRY_POINT = "budget_stop"
 # A fixed time for every member: the archive's bytes depend on its content only.
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 STAGING = REPO_ROOT / ".cache" / "functions"  # where Pulumi's FileAsset reads the archive
-
-
-def price_table() -> dict[str, dict[str, float | None]]:
-    """Per accelerator-type prefix, USD per hour of one unit of the number in the type's
-    name (TensorCores or chips, catalog.Naming), on-demand and spot: what
-    functions/budget_stop/spend.py prices a node with."""
-    table: dict[str, dict[str, float | None]] = {}
-    for generation in catalog.GENERATIONS.values():
-        units_per_chip = generation.cores_per_chip \
-            if generation.naming is catalog.Naming.TENSORCORES else 1
-        price = generation.price
-        table[generation.type_prefix] = {
-            rate: None if per_chip is None else per_chip / units_per_chip
-            for rate, per_chip in (("onDemand", price.on_demand), ("spot", price.spot))}
-    return table
 
 
 def function_source() -> bytes:
@@ -106,9 +92,6 @@ PERMISSIONS = ("tpu.nodes.list", "tpu.nodes.get", "tpu.nodes.update", "tpu.nodes
 # for that, cloud.google.com/storage/docs/access-control/iam-permissions, no delete).
 MARKER_PERMISSIONS = ("storage.objects.create",)
 INVOKER_ROLE = "roles/run.invoker"
-# The TPU custom role's id in the team's project (naming.custom_role_id): the bootstrap
-# names it in the folder's grant condition (components/bootstrap.py).
-BUDGET_STOP_ROLE = "budget_stop"
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,18 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from components.naming import Naming
-from components.settings import CiSettings
+from model.naming import Naming
+from model.roles import (
+    DEPLOYER_ACCOUNT_ROLE,
+    DEPLOYER_ACCOUNT_ROLES,
+    DEPLOYER_ROLES,
+    PREVIEW_ROLES,
+    STORAGE_PERMISSIONS,
+    STORAGE_ROLE,
+    TEAM_DEPLOYER_ROLES,
+    grants_only,
+)
+from model.settings import CiSettings
 
 TYPE = "tpu-stack:index:CiIdentity"
 
@@ -69,135 +79,6 @@ def attribute_condition(ci: CiSettings) -> str:
 # pipelines: enable the IAM, Resource Manager, Service Account Credentials and
 # Security Token Service APIs; the other three every stack enables already).
 CI_APIS = ("sts.googleapis.com",)
-
-# Project roles of the deployer: exactly what `pulumi up` of this stack
-# creates, reads and deletes (components/*.py), each with its reason.
-# projectIamAdmin is limited by an IAM condition (CiIdentity._conditions), and
-# actAs and administration are granted on the runtime account's own allow policy
-# (DEPLOYER_ACCOUNT_ROLES), so the deployer is not owner in effect: it grants only
-# the roles the stack grants, and administers and acts as only the stack's runtime
-# accounts. Not a `resource.name` condition on a project-wide serviceAccountAdmin:
-# iam.googleapis.com is not among the services that supply resource attributes to
-# conditions (cloud.google.com/iam/docs/conditions-resource-attributes), so IAM
-# never matches such a grant and the deployer could not manage the account at all.
-DEPLOYER_ROLES = {
-    "roles/serviceusage.serviceUsageAdmin": "project.py turns the stack's APIs on",
-    "roles/compute.networkAdmin": "network.py creates the network and subnetwork",
-    "roles/compute.securityAdmin": "network.py creates the firewall rules",
-    "roles/tpu.admin": "tpu_node.py / queued_tpu.py create, update, delete TPU nodes; "
-                       "tpuctl preflight lists the zone's offers",
-    "roles/iam.serviceAccountCreator": "identity.py creates the runtime account (admin of it "
-                                       "is granted on that account alone, DEPLOYER_ACCOUNT_ROLES)",
-    "roles/resourcemanager.projectIamAdmin": "identity.py grants the runtime account project "
-                                             "roles (condition: only the roles the stack grants)",
-}
-# What the deployer no longer holds, and why: whoever runs the first `up` (an
-# admin, docs/pr-previews.md) creates these protected resources; a later change
-# to them is an admin's `up` again.
-# - roles/iam.roleAdmin: a custom role's permissions cannot be limited by a
-#   condition (modifiedGrantsByRole limits setIamPolicy, not iam.roles.update), and
-#   with it the deployer could widen its own storage role.
-# - roles/iam.workloadIdentityPoolAdmin: with it the deployer could rewrite the
-#   provider's attribute condition and mapping, i.e. who may act as the deployer.
-BOOTSTRAP_ROLES = {
-    "roles/iam.roleAdmin": "creates the storage deployer custom role (ci.py)",
-    "roles/iam.workloadIdentityPoolAdmin": "creates the pool and its GitHub provider (ci.py)",
-    "roles/iam.serviceAccountAdmin": "creates the deployer and preview accounts and who may "
-                                     "impersonate them (ci.py)",
-    "roles/resourcemanager.projectIamAdmin": "grants the deployer and preview accounts "
-                                             "their roles (ci.py)",
-}
-# The platform stack's deployer in the teams' folder (granted there by the
-# bootstrap step, scripts/bootstrap_team_projects.py): what TeamProject manages
-# inside projects it did not create. No roles/resourcemanager.projectCreator and
-# no roles/billing.user: projects are made and linked to billing by the bootstrap
-# (an admin), so the deployer cannot make projects outside every cap and budget.
-# Folder roles reach every project in the folder (resource hierarchy): keep the
-# folder for team projects only.
-PLATFORM_FOLDER_ROLES = {
-    "roles/serviceusage.serviceUsageAdmin": "TeamProject enables each team project's APIs",
-    "roles/resourcemanager.projectIamAdmin": "TeamProject's project grants (the bootstrap "
-                                             "limits it with modifiedGrantsByRole)",
-    "roles/iam.serviceAccountAdmin": "the teams' runtime, deployer and preview accounts",
-    "roles/iam.roleAdmin": "each team deployer's storage custom role",
-    "roles/iam.workloadIdentityPoolAdmin": "each team deployer's pool and GitHub provider",
-    "roles/cloudquotas.admin": "the teams' TPU quota caps",
-    "roles/compute.xpnAdmin": "attaches team projects to the Shared VPC host",
-    "roles/tpu.admin": "the team nodes the platform stack declares",
-    "roles/storage.admin": "the team buckets the platform stack declares; allUsers and "
-                           "other domains are refused by the folder's org policies",
-}
-# Org policies the bootstrap sets on the folder (and the host project): IAM refuses
-# a member outside the organization's domains, allUsers and allAuthenticatedUsers
-# included (cloud.google.com/resource-manager/docs/organization-policy/
-# restricting-domains), so no storage role can grant arbitrary members; buckets
-# refuse public access (cloud.google.com/storage/docs/public-access-prevention);
-# new projects get no default network (compute.skipDefaultNetworkCreation, as
-# Project(auto_create_network=False) did). Unconfirmed: that domain restriction
-# admits the workload identity pool principalSets the team deployers' accounts are
-# bound to; if it refused them, that grant's `up` fails (closed, not open).
-# A node (or VM) made without an account runs as the Compute Engine default account,
-# made Editor of every new project unless iam.automaticIamGrantsForDefaultServiceAccounts
-# is enforced (cloud.google.com/resource-manager/docs/organization-policy/
-# restricting-service-accounts, "Disable automatic role grants to default service
-# accounts"): enforced on the folder (issue 34, finding 9).
-DOMAIN_POLICY = "iam.allowedPolicyMemberDomains"
-ENFORCED_POLICIES = ("storage.publicAccessPrevention", "compute.skipDefaultNetworkCreation",
-                     "iam.automaticIamGrantsForDefaultServiceAccounts")
-# A team's deployer (components/teams.py declares it in the team's project): TPU
-# nodes and, through the team's storage role, buckets of its own project; actAs on
-# the team's runtime account and use of the platform's subnets are granted on
-# those resources alone (teams.py). No IAM administration at project level.
-TEAM_DEPLOYER_ROLES = {
-    "roles/tpu.admin": "the team stack's TPU nodes, in the team's project only",
-}
-# A TPU node runs as the runtime account: the deployer needs actAs on it, and
-# updates and deletes it (serviceAccountAdmin), both granted on that account's own
-# allow policy, never project-wide (where they would reach every account of the
-# project, the Compute Engine default one and the deployer itself included).
-DEPLOYER_ACCOUNT_ROLE = "roles/iam.serviceAccountUser"
-DEPLOYER_ACCOUNT_ROLES = (DEPLOYER_ACCOUNT_ROLE, "roles/iam.serviceAccountAdmin")
-MODIFIED_GRANTS = "iam.googleapis.com/modifiedGrantsByRole"
-
-
-def grants_only(roles: list[str]) -> str:
-    """An IAM condition on projectIamAdmin: the request changes only `roles`
-    (cloud.google.com/iam/docs/setting-limits-on-granting-roles; the attribute is
-    the roles a setIamPolicy call adds or removes, conditions-attribute-reference)."""
-    listed = ", ".join(f"'{role}'" for role in sorted(roles))
-    return f"api.getAttribute('{MODIFIED_GRANTS}', []).hasOnly([{listed}])"
-
-
-# Project roles of the preview account. `pulumi preview` reads the state from
-# the backend, not from GCP, and changes nothing: the diy backend takes no lock
-# and writes no checkpoint or history on a preview (pulumi/pulumi
-# pkg/backend/diy/backend.go, Preview and apply: no snapshot manager when
-# DryRun). What the program itself reads from GCP while it runs is all that
-# needs a grant.
-PREVIEW_ROLES = {
-    "roles/browser": "reads the project and its folder (resourcemanager.projects.get), "
-                     "nothing else",
-}
-
-# storage.py and package.py need bucket creation; the only predefined role
-# with storage.buckets.create is roles/storage.admin, which the policy pack
-# forbids at project level. A custom role carries just these permissions
-# (cloud.google.com/storage/docs/access-control/iam-permissions).
-STORAGE_PERMISSIONS = (
-    "storage.buckets.create",
-    "storage.buckets.delete",
-    "storage.buckets.get",
-    "storage.buckets.list",
-    "storage.buckets.update",
-    "storage.buckets.getIamPolicy",
-    "storage.buckets.setIamPolicy",
-    "storage.objects.create",
-    "storage.objects.delete",
-    "storage.objects.get",
-    "storage.objects.list",
-)
-# Custom role ids are per project: each stack gets its own (Naming.custom_role_id).
-STORAGE_ROLE = "tpuStackStorageDeployer"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A TPU node tried on ordered candidates: a dynamic provider beside QueuedTpuProvider.
 
-A node with `fallback` (components/settings.py, NodeSettings.candidates) is created
+A node with `fallback` (model/settings.py, NodeSettings.candidates) is created
 here. Every candidate is a queued resource carrying the whole node, as QueuedTpu sends
 it (the same node id and metadata in every zone, so the agent's contract never
 changes with the candidate), tried in order:
@@ -9,7 +9,7 @@ changes with the candidate), tried in order:
   deleted (`force`) and confirmed gone (queued_tpu.force_delete) before the next starts;
 - a request still waiting for resources after `max_wait_seconds` moves on (class
   `timeout`); one PROVISIONING by then is followed, up to the create timeout;
-- the failure is classified (components/capacity.py): capacity, reservation, preempted
+- the failure is classified (model/capacity.py): capacity, reservation, preempted
   and timeout move on; quota moves on and blocks its family in its scope for the rest
   of the round; transient retries the same candidate after a backoff; permanent stops,
   naming the error, and no later candidate is tried;
@@ -32,7 +32,7 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dyn
 
-from components import capacity
+from cloud.tpu import tpu_client, transient_retry
 from components.queued_tpu import (
     IN_PLACE,
     QueuedTpuError,
@@ -45,9 +45,8 @@ from components.queued_tpu import (
     build_queued_resource,
     check_inputs,
     force_delete,
-    tpu_client,
-    transient_retry,
 )
+from model import capacity
 
 # What a candidate sets of the request; everything else is the node's, shared.
 PLACEMENT_KEYS = ("zone", "accelerator_type", "accelerator_config_type", "accelerator_topology",

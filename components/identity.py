@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from components.naming import Naming
+from model.naming import Naming
+from model.roles import PROJECT_ROLES
 
 TYPE = "tpu-stack:index:RuntimeIdentity"
 
@@ -25,13 +26,6 @@ BUCKET_ROLES = {
 # check that a bucket exists before it writes; legacyBucketReader grants that
 # and object listing, nothing else (same page, "Basic roles and legacy roles").
 BUCKET_METADATA_ROLE = "roles/storage.legacyBucketReader"
-# Project roles a TPU VM job needs: its logs and metrics, and TPU viewing,
-# which a pod slice's TPUClusterResolver uses to find its workers (TPU_NAME).
-PROJECT_ROLES = (
-    "roles/logging.logWriter",
-    "roles/monitoring.metricWriter",
-    "roles/tpu.viewer",
-)
 # A team's members may run as the team's account (actAs: start work as it,
 # never mint its tokens, which needs serviceAccountTokenCreator) and read the
 # team's logs bucket, where the node agent writes status and logs (docs/design.md).

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_gcp as gcp
 
-from components.naming import Naming
-from components.subnets import subnet_ranges
+from model.naming import Naming
+from model.subnets import subnet_ranges
 
 TYPE = "tpu-stack:index:Network"
 

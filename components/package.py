@@ -10,7 +10,7 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
-from components.archive import REPO_ROOT, Archive, build_archive
+from model.archive import REPO_ROOT, Archive, build_archive
 
 TYPE = "tpu-stack:index:TrainingPackage"
 PACKAGE_PREFIX = "packages/"

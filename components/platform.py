@@ -21,37 +21,15 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from components import catalog, cost, subnets, team_state
-from components.bootstrap import granted_in_host_project
-from components.budget_hold import (
-    BudgetHold,
-    budget_hold,
-    janitor_held,
-    read_janitor_markers,
-    read_markers,
-    settings_digest,
-)
+from components.budget_hold import read_janitor_markers, read_markers
 from components.budget_stop import APIS as BUDGET_STOP_APIS
 from components.budget_stop import BudgetStop, BudgetStopArgs
-from components.candidates import one_quota_warning
-from components.ci import (
-    CI_APIS,
-    DEPLOYER_ACCOUNT_ROLE,
-    DEPLOYER_ACCOUNT_ROLES,
-    CiArgs,
-    CiIdentity,
-    DeployerScope,
-)
+from components.ci import CI_APIS, CiArgs, CiIdentity, DeployerScope
 from components.identity import IdentityArgs, RuntimeIdentity
-from components.locality import cross_region_warning
-from components.naming import label_value
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
-from components.progress_deadline import progress_deadline_warning
 from components.project import APIS, BUDGETS_API, Project, ProjectArgs
 from components.project import stack_warnings as project_stack_warnings
-from components.settings import BillingSettings, NodeSettings, StackSettings
-from components.stop_save import stop_save_warning
 from components.storage import BucketsArgs, TrainingBuckets
 from components.team_stack import PlatformReference
 from components.teams import (
@@ -67,6 +45,16 @@ from components.teams import (
     budgets_provider,
 )
 from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
+from model import catalog, cost, subnets, team_state
+from model.bootstrap import granted_in_host_project
+from model.budget_hold import BudgetHold, budget_hold, janitor_held, settings_digest
+from model.candidates import one_quota_warning
+from model.locality import cross_region_warning
+from model.naming import label_value
+from model.progress_deadline import progress_deadline_warning
+from model.roles import DEPLOYER_ACCOUNT_ROLE, DEPLOYER_ACCOUNT_ROLES
+from model.settings import BillingSettings, NodeSettings, StackSettings
+from model.stop_save import stop_save_warning
 from tpu_training.config import JobConfig
 
 TYPE = "tpu-stack:index:TpuPlatform"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from components.settings import ProjectSettings, StackSettings
+from model.settings import ProjectSettings, StackSettings
 
 TYPE = "tpu-stack:index:Project"
 

@@ -14,7 +14,6 @@ credentials, for tests.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from datetime import timedelta
 from typing import Any
@@ -22,9 +21,8 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dyn
 
-from components import gcp_credentials
-
-ENDPOINT_ENV = "TPU_STACK_TPU_ENDPOINT"
+from cloud import gcp_credentials
+from cloud.tpu import tpu_client, transient_retry
 
 # Node fields the API updates in place; any other change replaces the node
 # (magic-modules mmv1/products/tpuv2/Vm.yaml, docs/tpu-facts.md). data_disks is not an input here.
@@ -36,41 +34,6 @@ MAPS = ("metadata", "labels")
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 # AcceleratorConfig.Type names in google-cloud-tpu 1.27 (docs/tpu-facts.md).
 CONFIG_TYPES = ("V2", "V3", "V4", "V5LITE_POD", "V5P", "V6E")
-
-
-def tpu_client(auth: gcp_credentials.GcpAuth | None = None, credentials: Any = None) -> Any:
-    """A TpuClient with the gcp provider's credentials (components/gcp_credentials.py):
-    `credentials` already built, else `auth`'s (tpuctl resolves them from the stack
-    file), else this plugin process's stack's; or anonymous REST against
-    `$TPU_STACK_TPU_ENDPOINT`."""
-    from google.cloud import tpu_v2
-
-    endpoint = os.environ.get(ENDPOINT_ENV)
-    if not endpoint:
-        if credentials is None:
-            credentials = (gcp_credentials.build(auth) if auth is not None
-                           else gcp_credentials.stack_credentials())
-        return tpu_v2.TpuClient(credentials=credentials)
-    from google.auth.credentials import AnonymousCredentials
-
-    return tpu_v2.TpuClient(
-        credentials=AnonymousCredentials(),
-        transport="rest",
-        client_options={"api_endpoint": endpoint},
-    )
-
-
-def transient_retry(deadline: float = 60.0) -> Any:
-    """Retries for 503/429/500 and dropped connections: the TPU v2 client sets none itself."""
-    from google.api_core import exceptions as gexc
-    from google.api_core import retry as gretry
-
-    predicate = gretry.if_exception_type(
-        gexc.ServiceUnavailable, gexc.TooManyRequests, gexc.InternalServerError, ConnectionError
-    )
-    return gretry.Retry(
-        predicate=predicate, initial=0.1, maximum=5.0, multiplier=2.0, timeout=deadline
-    )
 
 
 class QueuedTpuError(RuntimeError):

@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 from pulumi.runtime import config as runtime_config
 
-from components.archive import REPO_ROOT
-from components.settings import NAMESPACE, StackSettings, load_settings
+from model.archive import REPO_ROOT
+from model.settings import NAMESPACE, StackSettings, load_settings
 
 # A declaration's attributes: pulumi/pulumi sdk/go/common/workspace/project.json,
 # $defs.configTypeDeclaration (additionalProperties: false).

@@ -7,12 +7,11 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from components.naming import Naming
-from components.settings import StorageSettings
+from model.naming import PURPOSES, Naming
+from model.settings import StorageSettings
 
 TYPE = "tpu-stack:index:TrainingBuckets"
 
-PURPOSES = ("data", "artifacts", "checkpoints", "logs")
 # docs/design.md: prod data is never lost by a command. Data and checkpoints are
 # what a team cannot rebuild from the repository.
 PRECIOUS = ("data", "checkpoints")

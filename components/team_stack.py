@@ -17,8 +17,8 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from components import catalog, team_state
-from components.settings import (
+from model import catalog, team_state
+from model.settings import (
     COST_CENTRE,
     NAMESPACE,
     TEAMS_KEY,

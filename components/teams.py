@@ -22,22 +22,28 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from components import team_state
 from components.ci import CI_APIS, CiArgs, CiIdentity
 from components.identity import (
     ACT_AS_ROLE,
     BUCKET_METADATA_ROLE,
     BUCKET_ROLES,
-    PROJECT_ROLES,
     IdentityArgs,
     RuntimeIdentity,
 )
-from components.naming import Naming, fit
 from components.network import peer_firewall
 from components.project import APIS, TPU_API
-from components.settings import CiSettings, StorageSettings, TeamQuota
 from components.storage import BucketsArgs, TrainingBuckets
-from components.team_quota import SKIPPED_SAFETY_CHECK, quota_caps, unconfirmed_id_warning
+from model import team_state
+from model.naming import Naming, fit
+from model.roles import (
+    MEMBER_PROJECT_ROLES,
+    NETWORK_USER_ROLE,
+    PROJECT_ROLES,
+    TPU_AGENT_DOMAIN,
+    TPU_XPN_AGENT_ROLE,
+)
+from model.settings import CiSettings, StorageSettings, TeamQuota
+from model.team_quota import SKIPPED_SAFETY_CHECK, quota_caps, unconfirmed_id_warning
 
 SPACE_TYPE = "tpu-stack:index:TeamSpace"
 PROJECT_TYPE = "tpu-stack:index:TeamProject"
@@ -46,22 +52,7 @@ PROJECT_TYPE = "tpu-stack:index:TeamProject"
 OWN_PURPOSES = ("checkpoints", "logs")
 # A team stack also ships its own training package, so it owns a code bucket.
 TEAM_STACK_PURPOSES = ("artifacts", "checkpoints", "logs")
-# Project roles of a team's members: see the project's TPU nodes (node names,
-# state, health). Logs are the team's logs bucket (RuntimeIdentity grants it):
-# roles/logging.viewer would show every team's logs.
-MEMBER_PROJECT_ROLES = ("roles/tpu.viewer",)
-# Shared VPC (cloud.google.com/vpc/docs/shared-vpc): a service project's
-# principals use the host's subnets through roles/compute.networkUser, granted
-# here per subnet, not on the host project. The Cloud TPU service agent of the
-# service project (service-<number>@gcp-sa-tpu.iam.gserviceaccount.com,
-# cloud.google.com/iam/docs/service-agents, "TPU Service Agent (v2)") needs it to
-# place a node in a host subnet, and roles/tpu.xpnAgent on the host project
-# (terraform-google-modules/terraform-google-project-factory
-# modules/shared_vpc_access/main.tf, "Required for Cloud TPU API").
-NETWORK_USER_ROLE = "roles/compute.networkUser"
-TPU_XPN_AGENT_ROLE = "roles/tpu.xpnAgent"
-TPU_AGENT_DOMAIN = "gcp-sa-tpu.iam.gserviceaccount.com"
-# On a shared gs:// backend (components/team_state.py): a team's deployer writes
+# On a shared gs:// backend (model/team_state.py): a team's deployer writes
 # its own stack's objects and reads the platform's; legacyBucketReader lists.
 STATE_WRITE_ROLE = "roles/storage.objectUser"
 STATE_READ_ROLE = "roles/storage.objectViewer"
@@ -389,7 +380,7 @@ class TeamProject(pulumi.ComponentResource):
         for cap in self.quota_caps:
             if cap.quota_id is None:
                 pulumi.log.warn(f"team {args.team}: no Cloud Quotas id is known for {cap.family} "
-                                f"{cap.quota_type} chips (components/catalog.py); its quota in "
+                                f"{cap.quota_type} chips (model/catalog.py); its quota in "
                                 f"{cap.region} is checked at preview only", resource=self)
                 continue
             gcp.cloudquota.SQuotaPreference(

@@ -9,10 +9,10 @@ import pulumi
 import pulumi_gcp as gcp
 
 import node_agent as agent
-from components import catalog
 from components.fallback_tpu import FallbackTpu, candidate_props
 from components.queued_tpu import QueuedTpu
-from components.settings import NodeSettings, QueueSettings
+from model import catalog
+from model.settings import NodeSettings, QueueSettings
 from node_agent import desired
 from tpu_training.config import JobConfig
 

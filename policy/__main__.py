@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-# The engine runs this file from policy/; the policies read components/catalog.py.
+# The engine runs this file from policy/; the policies read model/catalog.py.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pulumi_policy import PolicyPack

@@ -40,7 +40,8 @@ EXTRA_ROLES = ("roles/owner", "roles/editor", "roles/storage.admin", "roles/clou
 
 def granted_roles() -> list[str]:
     """The predefined roles the components grant, from their own constants."""
-    from components import bootstrap, ci, identity, teams
+    from components import ci, identity, teams
+    from model import bootstrap
 
     roles: set[str] = {*identity.PROJECT_ROLES, *identity.BUCKET_ROLES.values(),
                        identity.BUCKET_METADATA_ROLE, identity.ACT_AS_ROLE,

@@ -4,7 +4,7 @@ proof")?
 
 Pure: it reads plan resources (type, inputs, outputs, as ops/plan records them) and an
 `IamModel` (policy/iam.py) of every allow binding the deployer holds: the plan's own
-grants and the ones made outside it (the bootstrap's, components/bootstrap.py). For each
+grants and the ones made outside it (the bootstrap's, model/bootstrap.py). For each
 resource type the plan uses, `TABLE` names the permissions each operation needs and
 where IAM checks them, each row citing its API method's reference. Beside the table:
 - a resource that runs as an account needs `iam.serviceAccounts.actAs` on it

@@ -28,9 +28,9 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from components import catalog
-from components.settings import DEFAULT_TEAM, ENVIRONMENTS, environment_of
 from components.stack_config import program_config
+from model import catalog
+from model.settings import DEFAULT_TEAM, ENVIRONMENTS, environment_of
 from node_agent.contract import IDLE_STOP_KEY, MAX_RUNTIME_KEY
 from policy.iam import binding_target
 
@@ -91,7 +91,7 @@ _STACK_CONFIG: ContextVar[Mapping[str, Any] | None] = ContextVar("stack_config",
 
 
 def stack_environment() -> str:
-    """dev or prod, by the rule settings use (components/settings.py,
+    """dev or prod, by the rule settings use (model/settings.py,
     environment_of: `tpu-stack:environment`, never the stack's name). The engine
     hands a policy pack the stack's config in PULUMI_CONFIG (pulumi/pulumi
     pkg/resource/plugin/analyzer_plugin.go, constructEnv; since pulumi 1.8.0,
@@ -312,7 +312,7 @@ def _tpu_service_account(args: ResourceValidationArgs, node: Mapping[str, Any],
 def _team_node_limits(args: ResourceValidationArgs, node: Mapping[str, Any],
                       report: ReportViolation) -> None:
     """A team's node (in its team's project, `<platform project>-<team>`,
-    components/naming.py team_project; one whose id was shortened with a hash is not
+    model/naming.py team_project; one whose id was shortened with a hash is not
     recognised) with neither run-time limit bills until someone deletes it (docs/design.md,
     "Run-time limits, idle stops and stop requests")."""
     team = (node.get("labels") or {}).get("team")

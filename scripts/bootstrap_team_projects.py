@@ -4,7 +4,7 @@ gcloud commands an admin runs, once per new team, before `pulumi up -s platform`
 It makes each team's project in the folder and links it to billing (so the
 platform's deployer needs neither projectCreator nor billing.user and owns no
 project), enforces the folder's org policies, and grants the platform's deployer
-its roles (components/bootstrap.py: the folder, the host project, where the host
+its roles (model/bootstrap.py: the folder, the host project, where the host
 project lives, the billing account). It prints the commands; review them, then run
 them as an admin (`... | sh -e`):
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.bootstrap import (
+from model.bootstrap import (
     PROJECT_IAM_ADMIN,
     Grant,
     deployer_grants,
@@ -31,8 +31,8 @@ from components.bootstrap import (
     host_condition,
     quota_contact_grant,
 )
-from components.ci import DOMAIN_POLICY, ENFORCED_POLICIES
-from components.settings import StackSettings
+from model.roles import DOMAIN_POLICY, ENFORCED_POLICIES
+from model.settings import StackSettings
 
 # `gcloud <group> add-iam-policy-binding <id>` by the kind of resource a grant is on.
 _GRANT_COMMANDS = {"folders": ["resource-manager", "folders"], "projects": ["projects"],

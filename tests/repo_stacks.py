@@ -11,8 +11,8 @@ import subprocess
 import warnings
 from pathlib import Path
 
-from components.archive import REPO_ROOT
 from components.stack_config import stack_names
+from model.archive import REPO_ROOT
 
 # Outside a git checkout (an unpacked archive): the stacks the repository ships.
 # test_stack_files_are_the_tracked_ones keeps this equal to `git ls-files`.

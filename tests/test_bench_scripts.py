@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from components.archive import REPO_ROOT
+from model.archive import REPO_ROOT
 
 OWN_PACKAGES = ("components", "node_agent", "ops", "policy")  # importable here (no TF)
 

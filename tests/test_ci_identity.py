@@ -14,19 +14,12 @@ import yaml
 from pulumi.runtime import mocks
 from pulumi.runtime.stack import wait_for_rpcs
 
-from components.archive import REPO_ROOT
-from components.ci import (
-    DEPLOYER_ROLES,
-    GITHUB_ISSUER,
-    PREVIEW_ROLES,
-    TEAM_DEPLOYER_ROLES,
-    CiArgs,
-    CiIdentity,
-    DeployerScope,
-)
-from components.naming import Naming
-from components.settings import CiSettings
+from components.ci import GITHUB_ISSUER, CiArgs, CiIdentity, DeployerScope
 from components.stack_config import file_config
+from model.archive import REPO_ROOT
+from model.naming import Naming
+from model.roles import DEPLOYER_ROLES, PREVIEW_ROLES, TEAM_DEPLOYER_ROLES
+from model.settings import CiSettings
 from ops.plan.mock_engine import run_program
 from policy.cel import CelError
 from policy.cel import evaluate as cel

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import re
 
-from components.archive import REPO_ROOT
+from model.archive import REPO_ROOT
 from tpu_training.config import MODEL_NAMES
 
 GUIDE = (REPO_ROOT / "docs" / "adding-a-model.md").read_text()

@@ -1,6 +1,6 @@
 """The queued-TPU provider authenticates like the gcp provider (issue 19 item 5):
 each source gives the client the credentials terraform-provider-google would use,
-in its order (components/gcp_credentials.py). Only credential objects are
+in its order (cloud/gcp_credentials.py). Only credential objects are
 inspected: nothing here talks to Google."""
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from google.oauth2 import service_account
 from pulumi.dynamic import ConfigureRequest
 from pulumi.dynamic.config import Config
 
-from components import gcp_credentials
-from components.gcp_credentials import GcpAuth, GcpCredentialsError, build, resolve
-from components.queued_tpu import ENDPOINT_ENV, QueuedTpuProvider, tpu_client
+from cloud import gcp_credentials
+from cloud.gcp_credentials import GcpAuth, GcpCredentialsError, build, resolve
+from cloud.tpu import ENDPOINT_ENV, tpu_client
+from components.queued_tpu import QueuedTpuProvider
 
 DEPLOYER = "prod-deployer@acme-ml-prod.iam.gserviceaccount.com"
 OTHER = "someone@acme-ml-prod.iam.gserviceaccount.com"

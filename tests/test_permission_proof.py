@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from components import bootstrap
-from components.settings import SettingsError, load_settings
 from components.stack_config import file_config, settings_for
+from model import bootstrap
+from model.settings import SettingsError, load_settings
 from ops.plan.mock_engine import ProgramRun, run_program
 from ops.plan.proof import plan_proof
 from policy.iam import IamModel
@@ -178,7 +178,7 @@ def test_finding_5_the_quota_contact_needs_quota_update_rights(platform_run,
 def test_unconfirmed_quota_ids_are_marked_in_the_catalog_the_caps_and_the_preview(
         platform_run) -> None:
     """Finding 6: ids named by analogy are marked, and the preview says so per team."""
-    from components import catalog
+    from model import catalog
 
     assert catalog.TPU_QUOTA_IDS[("v4", "onDemand")] in catalog.UNCONFIRMED_QUOTA_IDS
     assert catalog.TPU_QUOTA_IDS[("v5e", "onDemand")] not in catalog.UNCONFIRMED_QUOTA_IDS

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from components.archive import REPO_ROOT
-from components.ci import DEPLOYER_ROLES
+from model.archive import REPO_ROOT
+from model.roles import DEPLOYER_ROLES
 
 README = (REPO_ROOT / "README.md").read_text()
 
@@ -81,7 +81,7 @@ def test_a_newcomer_finds_preemption_from_readme_in_one_link() -> None:
 
 
 def test_design_states_the_supported_tensorflow_versions_the_package_carries() -> None:
-    from components import catalog
+    from model import catalog
 
     design = " ".join((REPO_ROOT / "docs/design.md").read_text().split())
     low, high = (".".join(map(str, v)) for v in (catalog.SUPPORTED_TF[0], catalog.SUPPORTED_TF[-1]))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from components.archive import REPO_ROOT
+from model.archive import REPO_ROOT
 
 OUTSIDE = re.compile(r"\.\./shared|\bDESIGN\.md|/work/(main|wt-|helpers)|\.pyenv/versions/\d")
 OWN_PAGE = re.compile(r"(?<![\w/.-])(?P<path>[\w./-]*?)(?P<name>design|tpu-facts)\.md")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from components.archive import REPO_ROOT
+from model.archive import REPO_ROOT
 from tests.repo_stacks import SHIPPED_STACKS, repo_stacks, tracked_stack_names
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from components.archive import REPO_ROOT
+from model.archive import REPO_ROOT
 
 # What runs before a build.
 TOOLS = ("bash", "dirname", "find", "sort", "sha256sum", "cut", "cat", "sed")

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from components import catalog
-from components.ci import DEPLOYER_ROLES
 from components.network import IAP_SOURCE_RANGE
 from components.stack_config import file_config
+from model import catalog
+from model.roles import DEPLOYER_ROLES
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
 from policy.firewall import Endpoint, Rule, admits, rules_of
 from policy.iam import QUEUED_TPU, IamModel, predefined_roles
@@ -477,9 +477,9 @@ PLATFORM_DEPLOYER = "serviceAccount:platform-deployer@acme-ml-shared.iam.gservic
 
 def bootstrap_grants(stack: str = "platform") -> list[dict[str, Any]]:
     """The bootstrap's folder grants to the platform deployer, as plan resources
-    (components/bootstrap.py: outside every plan, so added here)."""
-    from components.bootstrap import deployer_grants
+    (model/bootstrap.py: outside every plan, so added here)."""
     from components.stack_config import settings_for
+    from model.bootstrap import deployer_grants
 
     settings = settings_for(stack)
     email = PLATFORM_DEPLOYER.removeprefix("serviceAccount:")
@@ -559,7 +559,7 @@ def test_every_role_the_stacks_grant_is_named_and_in_the_table(repo_runs, prod) 
 
 def test_settings_name_the_project_each_planned_node_is_in(repo_runs) -> None:
     """What tpuctl needs to find nodes: settings.node_project agrees with the plan."""
-    from components.settings import load_settings
+    from model.settings import load_settings
 
     for stack, run in zip(("platform", "team-vision"), repo_runs, strict=True):
         settings = load_settings(file_config(stack), stack)

@@ -12,9 +12,9 @@ from typing import Any
 import pulumi
 import pytest
 
-from components.settings import NodeSettings, SettingsError, load_settings
 from components.stack_config import file_config
 from components.team_stack import PlatformStackError
+from model.settings import NodeSettings, SettingsError, load_settings
 from ops.plan.mock_engine import GcpMocks, ProgramRun, planned_stack_outputs, run_program
 from tests.infra.stack_fixtures import as_cli, config, job, node
 
@@ -613,14 +613,14 @@ def test_team_projects_are_the_bootstrap_s_not_the_stack_s(repo_stacks) -> None:
 def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> None:
     import importlib.util
 
-    from components.bootstrap import (
+    from components.stack_config import settings_for
+    from model.bootstrap import (
         BUDGETS_ROLE,
         HOST_STORAGE_ROLE,
         XPN_ADMIN,
         budget_stop_host_roles,
     )
-    from components.ci import DEPLOYER_ROLES, PLATFORM_FOLDER_ROLES
-    from components.stack_config import settings_for
+    from model.roles import DEPLOYER_ROLES, PLATFORM_FOLDER_ROLES
 
     spec = importlib.util.spec_from_file_location(
         "bootstrap", Path(__file__).resolve().parents[1] / "scripts" / "bootstrap_team_projects.py")
@@ -682,7 +682,7 @@ def test_a_created_project_s_billing_account_budgets_every_team() -> None:
 # ---- state on a shared gs:// backend ------------------------------------------------
 
 def test_state_conditions_fit_iam_s_limit_and_name_stack_files_exactly() -> None:
-    from components import team_state
+    from model import team_state
 
     condition = team_state.write_condition("b", "team-vision")
     assert condition.count("||") <= team_state.MAX_OPERATORS
@@ -699,7 +699,7 @@ def test_state_conditions_fit_iam_s_limit_and_name_stack_files_exactly() -> None
 ])
 def test_a_legacy_layout_bucket_is_refused_with_the_upgrade_step(meta, has_stacks,
                                                                  refused) -> None:
-    from components.team_state import legacy_problem
+    from model.team_state import legacy_problem
 
     problem = legacy_problem("acme-pulumi-state", meta, has_stacks)
     assert (problem is not None) == refused

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from components.archive import REPO_ROOT
+from model.archive import REPO_ROOT
 
 FAKE_PYTHON = """#!/usr/bin/env bash
 echo "$0 $*" >> "$FAKE_LOG"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from components.ci import BOOTSTRAP_ROLES
+from model.roles import BOOTSTRAP_ROLES
 
 ROOT = Path(__file__).resolve().parents[1]
 

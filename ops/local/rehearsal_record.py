@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from components.archive import REPO_ROOT, sources_digest
+from model.archive import REPO_ROOT, sources_digest
 
 RECORD = "rehearsal.json"
 FAILURE = "failed.txt"  # in the stack's folder: the last rehearsal's error, if it failed

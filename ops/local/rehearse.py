@@ -42,7 +42,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from components.archive import (
+from components.stack_config import StackFileError
+from model.archive import (
     DEFAULT_WHEEL_CACHE,
     REPO_ROOT,
     TRAINING_DIR,
@@ -51,9 +52,8 @@ from components.archive import (
     ensure_wheels,
     read_lock,
 )
-from components.catalog import CatalogError
-from components.settings import SettingsError
-from components.stack_config import StackFileError
+from model.catalog import CatalogError
+from model.settings import SettingsError
 from node_agent.contract import RELEASE_KEY, STARTUP_SCRIPT_KEY, STATUS_KEY
 from ops.local import rehearsal_record
 from ops.local.local_node import IMAGE_PYTHON, WORKER_NUMBER_KEY, LocalNode, publish_release

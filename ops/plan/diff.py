@@ -271,7 +271,7 @@ def _about(usd: float | None, unconfirmed: bool, *, signed: bool = False) -> str
 
 def cost_line(diff: PlanDiff) -> str:
     """Base, head and change, each "unknown" when a node is not priced, "~… (unconfirmed)"
-    when a price is unconfirmed (components/catalog.py)."""
+    when a price is unconfirmed (model/catalog.py)."""
     delta = diff.usd_per_hour_delta
     either = diff.base_unconfirmed or diff.head_unconfirmed
     month = None if delta is None else round(per_month(delta) or 0.0, 2)

@@ -28,7 +28,7 @@ from pulumi.runtime import settings as runtime_settings
 from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import wait_for_rpcs
 
-from components.archive import REPO_ROOT
+from model.archive import REPO_ROOT
 
 PROJECT = "tpu-stack"
 STACK_TYPE = "pulumi:pulumi:Stack"
@@ -153,7 +153,7 @@ class GcpMocks(mocks.Mocks):
     def _object_content(self, where: Mapping[str, Any]) -> str | None:
         """A platform's outputs object for a team (team_state.outputs_object), from the
         outputs of the platform stack planned for the StackReference keys."""
-        from components import team_state
+        from model import team_state
 
         parts = str(where.get("name", "")).removeprefix(team_state.OUTPUTS_PREFIX + "/")
         stack, _, team = parts.partition("/")

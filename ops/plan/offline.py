@@ -13,20 +13,12 @@ from typing import Any
 
 import pulumi
 
-from components import (
-    candidates,
-    catalog,
-    locality,
-    meter,
-    progress_deadline,
-    project,
-    stop_save,
-    team_quota,
-)
-from components.archive import PackageError
-from components.cost import RATES, StackCost, StepCost, settings_cost
-from components.settings import StackSettings, load_settings
+from components import project
 from components.stack_config import file_config
+from model import candidates, catalog, locality, meter, progress_deadline, stop_save, team_quota
+from model.archive import PackageError
+from model.cost import RATES, StackCost, StepCost, settings_cost
+from model.settings import StackSettings, load_settings
 from ops.plan.mock_engine import (
     GcpMocks,
     ProgramRun,
@@ -79,7 +71,7 @@ class Plan:
             "outputs": self.run.outputs,
             "cost": cost_json(self.cost),
             # Per team: burn rate by the meter, the budget, what a budget stop deletes,
-            # each node's run-time limits (components/meter.py).
+            # each node's run-time limits (model/meter.py).
             "spend": self._spend_json(),
             # What the program warns on its nodes at preview and up, the same text.
             "warnings": [*stop_save.stack_warnings(self.settings),
@@ -163,7 +155,7 @@ def significant(value: float | None, digits: int = 4) -> float | None:
 
 def step_json(step: StepCost) -> dict[str, Any]:
     """One training step of the node's job: FLOPs-bound seconds at the assumed
-    utilisation (components/stop_save.py) and its cost at the node's rate."""
+    utilisation (model/stop_save.py) and its cost at the node's rate."""
     return {"job": step.job, "model": step.model, "globalBatchSize": step.global_batch_size,
             "flopsPerExample": step.flops_per_example,
             "peakFlopsPerSecond": step.peak_flops_per_second,

@@ -6,7 +6,7 @@ Who applies what:
   deployer's own identity (the `ci` CiIdentity: pool, provider, accounts, custom role and
   their grants) is an admin's first `up` (components/ci.py, BOOTSTRAP_ROLES), not proved;
 - a platform stack (`tpu-stack:teams`): its deployer (`teamProjects.deployer`, else the
-  CI deployer), with the bootstrap's grants (components/bootstrap.py) and the plan's; the
+  CI deployer), with the bootstrap's grants (model/bootstrap.py) and the plan's; the
   teams' projects are in `teamProjects.folderId`, made there by the bootstrap;
 - a team stack: the team's deployer the platform declares, with the platform plan's
   grants (this repo's Pulumi.<platform>.yaml, planned offline) and the team plan's;
@@ -18,13 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.bootstrap import (
+from model.bootstrap import (
     UNKNOWN_HOST_PARENT,
     Grant,
     deployer_grants,
     quota_contact_grant,
 )
-from components.settings import StackSettings
+from model.settings import StackSettings
 from ops.plan.mock_engine import ProgramRun, planned_stack_run
 from policy.iam import Binding, IamModel
 from policy.permissions import Applier, Finding, prove

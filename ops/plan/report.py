@@ -15,8 +15,8 @@ from typing import Any
 
 import pulumi
 
-from components import catalog
-from components.catalog import HOURS_PER_MONTH
+from model import catalog
+from model.catalog import HOURS_PER_MONTH
 from policy.evaluate import Violation
 from policy.tpu_policies import V2VM, tpu_view
 
@@ -216,7 +216,7 @@ def node_rows(plan: Mapping[str, Any]) -> list[list[str]]:
 
 def node_prices(cost: Mapping[str, Any]) -> tuple[str, str]:
     """USD/hour and USD/month cells: `~$… (unconfirmed)` for a price the catalog marks
-    unconfirmed, `… via reservation` for a reserved node (components/cost.py)."""
+    unconfirmed, `… via reservation` for a reserved node (model/cost.py)."""
     hourly = cost.get("usdPerHour")
     cells = [money(hourly), money(per_month(hourly))]
     if hourly is not None and cost.get("priceConfirmed") is False:
@@ -266,7 +266,7 @@ def step_money(usd: float | None) -> str:
 
 def step_rows(plan: Mapping[str, Any]) -> list[list[str]]:
     """One row per node whose job the plan knows: a training step's estimated seconds
-    and cost at the node's rate (components/cost.py StepCost), `~` where unconfirmed."""
+    and cost at the node's rate (model/cost.py StepCost), `~` where unconfirmed."""
     rows = []
     for node in plan.get("cost", {}).get("nodes", []):
         step = node.get("step")
@@ -305,7 +305,7 @@ def step_line(cost: Mapping[str, Any]) -> str | None:
     utilisation = steps[0]["assumedUtilization"]
     return (f"- a training step: the job's FLOPs per example x globalBatchSize over the "
             f"slice's peak bf16 FLOPs at an assumed {utilisation:.0%} utilisation "
-            f"(unconfirmed; the stop budget's estimate, components/stop_save.py), at the "
+            f"(unconfirmed; the stop budget's estimate, model/stop_save.py), at the "
             f"node's hourly price; a lower bound where input or per-step overhead dominates")
 
 
@@ -332,7 +332,7 @@ def cost_summary(plan: Mapping[str, Any]) -> str:
         lines.append(f"- priced from an unconfirmed list price (~): "
                      f"{', '.join(cost['unconfirmed'])}")
     if cost.get("unpriced"):
-        lines.append(f"- not priced (no list price in components/catalog.py): "
+        lines.append(f"- not priced (no list price in model/catalog.py): "
                      f"{', '.join(cost['unpriced'])}")
     sources = sorted({n["priceSource"] for n in cost.get("nodes", []) if n.get("priceSource")})
     if sources:
@@ -342,7 +342,7 @@ def cost_summary(plan: Mapping[str, Any]) -> str:
 
 def spend_section(plan: Mapping[str, Any]) -> str | None:
     """Per team: the burn rate, how long the budget lasts at it, what a budget stop
-    deletes, and each node's run-time limits (the plan's `spend`, components/meter.py)."""
+    deletes, and each node's run-time limits (the plan's `spend`, model/meter.py)."""
     teams = plan.get("spend") or {}
     if not teams:
         return None
@@ -374,7 +374,7 @@ RATE_NAMES = {"onDemand": "on-demand", "spot": "spot", "oneYear": "1-year commit
 
 
 def rates_line(cost: Mapping[str, Any]) -> str | None:
-    """The stack's nodes at every rate side by side (components/cost.py RATES), `~` where a
+    """The stack's nodes at every rate side by side (model/cost.py RATES), `~` where a
     price is unconfirmed; None for a plan without them."""
     by_rate = cost.get("byRate")
     if not by_rate:
@@ -415,7 +415,7 @@ CANDIDATE_HEADERS = ("node", "#", "zone", "type", "provisioning", "USD/h", "USD/
 
 
 def candidate_tables(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
-    """Each node with fallback: its candidates in order (components/candidates.py)."""
+    """Each node with fallback: its candidates in order (model/candidates.py)."""
     rows = [[name if row["position"] == 1 else "", str(row["position"]), row["zone"],
              row["acceleratorType"], row["provisioning"], money(row["usdPerHour"]),
              step_money(row["usdPer1000Steps"]), row["quotaHeadroom"],

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from google.api_core import exceptions as gexc
 
-from components import capacity, catalog
-from components.budget_hold import janitor_marker
+from model import capacity, catalog
+from model.budget_hold import janitor_marker
 from node_agent.contract import MAX_RUNTIME_KEY
 from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi
 from ops.tpu.target import ExpectedNode, StackTarget

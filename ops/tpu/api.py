@@ -28,9 +28,9 @@ from google.cloud import tpu_v2
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from components import gcp_credentials
-from components.naming import MANAGED_BY, label_value
-from components.queued_tpu import ENDPOINT_ENV, tpu_client, transient_retry
+from cloud import gcp_credentials
+from cloud.tpu import ENDPOINT_ENV, tpu_client, transient_retry
+from model.naming import MANAGED_BY, label_value
 
 STATUS_NAMESPACE = "tpu-stack"  # docs/design.md: the agent's guest attributes live under tpu-stack/
 # Nodes whose guest attributes can be read (a stopped or preempted VM publishes none).
@@ -194,7 +194,7 @@ def _type_of(node: Any) -> str:
 
 def _chips(node: Any) -> int:
     """Chips a node asks for (catalog: a type's chips, or a topology's product)."""
-    from components import catalog
+    from model import catalog
 
     if node.accelerator_type:
         try:
@@ -549,7 +549,7 @@ class TpuApi:
 
 
 def belongs_to(labels: Any, stack: str) -> bool:
-    """Carries the labels components/naming.py gives every resource of `stack`."""
+    """Carries the labels model/naming.py gives every resource of `stack`."""
     return labels.get("stack") == label_value(stack) and labels.get("managed-by") == MANAGED_BY
 
 

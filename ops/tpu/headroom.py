@@ -8,7 +8,7 @@ nodes in the candidate's region that this stack does not own, per family and quo
 type as GCP counts them (docs/tpu-facts.md: quota is per family and region,
 on-demand and preemptible apart; a spot or preemptible node draws on preemptible,
 the rest on on-demand). The stack's own nodes are left out there because the plan
-counts them itself (components/candidates.py live_headroom). A region's zones are
+counts them itself (model/candidates.py live_headroom). A region's zones are
 the ones the catalog lists for the candidate's family; a node in a zone the catalog
 does not list is not seen (unconfirmed that none exists).
 """
@@ -22,9 +22,9 @@ from typing import Any
 
 from google.cloud import tpu_v2, tpu_v2alpha1
 
-from components import candidates, catalog
-from components.queued_tpu import ENDPOINT_ENV
-from components.settings import NodeSettings, StackSettings
+from cloud.tpu import ENDPOINT_ENV
+from model import candidates, catalog
+from model.settings import NodeSettings, StackSettings
 from ops.tpu.api import (
     NoCredentialsError,
     TpuApi,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from components import gcp_credentials
+from cloud import gcp_credentials
 from node_agent.contract import STATUS_KEY
 from ops.tpu.api import STATUS_KEYS, NodeStatus
 

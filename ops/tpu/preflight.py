@@ -1,6 +1,6 @@
 """`tpuctl preflight`: can every node of the stack be created where the stack says?
 
-Three sources, each reported on its own: the catalog (components/catalog.py, the
+Three sources, each reported on its own: the catalog (model/catalog.py, the
 only place tpuctl takes TPU facts from), the live TPU API of each zone (the
 accelerator types and runtime versions it offers), and the TPU quota of each
 project the nodes live in (a team's nodes: the team's project, docs/teams.md).
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from components import catalog
+from model import catalog
 from ops.tpu.api import NoCredentialsError, TpuApi, Unread
 from ops.tpu.target import ExpectedNode, StackTarget
 

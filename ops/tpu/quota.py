@@ -1,6 +1,6 @@
 """TPU quota as Cloud Quotas reports it, for `tpuctl preflight`: the limit each
 node draws on, and what each cap a platform stack sets in a team's project
-(components/team_quota.py) will do to the limit there now.
+(model/team_quota.py) will do to the limit there now.
 
 The Cloud Quotas API v1 (cloud.google.com/docs/quotas/reference/rest/v1/
 projects.locations.services.quotaInfos/get): `GET .../projects/<p>/locations/
@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from components import catalog, gcp_credentials
-from components.settings import StackSettings
-from components.team_quota import SKIPPED_SAFETY_CHECK, QuotaCap, stack_caps
+from cloud import gcp_credentials
+from model import catalog
+from model.settings import StackSettings
+from model.team_quota import SKIPPED_SAFETY_CHECK, QuotaCap, stack_caps
 from ops.tpu.api import TpuApi
 from ops.tpu.preflight import Check, PreflightReport, preflight
 from ops.tpu.state_layout import STORAGE_API, layout_check
@@ -160,7 +161,7 @@ def cap_checks(caps: Mapping[str, Iterable[QuotaCap]], reader: QuotaReader) -> l
                 current = limit_in(reader.limits(project, cap.quota_id), cap.region)
             except UnknownQuotaError as error:
                 checks.append(Check(subject, what, "fail", f"{cap.quota_id}: {error}; the "
-                                    "cap's `pulumi up` would fail (components/catalog.py)"))
+                                    "cap's `pulumi up` would fail (model/catalog.py)"))
                 continue
             except QuotaReadError as error:
                 checks.append(Check(subject, what, "not checked", str(error)))

@@ -1,5 +1,5 @@
 """`tpuctl preflight`'s look at a platform's shared gs:// backend (docs/teams.md, "State"):
-is the bucket on the project layout the teams' conditions name (components/team_state.py)?
+is the bucket on the project layout the teams' conditions name (model/team_state.py)?
 
 Two reads through the Cloud Storage JSON API (cloud.google.com/storage/docs/json_api/v1):
 `objects.get` of `.pulumi/meta.yaml` with `alt=media`, and one `objects.list` of
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import quote
 
-from components.team_state import legacy_problem
+from model.team_state import legacy_problem
 from ops.tpu.preflight import Check
 
 STORAGE_API = "https://storage.googleapis.com/storage/v1"

@@ -19,11 +19,11 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from components import catalog, meter
-from components.archive import REPO_ROOT
-from components.budget_stop import price_table
-from components.naming import label_value
 from functions.budget_stop import spend
+from model import catalog, meter
+from model.archive import REPO_ROOT
+from model.meter import price_table
+from model.naming import label_value
 from node_agent.common import parse_utc
 from ops.local import rehearsal_record as record
 from ops.tpu import logs as agent_logs
@@ -256,9 +256,9 @@ def candidate_lines(target: StackTarget, queued: Sequence[QueuedStatus],
                     now: float) -> list[str]:
     """A line per node with fallback whose request the API listed: the candidate it is
     on (`2/4 us-east5-b spot`), the request's state and for how long, the last
-    failure's class (components/capacity.py) and the time left before the next
+    failure's class (model/capacity.py) and the time left before the next
     candidate (its maxWait; `tpuctl recover --apply` moves it)."""
-    from components import capacity
+    from model import capacity
 
     lines = []
     for node in target.nodes:
@@ -606,7 +606,7 @@ def _chips_text(summary: TeamSummary) -> str:
 
 def spend_of(target: StackTarget, team: str, nodes: Sequence[NodeStatus],
              now: datetime) -> meter.TeamSpend:
-    """The team's spend this budget month by the meter (components/meter.py)."""
+    """The team's spend this budget month by the meter (model/meter.py)."""
     counted = [meter.metered(n.name, n.accelerator_type, n.spot, n.state, n.created)
                for n in nodes]
     return meter.team_spend(team, [m for m in counted if m is not None],

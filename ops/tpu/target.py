@@ -15,11 +15,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from components import catalog, gcp_credentials
-from components.archive import REPO_ROOT
-from components.budget_hold import settings_digest
-from components.settings import SettingsError, StackSettings
+from cloud import gcp_credentials
 from components.stack_config import StackFileError, settings_for, stack_file_config
+from model import catalog
+from model.archive import REPO_ROOT
+from model.budget_hold import settings_digest
+from model.settings import SettingsError, StackSettings
 
 # The stack file's gcp: keys that choose the gcp provider's credentials.
 GCP_AUTH_KEYS = (*gcp_credentials.CONFIG_KEYS.values(), *gcp_credentials.UNSUPPORTED_KEYS)
@@ -155,7 +156,7 @@ def target_for(settings: StackSettings, platform: StackSettings | None = None) -
             spot=node.spot,
             queued=node.provisioning == "queued" or bool(node.fallback),
             project=settings.node_project(team),
-            team=team or settings.team,  # the label components/naming.py gives it
+            team=team or settings.team,  # the label model/naming.py gives it
             capacity=node.capacity,
             candidates=candidate_places(settings, node),
             max_wait_seconds=node.max_wait_seconds if node.fallback else 0,

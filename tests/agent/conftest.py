@@ -1,7 +1,7 @@
 """Fixtures for the node agent's end-to-end tests: everything on loopback.
 
 A real gcp-storage-emulator process, the loopback metadata server, the package
-archive components/archive.py builds, and `.venv/image/bin/python` (TensorFlow
+archive model/archive.py builds, and `.venv/image/bin/python` (TensorFlow
 only) standing in for the TPU image's Python.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from components.archive import TRAINING_DIR, Archive, build_archive, pack
+from model.archive import TRAINING_DIR, Archive, build_archive, pack
 from node_agent.supervise import Loop
 from ops.local.local_node import IMAGE_PYTHON, LocalNode, node_attributes, publish_release
 from ops.local.metadata_server import MetadataServer

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from components.archive import Archive, build_archive
+from model.archive import Archive, build_archive
 from node_agent import build
 from ops.local.local_node import IMAGE_PYTHON
 from ops.local.storage_emulator import StorageEmulator

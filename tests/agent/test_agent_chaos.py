@@ -19,7 +19,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from components.archive import Archive, build_archive, pack
+from model.archive import Archive, build_archive, pack
 from node_agent import build, handover
 from node_agent.contract import STARTUP_SCRIPT_KEY
 from ops.local.local_node import IMAGE_PYTHON

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from components.archive import Archive
+from model.archive import Archive
 from node_agent import build
 from node_agent.common import parse_utc
 from node_agent.desired import current_release

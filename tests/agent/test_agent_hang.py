@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from components.archive import Archive
+from model.archive import Archive
 from tests.agent.conftest import Node, job_config, preinstall, stop
 
 DEADLINE = 10.0  # the job's progressDeadlineSeconds (the schema's least)

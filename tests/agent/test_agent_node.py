@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from components import catalog
-from components.archive import Archive
+from model import catalog
+from model.archive import Archive
 from node_agent.contract import NETWORK_ENDPOINTS_KEY, NODE_KEY, RUNTIME_KEY
 from node_agent.environment import PJRT_KEYS
 from ops.local.storage_emulator import StorageEmulator

@@ -197,7 +197,7 @@ def test_a_pod_rehearsal_runs_a_hot_update_a_failed_worker_and_a_notice_to_all(
     import re
     import signal
 
-    from components.archive import build_archive
+    from model.archive import build_archive
     from ops.local import rehearse
     from ops.local.local_node import node_attributes, publish_release
     from tests.agent.conftest import BUCKET, job_config, training_copy, upload_package

@@ -101,7 +101,7 @@ class _Fault:
     details: list[dict[str, Any]] = field(default_factory=list)
 
 
-# Failures as the real API answers them (components/capacity.py, docs/tpu-facts.md "When
+# Failures as the real API answers them (model/capacity.py, docs/tpu-facts.md "When
 # a create fails"): the capacity message of a failed create operation (code 8), the
 # message of a 429 quota refusal, and a reservation that cannot take the node (code 9).
 CAPACITY_MESSAGE = ('There is no more capacity in the zone "{zone}"; you can try in another '

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from components import catalog
-from components.budget_stop import ENTRY_POINT, function_source, price_table
+from components.budget_stop import ENTRY_POINT, function_source
 from functions.budget_stop import spend
+from model import catalog
+from model.meter import price_table
 from ops.local.storage_emulator import StorageEmulator
 from tests.fakes.gcs_preconditions import CreateOnlyProxy
 from tests.fakes.tpu_api import FakeTpuApi, running

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from components import archive as archive_module
-from components.archive import (
+from model import archive as archive_module
+from model.archive import (
     TRAINING_DIR,
     PackageError,
     PinnedWheel,

@@ -9,11 +9,11 @@ import shutil
 
 import pytest
 
-from components import catalog
-from components.archive import REPO_ROOT
-from components.settings import SettingsError, load_settings
 from components.stack_config import file_config, load_yaml
-from components.stop_save import step_seconds
+from model import catalog
+from model.archive import REPO_ROOT
+from model.settings import SettingsError, load_settings
+from model.stop_save import step_seconds
 from tests.infra.stack_fixtures import as_cli, config, job, node
 from tpu_training.config import JobConfig, train_device_bytes
 

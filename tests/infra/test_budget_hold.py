@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from components.budget_hold import budget_hold
+from model.budget_hold import budget_hold
 from ops.plan.mock_engine import GcpMocks, ProgramRun, run_program
 from tests.infra.stack_fixtures import as_cli
 from tests.infra.test_budget_stop_plan import stack
@@ -70,8 +70,8 @@ def test_lift_budget_hold_names_a_month() -> None:
 
 
 def test_a_node_the_janitor_deleted_stays_out_until_its_settings_change() -> None:
-    from components.budget_hold import janitor_marker
-    from components.settings import load_settings
+    from model.budget_hold import janitor_marker
+    from model.settings import load_settings
     from ops.tpu.target import target_for
 
     config = stack(budgetAction="stop")

@@ -1,13 +1,13 @@
-"""The preview of fallback candidates (components/candidates.py) and its place in the plan."""
+"""The preview of fallback candidates (model/candidates.py) and its place in the plan."""
 
 from __future__ import annotations
 
 import json
 
-from components import catalog, cost
-from components.candidates import candidate_rows, one_quota_warning
-from components.settings import load_settings
 from components.stack_config import file_config
+from model import catalog, cost
+from model.candidates import candidate_rows, one_quota_warning
+from model.settings import load_settings
 from ops.plan.offline import offline_plan
 from ops.plan.report import plain, render
 from tests.infra.stack_fixtures import as_cli, config, node
@@ -78,7 +78,7 @@ def test_the_plan_lists_the_candidates_and_warns() -> None:
 
 
 def test_declared_quota_less_the_plans_other_nodes_is_an_upper_bound_on_headroom() -> None:
-    from components.candidates import declared_headroom, stack_candidates
+    from model.candidates import declared_headroom, stack_candidates
 
     settings = load_settings(as_cli(config(
         # A candidate counts against the quota of its region too (settings: declared).

@@ -1,4 +1,4 @@
-"""The create-failure classifier on the real messages and shapes (components/capacity.py)."""
+"""The create-failure classifier on the real messages and shapes (model/capacity.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from google.api_core import exceptions as gexc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
-from components import capacity
-from components.capacity import ApiError, Placement, QuotaScope, QuotaViolation, Round, classify
+from model import capacity
+from model.capacity import ApiError, Placement, QuotaScope, QuotaViolation, Round, classify
 
 CAPACITY = ('There is no more capacity in the zone "us-central1-b"; you can try in another '
             'zone where Cloud TPU Nodes are offered (see https://cloud.google.com/tpu/docs/regions)')

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from components import catalog
-from components.archive import read_lock
-from components.catalog import CatalogError, Naming, Slice
+from model import catalog
+from model.archive import read_lock
+from model.catalog import CatalogError, Naming, Slice
 
 GENERATIONS = list(catalog.GENERATIONS.values())
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from components import catalog, cost
-from components.settings import SettingsError, load_settings
+from model import catalog, cost
+from model.settings import SettingsError, load_settings
 from ops.plan.offline import cost_json
 from ops.plan.report import cost_summary, node_prices
 from tests.infra.stack_fixtures import as_cli, config, node

@@ -12,15 +12,15 @@ import pulumi
 import pytest
 
 import node_agent as agent
-from components.archive import Archive
 from components.identity import IdentityArgs, RuntimeIdentity
-from components.naming import Naming
 from components.network import Network, NetworkArgs, subnet_ranges
 from components.package import PackageArgs, TrainingPackage
 from components.project import APIS, Project, ProjectArgs
-from components.settings import ProjectSettings, StorageSettings, load_settings
 from components.storage import TrainingBuckets
 from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
+from model.archive import Archive
+from model.naming import Naming
+from model.settings import ProjectSettings, StorageSettings, load_settings
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
 from tests.infra.stack_fixtures import as_cli, config, node
 
@@ -144,7 +144,7 @@ def test_a_region_whose_slot_a_pin_holds_takes_the_next_free_block() -> None:
 def test_ranges_do_not_depend_on_the_regions_in_use() -> None:
     """Every subset of the regions, in any order, gets the same ranges as the whole
     grid: which regions a stack uses never moves a range."""
-    from components.subnets import REGION_SLOTS, grid_ranges
+    from model.subnets import REGION_SLOTS, grid_ranges
 
     pinned = {"us-central2": "10.128.0.0/20", "us-east1": "10.128.64.0/21"}
     grid = grid_ranges("10.128.0.0/20", pinned)
@@ -157,7 +157,7 @@ def test_ranges_do_not_depend_on_the_regions_in_use() -> None:
 
 def test_pinning_a_region_where_it_is_moves_nothing() -> None:
     """The upgrade path: pinning the ranges a stack has changes no range."""
-    from components.subnets import grid_ranges
+    from model.subnets import grid_ranges
 
     before = grid_ranges("10.128.0.0/20", {"us-central2": "10.128.0.0/20"})
     after = grid_ranges("10.128.0.0/20", {"us-central2": "10.128.0.0/20",
@@ -166,7 +166,7 @@ def test_pinning_a_region_where_it_is_moves_nothing() -> None:
 
 
 def test_a_region_with_no_slot_or_no_block_is_told_to_pin() -> None:
-    from components.subnets import SubnetRangeError
+    from model.subnets import SubnetRangeError
 
     with pytest.raises(SubnetRangeError, match="mars-north1 has no subnet slot; pin its range"):
         subnet_ranges("10.128.0.0/20", ["mars-north1"])
@@ -175,8 +175,8 @@ def test_a_region_with_no_slot_or_no_block_is_told_to_pin() -> None:
 
 
 def test_every_catalog_region_has_a_slot() -> None:
-    from components import catalog
-    from components.subnets import REGION_SLOTS
+    from model import catalog
+    from model.subnets import REGION_SLOTS
 
     assert {catalog.region_of(z) for z in catalog.all_zones()} <= set(REGION_SLOTS)
     assert len(set(REGION_SLOTS)) == len(REGION_SLOTS)

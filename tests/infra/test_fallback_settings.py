@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.settings import SettingsError, load_settings
+from model.settings import SettingsError, load_settings
 from tests.infra.stack_fixtures import as_cli, config, node
 
 N0 = "tpu-stack:nodes[0]"

@@ -9,10 +9,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from components import catalog, meter
-from components.settings import load_settings
 from components.stack_config import file_config
 from functions.budget_stop import spend
+from model import catalog, meter
+from model.settings import load_settings
 from ops.tpu.api import NodeStatus
 from ops.tpu.status import (
     COLUMNS,

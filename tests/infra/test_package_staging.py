@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from components.archive import Archive
 from components.package import stage
+from model.archive import Archive
 
 
 def test_the_archive_is_written_beside_its_name_and_renamed_into_place(

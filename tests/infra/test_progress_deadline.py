@@ -8,13 +8,13 @@ from pathlib import Path
 import pulumi
 import pytest
 
-from components.progress_deadline import (
+from model.progress_deadline import (
     execution_deadline_seconds,
     progress_deadline_warning,
     stack_warnings,
 )
-from components.settings import load_settings
-from components.stop_save import longest_execution_seconds, stop_save_seconds
+from model.settings import load_settings
+from model.stop_save import longest_execution_seconds, stop_save_seconds
 from node_agent.deadlines import STOP_SECONDS
 from ops.plan.offline import offline_plan
 from ops.plan.report import plain

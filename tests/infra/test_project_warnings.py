@@ -4,8 +4,8 @@ VPC host (issue 29 item 6): the plan's warnings, the same text the program logs.
 from __future__ import annotations
 
 from components.project import stack_warnings
-from components.settings import load_settings
 from components.stack_config import file_config
+from model.settings import load_settings
 from tests.infra.stack_fixtures import as_cli, config
 
 

@@ -16,10 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from components.archive import REPO_ROOT
+from model.archive import REPO_ROOT
 
 PROGRAM_IMPORTS = (
-    "import components.platform, components.queued_tpu, components.settings, "
+    "import components.platform, components.queued_tpu, model.settings, "
     "policy, tpu_training.config"
 )
 

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from components import catalog
-from components.archive import REPO_ROOT
-from components.settings import SettingsError, load_settings
 from components.stack_config import StackFileError, file_config
+from model import catalog
+from model.archive import REPO_ROOT
+from model.settings import SettingsError, load_settings
 from tests.infra.stack_fixtures import as_cli, config, job, node
 
 
@@ -280,8 +280,8 @@ def test_gs_and_data_bucket_paths_are_locations() -> None:
 
 
 def test_a_team_job_location_is_checked_the_same_way() -> None:
-    from components.settings import SettingsError as Error
     from components.stack_config import file_config
+    from model.settings import SettingsError as Error
 
     raw = file_config("platform")
     teams = json.loads(raw["tpu-stack:teams"])
@@ -416,7 +416,7 @@ def test_a_location_cloud_storage_does_not_publish_is_refused_with_the_closest(
     assert message.startswith(f"{location!r} is not a Cloud Storage location")
     if meant and location != "mars-north1":
         assert f"(did you mean {meant}?)" in message
-    assert "components/gcs_locations.json" in message
+    assert "model/gcs_locations.json" in message
 
 
 @pytest.mark.parametrize("location", ["us-central1", "US-CENTRAL1", "US", "eu", "nam4", "EUR4",
@@ -479,7 +479,7 @@ def test_a_refused_part_is_named_once_and_the_rest_still_checked(changes: dict,
 def test_a_rule_added_as_a_generator_runs_despite_shape_problems(monkeypatch) -> None:
     """Other checks join `_rule_problems` as generators of (key, message): they run on the
     repaired copy too, without knowing about it."""
-    import components.settings as settings_module
+    import model.settings as settings_module
 
     def no_trainer(s):
         if any(n.name == "trainer" for n in s.nodes):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.settings import SettingsError, load_settings
+from model.settings import SettingsError, load_settings
 from tests.infra.stack_fixtures import as_cli, config, node
 
 

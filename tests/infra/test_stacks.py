@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 import node_agent as agent
-from components.archive import REPO_ROOT
 from components.stack_config import (
     StackFileError,
     file_config,
@@ -19,6 +18,7 @@ from components.stack_config import (
     project_declarations,
     project_defaults,
 )
+from model.archive import REPO_ROOT
 from ops.plan.mock_engine import run_program
 from tests.infra.stack_fixtures import as_cli, config, node
 from tests.repo_stacks import repo_stacks
@@ -241,7 +241,7 @@ def test_pulumi_version_file_names_pulumi_yamls_minimum() -> None:
 
 
 def test_every_top_level_key_is_declared_with_a_description() -> None:
-    from components.settings import TOP_LEVEL_KEYS
+    from model.settings import TOP_LEVEL_KEYS
     project = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
     declared = {f"tpu-stack:{k}": v for k, v in project["config"].items()}
     assert set(TOP_LEVEL_KEYS) <= set(declared)
@@ -376,7 +376,7 @@ def _plan_nodes_and_releases(config: dict, stack: str) -> tuple[dict, dict, dict
 
 def _new_code(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     import components.package
-    from components.archive import Archive
+    from model.archive import Archive
     stage = components.package.stage
     monkeypatch.setattr(components.package, "build_archive",
                         lambda: Archive(data=b"other code", sha256="cd" * 32))

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from components import catalog, cost
-from components.settings import load_settings
 from components.stack_config import file_config
+from model import catalog, cost
+from model.settings import load_settings
 from ops.plan.offline import cost_json, offline_plan
 from ops.plan.report import plain, render, significant, step_rows
 from tests.infra.stack_fixtures import as_cli, config, node
@@ -77,7 +77,7 @@ def test_a_bert_base_step_on_a_v4_slice_is_priced_on_demand_and_marked_unconfirm
 
 
 def test_a_step_costs_the_nodes_own_rate_and_unknown_without_a_price():
-    # A v4 spot slice has no list price (components/catalog.py): its step's seconds are
+    # A v4 spot slice has no list price (model/catalog.py): its step's seconds are
     # known, its cost is not.
     [spot] = cost.settings_cost(bert_base_settings(provisioning="spot")).nodes
     [on_demand] = cost.settings_cost(bert_base_settings()).nodes

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pulumi
 import pytest
 
-from components import catalog
-from components.settings import load_settings
-from components.stop_save import (
+from model import catalog
+from model.settings import load_settings
+from model.stop_save import (
     longest_execution_seconds,
     stack_warnings,
     step_seconds,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from components.queued_tpu import ENDPOINT_ENV
+from cloud.tpu import ENDPOINT_ENV
 from ops.tpu.api import TpuApi
 from tests.fakes.tpu_api import FakeTpuApi, running
 from tests.ops.tpu_world import OTHER_ZONE, PROJECT, ZONE

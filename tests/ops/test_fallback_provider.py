@@ -8,9 +8,10 @@ from collections.abc import Iterator
 import pytest
 from google.api_core import exceptions as gexc
 
-from components import capacity
+from cloud.tpu import ENDPOINT_ENV, tpu_client
 from components.fallback_tpu import FallbackTpuProvider
-from components.queued_tpu import ENDPOINT_ENV, QueuedTpuError, tpu_client
+from components.queued_tpu import QueuedTpuError
+from model import capacity
 from tests.fakes.tpu_api import FakeTpuApi, running
 
 PROJECT = "acme-ml-dev"

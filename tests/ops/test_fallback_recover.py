@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from components import catalog
+from cloud.tpu import tpu_client
 from components.fallback_tpu import enqueue, merged
-from components.queued_tpu import tpu_client
+from model import catalog
 from ops.cli import app
 from ops.tpu import commands as tpu_cmds
 from ops.tpu.actions import fallback_recovery_plan, queued_janitor_plan

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from components.budget_hold import janitor_marker
+from model.budget_hold import janitor_marker
 from node_agent.contract import MAX_RUNTIME_KEY
 from ops.local.storage_emulator import StorageEmulator
 from ops.tpu.actions import apply_actions, janitor_plan, record_holds

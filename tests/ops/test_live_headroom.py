@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from components import catalog
-from components.settings import load_settings
+from model import catalog
+from model.settings import load_settings
 from ops.plan.command import print_report
 from ops.plan.offline import offline_plan
 from ops.tpu.api import TpuApi
@@ -23,7 +23,7 @@ ZONES = ("us-central1-a", "us-west4-a")
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch):
-    from components.queued_tpu import ENDPOINT_ENV
+    from cloud.tpu import ENDPOINT_ENV
 
     api = FakeTpuApi(project=PROJECT, accelerator_types={z: ["v5litepod-8"] for z in ZONES},
                      runtime_versions={z: ["v2-alpha-tpuv5-lite"] for z in ZONES})

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from components.archive import REPO_ROOT
 from components.stack_config import file_config
+from model.archive import REPO_ROOT
 from ops.local import rehearse
 from ops.local.rehearse import REHEARSAL_BERT_SHAPE, rehearsal_job, synth_args
 from ops.tpu.status import no_rehearsal

@@ -350,7 +350,7 @@ def test_status_team_shows_the_teams_spend_burn_and_budget(
     from dataclasses import replace
     from datetime import datetime, timedelta, timezone
 
-    from components import catalog, meter
+    from model import catalog, meter
 
     nlp = replace(expected_node(NODE, spot=True), team="nlp")
     stack = replace(target(nlp), budgets={"nlp": 1000.0})

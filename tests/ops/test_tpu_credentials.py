@@ -1,4 +1,4 @@
-"""tpuctl authenticates as the stack's gcp provider does (components/gcp_credentials.py):
+"""tpuctl authenticates as the stack's gcp provider does (cloud/gcp_credentials.py):
 the stack file's gcp: keys first, then the provider's environment, then plain ADC.
 Only credential objects are inspected: nothing here talks to Google."""
 
@@ -14,10 +14,10 @@ import pytest
 from google.auth import impersonated_credentials
 from google.oauth2 import credentials as oauth2
 
-from components import gcp_credentials
-from components.archive import REPO_ROOT
-from components.gcp_credentials import GcpAuth
-from components.queued_tpu import ENDPOINT_ENV
+from cloud import gcp_credentials
+from cloud.gcp_credentials import GcpAuth
+from cloud.tpu import ENDPOINT_ENV
+from model.archive import REPO_ROOT
 from ops.tpu.api import TpuApi
 from ops.tpu.logs import AgentLogs
 from ops.tpu.target import TargetError, load_target

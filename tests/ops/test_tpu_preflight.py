@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components import catalog
+from model import catalog
 from ops.tpu.api import TpuApi
 from ops.tpu.preflight import preflight
 from tests.fakes.tpu_api import FakeTpuApi

@@ -214,7 +214,7 @@ def test_the_fake_refuses_a_plain_delete_of_a_waiting_request(fake_tpu: FakeTpuA
     ACCEPTED, FAILED or SUSPENDED request (or one without nodes) is deleted."""
     from google.api_core import exceptions as gexc
 
-    from components.queued_tpu import tpu_client
+    from cloud.tpu import tpu_client
 
     fake_tpu.add_queued_request(ZONE, "dev-w", "WAITING_FOR_RESOURCES")
     with pytest.raises(gexc.BadRequest, match="delete it with force"):

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from components.stack_config import settings_for
-from components.team_quota import QuotaCap, stack_caps
+from model.team_quota import QuotaCap, stack_caps
 from ops.tpu.quota import QuotaReader, cap_checks, cap_effect, live_preflight, quota_info_url
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import PROJECT, expected_node, target
@@ -109,7 +109,7 @@ def test_an_unreachable_service_is_not_checked() -> None:
 
 def test_the_node_lookup_reads_the_limit_of_its_family_and_type() -> None:
     r, _ = reader({url(V2_ON_DEMAND): [(200, quota_info(("us-central1", 4)))]})
-    from components import catalog
+    from model import catalog
     assert r.lookup(PROJECT, "us-central1", catalog.GENERATIONS["v2"], False) == 4
     assert r.lookup(PROJECT, "us-central1", catalog.GENERATIONS["v2"], True) is None  # 404
 

@@ -23,7 +23,7 @@ from ops.tpu.target import StackTarget, TargetError
 from tests.fakes.tpu_api import FakeTpuApi, GrpcFront, running
 from tests.ops.tpu_world import expected_node
 
-ZONES = ("us-central1-a", "us-south1-a", "us-west4-a")  # v5e zones (components/catalog.py)
+ZONES = ("us-central1-a", "us-south1-a", "us-west4-a")  # v5e zones (model/catalog.py)
 TEAMS = ("nlp", "vision", "speech", "audio")
 UNSERVED = "us-nowhere1-z"
 LATENCY = 0.1  # long enough that requests sent together are in flight together

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from components import catalog
+from model import catalog
 from ops.tpu.api import NodeStatus
 from ops.tpu.status import perf_cells, utilisation_advice
 from tests.fakes.tpu_api import FakeTpuApi

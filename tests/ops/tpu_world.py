@@ -1,6 +1,6 @@
 """The project, zones, labels and stack targets the tpuctl tests share."""
 
-from components import catalog
+from model import catalog
 from ops.tpu.target import ExpectedNode, StackTarget
 
 PROJECT = "acme-ml-dev"

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from components import package
-from components.archive import TRAINING_DIR, Archive, build_archive
-from components.settings import SettingsError, load_settings
 from components.stack_config import file_config
+from model.archive import TRAINING_DIR, Archive, build_archive
+from model.settings import SettingsError, load_settings
 from ops.plan.diff import diff_plans, render_diff, replacement_warnings
 from ops.plan.offline import offline_plan
 from ops.plan.report import plain
@@ -68,7 +68,7 @@ def queued(config: Config) -> None:
 
 
 # A second node in the first node's zone, and one in a region the stack does not
-# use yet (a zone its generation is offered in: components/catalog.py).
+# use yet (a zone its generation is offered in: model/catalog.py).
 def _add(zone: str, accelerator: str, provisioning: str) -> Callable[[Config], None]:
     def add(config: Config) -> None:
         def more(nodes: Nodes) -> None:
@@ -156,7 +156,7 @@ NEW_REGION = {"dev": ("europe-west4-b", "v5litepod-8", "spot"),
               "platform": ("europe-west4-b", "v5litepod-8", "spot")}
 # prod's us-central2 pin holds us-central1's slot range (10.128.0.0/20): a new
 # us-central1 is pinned where the grid puts it, as the settings ask
-# (components/settings.py _moved_range_problems).
+# (model/settings.py _moved_range_problems).
 NEW_REGION_PINS = {"prod": {"us-central1": "10.128.16.0/20"}}
 # The subnets a grown grid changes: only an unpinned range at slot 0 widens in place.
 GROWN = {"dev": [("update", "subnet-us-central1")], "prod": [], "platform": []}

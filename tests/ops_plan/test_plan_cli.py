@@ -9,8 +9,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from components.archive import REPO_ROOT, PackageError
 from components.stack_config import StackFileError, file_config
+from model.archive import REPO_ROOT, PackageError
 from ops.cli import app
 from ops.terminal import CALLER_DIR_ENV
 

@@ -162,7 +162,7 @@ def test_a_stricter_policy_config_fails_the_stack(plans, policy):
 @pytest.mark.parametrize("stack", ["platform", "dev"])
 def test_the_plan_lists_the_warnings_the_program_logs(stack):
     """The program warns on its nodes at preview and up (stop save, cross-region reads:
-    components/locality.py); the plan lists the same text. The platform's nlp pod in
+    model/locality.py); the plan lists the same text. The platform's nlp pod in
     us-central2-b reads its data from the us-central1 data bucket."""
     plan = offline_plan(stack)
     warnings = plan.to_json()["warnings"]
@@ -188,7 +188,7 @@ def _with_v4_pod(provisioning: str) -> Callable[[Nodes], None]:
 
 
 def test_an_unpriced_pod_makes_the_cost_unknown_and_unconfirmed_stays_marked(plans):
-    """A v4 spot pod has no list price (components/catalog.py): the head's total and
+    """A v4 spot pod has no list price (model/catalog.py): the head's total and
     the change are unknown, not "$4.86 => $4.86"; made on-demand (priced, unconfirmed),
     the change from the unknown total stays unknown and the head keeps its mark."""
     spot = plan_with_nodes("dev", _with_v4_pod("spot"))

@@ -55,8 +55,8 @@ def test_bad_config_is_one_clear_error(tmp_path):
 
 def test_a_copy_of_the_dev_stack_under_another_name_passes_the_pack_as_dev_does(tmp_path):
     """Pulumi.t12.yaml, a copy of Pulumi.dev.yaml, as a new user would try it."""
-    from components.archive import REPO_ROOT
     from components.stack_config import file_config
+    from model.archive import REPO_ROOT
     from ops.plan.offline import offline_plan
     from policy.evaluate import evaluate, load_config
 

@@ -62,7 +62,7 @@ def forward_macs(model) -> int:
     ({"model": "resnet18", "imageSize": 112, "widthMultiplier": 0.5}, 0.15),
 ], ids=["mnist_cnn", "resnet50-224", "resnet18-112-0.5"])
 def test_the_flops_table_matches_the_models(strategy, shape, tolerance):
-    """The preview's step-time estimate (components/stop_save.py) counts these."""
+    """The preview's step-time estimate (model/stop_save.py) counts these."""
     config = JobConfig.from_dict({"trainData": "unused", "globalBatchSize": 1, "trainSteps": 1,
                                   "stepsPerExecution": 1, "checkpointEverySteps": 1, **shape},
                                  resolved=False)

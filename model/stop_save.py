@@ -4,7 +4,7 @@ After the notice the job finishes the execution under way, then saves. Pure and
 without TensorFlow:
 
 - the save: the checkpoint's bytes from the job schema's table (training/tpu_training/
-  config.py, `checkpoint_bytes`) at the GCS write rate of components/catalog.py;
+  config.py, `checkpoint_bytes`) at the GCS write rate of model/catalog.py;
 - the longest execution: the job sizes its executions to a share of the node's notice
   (`noticeSeconds`, contract C3; `EXECUTION_SHARE_OF_NOTICE`), unless one step takes
   longer; no longer than `stepsPerExecution` steps either. A step's seconds are estimated
@@ -21,8 +21,8 @@ process exit and the OS shutting down.
 
 from __future__ import annotations
 
-from components import catalog
-from components.settings import NodeSettings, StackSettings
+from model import catalog
+from model.settings import NodeSettings, StackSettings
 from tpu_training.config import (
     EXECUTION_SHARE_OF_NOTICE,
     JobConfig,

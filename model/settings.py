@@ -28,9 +28,9 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.alias_generators import to_camel
 
-from components import budget_hold, catalog, subnets
-from components.gcs_locations import gcs_locations
-from components.naming import (
+from model import budget_hold, catalog, subnets
+from model.gcs_locations import gcs_locations
+from model.naming import (
     LOGICAL_NAME_RE,
     LOGICAL_NAME_RULE,
     Naming,
@@ -88,9 +88,9 @@ class NetworkSettings(_Model):
     subnet_cidr: str = "10.128.0.0/20"
     ssh_through_iap: bool = True
     # Ranges pinned as they are (region → CIDR), e.g. a stack's ranges from before
-    # the fixed slots (components/subnets.py); other regions take their slot.
+    # the fixed slots (model/subnets.py); other regions take their slot.
     subnets: dict[str, str] = Field(default_factory=dict)
-    # Where each team's own subnets are carved (a platform stack; components/subnets.py,
+    # Where each team's own subnets are carved (a platform stack; model/subnets.py,
     # team_range): team slot t's /18, region slot k's /22 in it.
     team_subnet_cidr: str = "10.160.0.0/12"
 
@@ -333,7 +333,7 @@ class TeamSettings(_Model):
     # The team's keyless deployer (its own repository's CI), declared by the platform
     # in the team's project (docs/teams.md); None: the team has no CI deployer.
     ci: CiSettings | None = None
-    # The team's block of network.teamSubnetCidr (components/subnets.py): given once,
+    # The team's block of network.teamSubnetCidr (model/subnets.py): given once,
     # never changed or reused, so its subnets never move.
     subnet_slot: int | None = Field(default=None, ge=0)
 
@@ -350,7 +350,7 @@ class TeamProjectsSettings(_Model):
     # (QuotaPreference.contact_email: "required for increase quota preferences").
     quota_contact: str | None = None
     # The gs:// bucket of a self-managed backend holding every stack's state: each
-    # team's deployer may write its own stack's files only (components/team_state.py).
+    # team's deployer may write its own stack's files only (model/team_state.py).
     state_bucket: str | None = None
     # The platform deployer's email (the bootstrap's --deployer): the platform grants it
     # actAs on the runtime accounts of the team nodes it declares (components/teams.py).
@@ -389,7 +389,7 @@ class StackSettings(_Model):
     team_projects: TeamProjectsSettings | None = None
     platform_stack: str | None = None
     # A team stack on a shared gs:// backend: the platform's state bucket, where the
-    # platform writes this team's outputs (components/team_state.py outputs_object); the
+    # platform writes this team's outputs (model/team_state.py outputs_object); the
     # team stack reads them there instead of the platform's whole stack file.
     platform_outputs_bucket: str | None = None
 
@@ -874,7 +874,7 @@ def _storage_problems(s: StackSettings) -> Problems:
 
 def location_problem(location: str) -> str | None:
     """Why `location` is not a Cloud Storage location, with the closest one
-    (components/gcs_locations.json), or None."""
+    (model/gcs_locations.json), or None."""
     known = gcs_locations()
     if known.knows(location):
         return None
@@ -884,7 +884,7 @@ def location_problem(location: str) -> str | None:
     return (f"{location!r} is not a Cloud Storage location{hint}: a region (e.g. us-central1), "
             f"a dual-region ({', '.join(d.upper() for d in known.dual_regions)}) or a "
             f"multi-region ({', '.join(m.upper() for m in known.multi_regions)}); the list is "
-            f"components/gcs_locations.json, read from {known.source}")
+            f"model/gcs_locations.json, read from {known.source}")
 
 
 def _labels_problems(key: str, labels: Mapping[str, str]) -> Problems:
@@ -915,7 +915,7 @@ def _network_problems(s: StackSettings) -> Problems:
                                                          f"{clash}")
         else:
             pinned[region] = net
-    # The others take grid blocks, which overlap no pin (components/subnets.py). A
+    # The others take grid blocks, which overlap no pin (model/subnets.py). A
     # region with no TPUs comes from a zone or quota region already refused under
     # its own key: one message for the mistake, not a second about its slot.
     pins = {region: str(net) for region, net in pinned.items()}
@@ -932,7 +932,7 @@ def _network_problems(s: StackSettings) -> Problems:
 
 
 def _moved_range_problems(s: StackSettings) -> Problems:
-    """Every unpinned region in use sits in its own slot's block (components/subnets.py),
+    """Every unpinned region in use sits in its own slot's block (model/subnets.py),
     so adding a pin never moves a range: a pin over such a block would move that region's
     subnet, a replacement, delete first, of the subnet and every node on it
     (resource_compute_subnetwork.go IsShrinkageIpCidr; docs/design.md, "Stack config").
@@ -1231,7 +1231,7 @@ def _candidate_problems(key: str, candidate: NodeSettings) -> Problems:
     region = catalog.region_of(candidate.zone)
     if region not in subnets.REGION_SLOTS:
         yield (f"{key}.zone", f"{candidate.zone}: the stack's network has no subnet slot for "
-                              f"{region} (components/subnets.py REGION_SLOTS)")
+                              f"{region} (model/subnets.py REGION_SLOTS)")
     yield from _runtime_problems(key, candidate, tpu)
 
 
@@ -1246,7 +1246,7 @@ def _label(node: NodeSettings) -> str:
 
 
 def _hourly(node: NodeSettings) -> float | None:
-    from components.cost import node_cost  # cost imports the settings
+    from model.cost import node_cost  # cost imports the settings
 
     return node_cost(node).usd_per_hour
 # The agent looks once a second (node_agent/limits.py): a shorter limit stops at once.

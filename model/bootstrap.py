@@ -28,18 +28,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.budget_stop import BUDGET_STOP_ROLE
-from components.ci import (
+from model.roles import (
+    BUDGET_STOP_ROLE,
     DEPLOYER_ROLES,
+    MEMBER_PROJECT_ROLES,
     PLATFORM_FOLDER_ROLES,
     PREVIEW_ROLES,
+    PROJECT_ROLES,
     STORAGE_ROLE,
     TEAM_DEPLOYER_ROLES,
+    TPU_XPN_AGENT_ROLE,
     grants_only,
 )
-from components.identity import PROJECT_ROLES
-from components.settings import StackSettings
-from components.teams import MEMBER_PROJECT_ROLES, TPU_XPN_AGENT_ROLE
+from model.settings import StackSettings
 
 PROJECT_IAM_ADMIN = "roles/resourcemanager.projectIamAdmin"
 XPN_ADMIN = "roles/compute.xpnAdmin"

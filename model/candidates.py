@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from components import catalog, cost
-from components.settings import NodeSettings, StackSettings
+from model import catalog, cost
+from model.settings import NodeSettings, StackSettings
 from tpu_training.config import JobConfig
 
 UNKNOWN = "unknown"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components import catalog
-from components.settings import StackSettings, TeamQuota
+from model import catalog
+from model.settings import StackSettings, TeamQuota
 
 # Cloud Quotas refuses a preference that lowers the effective limit by more than
 # 10% unless that safety check is skipped (QuotaSafetyCheck, cloud.google.com/docs/

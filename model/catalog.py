@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cache, cached_property
 
-from components.archive import read_lock
+from model.archive import read_lock
 
 
 class Naming(Enum):

@@ -4,19 +4,19 @@ GCS bills the bytes another Google Cloud service reads from a bucket in a differ
 location ("Data transfer within Google Cloud": free within the same location, charged
 between locations on one continent and more between continents;
 cloud.google.com/storage/pricing#network-buckets), and a training job reads its data
-every epoch. Pure, like components/stop_save.py: the program warns on the node at
+every epoch. Pure, like model/stop_save.py: the program warns on the node at
 preview and up, the offline plan lists the same text.
 """
 
 from __future__ import annotations
 
-from components import catalog
-from components.gcs_locations import gcs_locations
-from components.settings import NodeSettings, StackSettings
-from components.storage import PURPOSES
+from model import catalog
+from model.gcs_locations import gcs_locations
+from model.naming import PURPOSES
+from model.settings import NodeSettings, StackSettings
 from tpu_training.config import JobConfig
 
-# The predefined dual-regions and their regions (components/gcs_locations.json).
+# The predefined dual-regions and their regions (model/gcs_locations.json).
 DUAL_REGIONS: dict[str, frozenset[str]] = gcs_locations().dual_regions
 # The multi-regions (same page): US, data centres in the United States (us-* regions);
 # EU, in member states of the European Union (not London, europe-west2, nor Zurich,

@@ -156,3 +156,6 @@ def label_value_problem(value: str) -> str | None:
     if not re.fullmatch(r"[a-z0-9_-]{0,63}", value):
         return f"{value!r} is not a label value: 0-63 lowercase letters, digits, '_' or '-'"
     return None
+
+
+PURPOSES = ("data", "artifacts", "checkpoints", "logs")

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from components import catalog
+from model import catalog
 
 FailureClass = Literal["capacity", "quota", "reservation", "preempted", "timeout",
                        "permanent", "transient"]

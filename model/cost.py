@@ -12,7 +12,7 @@ rate (on-demand, spot, 1-year, 3-year), so the estimate can show them side by si
 
 Where the node's job is known (a stack's settings), it also carries the cost of one
 training step (`StepCost`): the step's seconds as the stop budget estimates them
-(components/stop_save.py, `step_seconds`: FLOPs-bound at an assumed utilisation) at the
+(model/stop_save.py, `step_seconds`: FLOPs-bound at an assumed utilisation) at the
 node's hourly price.
 """
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from components import catalog
-from components.settings import NodeSettings, StackSettings
-from components.stop_save import step_seconds
+from model import catalog
+from model.settings import NodeSettings, StackSettings
+from model.stop_save import step_seconds
 from tpu_training.config import JobConfig, recipe, train_flops_per_example
 
 SECONDS_PER_HOUR = 3600

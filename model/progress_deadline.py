@@ -4,7 +4,7 @@ The node agent stops a job whose execution goes longer than its deadline without
 progress line (docs/design.md, "Deadlines"), and the job starts again from its last
 checkpoint: a hang costs the deadline plus the work since that checkpoint, up to one
 interval. When the deadline alone is longer than the interval, every hang loses more
-than an interval. Pure, like components/stop_save.py, whose estimates it reuses:
+than an interval. Pure, like model/stop_save.py, whose estimates it reuses:
 
 - the deadline: `progressDeadlineSeconds`, else the agent's default for an execution,
   a multiple of the longest one (stop_save's estimate), never under the floor
@@ -23,8 +23,8 @@ systemd stop timeout), so no advice here names more than that.
 
 from __future__ import annotations
 
-from components.settings import NodeSettings, StackSettings
-from components.stop_save import longest_execution_seconds, stop_save_seconds
+from model.settings import NodeSettings, StackSettings
+from model.stop_save import longest_execution_seconds, stop_save_seconds
 from node_agent.deadlines import EXECUTION_FLOOR_SECONDS, EXECUTION_MULTIPLE
 from tpu_training.config import MAX_PROGRESS_DEADLINE_SECONDS, JobConfig
 

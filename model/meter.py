@@ -1,7 +1,7 @@
 """The spend meter: what TPUs cost by the catalog's list prices, and when a budget runs out.
 
 The same arithmetic the budget-stop function acts on (functions/budget_stop/spend.py,
-priced by components/budget_stop.py `price_table` from components/catalog.py): each
+priced by components/budget_stop.py `price_table` from model/catalog.py): each
 node's hourly list price (spot or on-demand) times the hours it ran. Billing data lags by
 hours; the meter does not, but it knows TPUs only (no disks, egress, logging), list
 prices only (no discounts, no commitments), and counts a node from its creation (or the
@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from components.budget_stop import price_table
-from components.settings import NodeSettings, StackSettings
 from functions.budget_stop import spend
+from model import catalog
+from model.settings import NodeSettings, StackSettings
 
 # Cloud Billing budgets' calendar periods begin "at 12 AM US and Canadian Pacific Time
 # (UTC-8)" (Cloud Billing Budget API, google.cloud.billing.budgets.v1 Filter): a month's
@@ -143,3 +143,18 @@ def team_previews(settings: StackSettings) -> list[TeamPreview]:
                          for node_id, node in nodes),
             unpriced=tuple(node_id for node_id, usd in hourly.items() if usd is None)))
     return previews
+
+
+def price_table() -> dict[str, dict[str, float | None]]:
+    """Per accelerator-type prefix, USD per hour of one unit of the number in the type's
+    name (TensorCores or chips, catalog.Naming), on-demand and spot: what
+    functions/budget_stop/spend.py prices a node with."""
+    table: dict[str, dict[str, float | None]] = {}
+    for generation in catalog.GENERATIONS.values():
+        units_per_chip = generation.cores_per_chip \
+            if generation.naming is catalog.Naming.TENSORCORES else 1
+        price = generation.price
+        table[generation.type_prefix] = {
+            rate: None if per_chip is None else per_chip / units_per_chip
+            for rate, per_chip in (("onDemand", price.on_demand), ("spot", price.spot))}
+    return table
