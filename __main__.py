@@ -4,7 +4,8 @@ import pulumi
 
 from components.platform import TpuPlatform
 from components.stack_config import program_config
-from model.settings import SettingsError, load_settings
+from model.settings.load import load_settings
+from model.settings.schema import SettingsError
 
 try:
     settings = load_settings(program_config(), pulumi.get_stack(), pulumi.get_organization())

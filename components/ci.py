@@ -21,13 +21,14 @@ from model.roles import (
     DEPLOYER_ACCOUNT_ROLE,
     DEPLOYER_ACCOUNT_ROLES,
     DEPLOYER_ROLES,
+    IMPERSONATION_ROLE,
     PREVIEW_ROLES,
     STORAGE_PERMISSIONS,
     STORAGE_ROLE,
     TEAM_DEPLOYER_ROLES,
     grants_only,
 )
-from model.settings import CiSettings
+from model.settings.schema import CiSettings
 
 TYPE = "tpu-stack:index:CiIdentity"
 
@@ -102,11 +103,6 @@ class CiArgs:
     def deploy_environment(self) -> str:
         default = f"team-{self.team}" if self.team else self.naming.stack
         return self.settings.deploy_environment or default
-
-
-# Who may impersonate an account through the pool (cloud.google.com/iam/docs/
-# workload-identity-federation-with-deployment-pipelines, "Workload Identity User").
-IMPERSONATION_ROLE = "roles/iam.workloadIdentityUser"
 
 
 # Principal identifiers of a pool (cloud.google.com/iam/docs/reference/rest/v1/

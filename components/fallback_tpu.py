@@ -1,6 +1,6 @@
 """A TPU node tried on ordered candidates: a dynamic provider beside QueuedTpuProvider.
 
-A node with `fallback` (model/settings.py, NodeSettings.candidates) is created
+A node with `fallback` (model/settings/, NodeSettings.candidates) is created
 here. Every candidate is a queued resource carrying the whole node, as QueuedTpu sends
 it (the same node id and metadata in every zone, so the agent's contract never
 changes with the candidate), tried in order:

@@ -9,28 +9,14 @@ import pulumi
 import pulumi_gcp as gcp
 
 from model.naming import Naming
-from model.roles import PROJECT_ROLES
+from model.roles import (
+    BUCKET_METADATA_ROLE,
+    BUCKET_ROLES,
+    MEMBER_BUCKET_ROLES,
+    PROJECT_ROLES,
+)
 
 TYPE = "tpu-stack:index:RuntimeIdentity"
-
-# Object roles per bucket purpose: read what the job consumes, write what it
-# produces. roles/storage.objectUser is read/write/delete on objects without
-# any IAM or bucket administration (cloud.google.com/storage/docs/access-control/iam-roles).
-BUCKET_ROLES = {
-    "data": "roles/storage.objectViewer",
-    "artifacts": "roles/storage.objectViewer",
-    "checkpoints": "roles/storage.objectUser",
-    "logs": "roles/storage.objectUser",
-}
-# TensorFlow's GCS filesystem reads bucket metadata (storage.buckets.get) to
-# check that a bucket exists before it writes; legacyBucketReader grants that
-# and object listing, nothing else (same page, "Basic roles and legacy roles").
-BUCKET_METADATA_ROLE = "roles/storage.legacyBucketReader"
-# A team's members may run as the team's account (actAs: start work as it,
-# never mint its tokens, which needs serviceAccountTokenCreator) and read the
-# team's logs bucket, where the node agent writes status and logs (docs/design.md).
-ACT_AS_ROLE = "roles/iam.serviceAccountUser"
-MEMBER_BUCKET_ROLES = {"logs": "roles/storage.objectViewer"}
 
 
 @dataclass(frozen=True)

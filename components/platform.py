@@ -53,7 +53,7 @@ from model.locality import cross_region_warning
 from model.naming import label_value
 from model.progress_deadline import progress_deadline_warning
 from model.roles import DEPLOYER_ACCOUNT_ROLE, DEPLOYER_ACCOUNT_ROLES
-from model.settings import BillingSettings, NodeSettings, StackSettings
+from model.settings.schema import BillingSettings, NodeSettings, StackSettings
 from model.stop_save import stop_save_warning
 from tpu_training.config import JobConfig
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from model.settings import ProjectSettings, StackSettings
+from model.settings.schema import ProjectSettings, StackSettings
 
 TYPE = "tpu-stack:index:Project"
 

@@ -20,7 +20,8 @@ import yaml
 from pulumi.runtime import config as runtime_config
 
 from model.archive import REPO_ROOT
-from model.settings import NAMESPACE, StackSettings, load_settings
+from model.settings.load import load_settings
+from model.settings.schema import NAMESPACE, StackSettings
 
 # A declaration's attributes: pulumi/pulumi sdk/go/common/workspace/project.json,
 # $defs.configTypeDeclaration (additionalProperties: false).

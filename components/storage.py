@@ -8,7 +8,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from model.naming import PURPOSES, Naming
-from model.settings import StorageSettings
+from model.settings.schema import StorageSettings
 
 TYPE = "tpu-stack:index:TrainingBuckets"
 

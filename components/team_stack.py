@@ -18,14 +18,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 from model import catalog, team_state
-from model.settings import (
-    COST_CENTRE,
-    NAMESPACE,
-    TEAMS_KEY,
-    StackSettings,
-    TeamQuota,
-    team_quota_problems,
-)
+from model.settings.rules.teams import COST_CENTRE, TEAMS_KEY, team_quota_problems
+from model.settings.schema import NAMESPACE, StackSettings, TeamQuota
 
 REFERENCE_NAME = "platform"
 

@@ -23,26 +23,23 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components.ci import CI_APIS, CiArgs, CiIdentity
-from components.identity import (
-    ACT_AS_ROLE,
-    BUCKET_METADATA_ROLE,
-    BUCKET_ROLES,
-    IdentityArgs,
-    RuntimeIdentity,
-)
+from components.identity import IdentityArgs, RuntimeIdentity
 from components.network import peer_firewall
 from components.project import APIS, TPU_API
 from components.storage import BucketsArgs, TrainingBuckets
 from model import team_state
 from model.naming import Naming, fit
 from model.roles import (
+    ACT_AS_ROLE,
+    BUCKET_METADATA_ROLE,
+    BUCKET_ROLES,
     MEMBER_PROJECT_ROLES,
     NETWORK_USER_ROLE,
     PROJECT_ROLES,
     TPU_AGENT_DOMAIN,
     TPU_XPN_AGENT_ROLE,
 )
-from model.settings import CiSettings, StorageSettings, TeamQuota
+from model.settings.schema import CiSettings, StorageSettings, TeamQuota
 from model.team_quota import SKIPPED_SAFETY_CHECK, quota_caps, unconfirmed_id_warning
 
 SPACE_TYPE = "tpu-stack:index:TeamSpace"

@@ -12,7 +12,7 @@ import node_agent as agent
 from components.fallback_tpu import FallbackTpu, candidate_props
 from components.queued_tpu import QueuedTpu
 from model import catalog
-from model.settings import NodeSettings, QueueSettings
+from model.settings.schema import NodeSettings, QueueSettings
 from node_agent import desired
 from tpu_training.config import JobConfig
 

@@ -40,7 +40,7 @@ from model.roles import (
     TPU_XPN_AGENT_ROLE,
     grants_only,
 )
-from model.settings import StackSettings
+from model.settings.schema import StackSettings
 
 PROJECT_IAM_ADMIN = "roles/resourcemanager.projectIamAdmin"
 XPN_ADMIN = "roles/compute.xpnAdmin"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from model import catalog, cost
-from model.settings import NodeSettings, StackSettings
+from model.settings.schema import NodeSettings, StackSettings
 from tpu_training.config import JobConfig
 
 UNKNOWN = "unknown"

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from model import catalog
-from model.settings import NodeSettings, StackSettings
+from model.settings.schema import NodeSettings, StackSettings
 from model.stop_save import step_seconds
 from tpu_training.config import JobConfig, recipe, train_flops_per_example
 

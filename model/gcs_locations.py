@@ -1,7 +1,7 @@
 """Cloud Storage's bucket locations: regions, predefined dual-regions, multi-regions.
 
 Read from model/gcs_locations.json, which names its source page and the date
-it was read; a location missing there is refused by model/settings.py (GCS
+it was read; a location missing there is refused by model/settings/ (GCS
 refuses an unknown location at `up`, after the rest of the plan has been reviewed).
 """
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from model import catalog
 from model.gcs_locations import gcs_locations
 from model.naming import PURPOSES
-from model.settings import NodeSettings, StackSettings
+from model.settings.schema import NodeSettings, StackSettings
 from tpu_training.config import JobConfig
 
 # The predefined dual-regions and their regions (model/gcs_locations.json).

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 
 from functions.budget_stop import spend
 from model import catalog
-from model.settings import NodeSettings, StackSettings
+from model.settings.schema import NodeSettings, StackSettings
 
 # Cloud Billing budgets' calendar periods begin "at 12 AM US and Canadian Pacific Time
 # (UTC-8)" (Cloud Billing Budget API, google.cloud.billing.budgets.v1 Filter): a month's

@@ -23,7 +23,7 @@ systemd stop timeout), so no advice here names more than that.
 
 from __future__ import annotations
 
-from model.settings import NodeSettings, StackSettings
+from model.settings.schema import NodeSettings, StackSettings
 from model.stop_save import longest_execution_seconds, stop_save_seconds
 from node_agent.deadlines import EXECUTION_FLOOR_SECONDS, EXECUTION_MULTIPLE
 from tpu_training.config import MAX_PROGRESS_DEADLINE_SECONDS, JobConfig

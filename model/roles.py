@@ -188,3 +188,34 @@ TPU_AGENT_DOMAIN = "gcp-sa-tpu.iam.gserviceaccount.com"
 # The TPU custom role's id in the team's project (naming.custom_role_id): the bootstrap
 # names it in the folder's grant condition (model/bootstrap.py).
 BUDGET_STOP_ROLE = "budget_stop"
+
+
+# Object roles per bucket purpose: read what the job consumes, write what it
+# produces. roles/storage.objectUser is read/write/delete on objects without
+# any IAM or bucket administration (cloud.google.com/storage/docs/access-control/iam-roles).
+BUCKET_ROLES = {
+    "data": "roles/storage.objectViewer",
+    "artifacts": "roles/storage.objectViewer",
+    "checkpoints": "roles/storage.objectUser",
+    "logs": "roles/storage.objectUser",
+}
+
+
+# TensorFlow's GCS filesystem reads bucket metadata (storage.buckets.get) to
+# check that a bucket exists before it writes; legacyBucketReader grants that
+# and object listing, nothing else (same page, "Basic roles and legacy roles").
+BUCKET_METADATA_ROLE = "roles/storage.legacyBucketReader"
+
+
+# A team's members may run as the team's account (actAs: start work as it,
+# never mint its tokens, which needs serviceAccountTokenCreator) and read the
+# team's logs bucket, where the node agent writes status and logs (docs/design.md).
+ACT_AS_ROLE = "roles/iam.serviceAccountUser"
+
+
+MEMBER_BUCKET_ROLES = {"logs": "roles/storage.objectViewer"}
+
+
+# Who may impersonate an account through the pool (cloud.google.com/iam/docs/
+# workload-identity-federation-with-deployment-pipelines, "Workload Identity User").
+IMPERSONATION_ROLE = "roles/iam.workloadIdentityUser"

@@ -22,7 +22,7 @@ process exit and the OS shutting down.
 from __future__ import annotations
 
 from model import catalog
-from model.settings import NodeSettings, StackSettings
+from model.settings.schema import NodeSettings, StackSettings
 from tpu_training.config import (
     EXECUTION_SHARE_OF_NOTICE,
     JobConfig,

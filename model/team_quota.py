@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model import catalog
-from model.settings import StackSettings, TeamQuota
+from model.settings.schema import StackSettings, TeamQuota
 
 # Cloud Quotas refuses a preference that lowers the effective limit by more than
 # 10% unless that safety check is skipped (QuotaSafetyCheck, cloud.google.com/docs/

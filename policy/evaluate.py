@@ -25,7 +25,7 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from model.settings import ENVIRONMENT_KEY
+from model.settings.load import ENVIRONMENT_KEY
 from policy.tpu_policies import POLICIES, reviewing
 
 PolicyConfig = Mapping[str, Mapping[str, Any]]

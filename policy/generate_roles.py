@@ -25,6 +25,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from model import bootstrap
+from model import roles as r
+
 DATASET_REPO = "iann0036/iam-dataset"
 DATASET_COMMIT = "2073fa52ac008a45477aa0b1b4580cd99135bf60"  # 2026-08-22
 TABLE = Path(__file__).with_name("iam_roles.json")
@@ -39,18 +42,14 @@ EXTRA_ROLES = ("roles/owner", "roles/editor", "roles/storage.admin", "roles/clou
 
 
 def granted_roles() -> list[str]:
-    """The predefined roles the components grant, from their own constants."""
-    from components import ci, identity, teams
-    from model import bootstrap
-
-    roles: set[str] = {*identity.PROJECT_ROLES, *identity.BUCKET_ROLES.values(),
-                       identity.BUCKET_METADATA_ROLE, identity.ACT_AS_ROLE,
-                       *identity.MEMBER_BUCKET_ROLES.values(), *ci.DEPLOYER_ROLES,
-                       *ci.BOOTSTRAP_ROLES, *ci.TEAM_DEPLOYER_ROLES, *ci.PREVIEW_ROLES,
-                       *ci.DEPLOYER_ACCOUNT_ROLES, ci.IMPERSONATION_ROLE,
-                       *ci.PLATFORM_FOLDER_ROLES,
-                       *teams.MEMBER_PROJECT_ROLES, teams.NETWORK_USER_ROLE,
-                       teams.TPU_XPN_AGENT_ROLE, bootstrap.XPN_ADMIN, bootstrap.BUDGETS_ROLE,
+    """The predefined roles the components grant, from the model's role facts."""
+    roles: set[str] = {*r.PROJECT_ROLES, *r.BUCKET_ROLES.values(), r.BUCKET_METADATA_ROLE,
+                       r.ACT_AS_ROLE, *r.MEMBER_BUCKET_ROLES.values(), *r.DEPLOYER_ROLES,
+                       *r.BOOTSTRAP_ROLES, *r.TEAM_DEPLOYER_ROLES, *r.PREVIEW_ROLES,
+                       *r.DEPLOYER_ACCOUNT_ROLES, r.IMPERSONATION_ROLE,
+                       *r.PLATFORM_FOLDER_ROLES,
+                       *r.MEMBER_PROJECT_ROLES, r.NETWORK_USER_ROLE,
+                       r.TPU_XPN_AGENT_ROLE, bootstrap.XPN_ADMIN, bootstrap.BUDGETS_ROLE,
                        bootstrap.HOST_STORAGE_ROLE, *bootstrap.BUDGET_STOP_HOST_ROLES}
     return sorted(roles | set(EXTRA_ROLES))
 

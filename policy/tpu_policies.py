@@ -30,7 +30,8 @@ from pulumi_policy import (
 
 from components.stack_config import program_config
 from model import catalog
-from model.settings import DEFAULT_TEAM, ENVIRONMENTS, environment_of
+from model.settings.load import ENVIRONMENTS, environment_of
+from model.settings.rules.teams import DEFAULT_TEAM
 from node_agent.contract import IDLE_STOP_KEY, MAX_RUNTIME_KEY
 from policy.iam import binding_target
 
@@ -91,7 +92,7 @@ _STACK_CONFIG: ContextVar[Mapping[str, Any] | None] = ContextVar("stack_config",
 
 
 def stack_environment() -> str:
-    """dev or prod, by the rule settings use (model/settings.py,
+    """dev or prod, by the rule settings use (model/settings/,
     environment_of: `tpu-stack:environment`, never the stack's name). The engine
     hands a policy pack the stack's config in PULUMI_CONFIG (pulumi/pulumi
     pkg/resource/plugin/analyzer_plugin.go, constructEnv; since pulumi 1.8.0,

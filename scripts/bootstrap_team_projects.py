@@ -32,7 +32,7 @@ from model.bootstrap import (
     quota_contact_grant,
 )
 from model.roles import DOMAIN_POLICY, ENFORCED_POLICIES
-from model.settings import StackSettings
+from model.settings.schema import StackSettings
 
 # `gcloud <group> add-iam-policy-binding <id>` by the kind of resource a grant is on.
 _GRANT_COMMANDS = {"folders": ["resource-manager", "folders"], "projects": ["projects"],

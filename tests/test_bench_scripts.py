@@ -16,7 +16,8 @@ import pytest
 
 from model.archive import REPO_ROOT
 
-OWN_PACKAGES = ("components", "node_agent", "ops", "policy")  # importable here (no TF)
+# Importable here (no TF).
+OWN_PACKAGES = ("cloud", "components", "model", "node_agent", "ops", "policy")
 
 
 def own_modules(tree: ast.Module) -> dict[str, ModuleType]:

@@ -19,7 +19,7 @@ from components.stack_config import file_config
 from model.archive import REPO_ROOT
 from model.naming import Naming
 from model.roles import DEPLOYER_ROLES, PREVIEW_ROLES, TEAM_DEPLOYER_ROLES
-from model.settings import CiSettings
+from model.settings.schema import CiSettings
 from ops.plan.mock_engine import run_program
 from policy.cel import CelError
 from policy.cel import evaluate as cel

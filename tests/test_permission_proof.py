@@ -11,7 +11,8 @@ import pytest
 
 from components.stack_config import file_config, settings_for
 from model import bootstrap
-from model.settings import SettingsError, load_settings
+from model.settings.load import load_settings
+from model.settings.schema import SettingsError
 from ops.plan.mock_engine import ProgramRun, run_program
 from ops.plan.proof import plan_proof
 from policy.iam import IamModel

@@ -559,7 +559,7 @@ def test_every_role_the_stacks_grant_is_named_and_in_the_table(repo_runs, prod) 
 
 def test_settings_name_the_project_each_planned_node_is_in(repo_runs) -> None:
     """What tpuctl needs to find nodes: settings.node_project agrees with the plan."""
-    from model.settings import load_settings
+    from model.settings.load import load_settings
 
     for stack, run in zip(("platform", "team-vision"), repo_runs, strict=True):
         settings = load_settings(file_config(stack), stack)

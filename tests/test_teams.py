@@ -14,7 +14,8 @@ import pytest
 
 from components.stack_config import file_config
 from components.team_stack import PlatformStackError
-from model.settings import NodeSettings, SettingsError, load_settings
+from model.settings.load import load_settings
+from model.settings.schema import NodeSettings, SettingsError
 from ops.plan.mock_engine import GcpMocks, ProgramRun, planned_stack_outputs, run_program
 from tests.infra.stack_fixtures import as_cli, config, job, node
 

@@ -53,7 +53,7 @@ from model.archive import (
     read_lock,
 )
 from model.catalog import CatalogError
-from model.settings import SettingsError
+from model.settings.schema import SettingsError
 from node_agent.contract import RELEASE_KEY, STARTUP_SCRIPT_KEY, STATUS_KEY
 from ops.local import rehearsal_record
 from ops.local.local_node import IMAGE_PYTHON, WORKER_NUMBER_KEY, LocalNode, publish_release

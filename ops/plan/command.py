@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from components.stack_config import StackFileError
-from model.settings import SettingsError
+from model.settings.schema import SettingsError
 from ops.plan.diff import WAY_OUT, diff_plans, load_plan, render_diff
 from ops.plan.offline import Plan, PlanError, offline_plan
 from ops.plan.proof import plan_proof

@@ -18,7 +18,8 @@ from components.stack_config import file_config
 from model import candidates, catalog, locality, meter, progress_deadline, stop_save, team_quota
 from model.archive import PackageError
 from model.cost import RATES, StackCost, StepCost, settings_cost
-from model.settings import StackSettings, load_settings
+from model.settings.load import load_settings
+from model.settings.schema import StackSettings
 from ops.plan.mock_engine import (
     GcpMocks,
     ProgramRun,

@@ -24,7 +24,7 @@ from model.bootstrap import (
     deployer_grants,
     quota_contact_grant,
 )
-from model.settings import StackSettings
+from model.settings.schema import StackSettings
 from ops.plan.mock_engine import ProgramRun, planned_stack_run
 from policy.iam import Binding, IamModel
 from policy.permissions import Applier, Finding, prove

@@ -24,7 +24,7 @@ from google.cloud import tpu_v2, tpu_v2alpha1
 
 from cloud.tpu import ENDPOINT_ENV
 from model import candidates, catalog
-from model.settings import NodeSettings, StackSettings
+from model.settings.schema import NodeSettings, StackSettings
 from ops.tpu.api import (
     NoCredentialsError,
     TpuApi,

@@ -25,7 +25,7 @@ from typing import Any
 
 from cloud import gcp_credentials
 from model import catalog
-from model.settings import StackSettings
+from model.settings.schema import StackSettings
 from model.team_quota import SKIPPED_SAFETY_CHECK, QuotaCap, stack_caps
 from ops.tpu.api import TpuApi
 from ops.tpu.preflight import Check, PreflightReport, preflight

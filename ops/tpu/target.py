@@ -20,7 +20,7 @@ from components.stack_config import StackFileError, settings_for, stack_file_con
 from model import catalog
 from model.archive import REPO_ROOT
 from model.budget_hold import settings_digest
-from model.settings import SettingsError, StackSettings
+from model.settings.schema import SettingsError, StackSettings
 
 # The stack file's gcp: keys that choose the gcp provider's credentials.
 GCP_AUTH_KEYS = (*gcp_credentials.CONFIG_KEYS.values(), *gcp_credentials.UNSUPPORTED_KEYS)

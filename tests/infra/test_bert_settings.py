@@ -12,7 +12,8 @@ import pytest
 from components.stack_config import file_config, load_yaml
 from model import catalog
 from model.archive import REPO_ROOT
-from model.settings import SettingsError, load_settings
+from model.settings.load import load_settings
+from model.settings.schema import SettingsError
 from model.stop_save import step_seconds
 from tests.infra.stack_fixtures import as_cli, config, job, node
 from tpu_training.config import JobConfig, train_device_bytes

@@ -7,7 +7,7 @@ import json
 from components.stack_config import file_config
 from model import catalog, cost
 from model.candidates import candidate_rows, one_quota_warning
-from model.settings import load_settings
+from model.settings.load import load_settings
 from ops.plan.offline import offline_plan
 from ops.plan.report import plain, render
 from tests.infra.stack_fixtures import as_cli, config, node

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from model import catalog, cost
-from model.settings import SettingsError, load_settings
+from model.settings.load import load_settings
+from model.settings.schema import SettingsError
 from ops.plan.offline import cost_json
 from ops.plan.report import cost_summary, node_prices
 from tests.infra.stack_fixtures import as_cli, config, node

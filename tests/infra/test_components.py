@@ -20,7 +20,8 @@ from components.storage import TrainingBuckets
 from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
 from model.archive import Archive
 from model.naming import Naming
-from model.settings import ProjectSettings, StorageSettings, load_settings
+from model.settings.load import load_settings
+from model.settings.schema import ProjectSettings, StorageSettings
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
 from tests.infra.stack_fixtures import as_cli, config, node
 

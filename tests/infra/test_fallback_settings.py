@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from model.settings import SettingsError, load_settings
+from model.settings.load import load_settings
+from model.settings.schema import SettingsError
 from tests.infra.stack_fixtures import as_cli, config, node
 
 N0 = "tpu-stack:nodes[0]"

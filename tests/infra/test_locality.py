@@ -7,7 +7,7 @@ import pytest
 
 from components.stack_config import file_config, settings_for
 from model.locality import holds_region, stack_warnings
-from model.settings import load_settings
+from model.settings.load import load_settings
 from ops.plan.mock_engine import run_program
 from tests.infra.stack_fixtures import as_cli, config, job, node
 

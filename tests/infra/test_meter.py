@@ -12,7 +12,7 @@ import pytest
 from components.stack_config import file_config
 from functions.budget_stop import spend
 from model import catalog, meter
-from model.settings import load_settings
+from model.settings.load import load_settings
 from ops.tpu.api import NodeStatus
 from ops.tpu.status import (
     COLUMNS,

@@ -3,7 +3,7 @@ metadata in whole seconds (node_agent/contract.py), where the agent reads them."
 
 from __future__ import annotations
 
-from model.settings import load_settings
+from model.settings.load import load_settings
 from node_agent.contract import IDLE_STOP_KEY, MAX_RUNTIME_KEY, STOP_REQUEST_KEY
 from ops.plan.mock_engine import run_program
 from tests.infra.stack_fixtures import as_cli, config, node

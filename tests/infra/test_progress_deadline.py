@@ -13,7 +13,7 @@ from model.progress_deadline import (
     progress_deadline_warning,
     stack_warnings,
 )
-from model.settings import load_settings
+from model.settings.load import load_settings
 from model.stop_save import longest_execution_seconds, stop_save_seconds
 from node_agent.deadlines import STOP_SECONDS
 from ops.plan.offline import offline_plan

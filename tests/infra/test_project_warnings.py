@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from components.project import stack_warnings
 from components.stack_config import file_config
-from model.settings import load_settings
+from model.settings.load import load_settings
 from tests.infra.stack_fixtures import as_cli, config
 
 

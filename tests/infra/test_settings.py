@@ -10,7 +10,8 @@ import pytest
 from components.stack_config import StackFileError, file_config
 from model import catalog
 from model.archive import REPO_ROOT
-from model.settings import SettingsError, load_settings
+from model.settings.load import load_settings
+from model.settings.schema import SettingsError
 from tests.infra.stack_fixtures import as_cli, config, job, node
 
 
@@ -281,7 +282,7 @@ def test_gs_and_data_bucket_paths_are_locations() -> None:
 
 def test_a_team_job_location_is_checked_the_same_way() -> None:
     from components.stack_config import file_config
-    from model.settings import SettingsError as Error
+    from model.settings.schema import SettingsError as Error
 
     raw = file_config("platform")
     teams = json.loads(raw["tpu-stack:teams"])
@@ -428,7 +429,7 @@ def test_every_published_location_is_accepted_in_either_case(location: str) -> N
 
 
 def test_the_locations_file_names_its_source_and_date_and_holds_the_three_kinds() -> None:
-    data = json.loads((REPO_ROOT / "components" / "gcs_locations.json").read_text())
+    data = json.loads((REPO_ROOT / "model" / "gcs_locations.json").read_text())
     assert data["source"].startswith("https://cloud.google.com/storage/docs/locations")
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", data["read"])
     assert {"us-central1", "europe-west4", "us-south1"} <= set(data["regions"])
@@ -477,16 +478,16 @@ def test_a_refused_part_is_named_once_and_the_rest_still_checked(changes: dict,
 
 
 def test_a_rule_added_as_a_generator_runs_despite_shape_problems(monkeypatch) -> None:
-    """Other checks join `_rule_problems` as generators of (key, message): they run on the
+    """Other checks join `rule_problems` as generators of (key, message): they run on the
     repaired copy too, without knowing about it."""
-    import model.settings as settings_module
+    import model.settings.load as settings_module
 
     def no_trainer(s):
         if any(n.name == "trainer" for n in s.nodes):
             yield ("tpu-stack:nodes", "no node may be called trainer")
 
-    rules = settings_module._rule_problems
-    monkeypatch.setattr(settings_module, "_rule_problems",
+    rules = settings_module.rule_problems
+    monkeypatch.setattr(settings_module, "rule_problems",
                         lambda s: (*rules(s), *no_trainer(s)))
     problems = problems_of(config(tpu_stack_nodez=[], tpu_stack_storage={"location": "US",
                                                                          "protect": 3}))

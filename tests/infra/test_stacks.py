@@ -241,7 +241,7 @@ def test_pulumi_version_file_names_pulumi_yamls_minimum() -> None:
 
 
 def test_every_top_level_key_is_declared_with_a_description() -> None:
-    from model.settings import TOP_LEVEL_KEYS
+    from model.settings.load import TOP_LEVEL_KEYS
     project = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
     declared = {f"tpu-stack:{k}": v for k, v in project["config"].items()}
     assert set(TOP_LEVEL_KEYS) <= set(declared)

@@ -10,7 +10,7 @@ import pytest
 
 from components.stack_config import file_config
 from model import catalog, cost
-from model.settings import load_settings
+from model.settings.load import load_settings
 from ops.plan.offline import cost_json, offline_plan
 from ops.plan.report import plain, render, significant, step_rows
 from tests.infra.stack_fixtures import as_cli, config, node

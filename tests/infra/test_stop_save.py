@@ -6,7 +6,7 @@ import pulumi
 import pytest
 
 from model import catalog
-from model.settings import load_settings
+from model.settings.load import load_settings
 from model.stop_save import (
     longest_execution_seconds,
     stack_warnings,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from model import catalog
-from model.settings import load_settings
+from model.settings.load import load_settings
 from ops.plan.command import print_report
 from ops.plan.offline import offline_plan
 from ops.tpu.api import TpuApi

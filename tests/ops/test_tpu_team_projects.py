@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from components.stack_config import file_config
-from model.settings import load_settings
+from model.settings.load import load_settings
 from ops.tpu import status
 from ops.tpu.actions import apply_actions, recovery_plan
 from ops.tpu.api import TpuApi

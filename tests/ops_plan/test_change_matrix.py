@@ -22,7 +22,8 @@ import pytest
 from components import package
 from components.stack_config import file_config
 from model.archive import TRAINING_DIR, Archive, build_archive
-from model.settings import SettingsError, load_settings
+from model.settings.load import load_settings
+from model.settings.schema import SettingsError
 from ops.plan.diff import diff_plans, render_diff, replacement_warnings
 from ops.plan.offline import offline_plan
 from ops.plan.report import plain
@@ -156,7 +157,7 @@ NEW_REGION = {"dev": ("europe-west4-b", "v5litepod-8", "spot"),
               "platform": ("europe-west4-b", "v5litepod-8", "spot")}
 # prod's us-central2 pin holds us-central1's slot range (10.128.0.0/20): a new
 # us-central1 is pinned where the grid puts it, as the settings ask
-# (model/settings.py _moved_range_problems).
+# (model/settings/ _moved_range_problems).
 NEW_REGION_PINS = {"prod": {"us-central1": "10.128.16.0/20"}}
 # The subnets a grown grid changes: only an unpinned range at slot 0 widens in place.
 GROWN = {"dev": [("update", "subnet-us-central1")], "prod": [], "platform": []}

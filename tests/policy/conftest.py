@@ -14,7 +14,7 @@ from pulumi_policy import (
     StackValidationArgs,
 )
 
-from model.settings import ENVIRONMENT_KEY
+from model.settings.load import ENVIRONMENT_KEY
 from policy.tpu_policies import POLICIES, reviewing
 
 BY_NAME = {policy.name: policy for policy in POLICIES}

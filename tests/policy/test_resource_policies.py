@@ -142,7 +142,7 @@ def test_spot_stacks(check, good_node):
 
 
 def test_dev_is_the_environment_not_the_stack_name(check, good_node):
-    """One rule: tpu-stack:environment (model/settings.py, environment_of)."""
+    """One rule: tpu-stack:environment (model/settings/, environment_of)."""
     spot = {**good_node, "schedulingConfig": {"spot": True}}
     data = {"forceDestroy": True, "labels": {"purpose": "data"}}
     assert check("tpu-spot-stacks", V2VM, spot, stack="t12", environment="dev") == []
