@@ -55,6 +55,8 @@ from node_agent.contract import (
     RUNTIME_KEY,
     STATUS_KEY,
     STOP_REQUEST_KEY,
+    UNFINISHED_STATES,
+    JobState,
 )
 from node_agent.deadlines import Hang, hang_message, named_worker
 from node_agent.desired import Desired, Release, node_settings
@@ -101,7 +103,6 @@ def maintenance_lead_seconds() -> float:
     return float(os.environ.get("TPU_STACK_MAINTENANCE_LEAD_SECONDS")
                  or MAINTENANCE_LEAD_SECONDS)
 
-ACTIVE_STATES = ("installing", "running", "retrying", "waiting-for-data", "preempted", "hung")
 # The agent's line when a running job's event stops it (lifecycle.TABLE, action `note`).
 STOP_NOTES = {
     "SIGTERM": "SIGTERM: stopping the job so it checkpoints",
@@ -203,7 +204,7 @@ class Agent:
         try:
             prefix, self.workers = node_settings(self.attributes)
         except AgentError as error:
-            self.status.set(state="failed", message=str(error))
+            self.status.set(state=JobState.FAILED, message=str(error))
             self.maintenance.stop()
             self.status.close()
             return EXIT_FAILED
@@ -433,7 +434,7 @@ class Agent:
         self.previous = {}
         assert self.releases is not None
         self.releases.taken(desired.release)
-        self.status.set(state="running", package=desired.package_sha256,
+        self.status.set(state=JobState.RUNNING, package=desired.package_sha256,
                         release=desired.release.uri, step=self.job.run.step,
                         message=f"agent {self.version} took over job pid "
                                 f"{self.job.process.pid if self.job.process else '?'} from agent "
@@ -475,7 +476,7 @@ class Agent:
                 return Desired(release, self.workers)
             if self.releases.polls and self.releases.problem != shown:
                 shown = self.releases.problem
-                self.status.set(state="retrying", message=f"{shown}; checking every "
+                self.status.set(state=JobState.RETRYING, message=f"{shown}; checking every "
                                 f"{release_poll_seconds():.0f}s")
             self._sleep(None)
         return None
@@ -504,7 +505,7 @@ class Agent:
                 try:
                     return self._supervise(desired)
                 except AgentError as error:
-                    self.status.set(state="failed", message=str(error))
+                    self.status.set(state=JobState.FAILED, message=str(error))
                     return EXIT_FAILED
                 except Interrupted:
                     raise
@@ -524,12 +525,12 @@ class Agent:
         to run next): transient failures back off and run it again, for as long as the
         node lives."""
         if desired.workers == "0" and self.worker != 0:
-            self.status.set(state="idle", package=desired.package_sha256,
+            self.status.set(state=JobState.IDLE, package=desired.package_sha256,
                             message="pod slice: worker 0 runs the TensorFlow client")
             return EXIT_OK
         done = self.root / "done" / desired.run_key
         if done.exists():
-            self.status.set(state="succeeded", package=desired.package_sha256,
+            self.status.set(state=JobState.SUCCEEDED, package=desired.package_sha256,
                             step=done.read_text().strip() or "0",
                             message="finished earlier; not rerun")
             return EXIT_OK
@@ -592,7 +593,7 @@ class Agent:
             if self.life == "preempted":
                 return self._stopped(code, run)
             if self.life == "failed":
-                self.status.set(state="failed", message=self._job_error(code, run))
+                self.status.set(state=JobState.FAILED, message=self._job_error(code, run))
                 return EXIT_FAILED
             if run.step > run.start_step:
                 retry.reset()
@@ -603,7 +604,7 @@ class Agent:
             if event == "EXIT_CRASH":
                 crashes += 1
                 if crashes > CRASH_RETRIES:
-                    self.status.set(state="failed", message=self._job_error(code, run) +
+                    self.status.set(state=JobState.FAILED, message=self._job_error(code, run) +
                                     f" ({crashes} times in a row without progress)")
                     return EXIT_FAILED
             why = self._job_error(code, run)
@@ -622,7 +623,7 @@ class Agent:
         saved = saved if saved is not None else (run.stopped_at if run else None)
         what = f"stopped ({reason}) after saving step {saved}" if saved is not None else \
             f"stopped ({reason}): the job is not started"
-        self.status.set(state="stopped", stopSave=run.stop_save if run else None,
+        self.status.set(state=JobState.STOPPED, stopSave=run.stop_save if run else None,
                         message=f"{what}; it starts again when the request is withdrawn")
         if not self.stay:
             return False
@@ -676,7 +677,7 @@ class Agent:
         stop or another release installed first meanwhile is Interrupted, the install's
         failure raised (TransientError: back off; AgentError: failed)."""
         if not self.installer.package_dir(desired.package_sha256).is_dir():
-            self.status.set(state="installing", package=desired.package_sha256, message="")
+            self.status.set(state=JobState.INSTALLING, package=desired.package_sha256, message="")
         self.updater.offer(desired)
         while (result := self.updater.result(desired)) is None:
             if self.terminated.is_set() or self._notice():
@@ -706,7 +707,7 @@ class Agent:
         or on an update installed meanwhile."""
         if self.terminated.is_set() or self._notice():
             if reason := self._notice():
-                self.status.set(state="preempted", message=f"{reason}: not starting the job")
+                self.status.set(state=JobState.PREEMPTED, message=f"{reason}: not starting the job")
             raise Interrupted()
         if (update := self._update(desired)) is not None:
             raise Interrupted(update=update)
@@ -715,7 +716,7 @@ class Agent:
         """State `retrying` for the next backoff delay (Interrupted meanwhile: see
         _check_interrupted)."""
         delay = backoff.next_delay()
-        self.status.set(state="retrying", message=f"{why}; retrying in {delay:.0f}s "
+        self.status.set(state=JobState.RETRYING, message=f"{why}; retrying in {delay:.0f}s "
                                                   f"(attempt {backoff.attempts})")
         deadline = time.monotonic() + delay
         while (left := deadline - time.monotonic()) > 0:
@@ -726,7 +727,7 @@ class Agent:
         """State `waiting-for-data` until a file matches `pattern` (polling the listing
         with backoff; Interrupted meanwhile: see _check_interrupted)."""
         self._account("infrastructure_recovery")
-        self.status.set(state="waiting-for-data",
+        self.status.set(state=JobState.WAITING_FOR_DATA,
                         message=f"no file matches {pattern} yet; the job starts when one does")
         try:
             while True:
@@ -770,7 +771,7 @@ class Agent:
             self._stop_sent = False
             launched = self._launched = time.monotonic()
             self.job.start(config, env, cwd=package_dir)
-            self.status.set(state="running", package=desired.package_sha256,
+            self.status.set(state=JobState.RUNNING, package=desired.package_sha256,
                             release=desired.release.uri, message="")
             self._prune(desired)
         code = self._follow(desired)
@@ -790,8 +791,8 @@ class Agent:
         return self.job.stop()
 
     def _follow(self, desired: Desired) -> int:
-        """Follow the running job to its exit: once a second the first event of
-        lifecycle.RUNNING_EVENTS that holds moves the job's life on (its actions: the
+        """Follow the running job to its exit: once a second the first event that holds
+        (_running_event) moves the job's life on (its actions: the
         stop with a save, or the hang's stacks then the stop); the exit code (an update
         that stopped it is kept in `_update_to`, the life `stopping-update`)."""
         self._following = desired
@@ -816,7 +817,7 @@ class Agent:
         return self.job.wait()
 
     def _running_event(self, desired: Desired) -> tuple[str | None, object]:
-        """The first of lifecycle.RUNNING_EVENTS that holds now, with its detail."""
+        """The first event that holds now, in their order of priority, with its detail."""
         if self.terminated.is_set():
             return "SIGTERM", "SIGTERM"
         if reason := self._notice():
@@ -839,7 +840,7 @@ class Agent:
         run = self.job.run
         worker = named_worker(run.recent, self.attributes.get(NETWORK_ENDPOINTS_KEY, "")) \
             if desired.workers == "0" else None
-        self.status.set(state="hung", phase=hang.phase, hang=hang.view() | {"at": utc_now()},
+        self.status.set(state=JobState.HUNG, phase=hang.phase, hang=hang.view() | {"at": utc_now()},
                         message=hang_message(hang, run.stacks_signal is not None, worker))
         self._stop_sent = True
         return self.job.stop_hung(hang)
@@ -906,7 +907,7 @@ class Agent:
         done = self.root / "done" / desired.run_key
         done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(str(self.status.fields["step"]) + "\n")
-        self.status.set(state="succeeded", message="job finished")
+        self.status.set(state=JobState.SUCCEEDED, message="job finished")
         return EXIT_OK
 
     def _stopped_in_start_up(self, code: int, run: JobRun) -> bool:
@@ -919,16 +920,16 @@ class Agent:
         """The job stopped on a signal (ours or the VM's): `preempted`, not `failed`."""
         why = self._notice() or ("SIGTERM" if self.terminated.is_set() else "a stop signal")
         if code == -signal.SIGTERM and self._stopped_in_start_up(code, run):
-            self.status.set(state="preempted", message=f"stopped ({why}) during the job's "
+            self.status.set(state=JobState.PREEMPTED, message=f"stopped ({why}) during the job's "
                             f"start-up, before it trained: resumes from step {run.start_step}")
             return EXIT_PREEMPTED
         if code == EXIT_PREEMPTED:
             saved = run.stop_save["step"] if run.stop_save else run.stopped_at or run.step
-            self.status.set(state="preempted", stopSave=run.stop_save,
+            self.status.set(state=JobState.PREEMPTED, stopSave=run.stop_save,
                             message=f"stopped ({why}) after saving step {saved}")
             return EXIT_PREEMPTED
         durable = max(run.start_step, run.saved_step or 0)
-        self.status.set(state="preempted", message=f"stopped ({why}) without a stop save "
+        self.status.set(state=JobState.PREEMPTED, message=f"stopped ({why}) without a stop save "
                         f"({self._job_error(code, run)}); resumes from step {durable}")
         return EXIT_STOP_SAVE_FAILED
 
@@ -944,7 +945,7 @@ class Agent:
         earlier = self.previous.get("goodput")
         if isinstance(earlier, dict) and earlier.get("job") == desired.run_key:
             fields["lastSave"] = self.previous.get("lastSave")
-            if self.previous.get("state") in ACTIVE_STATES:
+            if self.previous.get("state") in UNFINISHED_STATES:
                 self.goodput.add("infrastructure_recovery",
                                  self.started_at - (parse_utc(str(self.previous.get("updated")))
                                                     or self.started_at))

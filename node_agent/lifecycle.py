@@ -30,9 +30,6 @@ from node_agent.contract import (
     STOPPED_EXITS,
 )
 
-# Events while the job runs, in the order the agent looks for them.
-RUNNING_EVENTS = ("SIGTERM", "NOTICE", "STOP_REQUESTED", "HANG", "MAINTENANCE", "UPDATE")
-
 
 @dataclasses.dataclass(frozen=True)
 class Transition:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from node_agent import install, lifecycle, metadata
+from node_agent import build, contract, install, lifecycle, metadata
 from node_agent.agent import Agent
 from ops.local.storage_emulator import StorageEmulator
+from ops.tpu import status as tpu_status
 from tests.agent.conftest import Node
 from tests.agent.test_agent_chaos import stand_in_package, training
 from tests.agent.test_agent_handover import job_pids
@@ -111,3 +113,31 @@ def test_a_stop_request_stops_the_job_with_a_save_and_holds_it_until_withdrawn(
         runner.join(120)
     assert codes == [75]
     assert f"tpu_training resumed_from={saved}" in node.job_log_path().read_text()
+
+
+def test_the_published_job_states_are_one_str_enum_the_status_shows_as_before() -> None:
+    assert [state.value for state in contract.JobState] == [
+        "idle", "installing", "running", "succeeded", "failed", "preempted", "stopped",
+        "retrying", "waiting-for-data", "hung"]
+    assert json.dumps({"state": contract.JobState.WAITING_FOR_DATA}) == \
+        '{"state": "waiting-for-data"}'
+    assert f"{contract.JobState.RUNNING}" == "running"
+    # A status read back from JSON holds plain strings: they are found in the set.
+    assert json.loads('"preempted"') in contract.UNFINISHED_STATES
+
+
+def test_ops_and_the_agent_read_unfinished_jobs_from_one_definition() -> None:
+    assert tpu_status.ACTIVE_JOB == set(contract.UNFINISHED_STATES) == {
+        "installing", "running", "retrying", "waiting-for-data", "preempted", "hung"}
+
+
+def test_the_agent_publishes_no_state_literal() -> None:
+    for path in (DESIGN.parents[1] / "node_agent").glob("*.py"):
+        assert not re.findall(r'state="[a-z-]+"', path.read_text()), path.name
+
+
+def test_the_startup_script_carries_no_comment_lines_but_the_shebang() -> None:
+    lines = build.startup_script().splitlines()
+    assert lines[0] == "#!/usr/bin/env bash"
+    assert not [line for line in lines[1:] if line.lstrip().startswith("#")]
+    assert "TimeoutStopSec=" in build.startup_script()
