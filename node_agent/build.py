@@ -57,7 +57,10 @@ except Exception:
 
 sys.exit(main())
 """
-BASE64_LINE = 76  # base64(1)'s default wrap
+# base64(1) -d reads lines of any length (it skips newlines, coreutils' base64 docs), and
+# handover.zipapp_in_script joins them: long lines save a byte every 76 of a metadata
+# value that is short of room (the wrap was base64's default, 76).
+BASE64_LINE = 4096
 
 
 def modules() -> list[Path]:
@@ -114,11 +117,14 @@ def lean(source: str) -> str:
 
 
 def bare_script(bootstrap: str) -> str:
-    """The bootstrap without its comment lines (the shebang kept): a metadata value is
-    short of room, and the comments are read here, in node_agent/bootstrap.sh. Inside
-    the unit's here-document they are systemd comment lines, also only for people."""
+    """The bootstrap without its comment lines (the shebang kept) and its indentation: a
+    metadata value is short of room, and the comments are read here, in
+    node_agent/bootstrap.sh. Inside the unit's here-document they are systemd comment
+    lines, also only for people, and no line is indented (bash and systemd ignore a
+    line's leading blanks; a here-document's are kept, so it must have none)."""
     lines = bootstrap.splitlines(keepends=True)
-    return lines[0] + "".join(line for line in lines[1:] if not line.lstrip().startswith("#"))
+    return lines[0] + "".join(line.lstrip(" ") for line in lines[1:]
+                              if not line.lstrip().startswith("#"))
 
 
 def startup_script(agent: bytes | None = None) -> str:

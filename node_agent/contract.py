@@ -89,6 +89,5 @@ class JobState(str, enum.Enum):
 # unfinished agent wrote"). `preempted` is one: the job resumes from its checkpoint.
 # Plain strings: a status read back from JSON is compared with them (a str enum member
 # hashes by its name, so it would not be found in a set of members).
-UNFINISHED_STATES = frozenset(state.value for state in (
-    JobState.INSTALLING, JobState.RUNNING, JobState.RETRYING, JobState.WAITING_FOR_DATA,
-    JobState.PREEMPTED, JobState.HUNG))
+UNFINISHED_STATES = frozenset(state.value for state in JobState) - {"idle", "succeeded", "failed",
+                                                                 "stopped"}
