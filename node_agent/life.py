@@ -28,18 +28,24 @@ from node_agent.contract import (
     JobState,
 )
 from node_agent.deadlines import hang_message, named_worker
-from node_agent.desired import Desired
+from node_agent.desired import Desired, Release
 from node_agent.environment import grpc_tpu_name, job_environment, read_environment_file
 from node_agent.goodput import Goodput, settle_run
-from node_agent.job import process_start_time, terminate
+from node_agent.job import orphan_output, process_start_time, terminate
 from node_agent.job_lines import JobRun
 from node_agent.lifecycle import Action, Event, Happened, Life, State, exit_event, step
 from node_agent.metadata import node_id
+from node_agent.watchers import release_poll_seconds
 
 DATA_POLL_CAP_SECONDS = 15.0  # a listing every 15 s costs nothing; data starts soon
 # Save this long before a maintenance window starts: the longest notice (120 s on a
 # standard VM, docs/tpu-facts.md) plus room for the save and the job's teardown.
 MAINTENANCE_LEAD_SECONDS = 300.0
+# A pod worker other than 0 waits for worker 0's save at most the notice (the job's
+# `noticeSeconds`, contract C3; else a spot VM's 30 s) less this margin for its own exit.
+DEFAULT_NOTICE_SECONDS = 30.0
+NOTICE_MARGIN_SECONDS = 5.0
+WORKER_0_POLL_SECONDS = 1.0
 FOLLOW_SECONDS = 1.0  # the main loop looks at the job, notices and updates this often
 # The agent's line for the action `note` (lifecycle.TABLE): when a running job's event
 # stops it, by the event; else by the state the event left.
@@ -56,14 +62,107 @@ NOTES = {
 }
 
 
-
 def maintenance_lead_seconds() -> float:
     return float(os.environ.get("TPU_STACK_MAINTENANCE_LEAD_SECONDS")
                  or MAINTENANCE_LEAD_SECONDS)
 
 
 class Observers:
-    """What happened next in each state the agent waits in (agent.Agent's)."""
+    """What happened next in each state the agent waits in (agent.Agent's), and before
+    any: the release to run, a job an earlier agent handed over."""
+
+    def _take_orphan_output(self) -> None:
+        """What a job said after it lost its agent (seam S2; main stopped it by pid) into
+        job.log, and its stop save into the status."""
+        lines = orphan_output(self.root)
+        if not lines:
+            return
+        run = JobRun()
+        for line in lines:
+            self.status.append_job_line(line if line.endswith("\n") else line + "\n")
+            run.read(line)
+        saved = f"; it saved step {run.stopped_at}" if run.stopped_at is not None else ""
+        self.status.note(f"read {len(lines)} lines the job left by an earlier agent wrote "
+                         f"after losing it{saved}")
+        if run.stop_save is not None:
+            self.status.set(stopSave=run.stop_save, lastSave=run.last_save)
+
+    def _adopt(self) -> Desired | None:
+        """The release whose job an earlier agent of this process handed over, its job
+        adopted; None when there is none (or it is gone)."""
+        state, self.handed = self.handed, {}
+        job = state.get("job")
+        if not isinstance(job, dict) or not self.job.adopt(job):
+            return None
+        desired = Desired(Release(**state["release"]), str(state["workers"]))  # type: ignore[arg-type]
+        self.goodput = Goodput(str(state.get("goodputJob") or desired.run_key),
+                               state.get("goodput"))  # type: ignore[arg-type]
+        self._launched = time.monotonic() - float(state.get("launchedAgo") or 0)  # type: ignore[arg-type]
+        self._stop_sent = bool(state.get("stopSent"))
+        self._checkpointed_windows = set(state.get("windows") or [])  # type: ignore[arg-type]
+        self._running_package = desired.package_sha256
+        self.previous = {}
+        assert self.releases is not None
+        self.releases.taken(desired.release)
+        self.status.set(state=JobState.RUNNING, package=desired.package_sha256,
+                        release=desired.release.uri, step=self.job.run.step,
+                        message=f"agent {self.version} took over job pid "
+                                f"{self.job.process.pid if self.job.process else '?'} from agent "
+                                f"{state.get('from')}")
+        return desired
+
+    def _serves_worker_0(self, desired: Desired) -> bool:
+        return desired.workers == "0" and self.worker != 0
+
+    def _hold_for_worker_0(self, desired: Desired) -> None:
+        """A pod worker other than 0, being stopped: stay until worker 0 reports its stop
+        save (its state leaves `running`), at most the notice less a margin.
+
+        Worker 0's save runs its checkpoint ops on every worker's TPU server
+        (tensorflow/python/eager/remote.py, connect_to_cluster), which the image's
+        tpu-runtime.service runs. The unit is ordered After= it, so systemd stops this
+        agent first and keeps the runtime up while the agent waits (systemd.unit(5):
+        stopping applies the inverse of the start-up order)."""
+        notice = json.loads(desired.job_json).get("noticeSeconds") or DEFAULT_NOTICE_SECONDS
+        bound = max(0.0, float(notice) - NOTICE_MARGIN_SECONDS)
+        self.status.note(f"stopping: keeping this worker's TPU runtime up until worker 0 "
+                         f"reports its save (at most {bound:.0f}s)")
+        deadline = time.monotonic() + bound
+        while time.monotonic() < deadline:
+            status = self.status.read_worker(0)
+            state = None if status is None else status.get("state")
+            if status is not None and state != "running":
+                self.status.note(f"worker 0 reports state {state}; letting the runtime go")
+                return
+            time.sleep(WORKER_0_POLL_SECONDS)
+        self.status.note("worker 0 reported no save within the notice; letting the runtime go")
+
+    def _first_release(self) -> Desired | None:
+        """The current release, once there is one (None on SIGTERM): until then state
+        `retrying`, naming why (none yet, or the listing failed)."""
+        shown = ""
+        while not self.terminated.is_set():
+            if (release := self.releases.take()) is not None:
+                return Desired(release, self.workers)
+            if self.releases.polls and self.releases.problem != shown:
+                shown = self.releases.problem
+                self.status.set(state=JobState.RETRYING, message=f"{shown}; checking every "
+                                f"{release_poll_seconds():.0f}s")
+            self._sleep(None)
+        return None
+
+    def _wait_for_release(self, desired: Desired) -> Desired | None:
+        """A release other than `desired`, or None on SIGTERM."""
+        while not self.terminated.is_set():
+            self._sleep(None)
+            if (new := self._new_release(desired)) is not None:
+                return new
+        return None
+
+    def _new_release(self, desired: Desired) -> Desired | None:
+        release = self.releases.take() if self.releases else None
+        new = None if release is None else Desired(release, desired.workers)
+        return None if new == desired else new
 
     def _run_once(self, desired: Desired) -> int:
         """Run `desired` to an exit code; an update runs its release next."""
@@ -301,7 +400,6 @@ class Observers:
             not run.reported and self._stop_sent
 
 
-
 class Actions:
     """The handler of each action of lifecycle.TABLE, named after it (agent.Agent's)."""
 
@@ -503,7 +601,6 @@ class Actions:
         now = time.monotonic()
         self.goodput.add(category, now - self._since)
         self._since = now
-
 
 
 # Every action to its handler (tests/agent/test_lifecycle.py holds the two to each other).

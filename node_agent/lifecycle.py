@@ -102,8 +102,7 @@ retrying WAITED starting
 """
 _LINES: list[list[str]] = []
 for _line in ROWS.strip().splitlines():
-    _cells = _line.split()
-    _LINES.append([_LINES[-1][0], *_cells[1:]] if _cells[0] == "." else _cells)
+    _LINES.append([_LINES[-1][0], *_line.split()[1:]] if _line[0] == "." else _line.split())
 GROUPS = {"*stopping": ("stopping-sigterm", "stopping-notice", "stopping-request",
                         "stopping-maintenance", "stopping-update", "hung"),
           "*waiting": ("starting", "installing", "waiting-for-data", "retrying")}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import re
@@ -215,3 +216,13 @@ def test_a_stop_request_before_the_start_is_kept_and_held() -> None:
     assert (now.state, now.stop_reason, actions) == ("stopped", "budget",
                                                      ("publish_stopped",))
     assert lifecycle.step(now, "ONE_PASS")[1] == ("exit_preempted",)
+
+
+def test_the_agent_is_wiring_and_no_agent_module_is_long() -> None:
+    source = (DESIGN.parents[1] / "node_agent" / "agent.py").read_text()
+    (agent_class,) = [node for node in ast.parse(source).body
+                      if isinstance(node, ast.ClassDef) and node.name == "Agent"]
+    assert agent_class.end_lineno is not None
+    assert agent_class.end_lineno - agent_class.lineno + 1 <= 300
+    for path in (DESIGN.parents[1] / "node_agent").glob("*.py"):
+        assert path.read_text().count("\n") <= 800, path.name
