@@ -421,30 +421,31 @@ class Actions:
         self.updater.offer(self._desired)
 
     def start_job(self, happened: Happened) -> None:
-        package_dir = happened.detail
-        config = self.root / "jobs" / f"{self._desired.run_key}.json"
+        desired, package_dir = self._desired, happened.detail
+        config = self.root / "jobs" / f"{desired.run_key}.json"
         config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(self._desired.job_json)
-        env = job_environment(os.environ, package_dir, self._desired.workers,
-                              tpu_name=self._pod_tpu_name() if self._desired.workers == "0" else "",
+        config.write_text(desired.job_json)
+        env = job_environment(os.environ, package_dir, desired.workers,
+                              tpu_name=self._pod_tpu_name() if desired.workers == "0" else "",
                               runtime_version=self.attributes.get(RUNTIME_KEY, ""),
                               image_env=read_environment_file(Path("/etc/environment")))
-        self.status.note(f"starting job: package {self._desired.package_sha256}, config {config}")
+        self.status.note(f"starting job: package {desired.package_sha256}, config {config}")
         self._account("infrastructure_recovery")
         self._stop_sent = False
         self._launched = time.monotonic()
         self.job.start(config, env, cwd=package_dir)
-        self.status.set(state=JobState.RUNNING, package=self._desired.package_sha256,
-                        release=self._desired.release.uri, message="")
-        self._prune(self._desired)
+        self.status.set(state=JobState.RUNNING, package=desired.package_sha256,
+                        release=desired.release.uri, message="")
+        self._prune(desired)
 
     def publish_not_started(self, happened: Happened) -> None:
         self.status.set(state=JobState.PREEMPTED,
                         message=f"{happened.detail}: not starting the job")
 
     def wait_for_data(self, happened: Happened) -> None:
+        job = json.loads(self._desired.job_json)
         self._pattern = happened.detail if happened.event is Event.NO_DATA else \
-            self.job.run.waiting_pattern or str(json.loads(self._desired.job_json).get("trainData"))
+            self.job.run.waiting_pattern or str(job.get("trainData") or "")
         self._account("infrastructure_recovery")
         self.status.set(state=JobState.WAITING_FOR_DATA, message=f"no file matches "
                         f"{self._pattern} yet; the job starts when one does")
