@@ -142,7 +142,12 @@ def test_the_startup_script_carries_no_comment_lines_but_the_shebang() -> None:
     lines = build.startup_script().splitlines()
     assert lines[0] == "#!/usr/bin/env bash"
     assert not [line for line in lines[1:] if line.lstrip().startswith("#")]
+    assert not [line for line in lines if line.startswith(" ")]
     assert "TimeoutStopSec=" in build.startup_script()
+    # The script goes without indentation: a here-document keeps its lines' blanks.
+    bootstrap = (build.HERE / "bootstrap.sh").read_text()
+    unit = bootstrap.split("<<UNIT\n", 1)[1].split("\nUNIT\n", 1)[0]
+    assert not [line for line in unit.splitlines() if line[:1].isspace()]
 
 
 def test_every_action_has_one_handler_and_every_handler_is_an_action() -> None:
