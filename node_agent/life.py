@@ -462,14 +462,15 @@ class Actions:
 
     def back_off(self, happened: Happened) -> None:
         """State `retrying` for the next backoff delay."""
-        run, why = self.job.run, happened.detail
-        if self._from is State.HUNG:
+        run, why, backoff = self.job.run, happened.detail, self._retry
+        if happened.event is Event.AGENT_ERROR:
+            backoff = self._fault
+        elif self._from is State.HUNG:
             why = f"hung again in phase {run.hang['phase']}"
         elif happened.event.value.startswith("EXIT_"):
             why = self._job_error(happened.detail, run)
             if happened.tpu_busy:
                 why = self._tpu_held(self._desired) or why
-        backoff = self._fault if happened.event is Event.AGENT_ERROR else self._retry
         delay = backoff.next_delay()
         self._until = time.monotonic() + delay
         self.status.set(state=JobState.RETRYING, message=f"{why}; retrying in {delay:.0f}s "

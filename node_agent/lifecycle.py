@@ -1,22 +1,15 @@
 """The job's life on the node as one state machine: states, events, transitions as data."""
 
 # Pure: no process, no clock, no I/O. `step(life, event)` gives the next `Life` and the
-# actions the agent performs: `agent.Agent` turns watchers, installs, the job's lines and
-# exits, timers and signals into events (one observer per state it waits in), and
-# actions into calls (node_agent/actions.py, one handler per action). The table is also
-# in docs/design.md ("The job's life on the node"), held to this one by
-# tests/agent/test_lifecycle.py, the way systemd documents a unit's states (and
-# skypilot's sky/jobs/state.py a managed job's).
-#
-# A `Life` carries what the rules read besides the state: crashes and hangs in a row
-# without progress, why a stop was requested, the release an update runs next, whether
-# the job said another process holds the TPU. A row may have a guard: the first row of a
-# (state, event) whose guard holds is taken, so crash limits, the hang back-off, the VM's
-# stop winning over the agent's own and progress resetting the counts are rows like any
-# other.
-#
-# The table is text, and the enums are made from its names: the zipapp's bytes are
-# scarce (node_agent/build.py, a metadata value).
+# actions; node_agent/life.py turns what happens into events (an observer per waiting
+# state) and performs the actions (a handler each). A `Life` carries what the rules
+# read besides the state (crashes and hangs in a row, the stop's reason, the update's
+# release, the job's word on the TPU); a row's guard picks among a (state, event)'s
+# rows, so crash limits, the hang back-off, the VM's stop winning and progress resetting
+# counts are rows. docs/design.md ("The job's life on the node") shows the table and
+# every state and event, held to this one by tests/agent/test_lifecycle.py, as systemd
+# documents a unit's states (and skypilot's sky/jobs/state.py a managed job's). The
+# table is text and the enums are made from its names: the zipapp's bytes are scarce.
 
 import dataclasses
 import enum
@@ -33,24 +26,11 @@ from node_agent.contract import (
 
 CRASH_RETRIES = 3  # exit 1 or a signal, in a row without progress, before `failed`
 
-# state event[:guard] next[:changes] actions...: the whole table, in the order guards
-# are tried ("." : the state of the row above). A `*group` state
-# stands for each of GROUPS' states; `*` for any state (a bug can happen anywhere: the
-# agent backs off, and a job still running is followed again, never started twice).
-#
-# States. Before the job starts: `release` (a release to run: this worker's, not done
-# before?), `starting` (a stop, an update, a stop request, else the install),
-# `installing` (the package, then the data, then the TPU), `waiting-for-data`,
-# `retrying` (backing off: a transient failure, the TPU held), `stopped` (a stop request
-# holds, seam S4), `restarting`. While the job runs: `running`, `stopping-<why>` (the
-# agent sent SIGTERM; why decides how the exit is read), `hung` (stacks, then the stop).
-# Ends (the agent leaves the release with an exit code, or runs another): `idle` (a pod
-# worker other than 0), `succeeded`, `failed`, `preempted` (stopped by the VM or
-# systemd), `updating`.
-#
-# Events. RELEASE: a new release, installed, while no job runs (UPDATE: while it runs).
-# ONE_PASS: `run` without --stay, the agent exits where it would wait. AGENT_ERROR: a bug
-# on a rare path, logged and backed off. EXIT_ANY matches every EXIT_* (`exit_event`).
+# state event[:guard] next[:changes] actions...: the table, in the order guards are
+# tried. ".": the state of the row above; `*group`: each of GROUPS' states; `*`: any
+# state (AGENT_ERROR, a bug on a rare path: logged, backed off, a job still running
+# followed again, never started twice). RELEASE: a new release, installed, while no job
+# runs (UPDATE: while it runs); ONE_PASS: `run` without --stay, so no waiting.
 ROWS = """
 running SIGTERM stopping-sigterm note stop_job
 . NOTICE stopping-notice note stop_job
@@ -68,7 +48,7 @@ running SIGTERM stopping-sigterm note stop_job
 . EXIT_CRASH:after_progress retrying:crashes=1 reset_backoff back_off
 . EXIT_CRASH:at_crash_limit failed:crashes+1 publish_error
 . EXIT_CRASH retrying:crashes+1 back_off
-*stopping EXIT_ANY:after_vm_stop preempted publish_stop
+*stops EXIT_ANY:after_vm_stop preempted publish_stop
 stopping-sigterm EXIT_ANY preempted publish_stop
 stopping-notice EXIT_ANY preempted publish_stop
 stopping-request EXIT_ANY stopped publish_stopped
@@ -86,7 +66,7 @@ release WORKER_IDLE idle publish_idle
 . DONE_EARLIER succeeded publish_done_earlier
 . BEGIN starting begin_accounting
 restarting RESTART starting
-*waiting SIGTERM preempted exit_preempted
+*waits SIGTERM preempted exit_preempted
 . NOTICE preempted publish_not_started exit_preempted
 . RELEASE updating:release run_update
 starting ADOPTED running
@@ -103,9 +83,9 @@ retrying WAITED starting
 _LINES: list[list[str]] = []
 for _line in ROWS.strip().splitlines():
     _LINES.append([_LINES[-1][0], *_line.split()[1:]] if _line[0] == "." else _line.split())
-GROUPS = {"*stopping": ("stopping-sigterm", "stopping-notice", "stopping-request",
+GROUPS = {"*stops": ("stopping-sigterm", "stopping-notice", "stopping-request",
                         "stopping-maintenance", "stopping-update", "hung"),
-          "*waiting": ("starting", "installing", "waiting-for-data", "retrying")}
+          "*waits": ("starting", "installing", "waiting-for-data", "retrying")}
 
 
 def _enum(name: str, values: list[str]) -> Any:
