@@ -3,9 +3,9 @@
 Modules by concern: `contract` (metadata keys, exit codes: what infra code imports),
 `common` (errors, retries, HTTP), `metadata`, `storage`, `desired` (the release to
 run), `install`, `environment` (the job's variables), `job` and `job_lines`
-(supervision), `devices` (who holds the TPU), `status` and `goodput`, `watchers`,
-`agent` (the supervisor loop) and `build` (the zipapp inside the startup script;
-infra side only).
+(supervision), `devices`, `status`, `goodput`, `watchers`, `lifecycle` (the job's
+life as one table), `life` (its states' observers and its actions' handlers), `agent`
+(the wiring) and `build` (the zipapp inside the startup script; infra side only).
 
 `import node_agent` gives the contract's names and, lazily, `startup_script`, so
 `import node_agent as agent; agent.STATUS_KEY, agent.startup_script()` works.

@@ -21,9 +21,7 @@ google-cloud-storage conventions), TPU_STACK_ROOT (default /opt/tpu-stack).
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
-import glob
 import json
 import os
 import signal
@@ -35,36 +33,30 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-from node_agent import devices, handover, lifecycle, supervise
+from node_agent import handover, lifecycle, supervise
 from node_agent.common import (
     AgentError,
     Backoff,
     TransientError,
     log,
-    parse_utc,
-    utc_now,
     write_atomically,
 )
 from node_agent.contract import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_PREEMPTED,
-    EXIT_STOP_SAVE_FAILED,
-    EXIT_TRANSIENT,
-    NETWORK_ENDPOINTS_KEY,
-    RUNTIME_KEY,
     STATUS_KEY,
     STOP_REQUEST_KEY,
+    JobState,
 )
-from node_agent.deadlines import Hang, hang_message, named_worker
-from node_agent.desired import Desired, Release, node_settings
-from node_agent.environment import grpc_tpu_name, job_environment, read_environment_file
-from node_agent.goodput import Goodput, settle_run
+from node_agent.desired import Desired, node_settings
+from node_agent.goodput import Goodput
 from node_agent.install import Installer
-from node_agent.job import Job, orphan_output, process_start_time, stop_stale_job, terminate
+from node_agent.job import Job, stop_stale_job, terminate
 from node_agent.job_lines import JobRun
+from node_agent.life import Actions, Observers
 from node_agent.limits import Limits, NodeView, StopConditions, node_started
-from node_agent.metadata import DEFAULT_METADATA_HOST, Metadata, node_id, worker_number
+from node_agent.metadata import DEFAULT_METADATA_HOST, Metadata, worker_number
 from node_agent.runtime_metrics import RuntimeMetrics
 from node_agent.status import Status
 from node_agent.storage import Storage, storage_endpoint
@@ -77,50 +69,15 @@ from node_agent.watchers import (
     NoticeWatcher,
     ReleaseWatcher,
     long_poll_bound,
-    release_poll_seconds,
 )
 
 DEFAULT_ROOT = "/opt/tpu-stack"
-CRASH_RETRIES = 3  # exit 1 or a signal, in a row without progress, before `failed`
-DATA_POLL_CAP_SECONDS = 15.0  # a listing every 15 s costs nothing; data starts soon
-# A pod worker other than 0 waits for worker 0's save at most the notice (the job's
-# `noticeSeconds`, contract C3; else a spot VM's 30 s) less this margin for its own exit.
-DEFAULT_NOTICE_SECONDS = 30.0
-NOTICE_MARGIN_SECONDS = 5.0
-WORKER_0_POLL_SECONDS = 1.0
-# Save this long before a maintenance window starts: the longest notice (120 s on a
-# standard VM, docs/tpu-facts.md) plus room for the save and the job's teardown.
-MAINTENANCE_LEAD_SECONDS = 300.0
-FOLLOW_SECONDS = 1.0  # the main loop looks at the job, notices and updates this often
 MAIN_WAIT_SECONDS = 30.0  # the main thread beats (supervise.Loops.beat) at least this often
 HANDOVER_FLUSH_SECONDS = 5.0  # the status upload before a hand-over waits at most this
 STOPPING_ATTEMPTS = 3  # builds of an agent under a stop, with a job handed over
 
 
-def maintenance_lead_seconds() -> float:
-    return float(os.environ.get("TPU_STACK_MAINTENANCE_LEAD_SECONDS")
-                 or MAINTENANCE_LEAD_SECONDS)
-
-ACTIVE_STATES = ("installing", "running", "retrying", "waiting-for-data", "preempted", "hung")
-# The agent's line when a running job's event stops it (lifecycle.TABLE, action `note`).
-STOP_NOTES = {
-    "SIGTERM": "SIGTERM: stopping the job so it checkpoints",
-    "NOTICE": "{detail}: stopping the job so it saves inside the notice",
-    "STOP_REQUESTED": "stop requested ({detail}): stopping the job so it checkpoints",
-    "MAINTENANCE": "maintenance window from {detail}: stopping the job so it saves first",
-}
-
-
-@dataclasses.dataclass
-class Interrupted(Exception):  # noqa: N818 (an outcome, not an error)
-    """The job's run under way ends here: the agent stops with `code` (a SIGTERM or a
-    notice), or runs `update` next (a new release, installed)."""
-
-    code: int = EXIT_PREEMPTED
-    update: Desired | None = None
-
-
-class Agent:
+class Agent(Observers, Actions):
     def __init__(self, root: Path, stay: bool, handed: Mapping[str, object] | None = None,
                  stop_requested: Callable[[], str | None] = lifecycle.never_requested):
         self.root = root
@@ -130,9 +87,6 @@ class Agent:
         self.stop_requested = stop_requested
         if stop_requested is lifecycle.never_requested:  # the node's own conditions
             self.stop_requested = self._conditions_due
-        self.life = "running"  # the job's life (lifecycle.TABLE) once it is followed
-        self._stop_reason = ""
-        self._update_to: Desired | None = None  # the release an update stopped the job for
         self.stay = stay
         self.started_at = time.time()
         self.loops = Loops()
@@ -203,7 +157,7 @@ class Agent:
         try:
             prefix, self.workers = node_settings(self.attributes)
         except AgentError as error:
-            self.status.set(state="failed", message=str(error))
+            self.status.set(state=JobState.FAILED, message=str(error))
             self.maintenance.stop()
             self.status.close()
             return EXIT_FAILED
@@ -400,561 +354,12 @@ class Agent:
         self._shown_health = self._agent_view()
         self.status.set(agent=self._shown_health)
 
-    def _take_orphan_output(self) -> None:
-        """What a job said after it lost its agent (seam S2; main stopped it by pid) into
-        job.log, and its stop save into the status."""
-        lines = orphan_output(self.root)
-        if not lines:
-            return
-        run = JobRun()
-        for line in lines:
-            self.status.append_job_line(line if line.endswith("\n") else line + "\n")
-            run.read(line)
-        saved = f"; it saved step {run.stopped_at}" if run.stopped_at is not None else ""
-        self.status.note(f"read {len(lines)} lines the job left by an earlier agent wrote "
-                         f"after losing it{saved}")
-        if run.stop_save is not None:
-            self.status.set(stopSave=run.stop_save, lastSave=run.last_save)
+    # -- the job's life (node_agent/lifecycle.py): observers say what happened in the state
+    # the agent waits in, HANDLERS perform the actions of the row taken ------------------
 
-    def _adopt(self) -> Desired | None:
-        """The release whose job an earlier agent of this process handed over, its job
-        adopted; None when there is none (or it is gone)."""
-        state, self.handed = self.handed, {}
-        job = state.get("job")
-        if not isinstance(job, dict) or not self.job.adopt(job):
-            return None
-        desired = Desired(Release(**state["release"]), str(state["workers"]))  # type: ignore[arg-type]
-        self.goodput = Goodput(str(state.get("goodputJob") or desired.run_key),
-                               state.get("goodput"))  # type: ignore[arg-type]
-        self._launched = time.monotonic() - float(state.get("launchedAgo") or 0)  # type: ignore[arg-type]
-        self._stop_sent = bool(state.get("stopSent"))
-        self._checkpointed_windows = set(state.get("windows") or [])  # type: ignore[arg-type]
-        self._running_package = desired.package_sha256
-        self.previous = {}
-        assert self.releases is not None
-        self.releases.taken(desired.release)
-        self.status.set(state="running", package=desired.package_sha256,
-                        release=desired.release.uri, step=self.job.run.step,
-                        message=f"agent {self.version} took over job pid "
-                                f"{self.job.process.pid if self.job.process else '?'} from agent "
-                                f"{state.get('from')}")
-        return desired
-
-    def _serves_worker_0(self, desired: Desired) -> bool:
-        return desired.workers == "0" and self.worker != 0
-
-    def _hold_for_worker_0(self, desired: Desired) -> None:
-        """A pod worker other than 0, being stopped: stay until worker 0 reports its stop
-        save (its state leaves `running`), at most the notice less a margin.
-
-        Worker 0's save runs its checkpoint ops on every worker's TPU server
-        (tensorflow/python/eager/remote.py, connect_to_cluster), which the image's
-        tpu-runtime.service runs. The unit is ordered After= it, so systemd stops this
-        agent first and keeps the runtime up while the agent waits (systemd.unit(5):
-        stopping applies the inverse of the start-up order)."""
-        notice = json.loads(desired.job_json).get("noticeSeconds") or DEFAULT_NOTICE_SECONDS
-        bound = max(0.0, float(notice) - NOTICE_MARGIN_SECONDS)
-        self.status.note(f"stopping: keeping this worker's TPU runtime up until worker 0 "
-                         f"reports its save (at most {bound:.0f}s)")
-        deadline = time.monotonic() + bound
-        while time.monotonic() < deadline:
-            status = self.status.read_worker(0)
-            state = None if status is None else status.get("state")
-            if status is not None and state != "running":
-                self.status.note(f"worker 0 reports state {state}; letting the runtime go")
-                return
-            time.sleep(WORKER_0_POLL_SECONDS)
-        self.status.note("worker 0 reported no save within the notice; letting the runtime go")
-
-    def _first_release(self) -> Desired | None:
-        """The current release, once there is one (None on SIGTERM): until then state
-        `retrying`, naming why (none yet, or the listing failed)."""
-        shown = ""
-        while not self.terminated.is_set():
-            if (release := self.releases.take()) is not None:
-                return Desired(release, self.workers)
-            if self.releases.polls and self.releases.problem != shown:
-                shown = self.releases.problem
-                self.status.set(state="retrying", message=f"{shown}; checking every "
-                                f"{release_poll_seconds():.0f}s")
-            self._sleep(None)
-        return None
-
-    def _wait_for_release(self, desired: Desired) -> Desired | None:
-        """A release other than `desired`, or None on SIGTERM."""
-        while not self.terminated.is_set():
-            self._sleep(None)
-            if (new := self._new_release(desired)) is not None:
-                return new
-        return None
-
-    def _new_release(self, desired: Desired) -> Desired | None:
-        release = self.releases.take() if self.releases else None
-        new = None if release is None else Desired(release, desired.workers)
-        return None if new == desired else new
-
-    def _run_once(self, desired: Desired) -> int:
-        """Install and run `desired`, following updates; the exit code. A supervised
-        loop: anything unexpected is logged with its traceback and backed off like a
-        transient failure (a job still running is followed again, never started twice);
-        the agent exiting would let systemd SIGKILL the job without a save."""
-        backoff = Backoff()
-        while True:
-            try:
-                try:
-                    return self._supervise(desired)
-                except AgentError as error:
-                    self.status.set(state="failed", message=str(error))
-                    return EXIT_FAILED
-                except Interrupted:
-                    raise
-                except Exception as error:  # TransientError: the metadata server, a moment
-                    if not isinstance(error, TransientError):
-                        self.loops.fault("main", error)
-                    why = str(error) if isinstance(error, TransientError) else \
-                        f"agent error {type(error).__name__}: {error}"
-                    self._pause(backoff, desired, why)
-            except Interrupted as interrupted:
-                if interrupted.update is None:
-                    return interrupted.code
-                desired = interrupted.update
-
-    def _supervise(self, desired: Desired) -> int:
-        """Run `desired` to its outcome, an exit code (Interrupted: a stop, or an update
-        to run next): transient failures back off and run it again, for as long as the
-        node lives."""
-        if desired.workers == "0" and self.worker != 0:
-            self.status.set(state="idle", package=desired.package_sha256,
-                            message="pod slice: worker 0 runs the TensorFlow client")
-            return EXIT_OK
-        done = self.root / "done" / desired.run_key
-        if done.exists():
-            self.status.set(state="succeeded", package=desired.package_sha256,
-                            step=done.read_text().strip() or "0",
-                            message="finished earlier; not rerun")
-            return EXIT_OK
-        self._begin_accounting(desired)
-        retry, data_poll, crashes, hangs = Backoff(), Backoff(cap=DATA_POLL_CAP_SECONDS), 0, 0
-        tpu_busy = False  # the job said another process holds the TPU
-        train_data = str(json.loads(desired.job_json).get("trainData") or "")
-        while True:
-            package_dir = self.installer.package_dir(desired.package_sha256)
-            if not self.job.alive():  # else: adopted from an earlier agent, followed on
-                self._check_interrupted(desired)
-                if (reason := self.stop_requested()) is not None:  # held before it starts
-                    self._stop_reason = reason
-                    if not self._hold_stopped(desired, reason):
-                        return EXIT_PREEMPTED
-                    continue
-                try:
-                    self._install(desired)
-                except TransientError as error:
-                    self._pause(retry, desired, str(error))
-                    continue
-                # No data yet: wait here rather than start TensorFlow (and the TPU) only
-                # to hear exit 66; the job still checks every pattern itself.
-                if train_data and not self._data_present(train_data):
-                    self._wait_for_data(data_poll, desired, train_data)
-                    continue
-                # Once the job found the TPU taken, start it again only when nothing
-                # holds it.
-                if tpu_busy and (held := self._tpu_held(desired)):
-                    self._pause(retry, desired, held)
-                    continue
-            code = self._run_job(desired, package_dir)
-            run = self.job.run
-            if (self.life.startswith("stopping-") or self.life == "hung") and \
-                    (self.terminated.is_set() or self._notice()):  # the VM's stop wins
-                self.life = "stopping-sigterm"
-            event = lifecycle.exit_event(
-                code, stop_sent=self.terminated.is_set() or bool(self._notice()),
-                stopped_in_start_up=self._stopped_in_start_up(code, run))
-            self.life, _ = lifecycle.step(self.life, event)
-            if self.life == "updating":
-                assert self._update_to is not None
-                raise Interrupted(update=self._update_to)
-            if self.life == "stopped":
-                if not self._hold_stopped(desired, self._stop_reason, run):
-                    return EXIT_PREEMPTED
-                continue
-            if self.life == "restarting" and run.hang is None:
-                self.status.note(f"saved step {run.saved_step} before the maintenance window "
-                                 f"(exit code {code}); starting the job again")
-                retry.reset()
-                continue
-            if self.life == "restarting":
-                hangs = self._after_hang(retry, run, hangs)
-                if hangs > 1:
-                    self._pause(retry, desired, f"hung again in phase {run.hang['phase']}")
-                continue
-            if self.life == "succeeded":
-                return self._succeeded(desired)
-            if self.life == "preempted":
-                return self._stopped(code, run)
-            if self.life == "failed":
-                self.status.set(state="failed", message=self._job_error(code, run))
-                return EXIT_FAILED
-            if run.step > run.start_step:
-                retry.reset()
-                crashes = 0
-            if self.life == "waiting-for-data":
-                self._wait_for_data(data_poll, desired, run.waiting_pattern or train_data)
-                continue
-            if event == "EXIT_CRASH":
-                crashes += 1
-                if crashes > CRASH_RETRIES:
-                    self.status.set(state="failed", message=self._job_error(code, run) +
-                                    f" ({crashes} times in a row without progress)")
-                    return EXIT_FAILED
-            why = self._job_error(code, run)
-            if code == EXIT_TRANSIENT and run.tpu_busy is not None:
-                tpu_busy = True
-                why = self._tpu_held(desired) or why
-            self._pause(retry, desired, why)
-
-    def _hold_stopped(self, desired: Desired, reason: str, run: JobRun | None = None) -> bool:
-        """State `stopped` (a stop request or a limit, seam S4), naming the stop save when
-        the job just made one. Run once (no `stay`): False, the agent exits. As a service:
-        held until the request no longer holds (True: start the job again), Interrupted by
-        SIGTERM, a notice or an update."""
-        self.life = "stopped"
-        saved = run and run.stop_save and run.stop_save.get("step")
-        saved = saved if saved is not None else (run.stopped_at if run else None)
-        what = f"stopped ({reason}) after saving step {saved}" if saved is not None else \
-            f"stopped ({reason}): the job is not started"
-        self.status.set(state="stopped", stopSave=run.stop_save if run else None,
-                        message=f"{what}; it starts again when the request is withdrawn")
-        if not self.stay:
-            return False
-        while (reason := self.stop_requested()) is not None:
-            self._sleep(FOLLOW_SECONDS)
-            if self.terminated.is_set() or self._notice():
-                self.life, _ = lifecycle.step(self.life, "SIGTERM")
-                raise Interrupted()
-            if (update := self._update(desired)) is not None:
-                raise Interrupted(update=update)
-        self.life, _ = lifecycle.step(self.life, "STOP_CLEARED")
-        self.status.note("stop request withdrawn: starting the job again")
-        return True
-
-    def _after_hang(self, retry: Backoff, run: JobRun, hangs: int) -> int:
-        """Hangs in a row without progress, this one counted. A job that saved a new
-        checkpoint before it hung starts again from it at once; one that hangs again
-        without one backs off (the caller pauses) like a transient failure, for as
-        long as the node lives: a hang is never `failed` (a worker may come back)."""
-        if (run.saved_step or 0) > run.start_step:
-            retry.reset()
-            hangs = 0
-        durable = max(run.start_step, run.saved_step or 0)
-        self.status.note(f"hung job stopped; starting it again from step {durable}")
-        return hangs + 1
-
-    def _tpu_held(self, desired: Desired) -> str | None:
-        """Who holds this host's TPU, as a status message; None when nothing does.
-
-        A leftover of a job this agent started (its session) is stopped: it is ours and
-        stale. Any other holder (a user's session, a foreground run) is only named: it
-        may be doing work someone wants, and a kill cannot be undone. With no holder at
-        all, a lock file libtpu left behind is removed (TensorFlow's own advice)."""
-        if desired.workers == "0":
-            return None  # a pod's client uses no local TPU; the image's runtime serves it
-        found = devices.holders()
-        for holder in [h for h in found if h.session in self.job.sessions]:
-            self.status.note(f"stopping {holder.describe()}, left over from our job")
-            terminate(holder.pid, process_start_time(holder.pid))
-        others = [h for h in found if h.session not in self.job.sessions]
-        if others:
-            return (f"the TPU is held by {', '.join(h.describe() for h in others)}, not "
-                    "started by this agent, so left running: the job starts once it exits")
-        if devices.remove_stale_lockfile():
-            self.status.note(f"no process holds the TPU: removed the stale "
-                             f"{devices.lockfile_path()} (as TensorFlow's message advises)")
-        return None
-
-    def _install(self, desired: Desired) -> Path:
-        """The installed package (installed in the background, updates.Updater); a
-        stop or another release installed first meanwhile is Interrupted, the install's
-        failure raised (TransientError: back off; AgentError: failed)."""
-        if not self.installer.package_dir(desired.package_sha256).is_dir():
-            self.status.set(state="installing", package=desired.package_sha256, message="")
-        self.updater.offer(desired)
-        while (result := self.updater.result(desired)) is None:
-            if self.terminated.is_set() or self._notice():
-                self._check_interrupted(desired)  # raises
-            if not self.updater.busy(desired):
-                self.updater.offer(desired)
-            self._sleep(FOLLOW_SECONDS)
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    def _job_error(self, code: int, run: JobRun) -> str:
-        what = f"job exited with code {code}" if code >= 0 else f"job killed by signal {-code}"
-        said = f"{what}: {run.error}" if run.error else f"{what}; see job.log"
-        return said + self._lost_worker(run)
-
-    def _lost_worker(self, run: JobRun) -> str:
-        """On a pod, the worker the job's last lines name (docs/design.md, "Deadlines")."""
-        if self.workers != "0":
-            return ""
-        worker = named_worker(run.recent, self.attributes.get(NETWORK_ENDPOINTS_KEY, ""))
-        return f" (the job's last lines name {worker}: its TPU runtime may have died)" \
-            if worker else ""
-
-    def _check_interrupted(self, desired: Desired) -> None:
-        """Interrupted on SIGTERM or a notice (nothing to stop: the job is not running),
-        or on an update installed meanwhile."""
-        if self.terminated.is_set() or self._notice():
-            if reason := self._notice():
-                self.status.set(state="preempted", message=f"{reason}: not starting the job")
-            raise Interrupted()
-        if (update := self._update(desired)) is not None:
-            raise Interrupted(update=update)
-
-    def _pause(self, backoff: Backoff, desired: Desired, why: str) -> None:
-        """State `retrying` for the next backoff delay (Interrupted meanwhile: see
-        _check_interrupted)."""
-        delay = backoff.next_delay()
-        self.status.set(state="retrying", message=f"{why}; retrying in {delay:.0f}s "
-                                                  f"(attempt {backoff.attempts})")
-        deadline = time.monotonic() + delay
-        while (left := deadline - time.monotonic()) > 0:
-            self._sleep(left)
-            self._check_interrupted(desired)
-
-    def _wait_for_data(self, backoff: Backoff, desired: Desired, pattern: str) -> None:
-        """State `waiting-for-data` until a file matches `pattern` (polling the listing
-        with backoff; Interrupted meanwhile: see _check_interrupted)."""
-        self._account("infrastructure_recovery")
-        self.status.set(state="waiting-for-data",
-                        message=f"no file matches {pattern} yet; the job starts when one does")
-        try:
-            while True:
-                deadline = time.monotonic() + backoff.next_delay()
-                while (left := deadline - time.monotonic()) > 0:
-                    self._sleep(left)
-                    self._check_interrupted(desired)
-                if self._data_present(pattern):
-                    self.status.note(f"data found for {pattern}; starting the job")
-                    return
-        finally:
-            self._account("waiting_for_data")
-
-    def _data_present(self, pattern: str) -> bool:
-        """A file matches `pattern` (gs://: a bucket listing; else the local disk). When
-        the listing fails the job itself is asked again (it is the judge)."""
-        if pattern.startswith("gs://"):
-            try:
-                return self.storage.any_match(pattern, "trainData")
-            except (AgentError, TransientError) as error:
-                log(f"listing for {pattern}: {error}; asking the job")
-                return True
-        if "://" in pattern:
-            return True
-        return bool(glob.glob(pattern))
-
-    def _run_job(self, desired: Desired, package_dir: Path) -> int:
-        """Start the job (unless an adopted one runs) and follow it to its exit code."""
-        config = self.root / "jobs" / f"{desired.run_key}.json"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(desired.job_json)
-        env = job_environment(os.environ, package_dir, desired.workers,
-                              tpu_name=self._pod_tpu_name() if desired.workers == "0" else "",
-                              runtime_version=self.attributes.get(RUNTIME_KEY, ""),
-                              image_env=read_environment_file(Path("/etc/environment")))
-        if self.job.alive():
-            launched = self._launched
-        else:
-            self.status.note(f"starting job: package {desired.package_sha256}, config {config}")
-            self._account("infrastructure_recovery")
-            self._stop_sent = False
-            launched = self._launched = time.monotonic()
-            self.job.start(config, env, cwd=package_dir)
-            self.status.set(state="running", package=desired.package_sha256,
-                            release=desired.release.uri, message="")
-            self._prune(desired)
-        code = self._follow(desired)
-        self.goodput.merge(settle_run(self.job.run, code, time.monotonic() - launched))
-        self._since = time.monotonic()
-        self.status.set(goodput=self.goodput.view())
-        return code
-
-    def _pod_tpu_name(self) -> str:
-        """grpc:// endpoints of every worker (no TPU API on the node); the node's id
-        where the VM does not list them."""
-        endpoints = self.attributes.get(NETWORK_ENDPOINTS_KEY, "").strip()
-        return grpc_tpu_name(endpoints) if endpoints else node_id(self.attributes, self.metadata)
-
-    def _stop_job(self) -> int:
-        self._stop_sent = True
-        return self.job.stop()
-
-    def _follow(self, desired: Desired) -> int:
-        """Follow the running job to its exit: once a second the first event of
-        lifecycle.RUNNING_EVENTS that holds moves the job's life on (its actions: the
-        stop with a save, or the hang's stacks then the stop); the exit code (an update
-        that stopped it is kept in `_update_to`, the life `stopping-update`)."""
-        self._following = desired
-        self.life = "running"
-        while self.job.poll() is None:
-            self._sleep(FOLLOW_SECONDS)
-            event, detail = self._running_event(desired)
-            if event is None:
-                continue
-            self.life, actions = lifecycle.step(self.life, event)
-            if "note" in actions:
-                self.status.note(STOP_NOTES[event].format(detail=detail))
-            if "send_stacks" in actions:
-                assert isinstance(detail, Hang)
-                return self._stop_hung(detail, desired)
-            code = self._stop_job()
-            if event == "UPDATE":
-                assert isinstance(detail, Desired)
-                self._update_to = detail
-                self.status.note(f"job stopped for the update (exit code {code})")
-            return code
-        return self.job.wait()
-
-    def _running_event(self, desired: Desired) -> tuple[str | None, object]:
-        """The first of lifecycle.RUNNING_EVENTS that holds now, with its detail."""
-        if self.terminated.is_set():
-            return "SIGTERM", "SIGTERM"
-        if reason := self._notice():
-            return "NOTICE", reason
-        if reason := self.stop_requested():
-            self._stop_reason = reason
-            return "STOP_REQUESTED", reason
-        if (hang := self.job.overdue()) is not None:
-            return "HANG", hang
-        if window := self._maintenance_due():
-            return "MAINTENANCE", f"{window['start']} to {window.get('end', '?')}"
-        if (update := self._update(desired)) is not None:
-            return "UPDATE", update
-        return None, None
-
-    def _stop_hung(self, hang: Hang, desired: Desired) -> int:
-        """State `hung` (phase, seconds since the last progress line), the job's stacks
-        to job.log, then its stop (docs/design.md, "Deadlines"). On a pod only worker 0
-        runs the job, so its hang is the node's; a worker its last lines name is named."""
-        run = self.job.run
-        worker = named_worker(run.recent, self.attributes.get(NETWORK_ENDPOINTS_KEY, "")) \
-            if desired.workers == "0" else None
-        self.status.set(state="hung", phase=hang.phase, hang=hang.view() | {"at": utc_now()},
-                        message=hang_message(hang, run.stacks_signal is not None, worker))
-        self._stop_sent = True
-        return self.job.stop_hung(hang)
-
-    def _maintenance_due(self) -> dict[str, str] | None:
-        """The announced window, once it starts within MAINTENANCE_LEAD_SECONDS and the
-        job has steps not yet saved; once per window. The job then saves (SIGTERM,
-        exit 75) and starts again at once: the checkpoint is fresh when the host goes
-        down, and training does not wait out a window that may be hours long."""
-        window = self.maintenance.window if self.maintenance else None
-        start = parse_utc(window["start"]) if window else None
-        if window is None or start is None or window["start"] in self._checkpointed_windows:
-            return None
-        run = self.job.run
-        if time.time() < start - maintenance_lead_seconds() or \
-                run.step <= max(run.start_step, run.saved_step or 0):
-            return None  # not yet, or nothing unsaved to keep
-        self._checkpointed_windows.add(window["start"])
-        return window
-
-    def _update(self, desired: Desired) -> Desired | None:
-        """A new release once its package is installed (in the background, while the
-        current job runs and keeps receiving notices); None until then."""
-        if (new := self._new_release(desired)) is not None:
-            self._candidate = new
-            if not self.installer.package_dir(new.package_sha256).is_dir():
-                self.status.set(message=f"update: installing release {new.release.uri} in "
-                                        "the background")
-            self.updater.offer(new)
-        new = self._candidate
-        if new is not None and not self.updater.busy(new):
-            self.updater.offer(new)  # again, when its folder was pruned since
-        if new is None or (result := self.updater.result(new)) is None:
-            return None
-        self._candidate = None
-        if isinstance(result, TransientError):
-            assert self.releases is not None
-            self.releases.forget(new.release)
-            self.status.set(message=f"update not installed yet, still running the current "
-                                    f"job: {result}")
-            return None
-        if isinstance(result, AgentError):
-            self.status.set(message=f"update refused, still running the current job: {result}")
-            return None
-        self.status.note("update installed: stopping the job so it checkpoints")
-        return new
-
-    def _prune(self, desired: Desired) -> None:
-        """Keep the package now running and the one that ran before it."""
-        keep = {desired.package_sha256} | ({self._running_package} - {""})
-        self._running_package = desired.package_sha256
-        if self._candidate is not None:
-            keep.add(self._candidate.package_sha256)
-        try:
-            removed = self.installer.prune(keep)
-        except OSError as error:
-            log(f"pruning packages: {error}")
-            return
-        if removed:
-            self.status.note(f"removed installed packages {', '.join(removed)} (kept "
-                             f"{', '.join(sorted(keep))})")
-
-    def _succeeded(self, desired: Desired) -> int:
-        done = self.root / "done" / desired.run_key
-        done.parent.mkdir(parents=True, exist_ok=True)
-        done.write_text(str(self.status.fields["step"]) + "\n")
-        self.status.set(state="succeeded", message="job finished")
-        return EXIT_OK
-
-    def _stopped_in_start_up(self, code: int, run: JobRun) -> bool:
-        """Killed by our SIGTERM before it could install its handler (the interpreter
-        still starting): it had not resumed, so it had nothing to save."""
-        return code == -signal.SIGTERM and run.step <= run.start_step and \
-            not run.reported and self._stop_sent
-
-    def _stopped(self, code: int, run: JobRun) -> int:
-        """The job stopped on a signal (ours or the VM's): `preempted`, not `failed`."""
-        why = self._notice() or ("SIGTERM" if self.terminated.is_set() else "a stop signal")
-        if code == -signal.SIGTERM and self._stopped_in_start_up(code, run):
-            self.status.set(state="preempted", message=f"stopped ({why}) during the job's "
-                            f"start-up, before it trained: resumes from step {run.start_step}")
-            return EXIT_PREEMPTED
-        if code == EXIT_PREEMPTED:
-            saved = run.stop_save["step"] if run.stop_save else run.stopped_at or run.step
-            self.status.set(state="preempted", stopSave=run.stop_save,
-                            message=f"stopped ({why}) after saving step {saved}")
-            return EXIT_PREEMPTED
-        durable = max(run.start_step, run.saved_step or 0)
-        self.status.set(state="preempted", message=f"stopped ({why}) without a stop save "
-                        f"({self._job_error(code, run)}); resumes from step {durable}")
-        return EXIT_STOP_SAVE_FAILED
+    # -- the actions ------------------------------------------------------------------
 
     # -- goodput ---------------------------------------------------------------------
-
-    def _begin_accounting(self, desired: Desired) -> None:
-        """Totals for this job: carried on from an earlier agent's status, plus the time
-        the node spent down in between when that agent was still working on it."""
-        if self.goodput.job == desired.run_key:
-            return
-        self.goodput = Goodput.resume(desired.run_key, self.previous)
-        fields: dict[str, object] = {"node": node_id(self.attributes, self.metadata)}
-        earlier = self.previous.get("goodput")
-        if isinstance(earlier, dict) and earlier.get("job") == desired.run_key:
-            fields["lastSave"] = self.previous.get("lastSave")
-            if self.previous.get("state") in ACTIVE_STATES:
-                self.goodput.add("infrastructure_recovery",
-                                 self.started_at - (parse_utc(str(self.previous.get("updated")))
-                                                    or self.started_at))
-        self.previous = {}
-        self.status.set(goodput=self.goodput.view(), **fields)  # type: ignore[arg-type]
-
-    def _account(self, category: str) -> None:
-        now = time.monotonic()
-        self.goodput.add(category, now - self._since)
-        self._since = now
 
     def _progress(self, run: JobRun, what: str) -> None:
         """From the job's output (the reader thread): steps, goodput so far, saves."""

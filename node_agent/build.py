@@ -57,7 +57,10 @@ except Exception:
 
 sys.exit(main())
 """
-BASE64_LINE = 76  # base64(1)'s default wrap
+# base64(1) -d reads lines of any length (it skips newlines, coreutils' base64 docs), and
+# handover.zipapp_in_script joins them: long lines save a byte every 76 of a metadata
+# value that is short of room (the wrap was base64's default, 76).
+BASE64_LINE = 4096
 
 
 def modules() -> list[Path]:
@@ -113,12 +116,23 @@ def lean(source: str) -> str:
     return "".join(lines)
 
 
+def bare_script(bootstrap: str) -> str:
+    """The bootstrap without its comment lines (the shebang kept) and its indentation: a
+    metadata value is short of room, and the comments are read here, in
+    node_agent/bootstrap.sh. Inside the unit's here-document they are systemd comment
+    lines, also only for people, and no line is indented (bash and systemd ignore a
+    line's leading blanks; a here-document's are kept, so it must have none)."""
+    lines = bootstrap.splitlines(keepends=True)
+    return lines[0] + "".join(line.lstrip(" ") for line in lines[1:]
+                              if not line.lstrip().startswith("#"))
+
+
 def startup_script(agent: bytes | None = None) -> str:
     """The bootstrap with the zipapp (`agent`, else this checkout's) embedded; refuses
     to outgrow a metadata value."""
     encoded = base64.b64encode(zipapp() if agent is None else agent).decode()
     lines = "\n".join(encoded[i:i + BASE64_LINE] for i in range(0, len(encoded), BASE64_LINE))
-    script = (HERE / "bootstrap.sh").read_text().replace(ZIPAPP_MARKER, lines, 1)
+    script = bare_script((HERE / "bootstrap.sh").read_text()).replace(ZIPAPP_MARKER, lines, 1)
     size = len(script.encode())
     if size > MAX_METADATA_VALUE_BYTES:
         raise ValueError(f"startup-script is {size} bytes; GCP allows "

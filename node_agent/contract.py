@@ -7,6 +7,8 @@ nothing else from the node's metadata.
 
 from __future__ import annotations
 
+import enum
+
 # -- what the TpuNode component sets ----------------------------------------------
 STARTUP_SCRIPT_KEY = "startup-script"
 # gs://<artifacts>/releases/<node-id>/: the prefix under which every release of the
@@ -60,3 +62,32 @@ EXIT_PREEMPTED = 75  # stopped on SIGTERM after saving a checkpoint
 EXIT_STOP_SAVE_FAILED = 76  # stopped on SIGTERM, the stop save failed (a pod losing hosts)
 PERMANENT_EXITS = (EXIT_USAGE, EXIT_BAD_RECORDS)
 STOPPED_EXITS = (EXIT_PREEMPTED, EXIT_STOP_SAVE_FAILED)
+
+
+class JobState(str, enum.Enum):
+    """The job's `state` in the node's status (docs/design.md, "Status"): the values are
+    the strings published, so a status reads the same as before the enum."""
+
+    IDLE = "idle"  # a pod worker other than 0: worker 0's client runs the job
+    INSTALLING = "installing"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PREEMPTED = "preempted"  # stopped by the VM or systemd; resumes at the next start
+    STOPPED = "stopped"  # a stop request or a limit holds the job
+    RETRYING = "retrying"
+    WAITING_FOR_DATA = "waiting-for-data"
+    HUNG = "hung"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# A job in one of these is not finished: it runs, or runs again when the node (or its
+# agent) comes back, so the time since such a status counts as infrastructure_recovery
+# (docs/design.md, "Goodput": "the time the node was down since the last status an
+# unfinished agent wrote"). `preempted` is one: the job resumes from its checkpoint.
+# Plain strings: a status read back from JSON is compared with them (a str enum member
+# hashes by its name, so it would not be found in a set of members).
+UNFINISHED_STATES = frozenset(state.value for state in JobState) - {"idle", "succeeded", "failed",
+                                                                 "stopped"}

@@ -110,6 +110,7 @@ class Job:
         self._reader: Loop | None = None
         self._config: Path | None = None
         self.clock = PhaseClock(Deadlines(), 0, time.monotonic())
+        self._hung: tuple[Hang, float] | None = None  # stacks sent, the stop next
 
     def start(self, config: Path, env: Mapping[str, str], cwd: Path) -> None:
         command = [sys.executable, "-m", "tpu_training", "run", "--config", str(config)]
@@ -199,9 +200,9 @@ class Job:
         """The running job's phase has passed its deadline (docs/design.md, "Deadlines")."""
         return self.clock.overdue(time.monotonic()) if self.poll() is None else None
 
-    def stop_hung(self, hang: Hang) -> int:
+    def send_stacks(self, hang: Hang) -> None:
         """Stacks of every thread to job.log (the signal the job's `started` line named,
-        then a moment), then the stop; the run keeps the hang and, once it exited, the
+        then a moment), before the stop; the run keeps the hang and, once it exited, the
         seconds since its last progress line (goodput counts them lost)."""
         assert self.process is not None
         if (name := self.run.stacks_signal) in signal.Signals.__members__:
@@ -209,10 +210,7 @@ class Job:
                              f"(deadline {hang.deadline:.0f}s): {name} for the job's stacks")
             self.process.send_signal(signal.Signals[name])
             time.sleep(self.clock.deadlines.stacks_wait)
-        last_progress = self.clock.last_progress
-        code = self.stop()
-        self.run.hang = hang.view() | {"lost": round(time.monotonic() - last_progress, 1)}
-        return code
+        self._hung = (hang, self.clock.last_progress)
 
     def stop(self, grace: float | None = None) -> int:
         """SIGTERM (the job checkpoints and exits 75), SIGKILL after `grace` seconds (the
@@ -248,6 +246,10 @@ class Job:
     def wait(self) -> int:
         assert self.process is not None
         code = self.process.wait()
+        if self._hung is not None:  # the stacks were sent: the run keeps the hang
+            hang, last_progress = self._hung
+            self.run.hang = hang.view() | {"lost": round(time.monotonic() - last_progress, 1)}
+            self._hung = None
         if self._reader is not None:
             self._reader.done.wait(10)
         self.pid_file.unlink(missing_ok=True)

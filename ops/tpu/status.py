@@ -25,6 +25,7 @@ from model.archive import REPO_ROOT
 from model.meter import price_table
 from model.naming import label_value
 from node_agent.common import parse_utc
+from node_agent.contract import UNFINISHED_STATES
 from ops.local import rehearsal_record as record
 from ops.tpu import logs as agent_logs
 from ops.tpu.api import (
@@ -42,7 +43,8 @@ Until = Literal["ready", "running", "done"]
 UNTIL_CHOICES: tuple[Until, ...] = ("ready", "running", "done")
 # The agent's job states (docs/design.md, "The training package").
 FINISHED = "succeeded"
-ACTIVE_JOB = {"installing", "running", "retrying", "waiting-for-data", "hung"}
+# Jobs not finished: one definition with the agent's (node_agent/contract.py).
+ACTIVE_JOB = set(UNFINISHED_STATES)
 # States whose job has a phase under way (docs/design.md, "Deadlines").
 PHASE_STATES = {"running", "hung"}
 # `tpuctl rehearse --stack <s>` keeps each node's status objects here (ops/local/rehearse.py,
