@@ -9,9 +9,10 @@ import pulumi
 import pulumi_gcp as gcp
 
 from model.naming import Naming
+from model.pulumi_types import COMPONENT_RUNTIME_IDENTITY
 from model.roles import PROJECT_ROLES
 
-TYPE = "tpu-stack:index:RuntimeIdentity"
+TYPE = COMPONENT_RUNTIME_IDENTITY
 
 # Object roles per bucket purpose: read what the job consumes, write what it
 # produces. roles/storage.objectUser is read/write/delete on objects without

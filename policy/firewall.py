@@ -34,7 +34,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-FIREWALL = "gcp:compute/firewall:Firewall"
+from model.pulumi_types import COMPUTE_FIREWALL
+
+FIREWALL = COMPUTE_FIREWALL
 DEFAULT_PRIORITY = 1000  # pulumi-gcp Firewall.priority: "Defaults to 1000"
 PORTED = frozenset({"tcp", "udp", "sctp"})
 

@@ -30,22 +30,32 @@ from pulumi_policy import (
 
 from components.stack_config import program_config
 from model import catalog
+from model.pulumi_types import (
+    DYNAMIC_PREFIX,
+    ORGANIZATIONS_PROJECT,
+    PROJECTS_IAM_BINDING,
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_IAM_POLICY,
+    PROJECTS_SERVICE,
+    SERVICEACCOUNT_KEY,
+    STORAGE_BUCKET,
+    TPU_V2_VM,
+)
 from model.settings import DEFAULT_TEAM, ENVIRONMENTS, environment_of
 from node_agent.contract import IDLE_STOP_KEY, MAX_RUNTIME_KEY
 from policy.iam import binding_target
 
-BUCKET = "gcp:storage/bucket:Bucket"
-SERVICE_ACCOUNT_KEY = "gcp:serviceaccount/key:Key"
-API_SERVICE = "gcp:projects/service:Service"
-V2VM = "gcp:tpu/v2Vm:V2Vm"
-DYNAMIC_PREFIX = "pulumi-python:dynamic"
+BUCKET = STORAGE_BUCKET
+SERVICE_ACCOUNT_KEY = SERVICEACCOUNT_KEY
+API_SERVICE = PROJECTS_SERVICE
+V2VM = TPU_V2_VM
 PROJECT_IAM_TYPES = frozenset({
-    "gcp:projects/iAMMember:IAMMember",
-    "gcp:projects/iAMBinding:IAMBinding",
-    "gcp:projects/iAMPolicy:IAMPolicy",
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_IAM_BINDING,
+    PROJECTS_IAM_POLICY,
 })
 # Resources whose pulumi-gcp inputs carry `labels`.
-LABELLED_TYPES = frozenset({BUCKET, V2VM, "gcp:organizations/project:Project"})
+LABELLED_TYPES = frozenset({BUCKET, V2VM, ORGANIZATIONS_PROJECT})
 PUBLIC_MEMBERS = ("allUsers", "allAuthenticatedUsers")
 COMPUTE_DEFAULT_SA_SUFFIX = "-compute@developer.gserviceaccount.com"
 # A V2Vm with neither acceleratorType nor acceleratorConfig gets v2-8 from the

@@ -53,6 +53,7 @@ from model.archive import (
     read_lock,
 )
 from model.catalog import CatalogError
+from model.pulumi_types import STORAGE_BUCKET_OBJECT
 from model.settings import SettingsError
 from node_agent.contract import RELEASE_KEY, STARTUP_SCRIPT_KEY, STATUS_KEY
 from ops.local import rehearsal_record
@@ -290,7 +291,7 @@ def planned_release_object(plan: Plan, metadata: dict[str, str]) -> tuple[str, d
     bucket, prefix = split(metadata[RELEASE_KEY])
     for resource in plan.run.registrations:
         inputs = resource.inputs
-        if (resource.type == "gcp:storage/bucketObject:BucketObject"
+        if (resource.type == STORAGE_BUCKET_OBJECT
                 and inputs.get("bucket") == bucket
                 and str(inputs.get("name", "")).startswith(prefix)):
             return f"gs://{bucket}/{inputs['name']}", json.loads(inputs["content"])

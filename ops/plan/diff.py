@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model.pulumi_types import CLOUDQUOTA_S_QUOTA_PREFERENCE, STORAGE_BUCKET
 from ops.plan.report import (
     STACK_RESOURCE,
     check_format,
@@ -223,7 +224,7 @@ def replacement_warnings(diff: PlanDiff) -> list[str]:
     return lines
 
 
-QUOTA_PREFERENCE = "gcp:cloudquota/sQuotaPreference:SQuotaPreference"
+QUOTA_PREFERENCE = CLOUDQUOTA_S_QUOTA_PREFERENCE
 
 
 def stays_warning(step: Step) -> str:
@@ -245,7 +246,7 @@ def _empties_a_bucket(step: Step) -> bool:
     """A bucket deleted (or replaced) without forceDestroy: GCS refuses to delete a
     bucket that holds objects (noncurrent versions too)."""
     old = step.base if step.op == "replace" else step.resource
-    return (step.type == "gcp:storage/bucket:Bucket" and step.op in ("delete", "replace")
+    return (step.type == STORAGE_BUCKET and step.op in ("delete", "replace")
             and not step.refused and old is not None
             and not old.get("inputs", {}).get("forceDestroy"))
 

@@ -29,9 +29,23 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import wait_for_rpcs
 
 from model.archive import REPO_ROOT
+from model.pulumi_types import (
+    COMPUTE_NETWORK,
+    COMPUTE_SUBNETWORK,
+    IAM_WORKLOAD_IDENTITY_POOL,
+    IAM_WORKLOAD_IDENTITY_POOL_PROVIDER,
+    ORGANIZATIONS_GET_PROJECT,
+    ORGANIZATIONS_PROJECT,
+    PULUMI_STACK,
+    PULUMI_STACK_REFERENCE,
+    SERVICEACCOUNT_ACCOUNT,
+    STORAGE_BUCKET,
+    STORAGE_GET_BUCKET_OBJECT_CONTENT,
+    STORAGE_GET_BUCKET_OBJECTS,
+)
 
 PROJECT = "tpu-stack"
-STACK_TYPE = "pulumi:pulumi:Stack"
+STACK_TYPE = PULUMI_STACK
 
 
 @dataclass
@@ -97,10 +111,10 @@ class RecordingMonitor(mocks.MockMonitor):
         return response
 
 
-STACK_REFERENCE_TYPE = "pulumi:pulumi:StackReference"
-GET_PROJECT = "gcp:organizations/getProject:getProject"
-GET_OBJECT_CONTENT = "gcp:storage/getBucketObjectContent:getBucketObjectContent"
-GET_BUCKET_OBJECTS = "gcp:storage/getBucketObjects:getBucketObjects"
+STACK_REFERENCE_TYPE = PULUMI_STACK_REFERENCE
+GET_PROJECT = ORGANIZATIONS_GET_PROJECT
+GET_OBJECT_CONTENT = STORAGE_GET_BUCKET_OBJECT_CONTENT
+GET_BUCKET_OBJECTS = STORAGE_GET_BUCKET_OBJECTS
 # Config keys whose value names a stack the program reads through a
 # StackReference (docs/teams.md: a team stack's platform stack).
 STACK_REFERENCE_KEYS = (f"{PROJECT}:platformStack",)
@@ -226,13 +240,13 @@ def _pool_provider(m: GcpMocks, project: str, name: str, inputs: dict) -> tuple[
 
 
 _COMPUTED: dict[str, Callable[[GcpMocks, str, str, dict], tuple[str, dict]]] = {
-    "gcp:serviceaccount/account:Account": _account,
-    "gcp:compute/network:Network": _network,
-    "gcp:compute/subnetwork:Subnetwork": _subnetwork,
-    "gcp:storage/bucket:Bucket": _bucket,
-    "gcp:organizations/project:Project": _project,
-    "gcp:iam/workloadIdentityPool:WorkloadIdentityPool": _pool,
-    "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider": _pool_provider,
+    SERVICEACCOUNT_ACCOUNT: _account,
+    COMPUTE_NETWORK: _network,
+    COMPUTE_SUBNETWORK: _subnetwork,
+    STORAGE_BUCKET: _bucket,
+    ORGANIZATIONS_PROJECT: _project,
+    IAM_WORKLOAD_IDENTITY_POOL: _pool,
+    IAM_WORKLOAD_IDENTITY_POOL_PROVIDER: _pool_provider,
 }
 
 

@@ -24,12 +24,13 @@ from model.bootstrap import (
     deployer_grants,
     quota_contact_grant,
 )
+from model.pulumi_types import COMPONENT_CI_IDENTITY
 from model.settings import StackSettings
 from ops.plan.mock_engine import ProgramRun, planned_stack_run
 from policy.iam import Binding, IamModel
 from policy.permissions import Applier, Finding, prove
 
-CI_IDENTITY = "tpu-stack:index:CiIdentity"
+CI_IDENTITY = COMPONENT_CI_IDENTITY
 
 
 @dataclass

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from components.stack_config import file_config
 from model.archive import REPO_ROOT
+from model.pulumi_types import TPU_V2_VM
 from ops.local import rehearse
 from ops.local.rehearse import REHEARSAL_BERT_SHAPE, rehearsal_job, synth_args
 from ops.tpu.status import no_rehearsal
@@ -117,4 +118,4 @@ def test_the_readme_bert_stack_plans_without_warnings(tmp_path: Path) -> None:
 
     plan = plain(offline_plan("bert", bert_config(tmp_path)).to_json())
     assert plan["warnings"] == []
-    assert any(r["type"] == "gcp:tpu/v2Vm:V2Vm" for r in plan["resources"])
+    assert any(r["type"] == TPU_V2_VM for r in plan["resources"])
