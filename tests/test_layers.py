@@ -159,6 +159,37 @@ def test_no_import_from_a_lower_layer_to_a_higher_one() -> None:
     assert upward == []
 
 
+# Inside ops/, lowest first (xpk's layout: parser/, commands/ the thin verbs, the core).
+OPS_LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"ops", "ops.terminal", "ops.local"}),  # the fakes
+    frozenset({"ops.plan", "ops.tpu"}),  # the core
+    frozenset({"ops.rehearse"}),  # the core that boots a planned node on the fakes
+    frozenset({"ops.parser", "ops.commands"}),  # the typer app; the verbs
+    frozenset({"ops.cli"}),
+)
+
+
+def _ops_layer(module: str) -> int:
+    piece = ".".join(module.split(".")[:2])
+    return next(i for i, layer in enumerate(OPS_LAYERS) if piece in layer)
+
+
+def test_every_piece_of_ops_has_a_layer() -> None:
+    for module in _sources():
+        if module.split(".")[0] == "ops":
+            _ops_layer(module)
+
+
+def test_no_import_from_a_lower_piece_of_ops_to_a_higher_one() -> None:
+    """No arrow from ops/tpu up to ops/local's rehearsal, nor from the core to a verb."""
+    upward = [f"{module} imports {target}"
+              for module, targets in sorted(_graph().items()) if module.startswith("ops")
+              for target in sorted(targets)
+              if target.startswith("ops") and target in _sources()
+              and _ops_layer(target) > _ops_layer(module)]
+    assert upward == []
+
+
 def _long_files() -> list[str]:
     return sorted(f"{path.relative_to(REPO_ROOT)} ({lines} lines)"
                   for module, path in _sources().items()

@@ -206,7 +206,7 @@ def test_unconfirmed_quota_ids_are_marked_in_the_catalog_the_caps_and_the_previe
 def test_tpuctl_plan_fails_naming_the_refusal(capsys) -> None:
     """The plan verb (and so the pull-request check, which runs it per stack) exits 1
     and prints the resource, the identity, the permission and the fix."""
-    from ops.plan.command import print_report
+    from ops.commands.plan import print_report
     from ops.plan.offline import offline_plan
 
     result = offline_plan("platform")

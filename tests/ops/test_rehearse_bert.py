@@ -17,8 +17,8 @@ from rich.console import Console
 from components.stack_config import file_config
 from model.archive import REPO_ROOT
 from model.pulumi_types import TPU_V2_VM
-from ops.local import rehearse
-from ops.local.rehearse import REHEARSAL_BERT_SHAPE, rehearsal_job, synth_args
+from ops.rehearse import rehearsal as rehearse
+from ops.rehearse.rehearsal import REHEARSAL_BERT_SHAPE, rehearsal_job, synth_args
 from ops.tpu.status import no_rehearsal
 from tpu_training.config import JobConfig
 
