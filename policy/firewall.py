@@ -36,7 +36,6 @@ from typing import Any
 
 from model.pulumi_types import COMPUTE_FIREWALL
 
-FIREWALL = COMPUTE_FIREWALL
 DEFAULT_PRIORITY = 1000  # pulumi-gcp Firewall.priority: "Defaults to 1000"
 PORTED = frozenset({"tcp", "udp", "sctp"})
 
@@ -129,7 +128,7 @@ def rules_of(resources: Iterable[Any]) -> list[Rule]:
     for resource in resources:
         kind, inputs = ((resource["type"], resource.get("inputs") or {})
                         if isinstance(resource, Mapping) else (resource.type, resource.inputs))
-        if kind == FIREWALL:
+        if kind == COMPUTE_FIREWALL:
             rules.append(Rule.of(str(inputs.get("name")), inputs))
     return rules
 

@@ -69,8 +69,6 @@ SET_IAM_POLICY = {
     "serviceAccounts": "iam.serviceAccounts.setIamPolicy",
     "subnetworks": "compute.subnetworks.setIamPolicy",
 }
-QUEUED_TPU = DYNAMIC_QUEUED_TPU
-FALLBACK_TPU = DYNAMIC_FALLBACK_TPU  # components/fallback_tpu.py
 # Resources named projects/P/... that sit in project P whether or not the plan declares
 # them (a Cloud Run function's service is made by its function, not by the plan).
 _IN_THEIR_PROJECT = ("topics", "functions", "services")
@@ -249,7 +247,7 @@ def _resource_name(kind: str, inputs: Mapping[str, Any],
         return outputs.get("name") or None
     if kind == TPU_V2_VM:
         return f"projects/{project}/locations/{inputs['zone']}/nodes/{inputs['name']}"
-    if kind in (QUEUED_TPU, FALLBACK_TPU):  # the node its request becomes
+    if kind in (DYNAMIC_QUEUED_TPU, DYNAMIC_FALLBACK_TPU):  # the node its request becomes
         return f"projects/{project}/locations/{inputs['zone']}/nodes/{inputs['node_id']}"
     if kind == COMPUTE_SUBNETWORK:
         return f"projects/{project}/regions/{inputs['region']}/subnetworks/{inputs['name']}"

@@ -42,6 +42,8 @@ from model.pulumi_types import (
     COMPUTE_SHARED_VPC_SERVICE_PROJECT,
     COMPUTE_SUBNETWORK,
     COMPUTE_SUBNETWORK_IAM_MEMBER,
+    DYNAMIC_FALLBACK_TPU,
+    DYNAMIC_QUEUED_TPU,
     IAM_WORKLOAD_IDENTITY_POOL,
     IAM_WORKLOAD_IDENTITY_POOL_PROVIDER,
     PROJECTS_IAM_CUSTOM_ROLE,
@@ -60,7 +62,7 @@ from model.pulumi_types import (
     STORAGE_BUCKET_OBJECT,
     TPU_V2_VM,
 )
-from policy.iam import FALLBACK_TPU, QUEUED_TPU, IamModel, binding_target, predefined_roles
+from policy.iam import IamModel, binding_target, predefined_roles
 
 OPERATIONS = ("create", "update", "delete")
 Inputs = Mapping[str, Any]
@@ -224,12 +226,12 @@ TABLE: dict[str, Row] = {
     # in no role of the pinned role table (iann0036/iam-dataset's roles/tpu.admin lists
     # tpu.nodes.* only): the proof checks the node permissions a queued resource's node
     # needs in their place.
-    QUEUED_TPU: Row(
+    DYNAMIC_QUEUED_TPU: Row(
         _project, ("tpu.nodes.create",), ("tpu.nodes.update",), ("tpu.nodes.delete",),
         _REST.format("tpu") + "v2/projects.locations.queuedResources/create (permission "
         "unconfirmed)"),
     # components/fallback_tpu.py: each candidate a queued resource (as QueuedTpu above).
-    FALLBACK_TPU: Row(
+    DYNAMIC_FALLBACK_TPU: Row(
         _project, ("tpu.nodes.create",), ("tpu.nodes.update",), ("tpu.nodes.delete",),
         _REST.format("tpu") + "v2/projects.locations.queuedResources/create, per candidate "
         "(permission unconfirmed, as QueuedTpu's)"),
@@ -262,12 +264,12 @@ NO_API = (PROVIDER_PREFIX, PULUMI_PREFIX, COMPONENT_PREFIX)
 # trigger's account (Eventarc: a trigger's creator acts as its service account,
 # cloud.google.com/eventarc/docs/access-control; as recalled, unconfirmed here).
 RUNS_AS = {TPU_V2_VM: (("serviceAccount", "email"),),
-           QUEUED_TPU: (("service_account_email",),),
-           FALLBACK_TPU: (("service_account_email",),),
+           DYNAMIC_QUEUED_TPU: (("service_account_email",),),
+           DYNAMIC_FALLBACK_TPU: (("service_account_email",),),
            CLOUDFUNCTIONSV2_FUNCTION: (("serviceConfig", "serviceAccountEmail"),
                                                       ("eventTrigger", "serviceAccountEmail"))}
-USES_SUBNET = {TPU_V2_VM: ("networkConfig", "subnetwork"), QUEUED_TPU: ("subnetwork",),
-               FALLBACK_TPU: ("subnetwork",)}
+USES_SUBNET = {TPU_V2_VM: ("networkConfig", "subnetwork"), DYNAMIC_QUEUED_TPU: ("subnetwork",),
+               DYNAMIC_FALLBACK_TPU: ("subnetwork",)}
 
 
 @dataclass(frozen=True)
@@ -327,14 +329,13 @@ def prove(resources: Iterable[Mapping[str, Any]], model: IamModel,
     return _unique(findings)
 
 
-QUOTA_PREFERENCE = CLOUDQUOTA_S_QUOTA_PREFERENCE
 
 
 def _contact_findings(label: str, kind: str, inputs: Inputs, model: IamModel) -> list[Finding]:
     """"The Google account for the email address must have quota update permission for
     the project, folder or organization this quota preference is for" (Cloud Quotas v1
     QuotaPreference.contact_email): the contact, as a group or a user."""
-    contact = inputs.get("contactEmail") if kind == QUOTA_PREFERENCE else None
+    contact = inputs.get("contactEmail") if kind == CLOUDQUOTA_S_QUOTA_PREFERENCE else None
     if not contact:
         return []
     parent, permission = str(inputs["parent"]), "cloudquotas.quotas.update"
@@ -380,7 +381,7 @@ def _runs_as_findings(label: str, kind: str, inputs: Inputs, model: IamModel,
 
 def _candidates(kind: str, inputs: Inputs) -> list[Inputs]:
     """A fallback node's candidates (each a queued resource), else the resource itself."""
-    if kind == FALLBACK_TPU:
+    if kind == DYNAMIC_FALLBACK_TPU:
         return [inputs, *(c for c in inputs.get("candidates") or () if isinstance(c, Mapping))]
     return [inputs]
 
@@ -393,7 +394,7 @@ def _subnets(kind: str, inputs: Inputs) -> list[str]:
 
 def _reservation_findings(label: str, kind: str, inputs: Inputs,
                           applier: Applier) -> list[Finding]:
-    if kind in (QUEUED_TPU, FALLBACK_TPU):
+    if kind in (DYNAMIC_QUEUED_TPU, DYNAMIC_FALLBACK_TPU):
         named = {str(c["reservation_name"]): str(c.get("zone") or inputs.get("zone"))
                  for c in _candidates(kind, inputs) if c.get("reservation_name")}
         return [f for name, zone in named.items() for f in _reservation_finding(

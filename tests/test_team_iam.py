@@ -19,6 +19,7 @@ from model import catalog
 from model.pulumi_types import (
     CLOUDQUOTA_S_QUOTA_PREFERENCE,
     COMPUTE_SUBNETWORK,
+    DYNAMIC_QUEUED_TPU,
     FOLDER_IAM_MEMBER,
     PROJECTS_IAM_MEMBER,
     PULUMI_STACK_REFERENCE,
@@ -30,11 +31,12 @@ from model.pulumi_types import (
 from model.roles import DEPLOYER_ROLES
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
 from policy.firewall import Endpoint, Rule, admits, rules_of
-from policy.iam import QUEUED_TPU, IamModel, predefined_roles
+from policy.iam import IamModel, predefined_roles
 from tests.infra.stack_fixtures import as_cli
 from tests.test_teams import platform, pod, spot, team
 
 V2VM = TPU_V2_VM
+QUEUED_TPU = DYNAMIC_QUEUED_TPU
 BUCKET = STORAGE_BUCKET
 QUOTA_PREFERENCE = CLOUDQUOTA_S_QUOTA_PREFERENCE
 NODE_PERMISSIONS = ("tpu.nodes.update", "tpu.nodes.delete")

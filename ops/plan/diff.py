@@ -224,13 +224,12 @@ def replacement_warnings(diff: PlanDiff) -> list[str]:
     return lines
 
 
-QUOTA_PREFERENCE = CLOUDQUOTA_S_QUOTA_PREFERENCE
 
 
 def stays_warning(step: Step) -> str:
     """A delete that leaves the resource in GCP; for a quota preference, how to lift
     the cap it keeps."""
-    if step.type == QUOTA_PREFERENCE:
+    if step.type == CLOUDQUOTA_S_QUOTA_PREFERENCE:
         inputs = step.resource.get("inputs", {})
         value = (inputs.get("quotaConfig") or {}).get("preferredValue")
         return (f"{step.name} is removed from the stack only: {step.stays_in_gcp}, and a "

@@ -45,7 +45,6 @@ from model.pulumi_types import (
 )
 
 PROJECT = "tpu-stack"
-STACK_TYPE = PULUMI_STACK
 
 
 @dataclass
@@ -81,7 +80,7 @@ class RecordingMonitor(mocks.MockMonitor):
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC name)
         response = super().RegisterResource(request)
-        if request.type != STACK_TYPE:
+        if request.type != PULUMI_STACK:
             urn = response.urn
             inputs = rpc.deserialize_properties(request.object)
             secrets = sorted(k for k, v in inputs.items() if rpc.is_rpc_secret(v))
@@ -111,10 +110,6 @@ class RecordingMonitor(mocks.MockMonitor):
         return response
 
 
-STACK_REFERENCE_TYPE = PULUMI_STACK_REFERENCE
-GET_PROJECT = ORGANIZATIONS_GET_PROJECT
-GET_OBJECT_CONTENT = STORAGE_GET_BUCKET_OBJECT_CONTENT
-GET_BUCKET_OBJECTS = STORAGE_GET_BUCKET_OBJECTS
 # Config keys whose value names a stack the program reads through a
 # StackReference (docs/teams.md: a team stack's platform stack).
 STACK_REFERENCE_KEYS = (f"{PROJECT}:platformStack",)
@@ -136,7 +131,7 @@ class GcpMocks(mocks.Mocks):
 
     def new_resource(self, args: mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         inputs = dict(args.inputs)
-        if args.typ == STACK_REFERENCE_TYPE:
+        if args.typ == PULUMI_STACK_REFERENCE:
             name = inputs["name"]
             if name not in self.stack_outputs:
                 raise KeyError(f"no outputs for stack reference {name!r}: give GcpMocks "
@@ -152,12 +147,12 @@ class GcpMocks(mocks.Mocks):
 
     def call(self, args: mocks.MockCallArgs) -> dict[str, Any]:
         # A dict, not (dict, None): MockMonitor.Invoke iterates a tuple's failures.
-        if args.token == GET_PROJECT:
+        if args.token == ORGANIZATIONS_GET_PROJECT:
             project = args.args.get("projectId") or "mock-project"
             return {"projectId": project, "number": self.project_number}
-        if args.token == GET_OBJECT_CONTENT:
+        if args.token == STORAGE_GET_BUCKET_OBJECT_CONTENT:
             return {**args.args, "content": self._object_content(args.args)}
-        if args.token == GET_BUCKET_OBJECTS:
+        if args.token == STORAGE_GET_BUCKET_OBJECTS:
             bucket, prefix = args.args["bucket"], args.args.get("prefix") or ""
             return {"bucket": bucket, "bucketObjects": [
                 {"name": name} for name in self.bucket_objects.get(bucket, [])

@@ -30,8 +30,6 @@ from ops.plan.mock_engine import ProgramRun, planned_stack_run
 from policy.iam import Binding, IamModel
 from policy.permissions import Applier, Finding, prove
 
-CI_IDENTITY = COMPONENT_CI_IDENTITY
-
 
 @dataclass
 class Proof:
@@ -96,7 +94,7 @@ def _admin_applied(settings: StackSettings, run: ProgramRun) -> frozenset[str]:
     if not settings.ci:
         return frozenset()
     by_urn = run.by_urn()
-    roots = {r.urn for r in run.registrations if r.type == CI_IDENTITY and r.name == "ci"}
+    roots = {r.urn for r in run.registrations if r.type == COMPONENT_CI_IDENTITY and r.name == "ci"}
 
     def under(urn: str | None) -> bool:
         while urn:

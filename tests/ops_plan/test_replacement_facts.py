@@ -20,10 +20,10 @@ from model.pulumi_types import (
     STORAGE_BUCKET_OBJECT,
     TPU_V2_VM,
 )
+from model.pulumi_types import DYNAMIC_FALLBACK_TPU as FALLBACK_TPU
+from model.pulumi_types import DYNAMIC_QUEUED_TPU as QUEUED_TPU
 from ops.plan.facts import facts, type_facts
 from ops.plan.facts.generate import (
-    FALLBACK_TPU,
-    QUEUED_TPU,
     conditional_force_new,
     fallback_tpu_entry,
     mmv1_immutable,

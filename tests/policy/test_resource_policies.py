@@ -15,7 +15,8 @@ from model.pulumi_types import (
     STORAGE_BUCKET_IAM_MEMBER,
     STORAGE_BUCKET_IAM_POLICY,
 )
-from policy.tpu_policies import BUCKET, V2VM
+from model.pulumi_types import STORAGE_BUCKET as BUCKET
+from model.pulumi_types import TPU_V2_VM as V2VM
 
 QUEUED = DYNAMIC_RESOURCE
 QUEUED_NODE = {"node_id": "dev-trainer", "runtime_version": "tpu-vm-tf-2.18.0-pjrt",

@@ -7,7 +7,8 @@ from model.pulumi_types import (
     SERVICEACCOUNT_IAM_BINDING,
     SERVICEACCOUNT_IAM_MEMBER,
 )
-from policy.tpu_policies import BUCKET, V2VM
+from model.pulumi_types import STORAGE_BUCKET as BUCKET
+from model.pulumi_types import TPU_V2_VM as V2VM
 
 LABELS = {"stack": "prod", "managed-by": "pulumi"}
 

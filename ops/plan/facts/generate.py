@@ -69,8 +69,6 @@ from model.pulumi_types import (
 )
 
 OUT = Path(__file__).with_name("replacement.json")
-QUEUED_TPU = DYNAMIC_QUEUED_TPU  # components/queued_tpu.py
-FALLBACK_TPU = DYNAMIC_FALLBACK_TPU  # components/fallback_tpu.py
 
 
 @dataclass(frozen=True)
@@ -181,7 +179,6 @@ TYPES: dict[str, TypeSource] = {
         "google_tpu_v2_vm", (GO + "tpuv2/resource_tpu_v2_vm.go",), (),
         "mmv1/products/tpuv2/Vm.yaml"),
 }
-PROVIDER_TYPE = PROVIDER_GCP
 
 # Where the rules live, for the entries' citations (checked to exist at generation).
 BRIDGE_RULE = ("pkg/tfbridge/schema.go", "func nameRequiresDeleteBeforeReplace")
@@ -541,13 +538,13 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
     infos = resource_infos(resources_go)
     types = {token: type_entry(token, source, provider, mm, infos, autonaming_all)
              for token, source in TYPES.items()}
-    types[PROVIDER_TYPE] = {
+    types[PROVIDER_GCP] = {
         "forceNew": re.findall(r'"(\w+)":\s*\{[^}]*ForcesProviderReplace:\s*tfbridge\.True\(\)',
                                resources_go),
         "forceNewIf": {}, "deleteBeforeReplace": False, "autoName": None,
         "source": [bridge.cite(*BRIDGE_CONFIG), gcp.cite(PULUMI_GCP[0])]}
-    types[QUEUED_TPU] = queued_tpu_entry()
-    types[FALLBACK_TPU] = fallback_tpu_entry()
+    types[DYNAMIC_QUEUED_TPU] = queued_tpu_entry()
+    types[DYNAMIC_FALLBACK_TPU] = fallback_tpu_entry()
     return {
         "generatedBy": "ops/plan/facts/generate.py",
         "rules": {
