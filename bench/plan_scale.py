@@ -28,6 +28,19 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
+from model.pulumi_types import (
+    COMPUTE_FIREWALL,
+    COMPUTE_NETWORK,
+    COMPUTE_SUBNETWORK,
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_SERVICE,
+    SERVICEACCOUNT_ACCOUNT,
+    STORAGE_BUCKET,
+    STORAGE_BUCKET_IAM_MEMBER,
+    STORAGE_BUCKET_OBJECT,
+    TPU_V2_VM,
+)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from components.stack_config import cli_value, file_config
@@ -51,16 +64,16 @@ def config_with_nodes(count: int) -> dict[str, str]:
 
 # The pulumi-gcp classes a stack declares, by type token.
 GCP_CLASSES: dict[str, type[pulumi.CustomResource]] = {
-    "gcp:projects/service:Service": gcp.projects.Service,
-    "gcp:compute/network:Network": gcp.compute.Network,
-    "gcp:compute/subnetwork:Subnetwork": gcp.compute.Subnetwork,
-    "gcp:compute/firewall:Firewall": gcp.compute.Firewall,
-    "gcp:storage/bucket:Bucket": gcp.storage.Bucket,
-    "gcp:storage/bucketIAMMember:BucketIAMMember": gcp.storage.BucketIAMMember,
-    "gcp:storage/bucketObject:BucketObject": gcp.storage.BucketObject,
-    "gcp:serviceaccount/account:Account": gcp.serviceaccount.Account,
-    "gcp:projects/iAMMember:IAMMember": gcp.projects.IAMMember,
-    "gcp:tpu/v2Vm:V2Vm": gcp.tpu.V2Vm,
+    PROJECTS_SERVICE: gcp.projects.Service,
+    COMPUTE_NETWORK: gcp.compute.Network,
+    COMPUTE_SUBNETWORK: gcp.compute.Subnetwork,
+    COMPUTE_FIREWALL: gcp.compute.Firewall,
+    STORAGE_BUCKET: gcp.storage.Bucket,
+    STORAGE_BUCKET_IAM_MEMBER: gcp.storage.BucketIAMMember,
+    STORAGE_BUCKET_OBJECT: gcp.storage.BucketObject,
+    SERVICEACCOUNT_ACCOUNT: gcp.serviceaccount.Account,
+    PROJECTS_IAM_MEMBER: gcp.projects.IAMMember,
+    TPU_V2_VM: gcp.tpu.V2Vm,
 }
 
 

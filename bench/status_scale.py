@@ -57,6 +57,7 @@ from model import catalog  # noqa: E402
 from node_agent.contract import STATUS_KEY  # noqa: E402
 from ops.tpu import api as tpu_api  # noqa: E402
 from ops.tpu import status as node_status  # noqa: E402
+from ops.tpu import status_views  # noqa: E402
 from ops.tpu.api import NodeStatus, TpuApi  # noqa: E402
 from ops.tpu.logs import WORKER0_STATUS, AgentLogs  # noqa: E402
 from ops.tpu.target import ExpectedNode, StackTarget  # noqa: E402
@@ -251,7 +252,7 @@ def stack_target(placed: list[Placed]) -> StackTarget:
 
 def render(target: StackTarget, nodes: list[NodeStatus], lines: list[Any]) -> int:
     console = Console(file=StringIO(), width=200)
-    console.print(node_status.status_table(target, nodes))
+    console.print(status_views.status_table(target, nodes))
     for line in lines:
         console.print(line)
     return sum(1 for node in nodes if node.job.get("state") == "running")
@@ -281,7 +282,7 @@ def tpuctl_status(api: TpuApi, target: StackTarget, logs: AgentLogs) -> int:
         read = node_status.read_stack(api, target, logs)
         queued = queued_read.result()
     unread = sorted(set(read.unread) | set(queued.unread))
-    lines = [node_status.summary_line(s)
+    lines = [status_views.summary_line(s)
              for s in node_status.team_summaries(target, read.items, unread)]
     assert not unread, unread
     return render(target, read.items, lines)

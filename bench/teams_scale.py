@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from model.pulumi_types import TPU_V2_VM
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from components.stack_config import cli_value
@@ -84,7 +86,7 @@ def plan_seconds(teams: int, nodes: int) -> tuple[float, float]:
     wall, cpu = time.perf_counter(), time.process_time()
     plan = offline_plan("bench", config)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    vms = plan.run.of_type("gcp:tpu/v2Vm:V2Vm")
+    vms = plan.run.of_type(TPU_V2_VM)
     assert len(vms) == nodes, (len(vms), nodes)
     return wall, cpu
 

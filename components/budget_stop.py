@@ -28,6 +28,7 @@ from model.archive import REPO_ROOT
 from model.budget_hold import marker_prefix
 from model.meter import price_table
 from model.naming import Naming
+from model.pulumi_types import COMPONENT_BUDGET_STOP
 from model.roles import BUDGET_STOP_ROLE, DEPLOYER_ACCOUNT_ROLES
 
 FUNCTION_DIR = Path(__file__).resolve().parents[1] / "functions" / "budget_stop"
@@ -55,7 +56,7 @@ def function_source() -> bytes:
 
 # ---- the Pulumi side ---------------------------------------------------------------
 
-TYPE = "tpu-stack:index:BudgetStop"
+TYPE = COMPONENT_BUDGET_STOP
 # APIs the function needs in the platform's project: Cloud Run functions build with
 # Cloud Build into Artifact Registry, run on Cloud Run, and an Eventarc trigger feeds
 # them from Pub/Sub (cloud.google.com/functions/docs/deploy: "Cloud Functions, Cloud

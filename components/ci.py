@@ -17,6 +17,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from model.naming import Naming
+from model.pulumi_types import COMPONENT_CI_IDENTITY
 from model.roles import (
     DEPLOYER_ACCOUNT_ROLE,
     DEPLOYER_ACCOUNT_ROLES,
@@ -30,7 +31,7 @@ from model.roles import (
 )
 from model.settings.schema import CiSettings
 
-TYPE = "tpu-stack:index:CiIdentity"
+TYPE = COMPONENT_CI_IDENTITY
 
 # GitHub's OIDC issuer for Actions (docs.github.com, "OpenID Connect reference";
 # google-github-actions/auth README).

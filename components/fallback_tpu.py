@@ -47,6 +47,7 @@ from components.queued_tpu import (
     force_delete,
 )
 from model import capacity
+from model.pulumi_types import DYNAMIC_MODULE, FALLBACK_TPU_NAME
 
 # What a candidate sets of the request; everything else is the node's, shared.
 PLACEMENT_KEYS = ("zone", "accelerator_type", "accelerator_config_type", "accelerator_topology",
@@ -416,7 +417,7 @@ def candidate_props(node: Any, subnetwork: pulumi.Input[str]) -> dict[str, Any]:
     }
 
 
-class FallbackTpu(dyn.Resource, module="tpu", name="FallbackTpu"):
+class FallbackTpu(dyn.Resource, module=DYNAMIC_MODULE, name=FALLBACK_TPU_NAME):
     """A TPU node placed on the first of its candidates that takes (module docstring).
 
     Outputs: candidate (1-based), candidate_label (`2/4 us-east5-b spot`), placement,

@@ -9,6 +9,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from model.naming import Naming
+from model.pulumi_types import COMPONENT_RUNTIME_IDENTITY
 from model.roles import (
     BUCKET_METADATA_ROLE,
     BUCKET_ROLES,
@@ -16,7 +17,7 @@ from model.roles import (
     PROJECT_ROLES,
 )
 
-TYPE = "tpu-stack:index:RuntimeIdentity"
+TYPE = COMPONENT_RUNTIME_IDENTITY
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ import pulumi
 import pulumi_gcp as gcp
 
 from model.naming import Naming
+from model.pulumi_types import COMPONENT_NETWORK
 from model.subnets import subnet_ranges
 
-TYPE = "tpu-stack:index:Network"
+TYPE = COMPONENT_NETWORK
 
 # cloud.google.com/iap/docs/using-tcp-forwarding#create-firewall-rule: the range
 # IAP TCP forwarding connects from.

@@ -11,8 +11,9 @@ import pulumi
 import pulumi_gcp as gcp
 
 from model.archive import REPO_ROOT, Archive, build_archive
+from model.pulumi_types import COMPONENT_TRAINING_PACKAGE
 
-TYPE = "tpu-stack:index:TrainingPackage"
+TYPE = COMPONENT_TRAINING_PACKAGE
 PACKAGE_PREFIX = "packages/"
 # How many hex digits of a sha256 a logical name carries (docs/design.md, contract C1).
 HASH_IN_NAME = 16

@@ -29,7 +29,6 @@ from components.identity import IdentityArgs, RuntimeIdentity
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
 from components.project import APIS, BUDGETS_API, Project, ProjectArgs
-from components.project import stack_warnings as project_stack_warnings
 from components.storage import BucketsArgs, TrainingBuckets
 from components.team_stack import PlatformReference
 from components.teams import (
@@ -48,16 +47,14 @@ from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
 from model import catalog, cost, subnets, team_state
 from model.bootstrap import granted_in_host_project
 from model.budget_hold import BudgetHold, budget_hold, janitor_held, settings_digest
-from model.candidates import one_quota_warning
-from model.locality import cross_region_warning
 from model.naming import label_value
-from model.progress_deadline import progress_deadline_warning
+from model.pulumi_types import COMPONENT_TPU_PLATFORM
 from model.roles import DEPLOYER_ACCOUNT_ROLE, DEPLOYER_ACCOUNT_ROLES
 from model.settings.schema import BillingSettings, NodeSettings, StackSettings
-from model.stop_save import stop_save_warning
+from model.warnings import stack_warnings
 from tpu_training.config import JobConfig
 
-TYPE = "tpu-stack:index:TpuPlatform"
+TYPE = COMPONENT_TPU_PLATFORM
 
 
 @dataclass(frozen=True)
@@ -95,6 +92,7 @@ class TpuPlatform(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
         self.settings = settings
+        self.warnings = stack_warnings(settings)  # each logged on its resource below
         self.teams, self.team_nodes, self.access = {}, {}, {}
         self.held: dict[str, BudgetHold] = {}  # teams held after a budget stop
         # The nodes declared, by team (None: the stack's own): those the janitor deleted
@@ -124,8 +122,9 @@ class TpuPlatform(pulumi.ComponentResource):
             labels=self._labels("project"), apis=apis), opts=self._child())
         after_apis = self._child(depends_on=self.project.services)
         project_id = self.project.project_id
-        for warning in project_stack_warnings(settings):  # at preview and up
-            pulumi.log.warn(warning, resource=self.project)
+        for warning in self.warnings:  # at preview and up
+            if warning.rule == "project":
+                pulumi.log.warn(warning.text, resource=self.project)
         self.buckets = TrainingBuckets("storage", BucketsArgs(
             project_id=project_id, naming=naming, settings=settings.storage,
             labels=self._labels("storage")), opts=after_apis)
@@ -220,6 +219,9 @@ class TpuPlatform(pulumi.ComponentResource):
             budget=self._budget(team, stopper), budgets=self.budgets,
             platform_deployer=settings.team_projects.deployer if spec.nodes else None),
             opts=after_apis)
+        for warning in self.warnings:  # at preview and up
+            if warning.team == team:
+                pulumi.log.warn(warning.text, resource=access)
         if not spec.nodes:
             return
         held = self._held(team) if stopper else None
@@ -395,12 +397,9 @@ class TpuPlatform(pulumi.ComponentResource):
         prefix = f"node-{placement.team}-" if placement.team else "node-"
         tpu_node = TpuNode(f"{prefix}{node.name}", self._node_args(node, job, placement),
                            opts=self._child())
-        for warning in (stop_save_warning(node, job),  # at preview and up
-                        cross_region_warning(self.settings, node, job),
-                        progress_deadline_warning(node, job),
-                        one_quota_warning(node)):
-            if warning:
-                pulumi.log.warn(warning, resource=tpu_node)
+        for warning in self.warnings:  # at preview and up
+            if warning.about(node):
+                pulumi.log.warn(warning.text, resource=tpu_node)
         return tpu_node
 
     def _child(self, **kwargs: object) -> pulumi.ResourceOptions:

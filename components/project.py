@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from model.settings.schema import ProjectSettings, StackSettings
+from model.pulumi_types import COMPONENT_PROJECT
+from model.settings.schema import ProjectSettings
 
-TYPE = "tpu-stack:index:Project"
+TYPE = COMPONENT_PROJECT
 
 # Every API a stack uses: TPUs, their VMs and network, buckets, service
 # accounts and their tokens (iamcredentials backs impersonation and WIF),
@@ -95,29 +96,3 @@ class Project(pulumi.ComponentResource):
         self.by_api = dict(zip(args.apis, self.services, strict=True))
         self.tpu_api = self.by_api[TPU_API]
         self.register_outputs({"projectId": self.project_id})
-
-
-def stack_warnings(settings: StackSettings) -> list[str]:
-    """What a reviewer must not miss about the stack's projects: a project it creates,
-    and a project it turns into a Shared VPC host with a new project per team (docs/
-    teams.md, "Who deploys what"). Pure: the program warns at preview and up, the
-    offline plan lists the same text."""
-    warnings = []
-    if settings.project.create:
-        p = settings.project
-        place = (f"folder {p.folder_id}" if p.folder_id else
-                 f"organization {p.org_id}" if p.org_id else "no folder or organization")
-        warnings.append(
-            f"the stack CREATES project {settings.gcp_project} in {place}, billed to "
-            f"{p.billing_account}: the deployer needs roles/resourcemanager.projectCreator "
-            f"there and roles/billing.user on the account; `pulumi destroy` will not delete "
-            f"it (protect, deletion_policy PREVENT)")
-    if settings.teams and not settings.is_team_stack:
-        projects = ", ".join(sorted(settings.naming.team_project(team) for team in settings.teams))
-        warnings.append(
-            f"the stack turns project {settings.gcp_project} into a Shared VPC HOST project "
-            f"and attaches one project per team ({projects}) as its service projects: the "
-            f"bootstrap step (scripts/bootstrap_team_projects.py, an admin) must have made "
-            f"them first, and the deployer needs the folder roles it grants "
-            f"(docs/teams.md, \"Who deploys what\")")
-    return warnings

@@ -23,6 +23,7 @@ import pulumi.dynamic as dyn
 
 from cloud import gcp_credentials
 from cloud.tpu import tpu_client, transient_retry
+from model.pulumi_types import DYNAMIC_MODULE, QUEUED_TPU_NAME
 
 # Node fields the API updates in place; any other change replaces the node
 # (magic-modules mmv1/products/tpuv2/Vm.yaml, docs/tpu-facts.md). data_disks is not an input here.
@@ -408,7 +409,7 @@ def _normal(value: Any) -> Any:
     return value if value not in (None, "", [], {}) else None
 
 
-class QueuedTpu(dyn.Resource, module="tpu", name="QueuedTpu"):
+class QueuedTpu(dyn.Resource, module=DYNAMIC_MODULE, name=QUEUED_TPU_NAME):
     """A TPU node requested through a queued resource, carrying the agent's metadata.
 
     Outputs: state (queued-resource state), queued_resource_name, node_name, node_state,

@@ -8,9 +8,10 @@ import pulumi
 import pulumi_gcp as gcp
 
 from model.naming import PURPOSES, Naming
+from model.pulumi_types import COMPONENT_TRAINING_BUCKETS
 from model.settings.schema import StorageSettings
 
-TYPE = "tpu-stack:index:TrainingBuckets"
+TYPE = COMPONENT_TRAINING_BUCKETS
 
 # docs/design.md: prod data is never lost by a command. Data and checkpoints are
 # what a team cannot rebuild from the repository.

@@ -29,6 +29,7 @@ from components.project import APIS, TPU_API
 from components.storage import BucketsArgs, TrainingBuckets
 from model import team_state
 from model.naming import Naming, fit
+from model.pulumi_types import COMPONENT_TEAM_PROJECT, COMPONENT_TEAM_SPACE
 from model.roles import (
     ACT_AS_ROLE,
     BUCKET_METADATA_ROLE,
@@ -40,10 +41,10 @@ from model.roles import (
     TPU_XPN_AGENT_ROLE,
 )
 from model.settings.schema import CiSettings, StorageSettings, TeamQuota
-from model.team_quota import SKIPPED_SAFETY_CHECK, quota_caps, unconfirmed_id_warning
+from model.team_quota import SKIPPED_SAFETY_CHECK, quota_caps
 
-SPACE_TYPE = "tpu-stack:index:TeamSpace"
-PROJECT_TYPE = "tpu-stack:index:TeamProject"
+SPACE_TYPE = COMPONENT_TEAM_SPACE
+PROJECT_TYPE = COMPONENT_TEAM_PROJECT
 
 # A team's own buckets in the platform stack; data and code stay the platform's.
 OWN_PURPOSES = ("checkpoints", "logs")
@@ -371,9 +372,6 @@ class TeamProject(pulumi.ComponentResource):
         Google approves or not; below, it applies at once (SKIPPED_SAFETY_CHECK)."""
         args = self.args
         self.quota_caps = quota_caps(args.quota, args.regions, sorted(args.network.subnets))
-        warning = unconfirmed_id_warning(args.team, self.quota_caps)
-        if warning:
-            pulumi.log.warn(warning, resource=self)
         for cap in self.quota_caps:
             if cap.quota_id is None:
                 pulumi.log.warn(f"team {args.team}: no Cloud Quotas id is known for {cap.family} "

@@ -12,11 +12,12 @@ import node_agent as agent
 from components.fallback_tpu import FallbackTpu, candidate_props
 from components.queued_tpu import QueuedTpu
 from model import catalog
+from model.pulumi_types import COMPONENT_TPU_NODE
 from model.settings.schema import NodeSettings, QueueSettings
 from node_agent import desired
 from tpu_training.config import JobConfig
 
-TYPE = "tpu-stack:index:TpuNode"
+TYPE = COMPONENT_TPU_NODE
 
 # The runtime account reaches GCS, logging and the TPU API through IAM alone;
 # the VM scope must not narrow it (cloud.google.com/compute/docs/access/

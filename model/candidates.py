@@ -105,10 +105,6 @@ def one_quota_warning(node: NodeSettings) -> str | None:
             f"in another region, or of another family or provisioning")
 
 
-def stack_warnings(settings: StackSettings) -> list[str]:
-    return [w for _, node in settings.all_nodes if (w := one_quota_warning(node))]
-
-
 QuotaKey = tuple[str, str]  # (quota id, region), quota_of
 # (project, quota id, region) -> the limit Cloud Quotas reports (-1: unlimited), or None.
 LimitOf = Callable[[str, str, str], "int | None"]

@@ -86,10 +86,3 @@ def unconfirmed_id_warning(team: str, caps: list[QuotaCap]) -> str | None:
     return (f"team {team}: {len(ids)} TPU quota id(s) are unconfirmed by a public source "
             f"({', '.join(ids)}); a wrong id fails its cap's create: run `tpuctl preflight` "
             f"first, which asks Cloud Quotas for each")
-
-
-def stack_warnings(settings: StackSettings) -> list[str]:
-    """What the platform warns at preview about its caps (teams.py logs the same)."""
-    return [w for team, caps in zip(sorted(settings.teams), stack_caps(settings).values(),
-                                    strict=True)
-            if (w := unconfirmed_id_warning(team, caps))]

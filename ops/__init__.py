@@ -1,1 +1,8 @@
-"""tpuctl, the ops CLI: cli.py (the verbs), plan/ (offline plan), tpu/ (TPU API verbs), local/."""
+"""tpuctl, the ops CLI, as xpk lays out a CLI: cli.py imports every verb by name;
+parser/ the typer app; commands/ the thin verbs; the core they call: plan/ (the offline
+plan), tpu/ (the TPU API: status reading and its views, wait, recover, janitor, logs),
+rehearse/ (a node booted here); local/ the fakes (metadata server, GCS emulator, local
+node). Arrows go cli -> commands -> core -> local, never back (tests/test_layers.py).
+May import every layer below: policy, components, model, functions, cloud, node_agent,
+tpu_training.
+"""

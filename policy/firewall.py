@@ -34,7 +34,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-FIREWALL = "gcp:compute/firewall:Firewall"
+from model.pulumi_types import COMPUTE_FIREWALL
+
 DEFAULT_PRIORITY = 1000  # pulumi-gcp Firewall.priority: "Defaults to 1000"
 PORTED = frozenset({"tcp", "udp", "sctp"})
 
@@ -127,7 +128,7 @@ def rules_of(resources: Iterable[Any]) -> list[Rule]:
     for resource in resources:
         kind, inputs = ((resource["type"], resource.get("inputs") or {})
                         if isinstance(resource, Mapping) else (resource.type, resource.inputs))
-        if kind == FIREWALL:
+        if kind == COMPUTE_FIREWALL:
             rules.append(Rule.of(str(inputs.get("name")), inputs))
     return rules
 

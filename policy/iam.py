@@ -42,6 +42,17 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from model.pulumi_types import (
+    COMPUTE_SUBNETWORK,
+    DYNAMIC_FALLBACK_TPU,
+    DYNAMIC_QUEUED_TPU,
+    ORGANIZATIONS_PROJECT,
+    PROJECTS_IAM_CUSTOM_ROLE,
+    PUBSUB_TOPIC,
+    SERVICEACCOUNT_ACCOUNT,
+    STORAGE_BUCKET,
+    TPU_V2_VM,
+)
 from policy.cel import CelError, evaluate
 
 ROLES_FILE = Path(__file__).with_name("iam_roles.json")
@@ -58,8 +69,6 @@ SET_IAM_POLICY = {
     "serviceAccounts": "iam.serviceAccounts.setIamPolicy",
     "subnetworks": "compute.subnetworks.setIamPolicy",
 }
-QUEUED_TPU = "pulumi-python:dynamic/tpu:QueuedTpu"
-FALLBACK_TPU = "pulumi-python:dynamic/tpu:FallbackTpu"  # components/fallback_tpu.py
 # Resources named projects/P/... that sit in project P whether or not the plan declares
 # them (a Cloud Run function's service is made by its function, not by the plan).
 _IN_THEIR_PROJECT = ("topics", "functions", "services")
@@ -188,9 +197,9 @@ class IamModel:
     def _add(self, kind: str, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> None:
         module, _, name = kind.partition(":")[2].partition("/")
         name = name.split(":", 1)[0].lower()
-        if kind == "gcp:organizations/project:Project":
+        if kind == ORGANIZATIONS_PROJECT:
             self._project(inputs)
-        elif kind == "gcp:projects/iAMCustomRole:IAMCustomRole":
+        elif kind == PROJECTS_IAM_CUSTOM_ROLE:
             role = outputs.get("name") or f"projects/{inputs['project']}/roles/{inputs['roleId']}"
             self.custom_roles[role] = frozenset(inputs.get("permissions") or ())
         elif name.endswith(("iammember", "iambinding", "iampolicy")):
@@ -232,17 +241,17 @@ def _fields(resource: Any) -> tuple[str, Mapping[str, Any], Mapping[str, Any]]:
 def _resource_name(kind: str, inputs: Mapping[str, Any],
                    outputs: Mapping[str, Any]) -> str | None:
     project = inputs.get("project")
-    if kind == "gcp:storage/bucket:Bucket":
+    if kind == STORAGE_BUCKET:
         return f"projects/_/buckets/{inputs['name']}"
-    if kind == "gcp:serviceaccount/account:Account":
+    if kind == SERVICEACCOUNT_ACCOUNT:
         return outputs.get("name") or None
-    if kind == "gcp:tpu/v2Vm:V2Vm":
+    if kind == TPU_V2_VM:
         return f"projects/{project}/locations/{inputs['zone']}/nodes/{inputs['name']}"
-    if kind in (QUEUED_TPU, FALLBACK_TPU):  # the node its request becomes
+    if kind in (DYNAMIC_QUEUED_TPU, DYNAMIC_FALLBACK_TPU):  # the node its request becomes
         return f"projects/{project}/locations/{inputs['zone']}/nodes/{inputs['node_id']}"
-    if kind == "gcp:compute/subnetwork:Subnetwork":
+    if kind == COMPUTE_SUBNETWORK:
         return f"projects/{project}/regions/{inputs['region']}/subnetworks/{inputs['name']}"
-    if kind == "gcp:pubsub/topic:Topic":
+    if kind == PUBSUB_TOPIC:
         return f"projects/{project}/topics/{inputs['name']}"
     return None
 

@@ -30,7 +30,39 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy.iam import FALLBACK_TPU, QUEUED_TPU, IamModel, binding_target, predefined_roles
+from model.pulumi_types import (
+    BILLING_BUDGET,
+    CLOUDFUNCTIONSV2_FUNCTION,
+    CLOUDQUOTA_S_QUOTA_PREFERENCE,
+    CLOUDRUNV2_SERVICE_IAM_MEMBER,
+    COMPONENT_PREFIX,
+    COMPUTE_FIREWALL,
+    COMPUTE_NETWORK,
+    COMPUTE_SHARED_VPC_HOST_PROJECT,
+    COMPUTE_SHARED_VPC_SERVICE_PROJECT,
+    COMPUTE_SUBNETWORK,
+    COMPUTE_SUBNETWORK_IAM_MEMBER,
+    DYNAMIC_FALLBACK_TPU,
+    DYNAMIC_QUEUED_TPU,
+    IAM_WORKLOAD_IDENTITY_POOL,
+    IAM_WORKLOAD_IDENTITY_POOL_PROVIDER,
+    PROJECTS_IAM_CUSTOM_ROLE,
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_SERVICE,
+    PROJECTS_SERVICE_IDENTITY,
+    PROVIDER_PREFIX,
+    PUBSUB_TOPIC,
+    PUBSUB_TOPIC_IAM_MEMBER,
+    PULUMI_PREFIX,
+    SERVICEACCOUNT_ACCOUNT,
+    SERVICEACCOUNT_IAM_MEMBER,
+    STORAGE_BUCKET,
+    STORAGE_BUCKET_IAM_BINDING,
+    STORAGE_BUCKET_IAM_MEMBER,
+    STORAGE_BUCKET_OBJECT,
+    TPU_V2_VM,
+)
+from policy.iam import IamModel, binding_target, predefined_roles
 
 OPERATIONS = ("create", "update", "delete")
 Inputs = Mapping[str, Any]
@@ -103,127 +135,127 @@ _SET_POLICY = ("resourcemanager.projects.getIamPolicy", "resourcemanager.project
 # The permissions are those each method's reference lists under "IAM Permissions"
 # (or, where marked, its service's access-control page).
 TABLE: dict[str, Row] = {
-    "gcp:projects/service:Service": Row(
+    PROJECTS_SERVICE: Row(
         _project, ("serviceusage.services.enable",), (), (),
         "cloud.google.com/service-usage/docs/reference/rest/v1/services/enable (disable: "
         "never called, disable_on_destroy is false)"),
-    "gcp:projects/serviceIdentity:ServiceIdentity": Row(
+    PROJECTS_SERVICE_IDENTITY: Row(
         # Unconfirmed: the v1beta1 generateServiceIdentity reference names no permission;
         # Service Usage Admin holds both candidates.
         _project, ("serviceusage.services.use",), (), (),
         "cloud.google.com/service-usage/docs/reference/rest/v1beta1/services/"
         "generateServiceIdentity (unconfirmed permission)"),
-    "gcp:compute/network:Network": Row(
+    COMPUTE_NETWORK: Row(
         _project, ("compute.networks.create",), ("compute.networks.update",),
         ("compute.networks.delete",), _REST.format("compute") + "v1/networks/insert"),
-    "gcp:compute/subnetwork:Subnetwork": Row(
+    COMPUTE_SUBNETWORK: Row(
         _project, ("compute.subnetworks.create",), ("compute.subnetworks.update",),
         ("compute.subnetworks.delete",), _REST.format("compute") + "v1/subnetworks/insert"),
-    "gcp:compute/firewall:Firewall": Row(
+    COMPUTE_FIREWALL: Row(
         _project, ("compute.firewalls.create", "compute.networks.updatePolicy"),
         ("compute.firewalls.update", "compute.networks.updatePolicy"),
         ("compute.firewalls.delete", "compute.networks.updatePolicy"),
         _REST.format("compute") + "v1/firewalls/insert"),
-    "gcp:compute/sharedVPCHostProject:SharedVPCHostProject": Row(
+    COMPUTE_SHARED_VPC_HOST_PROJECT: Row(
         _project, ("compute.organizations.enableXpnHost",), (),
         ("compute.organizations.disableXpnHost",),
         _REST.format("compute") + "v1/projects/enableXpnHost (checked on the host project's "
         "organization or folder: cloud.google.com/vpc/docs/shared-vpc, Shared VPC Admin)"),
-    "gcp:compute/sharedVPCServiceProject:SharedVPCServiceProject": Row(
+    COMPUTE_SHARED_VPC_SERVICE_PROJECT: Row(
         _attached, ("compute.organizations.enableXpnResource",), (),
         ("compute.organizations.enableXpnResource",),
         _REST.format("compute") + "v1/projects/enableXpnResource"),
-    "gcp:serviceaccount/account:Account": Row(
+    SERVICEACCOUNT_ACCOUNT: Row(
         _project, ("iam.serviceAccounts.create",), ("iam.serviceAccounts.update",),
         ("iam.serviceAccounts.delete",),
         _REST.format("iam") + "v1/projects.serviceAccounts/create (update, delete: on the "
         "account, .../patch, .../delete)", existing=_account),
-    "gcp:projects/iAMCustomRole:IAMCustomRole": Row(
+    PROJECTS_IAM_CUSTOM_ROLE: Row(
         _project, ("iam.roles.create",), ("iam.roles.update",), ("iam.roles.delete",),
         _REST.format("iam") + "v1/projects.roles/create"),
-    "gcp:iam/workloadIdentityPool:WorkloadIdentityPool": Row(
+    IAM_WORKLOAD_IDENTITY_POOL: Row(
         _project, ("iam.googleapis.com/workloadIdentityPools.create",),
         ("iam.googleapis.com/workloadIdentityPools.update",),
         ("iam.googleapis.com/workloadIdentityPools.delete",),
         _REST.format("iam") + "v1/projects.locations.workloadIdentityPools/create"),
-    "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider": Row(
+    IAM_WORKLOAD_IDENTITY_POOL_PROVIDER: Row(
         _project, ("iam.googleapis.com/workloadIdentityPoolProviders.create",),
         ("iam.googleapis.com/workloadIdentityPoolProviders.update",),
         ("iam.googleapis.com/workloadIdentityPoolProviders.delete",),
         _REST.format("iam") + "v1/projects.locations.workloadIdentityPools.providers/create"),
-    "gcp:projects/iAMMember:IAMMember": Row(
+    PROJECTS_IAM_MEMBER: Row(
         _grant_target("projects"), _SET_POLICY, _SET_POLICY, _SET_POLICY,
         _REST.format("resource-manager") + "v3/projects/setIamPolicy", grant=True),
-    "gcp:serviceaccount/iAMMember:IAMMember": Row(
+    SERVICEACCOUNT_IAM_MEMBER: Row(
         _grant_target("serviceaccount"), *(("iam.serviceAccounts.getIamPolicy",
                                             "iam.serviceAccounts.setIamPolicy"),) * 3,
         _REST.format("iam") + "v1/projects.serviceAccounts/setIamPolicy", grant=True),
-    "gcp:compute/subnetworkIAMMember:SubnetworkIAMMember": Row(
+    COMPUTE_SUBNETWORK_IAM_MEMBER: Row(
         _grant_target("compute"), *(("compute.subnetworks.getIamPolicy",
                                      "compute.subnetworks.setIamPolicy"),) * 3,
         _REST.format("compute") + "v1/subnetworks/setIamPolicy", grant=True),
-    "gcp:storage/bucketIAMMember:BucketIAMMember": Row(
+    STORAGE_BUCKET_IAM_MEMBER: Row(
         _bucket, *(("storage.buckets.getIamPolicy", "storage.buckets.setIamPolicy"),) * 3,
         "cloud.google.com/storage/docs/json_api/v1/buckets/setIamPolicy "
         "(cloud.google.com/storage/docs/access-control/iam-json)", grant=True),
-    "gcp:storage/bucketIAMBinding:BucketIAMBinding": Row(
+    STORAGE_BUCKET_IAM_BINDING: Row(
         _bucket, *(("storage.buckets.getIamPolicy", "storage.buckets.setIamPolicy"),) * 3,
         "cloud.google.com/storage/docs/json_api/v1/buckets/setIamPolicy", grant=True),
-    "gcp:storage/bucket:Bucket": Row(
+    STORAGE_BUCKET: Row(
         _project, ("storage.buckets.create",), ("storage.buckets.update",),
         ("storage.buckets.delete",),
         "cloud.google.com/storage/docs/json_api/v1/buckets/insert "
         "(cloud.google.com/storage/docs/access-control/iam-json)"),
-    "gcp:storage/bucketObject:BucketObject": Row(
+    STORAGE_BUCKET_OBJECT: Row(
         _bucket, ("storage.objects.create",), ("storage.objects.create",),
         ("storage.objects.delete",),
         "cloud.google.com/storage/docs/json_api/v1/objects/insert "
         "(cloud.google.com/storage/docs/access-control/iam-json)"),
-    "gcp:cloudquota/sQuotaPreference:SQuotaPreference": Row(
+    CLOUDQUOTA_S_QUOTA_PREFERENCE: Row(
         _quota_parent, ("cloudquotas.quotas.update",), ("cloudquotas.quotas.update",), (),
         "cloud.google.com/docs/quotas/reference/rest/v1/projects.locations."
         "quotaPreferences/create (a preference is never deleted: Cloud Quotas has no delete)"),
-    "gcp:billing/budget:Budget": Row(
+    BILLING_BUDGET: Row(
         _billing, ("billing.budgets.create",), ("billing.budgets.update",),
         ("billing.budgets.delete",),
         "cloud.google.com/billing/docs/reference/budget/rest/v1/billingAccounts.budgets/create"),
-    "gcp:tpu/v2Vm:V2Vm": Row(
+    TPU_V2_VM: Row(
         _project, ("tpu.nodes.create",), ("tpu.nodes.update",), ("tpu.nodes.delete",),
         _REST.format("tpu") + "v2/projects.locations.nodes/create"),
     # Unconfirmed: the queued-resources methods' permissions (tpu.queuedResources.*) are
     # in no role of the pinned role table (iann0036/iam-dataset's roles/tpu.admin lists
     # tpu.nodes.* only): the proof checks the node permissions a queued resource's node
     # needs in their place.
-    QUEUED_TPU: Row(
+    DYNAMIC_QUEUED_TPU: Row(
         _project, ("tpu.nodes.create",), ("tpu.nodes.update",), ("tpu.nodes.delete",),
         _REST.format("tpu") + "v2/projects.locations.queuedResources/create (permission "
         "unconfirmed)"),
     # components/fallback_tpu.py: each candidate a queued resource (as QueuedTpu above).
-    FALLBACK_TPU: Row(
+    DYNAMIC_FALLBACK_TPU: Row(
         _project, ("tpu.nodes.create",), ("tpu.nodes.update",), ("tpu.nodes.delete",),
         _REST.format("tpu") + "v2/projects.locations.queuedResources/create, per candidate "
         "(permission unconfirmed, as QueuedTpu's)"),
-    "gcp:pubsub/topic:Topic": Row(
+    PUBSUB_TOPIC: Row(
         _project, ("pubsub.topics.create",), ("pubsub.topics.update",),
         ("pubsub.topics.delete",), "cloud.google.com/pubsub/docs/reference/rest/v1/"
         "projects.topics/create (patch, delete; cloud.google.com/pubsub/docs/access-control)"),
-    "gcp:pubsub/topicIAMMember:TopicIAMMember": Row(
+    PUBSUB_TOPIC_IAM_MEMBER: Row(
         _topic, *(("pubsub.topics.getIamPolicy", "pubsub.topics.setIamPolicy"),) * 3,
         "cloud.google.com/pubsub/docs/reference/rest/v1/projects.topics/setIamPolicy "
         "(cloud.google.com/pubsub/docs/access-control)", grant=True),
     # actAs on the runtime and trigger accounts: RUNS_AS below.
-    "gcp:cloudfunctionsv2/function:Function": Row(
+    CLOUDFUNCTIONSV2_FUNCTION: Row(
         _project, ("cloudfunctions.functions.create",), ("cloudfunctions.functions.update",),
         ("cloudfunctions.functions.delete",),
         "cloud.google.com/functions/docs/reference/rest/v2/projects.locations.functions/"
         "create (cloud.google.com/functions/docs/reference/iam/permissions)"),
-    "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": Row(
+    CLOUDRUNV2_SERVICE_IAM_MEMBER: Row(
         _run_service, *(("run.services.getIamPolicy", "run.services.setIamPolicy"),) * 3,
         "cloud.google.com/run/docs/reference/rest/v2/projects.locations.services/"
         "setIamPolicy (cloud.google.com/run/docs/reference/iam/permissions)", grant=True),
 }
 # Types nothing applies in GCP (an explicit provider, a stack reference, components).
-NO_API = ("pulumi:providers:", "pulumi:pulumi:", "tpu-stack:index:")
+NO_API = (PROVIDER_PREFIX, PULUMI_PREFIX, COMPONENT_PREFIX)
 # The accounts a resource runs as, and the subnetworks it uses: actAs on each account
 # (cloud.google.com/iam/docs/service-accounts-actas) and compute.subnetworks.use on each
 # subnet (cloud.google.com/vpc/docs/shared-vpc, "Service Project Admins": networkUser).
@@ -231,13 +263,13 @@ NO_API = ("pulumi:providers:", "pulumi:pulumi:", "tpu-stack:index:")
 # docs/reference/iam/roles, "Additional configuration for deployment") and on its
 # trigger's account (Eventarc: a trigger's creator acts as its service account,
 # cloud.google.com/eventarc/docs/access-control; as recalled, unconfirmed here).
-RUNS_AS = {"gcp:tpu/v2Vm:V2Vm": (("serviceAccount", "email"),),
-           QUEUED_TPU: (("service_account_email",),),
-           FALLBACK_TPU: (("service_account_email",),),
-           "gcp:cloudfunctionsv2/function:Function": (("serviceConfig", "serviceAccountEmail"),
+RUNS_AS = {TPU_V2_VM: (("serviceAccount", "email"),),
+           DYNAMIC_QUEUED_TPU: (("service_account_email",),),
+           DYNAMIC_FALLBACK_TPU: (("service_account_email",),),
+           CLOUDFUNCTIONSV2_FUNCTION: (("serviceConfig", "serviceAccountEmail"),
                                                       ("eventTrigger", "serviceAccountEmail"))}
-USES_SUBNET = {"gcp:tpu/v2Vm:V2Vm": ("networkConfig", "subnetwork"), QUEUED_TPU: ("subnetwork",),
-               FALLBACK_TPU: ("subnetwork",)}
+USES_SUBNET = {TPU_V2_VM: ("networkConfig", "subnetwork"), DYNAMIC_QUEUED_TPU: ("subnetwork",),
+               DYNAMIC_FALLBACK_TPU: ("subnetwork",)}
 
 
 @dataclass(frozen=True)
@@ -297,14 +329,13 @@ def prove(resources: Iterable[Mapping[str, Any]], model: IamModel,
     return _unique(findings)
 
 
-QUOTA_PREFERENCE = "gcp:cloudquota/sQuotaPreference:SQuotaPreference"
 
 
 def _contact_findings(label: str, kind: str, inputs: Inputs, model: IamModel) -> list[Finding]:
     """"The Google account for the email address must have quota update permission for
     the project, folder or organization this quota preference is for" (Cloud Quotas v1
     QuotaPreference.contact_email): the contact, as a group or a user."""
-    contact = inputs.get("contactEmail") if kind == QUOTA_PREFERENCE else None
+    contact = inputs.get("contactEmail") if kind == CLOUDQUOTA_S_QUOTA_PREFERENCE else None
     if not contact:
         return []
     parent, permission = str(inputs["parent"]), "cloudquotas.quotas.update"
@@ -350,7 +381,7 @@ def _runs_as_findings(label: str, kind: str, inputs: Inputs, model: IamModel,
 
 def _candidates(kind: str, inputs: Inputs) -> list[Inputs]:
     """A fallback node's candidates (each a queued resource), else the resource itself."""
-    if kind == FALLBACK_TPU:
+    if kind == DYNAMIC_FALLBACK_TPU:
         return [inputs, *(c for c in inputs.get("candidates") or () if isinstance(c, Mapping))]
     return [inputs]
 
@@ -363,13 +394,13 @@ def _subnets(kind: str, inputs: Inputs) -> list[str]:
 
 def _reservation_findings(label: str, kind: str, inputs: Inputs,
                           applier: Applier) -> list[Finding]:
-    if kind in (QUEUED_TPU, FALLBACK_TPU):
+    if kind in (DYNAMIC_QUEUED_TPU, DYNAMIC_FALLBACK_TPU):
         named = {str(c["reservation_name"]): str(c.get("zone") or inputs.get("zone"))
                  for c in _candidates(kind, inputs) if c.get("reservation_name")}
         return [f for name, zone in named.items() for f in _reservation_finding(
             label, name.split("/")[1] if name.startswith("projects/") else inputs.get("project"),
             zone, f"its queued resource names {name}", applier)]
-    if kind == "gcp:tpu/v2Vm:V2Vm" and (inputs.get("schedulingConfig") or {}).get("reserved"):
+    if kind == TPU_V2_VM and (inputs.get("schedulingConfig") or {}).get("reserved"):
         return _reservation_finding(label, inputs.get("project"), str(inputs.get("zone")),
                                     "a reserved node uses a reservation of its own project",
                                     applier)

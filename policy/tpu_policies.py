@@ -30,23 +30,29 @@ from pulumi_policy import (
 
 from components.stack_config import program_config
 from model import catalog
+from model.pulumi_types import (
+    DYNAMIC_PREFIX,
+    ORGANIZATIONS_PROJECT,
+    PROJECTS_IAM_BINDING,
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_IAM_POLICY,
+    PROJECTS_SERVICE,
+    SERVICEACCOUNT_KEY,
+    STORAGE_BUCKET,
+    TPU_V2_VM,
+)
 from model.settings.load import ENVIRONMENTS, environment_of
 from model.settings.rules.teams import DEFAULT_TEAM
 from node_agent.contract import IDLE_STOP_KEY, MAX_RUNTIME_KEY
 from policy.iam import binding_target
 
-BUCKET = "gcp:storage/bucket:Bucket"
-SERVICE_ACCOUNT_KEY = "gcp:serviceaccount/key:Key"
-API_SERVICE = "gcp:projects/service:Service"
-V2VM = "gcp:tpu/v2Vm:V2Vm"
-DYNAMIC_PREFIX = "pulumi-python:dynamic"
 PROJECT_IAM_TYPES = frozenset({
-    "gcp:projects/iAMMember:IAMMember",
-    "gcp:projects/iAMBinding:IAMBinding",
-    "gcp:projects/iAMPolicy:IAMPolicy",
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_IAM_BINDING,
+    PROJECTS_IAM_POLICY,
 })
 # Resources whose pulumi-gcp inputs carry `labels`.
-LABELLED_TYPES = frozenset({BUCKET, V2VM, "gcp:organizations/project:Project"})
+LABELLED_TYPES = frozenset({STORAGE_BUCKET, TPU_V2_VM, ORGANIZATIONS_PROJECT})
 PUBLIC_MEMBERS = ("allUsers", "allAuthenticatedUsers")
 COMPUTE_DEFAULT_SA_SUFFIX = "-compute@developer.gserviceaccount.com"
 # A V2Vm with neither acceleratorType nor acceleratorConfig gets v2-8 from the
@@ -57,7 +63,7 @@ PROVIDER_DEFAULT_ACCELERATOR = "v2-8"
 def is_tpu_node(resource_type: str, props: Mapping[str, Any] | None = None) -> bool:
     """A V2Vm, or a queued TPU node (components/queued_tpu.py: a Python dynamic
     resource, recognised by its node_id and runtime_version inputs)."""
-    if resource_type == V2VM:
+    if resource_type == TPU_V2_VM:
         return True
     return (resource_type.startswith(DYNAMIC_PREFIX) and props is not None
             and "node_id" in props and "runtime_version" in props)
@@ -67,7 +73,7 @@ def tpu_view(resource_type: str, props: Mapping[str, Any]) -> Mapping[str, Any] 
     """A TPU node's inputs in V2Vm shape (camelCase), or None for any other resource.
 
     The queued node's dynamic provider takes flat snake_case inputs."""
-    if resource_type == V2VM:
+    if resource_type == TPU_V2_VM:
         return props
     if not is_tpu_node(resource_type, props):
         return None
@@ -274,7 +280,7 @@ def _on_tpu_nodes(check: NodeCheck) -> Callable[[ResourceValidationArgs, ReportV
 
 
 def _bucket_access(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    if args.resource_type != BUCKET:
+    if args.resource_type != STORAGE_BUCKET:
         return
     if args.props.get("uniformBucketLevelAccess") is not True:
         report(f"bucket {args.name}: set uniformBucketLevelAccess=true "
@@ -292,7 +298,7 @@ def _no_public_members(args: ResourceValidationArgs, report: ReportViolation) ->
 
 
 def _no_sa_keys(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    if args.resource_type == SERVICE_ACCOUNT_KEY:
+    if args.resource_type == SERVICEACCOUNT_KEY:
         report(f"service-account key {args.name}: keys are forbidden; "
                "use Workload Identity Federation (components/ci.py)", None)
 
@@ -354,7 +360,7 @@ def _bucket_purpose(args: ResourceValidationArgs) -> str:
 
 
 def _protected_data_buckets(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    if args.resource_type != BUCKET:
+    if args.resource_type != STORAGE_BUCKET:
         return
     config = settings(args, "protected-data-buckets")
     stack = stack_of(args.urn)
@@ -371,7 +377,7 @@ def _protected_data_buckets(args: ResourceValidationArgs, report: ReportViolatio
 
 
 def _apis_kept(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    if args.resource_type == API_SERVICE and args.props.get("disableOnDestroy") is not False:
+    if args.resource_type == PROJECTS_SERVICE and args.props.get("disableOnDestroy") is not False:
         # The SDK defaults disableOnDestroy to true
         # (docs/tpu-facts.md, "The API and the resources").
         report(f"API {args.props.get('service', args.name)}: set disableOnDestroy=false; "

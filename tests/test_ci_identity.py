@@ -18,6 +18,15 @@ from components.ci import GITHUB_ISSUER, CiArgs, CiIdentity, DeployerScope
 from components.stack_config import file_config
 from model.archive import REPO_ROOT
 from model.naming import Naming
+from model.pulumi_types import (
+    COMPONENT_CI_IDENTITY,
+    IAM_WORKLOAD_IDENTITY_POOL,
+    IAM_WORKLOAD_IDENTITY_POOL_PROVIDER,
+    PROJECTS_IAM_CUSTOM_ROLE,
+    PROJECTS_IAM_MEMBER,
+    SERVICEACCOUNT_ACCOUNT,
+    SERVICEACCOUNT_IAM_MEMBER,
+)
 from model.roles import DEPLOYER_ROLES, PREVIEW_ROLES, TEAM_DEPLOYER_ROLES
 from model.settings.schema import CiSettings
 from ops.plan.mock_engine import run_program
@@ -59,12 +68,12 @@ class RecordingMonitor(mocks.MockMonitor):
 class GcpMocks(mocks.Mocks):
     def new_resource(self, args: mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         outputs = dict(args.inputs)
-        if args.typ == "gcp:iam/workloadIdentityPool:WorkloadIdentityPool":
+        if args.typ == IAM_WORKLOAD_IDENTITY_POOL:
             outputs["name"] = POOL_NAME
-        if args.typ == "gcp:serviceaccount/account:Account":
+        if args.typ == SERVICEACCOUNT_ACCOUNT:
             outputs["email"] = f"{args.inputs['accountId']}@acme-ml-prod.iam.gserviceaccount.com"
             outputs["name"] = f"projects/acme-ml-prod/serviceAccounts/{outputs['email']}"
-        if args.typ == "gcp:projects/iAMCustomRole:IAMCustomRole":
+        if args.typ == PROJECTS_IAM_CUSTOM_ROLE:
             outputs["name"] = f"projects/acme-ml-prod/roles/{args.inputs['roleId']}"
         return f"{args.name}-id", outputs
 
@@ -156,7 +165,7 @@ def impersonable(registered: dict[str, Registered], claims: dict[str, str]) -> s
 
 def _impersonation_bindings(registered: dict[str, Registered]) -> list[Registered]:
     return [r for r in registered.values()
-            if r.type == "gcp:serviceaccount/iAMMember:IAMMember"
+            if r.type == SERVICEACCOUNT_IAM_MEMBER
             and r.inputs["role"] == "roles/iam.workloadIdentityUser"]
 
 
@@ -211,9 +220,9 @@ def test_the_prod_stack_plan_keeps_pull_requests_from_its_deployer():
     """The same check on the whole program of Pulumi.prod.yaml under the offline engine."""
     run = run_program(file_config("prod"), "prod")
     provider = run.of_type(
-        "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider")[0].inputs
-    pool_name = run.of_type("gcp:iam/workloadIdentityPool:WorkloadIdentityPool")[0].outputs["name"]
-    bindings = [r.inputs for r in run.of_type("gcp:serviceaccount/iAMMember:IAMMember")]
+        IAM_WORKLOAD_IDENTITY_POOL_PROVIDER)[0].inputs
+    pool_name = run.of_type(IAM_WORKLOAD_IDENTITY_POOL)[0].outputs["name"]
+    bindings = [r.inputs for r in run.of_type(SERVICEACCOUNT_IAM_MEMBER)]
     ci = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())["config"]["tpu-stack:ci"]
     ids = {"repository": ci["githubRepository"], "repository_id": ci["githubRepositoryId"],
            "repository_owner_id": ci["githubRepositoryOwnerId"]}
@@ -228,7 +237,7 @@ def test_the_prod_stack_plan_keeps_pull_requests_from_its_deployer():
 
 
 def test_the_preview_account_only_reads(registered):
-    grants = [r for r in registered.values() if r.type == "gcp:projects/iAMMember:IAMMember"
+    grants = [r for r in registered.values() if r.type == PROJECTS_IAM_MEMBER
               and r.inputs["member"] == f"serviceAccount:{PREVIEW}"]
     roles = {r.inputs["role"] for r in grants}
     assert roles == set(PREVIEW_ROLES) == {"roles/browser"}
@@ -236,7 +245,7 @@ def test_the_preview_account_only_reads(registered):
 
 
 def test_deployer_gets_exactly_its_roles(registered):
-    grants = [r for r in registered.values() if r.type == "gcp:projects/iAMMember:IAMMember"
+    grants = [r for r in registered.values() if r.type == PROJECTS_IAM_MEMBER
               and r.inputs["member"] == f"serviceAccount:{DEPLOYER}"]
     roles = sorted(r.inputs["role"] for r in grants)
     storage_role = "projects/acme-ml-prod/roles/prod_tpuStackStorageDeployer"
@@ -248,7 +257,7 @@ def test_deployer_gets_exactly_its_roles(registered):
 
 def test_the_deployer_s_iam_administration_is_conditioned(registered):
     conditions = {r.inputs["role"]: r.inputs.get("condition", {}).get("expression")
-                  for r in registered.values() if r.type == "gcp:projects/iAMMember:IAMMember"
+                  for r in registered.values() if r.type == PROJECTS_IAM_MEMBER
                   and r.inputs["member"] == f"serviceAccount:{DEPLOYER}"}
     assert conditions["roles/resourcemanager.projectIamAdmin"] == (
         "api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
@@ -260,7 +269,7 @@ def test_the_deployer_s_iam_administration_is_conditioned(registered):
     assert "roles/iam.serviceAccountUser" not in conditions
     on_account = sorted((r.inputs["role"], r.inputs["serviceAccountId"], r.inputs["member"])
                         for r in registered.values()
-                        if r.type == "gcp:serviceaccount/iAMMember:IAMMember"
+                        if r.type == SERVICEACCOUNT_IAM_MEMBER
                         and r.inputs["member"] == f"serviceAccount:{DEPLOYER}")
     runtime = f"projects/acme-ml-prod/serviceAccounts/{RUNTIME}"
     assert on_account == [("roles/iam.serviceAccountAdmin", runtime, f"serviceAccount:{DEPLOYER}"),
@@ -275,7 +284,7 @@ def test_the_deployer_s_iam_administration_is_conditioned(registered):
 def test_a_team_deployer_holds_tpu_and_its_storage_role_only():
     team = register(None, team="vision")
     grants = {r.inputs["role"] for r in team.values()
-              if r.type == "gcp:projects/iAMMember:IAMMember"
+              if r.type == PROJECTS_IAM_MEMBER
               and r.inputs["member"].startswith("serviceAccount:prod-vision-deployer@")}
     assert grants == {*TEAM_DEPLOYER_ROLES,
                       "projects/acme-ml-prod/roles/prod_tpuStackStorageDeployer"}
@@ -286,7 +295,7 @@ def test_soft_deleted_resources_are_protected_and_all_are_children(registered):
     protected = sorted(name for name, r in registered.items() if r.protect)
     assert protected == ["github", "pool", "storage-deployer"]
     component = registered.pop("ci")
-    assert component.type == "tpu-stack:index:CiIdentity"
+    assert component.type == COMPONENT_CI_IDENTITY
     assert {r.parent for r in registered.values()} == {
         "urn:pulumi:prod::tpu-stack::pulumi:pulumi:Stack$tpu-stack:index:CiIdentity::ci"}
 

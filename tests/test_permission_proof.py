@@ -11,6 +11,17 @@ import pytest
 
 from components.stack_config import file_config, settings_for
 from model import bootstrap
+from model.pulumi_types import (
+    CLOUDFUNCTIONSV2_FUNCTION,
+    CLOUDRUNV2_SERVICE_IAM_MEMBER,
+    COMPUTE_SHARED_VPC_SERVICE_PROJECT,
+    DNS_MANAGED_ZONE,
+    DYNAMIC_FALLBACK_TPU,
+    PROJECTS_IAM_MEMBER,
+    PUBSUB_TOPIC,
+    PUBSUB_TOPIC_IAM_MEMBER,
+    TPU_V2_VM,
+)
 from model.settings.load import load_settings
 from model.settings.schema import SettingsError
 from ops.plan.mock_engine import ProgramRun, run_program
@@ -20,7 +31,7 @@ from policy.permissions import Applier, prove
 from tests.repo_stacks import repo_stacks
 
 PLATFORM_DEPLOYER = "serviceAccount:platform-deployer@acme-ml-shared.iam.gserviceaccount.com"
-V2VM = "gcp:tpu/v2Vm:V2Vm"
+V2VM = TPU_V2_VM
 
 
 @pytest.fixture(scope="module")
@@ -126,11 +137,11 @@ def test_a_grant_changes_one_role_and_the_proof_checks_that_role() -> None:
     """Pure: a conditioned projectIamAdmin admits the listed role, refuses another."""
     condition = ("api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
                  ".hasOnly(['roles/tpu.viewer'])")
-    admin = {"type": "gcp:projects/iAMMember:IAMMember",
+    admin = {"type": PROJECTS_IAM_MEMBER,
              "inputs": {"project": "p1", "role": "roles/resourcemanager.projectIamAdmin",
                         "member": "serviceAccount:d@p1.iam.gserviceaccount.com",
                         "condition": {"expression": condition}}}
-    grants = [{"type": "gcp:projects/iAMMember:IAMMember", "name": role, "urn": role,
+    grants = [{"type": PROJECTS_IAM_MEMBER, "name": role, "urn": role,
                "inputs": {"project": "p1", "role": role, "member": "group:g@x.example"}}
               for role in ("roles/tpu.viewer", "roles/owner")]
     model = IamModel.of([admin])
@@ -151,7 +162,7 @@ def test_finding_4_the_shared_vpc_host_needs_xpn_admin_where_the_host_lives(
         g for g in grants(*a) if g.resource != bootstrap.UNKNOWN_HOST_PARENT])
     findings = plan_proof(settings_for("platform"), platform_run).findings
     host = "gcp:compute/sharedVPCHostProject:SharedVPCHostProject shared-vpc-host"
-    attach = "gcp:compute/sharedVPCServiceProject:SharedVPCServiceProject"
+    attach = COMPUTE_SHARED_VPC_SERVICE_PROJECT
     assert {(f.resource, f.permission) for f in findings} == {
         (host, "compute.organizations.enableXpnHost"),
         (host, "compute.organizations.disableXpnHost"),
@@ -196,7 +207,7 @@ def test_unconfirmed_quota_ids_are_marked_in_the_catalog_the_caps_and_the_previe
 def test_tpuctl_plan_fails_naming_the_refusal(capsys) -> None:
     """The plan verb (and so the pull-request check, which runs it per stack) exits 1
     and prints the resource, the identity, the permission and the fix."""
-    from ops.plan.command import print_report
+    from ops.commands.plan import print_report
     from ops.plan.offline import offline_plan
 
     result = offline_plan("platform")
@@ -234,13 +245,13 @@ def test_a_resource_type_without_a_row_is_named_as_not_proved() -> None:
     from ops.plan.proof import Proof
 
     applier = Applier("serviceAccount:d@p1.iam.gserviceaccount.com")
-    zone = {"type": "gcp:dns/managedZone:ManagedZone", "name": "t", "urn": "t",
+    zone = {"type": DNS_MANAGED_ZONE, "name": "t", "urn": "t",
             "inputs": {"project": "p1", "name": "t"}}
     assert prove([zone], IamModel(), applier) == []
-    assert applier.unchecked == ["gcp:dns/managedZone:ManagedZone"]
+    assert applier.unchecked == [DNS_MANAGED_ZONE]
     lines = Proof(applier.identity, [], applier.unchecked).lines()
     assert lines[-1] == ("  not proved (no row in policy/permissions.py): "
-                         "gcp:dns/managedZone:ManagedZone")
+                         + DNS_MANAGED_ZONE)
 
 
 # ---- the budget stop and the fallback nodes (issues 35, 36) -----------------------
@@ -286,9 +297,9 @@ def fallback_stack() -> tuple[object, ProgramRun]:
 def test_the_platform_with_a_budget_stop_is_applied_by_its_deployer(budget_stop_stack) -> None:
     settings, run = budget_stop_stack
     assert {r.type for r in run.registrations} >= {
-        "gcp:pubsub/topic:Topic", "gcp:pubsub/topicIAMMember:TopicIAMMember",
-        "gcp:cloudfunctionsv2/function:Function",
-        "gcp:cloudrunv2/serviceIamMember:ServiceIamMember"}
+        PUBSUB_TOPIC, PUBSUB_TOPIC_IAM_MEMBER,
+        CLOUDFUNCTIONSV2_FUNCTION,
+        CLOUDRUNV2_SERVICE_IAM_MEMBER}
     proof = plan_proof(settings, run)
     assert proof.findings == [], "\n".join(proof.lines())
     assert proof.unchecked == []
@@ -297,7 +308,7 @@ def test_the_platform_with_a_budget_stop_is_applied_by_its_deployer(budget_stop_
 
 def test_the_platform_with_a_fallback_node_is_applied_by_its_deployer(fallback_stack) -> None:
     settings, run = fallback_stack
-    [node] = run.of_type("pulumi-python:dynamic/tpu:FallbackTpu")
+    [node] = run.of_type(DYNAMIC_FALLBACK_TPU)
     assert [c.get("reservation_name") for c in node.inputs["candidates"]] == [RESERVATION, None]
     proof = plan_proof(settings, run)
     assert proof.findings == [], "\n".join(proof.lines())
@@ -363,7 +374,7 @@ def test_a_fallback_node_needs_act_as_each_candidate_s_subnet_and_reservation(
     """Without actAs on nlp's runtime account, networkUser on the second candidate's
     subnet, or with a reservation of a project the stack holds none in."""
     settings, run = fallback_stack
-    [node] = run.of_type("pulumi-python:dynamic/tpu:FallbackTpu")
+    [node] = run.of_type(DYNAMIC_FALLBACK_TPU)
     changed = copy.deepcopy(node)
     changed.inputs["candidates"][1]["subnetwork"] = \
         "projects/other-host/regions/us-central1/subnetworks/elsewhere"

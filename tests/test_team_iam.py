@@ -16,16 +16,29 @@ import pytest
 from components.network import IAP_SOURCE_RANGE
 from components.stack_config import file_config
 from model import catalog
+from model.pulumi_types import (
+    CLOUDQUOTA_S_QUOTA_PREFERENCE,
+    COMPUTE_SUBNETWORK,
+    DYNAMIC_QUEUED_TPU,
+    FOLDER_IAM_MEMBER,
+    PROJECTS_IAM_MEMBER,
+    PULUMI_STACK_REFERENCE,
+    STORAGE_BUCKET,
+    STORAGE_BUCKET_IAM_MEMBER,
+    STORAGE_BUCKET_OBJECT,
+    TPU_V2_VM,
+)
 from model.roles import DEPLOYER_ROLES
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
 from policy.firewall import Endpoint, Rule, admits, rules_of
-from policy.iam import QUEUED_TPU, IamModel, predefined_roles
+from policy.iam import IamModel, predefined_roles
 from tests.infra.stack_fixtures import as_cli
 from tests.test_teams import platform, pod, spot, team
 
-V2VM = "gcp:tpu/v2Vm:V2Vm"
-BUCKET = "gcp:storage/bucket:Bucket"
-QUOTA_PREFERENCE = "gcp:cloudquota/sQuotaPreference:SQuotaPreference"
+V2VM = TPU_V2_VM
+QUEUED_TPU = DYNAMIC_QUEUED_TPU
+BUCKET = STORAGE_BUCKET
+QUOTA_PREFERENCE = CLOUDQUOTA_S_QUOTA_PREFERENCE
 NODE_PERMISSIONS = ("tpu.nodes.update", "tpu.nodes.delete")
 BUCKET_PERMISSIONS = ("storage.objects.get", "storage.objects.create")
 QUOTA_PERMISSIONS = ("cloudquotas.quotas.update", "serviceusage.quotas.update")
@@ -168,7 +181,7 @@ def test_each_team_has_a_project_of_its_own(repo_runs) -> None:
 def test_the_isolation_check_catches_a_leaked_grant(three_teams) -> None:
     """The check can fail: nlp's deployer given TPU Admin on vision's project."""
     teams = teams_of([three_teams])
-    leak = copy.deepcopy(three_teams.of_type("gcp:projects/iAMMember:IAMMember")[0])
+    leak = copy.deepcopy(three_teams.of_type(PROJECTS_IAM_MEMBER)[0])
     leak.inputs.update(project=teams["vision"].project.removeprefix("projects/"),
                        role="roles/tpu.admin", member=teams["nlp"].principals["deployer"])
     leak.inputs.pop("condition", None)
@@ -189,7 +202,7 @@ def subnet_ranges(runs: list[ProgramRun]) -> dict[str, str]:
     """Subnetwork id (projects/<p>/regions/<r>/subnetworks/<name>) → its range."""
     return {f"projects/{r.inputs['project']}/regions/{r.inputs['region']}/subnetworks/"
             f"{r.inputs['name']}": r.inputs["ipCidrRange"]
-            for run in runs for r in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+            for run in runs for r in run.of_type(COMPUTE_SUBNETWORK)}
 
 
 def node_endpoints(runs: list[ProgramRun]) -> dict[str, tuple[str, Endpoint]]:
@@ -360,7 +373,7 @@ def test_a_team_s_state_grants_reach_nothing_of_another_stack(three_teams) -> No
 def test_the_state_check_catches_a_bucket_wide_grant(three_teams) -> None:
     """The check can fail: the shape main had, objectUser on the whole state bucket."""
     teams = teams_of([three_teams])
-    leak = {"type": "gcp:storage/bucketIAMMember:BucketIAMMember",
+    leak = {"type": STORAGE_BUCKET_IAM_MEMBER,
             "inputs": {"bucket": STATE, "role": "roles/storage.objectUser",
                        "member": teams["nlp"].principals["deployer"]}}
     model = IamModel.of([*three_teams.registrations, leak])
@@ -483,7 +496,7 @@ def bootstrap_grants(stack: str = "platform") -> list[dict[str, Any]]:
 
     settings = settings_for(stack)
     email = PLATFORM_DEPLOYER.removeprefix("serviceAccount:")
-    return [{"type": "gcp:folder/iAMMember:IAMMember",
+    return [{"type": FOLDER_IAM_MEMBER,
              "inputs": {"folder": grant.resource, "role": grant.role, "member": grant.member,
                         **({"condition": {"expression": grant.condition}}
                            if grant.condition else {})}}
@@ -577,9 +590,9 @@ def test_a_team_reads_its_own_outputs_object_never_the_platform_s_stack_file(
     the platform's stack file (every team's members, deployers and nodes) or another
     team's object."""
     platform, vision_stack = repo_runs
-    assert not vision_stack.of_type("pulumi:pulumi:StackReference")
+    assert not vision_stack.of_type(PULUMI_STACK_REFERENCE)
     objects = {r.inputs["name"]: json.loads(r.inputs["content"])
-               for r in platform.of_type("gcp:storage/bucketObject:BucketObject")
+               for r in platform.of_type(STORAGE_BUCKET_OBJECT)
                if r.inputs["bucket"] == "acme-pulumi-state"}
     assert set(objects) == {"tpu-stack/platform-outputs/platform/vision.json",
                             "tpu-stack/platform-outputs/platform/nlp.json"}

@@ -14,20 +14,40 @@ import pytest
 
 from components.stack_config import file_config
 from components.team_stack import PlatformStackError
+from model.pulumi_types import (
+    BILLING_BUDGET,
+    COMPUTE_FIREWALL,
+    COMPUTE_NETWORK,
+    COMPUTE_SUBNETWORK,
+    DYNAMIC_QUEUED_TPU,
+    ORGANIZATIONS_PROJECT,
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_SERVICE,
+    PROVIDER_GCP,
+    SERVICEACCOUNT_ACCOUNT,
+    SERVICEACCOUNT_IAM_BINDING,
+    SERVICEACCOUNT_IAM_MEMBER,
+    STORAGE_BUCKET,
+    STORAGE_BUCKET_IAM_BINDING,
+    STORAGE_BUCKET_IAM_MEMBER,
+    STORAGE_BUCKET_OBJECT,
+    STORAGE_GET_BUCKET_OBJECT_CONTENT,
+    TPU_V2_VM,
+)
 from model.settings.load import load_settings
 from model.settings.schema import NodeSettings, SettingsError
 from ops.plan.mock_engine import GcpMocks, ProgramRun, planned_stack_outputs, run_program
 from tests.infra.stack_fixtures import as_cli, config, job, node
 
 PLATFORM_REF = "acme/tpu-stack/platform"
-BUCKET = "gcp:storage/bucket:Bucket"
-V2VM = "gcp:tpu/v2Vm:V2Vm"
-BUDGET = "gcp:billing/budget:Budget"
-BUCKET_GRANTS = ("gcp:storage/bucketIAMMember:BucketIAMMember",
-                 "gcp:storage/bucketIAMBinding:BucketIAMBinding")
-ACCOUNT_GRANTS = ("gcp:serviceaccount/iAMMember:IAMMember",
-                  "gcp:serviceaccount/iAMBinding:IAMBinding")
-PROJECT_GRANT = "gcp:projects/iAMMember:IAMMember"
+BUCKET = STORAGE_BUCKET
+V2VM = TPU_V2_VM
+BUDGET = BILLING_BUDGET
+BUCKET_GRANTS = (STORAGE_BUCKET_IAM_MEMBER,
+                 STORAGE_BUCKET_IAM_BINDING)
+ACCOUNT_GRANTS = (SERVICEACCOUNT_IAM_MEMBER,
+                  SERVICEACCOUNT_IAM_BINDING)
+PROJECT_GRANT = PROJECTS_IAM_MEMBER
 READ_ROLES = {"roles/storage.objectViewer", "roles/storage.legacyBucketReader"}
 QUOTA = {"v5e": {"us-central1": {"onDemand": 16, "preemptible": 32}},
          "v4": {"us-central2": {"onDemand": 32}}}
@@ -278,7 +298,7 @@ def bucket_owners(run: ProgramRun) -> dict[str, tuple[str, str]]:
 def account_names(run: ProgramRun) -> dict[str, str]:
     """`serviceAccount:<email>` → `account:<account name>`."""
     return {f"serviceAccount:{a.outputs['email']}": f"account:{a.outputs['name']}"
-            for a in run.of_type("gcp:serviceaccount/account:Account")}
+            for a in run.of_type(SERVICEACCOUNT_ACCOUNT)}
 
 
 @pytest.fixture(scope="module")
@@ -372,7 +392,7 @@ def test_team_nodes_run_as_their_team_and_write_to_its_buckets(three_teams) -> N
     teams = three_teams.outputs["teams"]
     vms = three_teams.of_type(V2VM)
     # Each team's pod slice is a queued resource naming the platform's reservation.
-    queued = three_teams.of_type("pulumi-python:dynamic/tpu:QueuedTpu")
+    queued = three_teams.of_type(DYNAMIC_QUEUED_TPU)
     assert len(vms) == 3 and len(queued) == 3
     for q in queued:
         assert q.inputs["service_account_email"] == teams[q.inputs["labels"]["team"]][
@@ -380,7 +400,7 @@ def test_team_nodes_run_as_their_team_and_write_to_its_buckets(three_teams) -> N
         assert q.inputs["reservation_name"] == RESERVATION
     # The job is in the node's release (C1), a secret input: the mock engine records
     # it unwrapped and names it in `secrets`.
-    objects = [o for o in three_teams.of_type("gcp:storage/bucketObject:BucketObject")
+    objects = [o for o in three_teams.of_type(STORAGE_BUCKET_OBJECT)
                if "-release-" in o.name]
     assert all("content" in o.secrets for o in objects)
     releases = {o.inputs["name"].split("/")[1]: o.inputs["content"] for o in objects}
@@ -458,8 +478,8 @@ def test_a_team_stack_declares_only_its_own_parts(repo_stacks) -> None:
     run = repo_stacks["team-vision"]
     platform_outputs = repo_stacks["platform"].outputs
     types = {r.type for r in run.registrations}
-    assert not types & {"gcp:projects/service:Service", "gcp:compute/network:Network",
-                        "gcp:compute/subnetwork:Subnetwork", "gcp:compute/firewall:Firewall"}
+    assert not types & {PROJECTS_SERVICE, COMPUTE_NETWORK,
+                        COMPUTE_SUBNETWORK, COMPUTE_FIREWALL}
     assert {b.inputs["labels"]["purpose"] for b in run.of_type(BUCKET)} == {
         "artifacts", "checkpoints", "logs"}
     for vm in run.of_type(V2VM):
@@ -534,12 +554,12 @@ def test_budgets_use_a_provider_billing_the_project_with_the_budgets_api_on() ->
     """pulumi-gcp billing.Budget: billing_project + user_project_override, or 403."""
     log = CreationLog(stack_outputs={})
     run = run_program(file_config("platform"), "platform", mock=log)
-    (provider,) = run.of_type("pulumi:providers:gcp")
+    (provider,) = run.of_type(PROVIDER_GCP)
     assert provider.inputs["billingProject"] == "acme-ml-shared"
     assert provider.inputs["project"] == "acme-ml-shared"
     # Provider resources get their config as strings (Pulumi encodes non-strings).
     assert provider.inputs["userProjectOverride"] == "true"
-    services = {s.inputs["service"]: s for s in run.of_type("gcp:projects/service:Service")}
+    services = {s.inputs["service"]: s for s in run.of_type(PROJECTS_SERVICE)}
     assert "billingbudgets.googleapis.com" in services
     for budget in run.of_type(BUDGET):
         assert log.providers[budget.name].startswith(provider.urn)
@@ -547,9 +567,9 @@ def test_budgets_use_a_provider_billing_the_project_with_the_budgets_api_on() ->
 
 
 def test_no_budget_no_budgets_api_and_no_provider(three_teams) -> None:
-    assert not three_teams.of_type("pulumi:providers:gcp")
+    assert not three_teams.of_type(PROVIDER_GCP)
     assert "billingbudgets.googleapis.com" not in {
-        s.inputs["service"] for s in three_teams.of_type("gcp:projects/service:Service")}
+        s.inputs["service"] for s in three_teams.of_type(PROJECTS_SERVICE)}
 
 
 def test_a_failed_contract_check_stops_everything_of_the_team_stack() -> None:
@@ -561,10 +581,10 @@ def test_a_failed_contract_check_stops_everything_of_the_team_stack() -> None:
         run_program(file_config("team-vision"), "team-vision", mock=log)
     # Nothing at all: it reads its outputs object (an invoke), and creates nothing.
     assert log.created == []
-    assert "gcp:storage/getBucketObjectContent:getBucketObjectContent" in log.calls
+    assert STORAGE_GET_BUCKET_OBJECT_CONTENT in log.calls
     passing = CreationLog(stack_outputs={PLATFORM_REF: planned_stack_outputs(PLATFORM_REF)})
     run_program(file_config("team-vision"), "team-vision", mock=passing)
-    assert {BUCKET, V2VM, "gcp:storage/bucketObject:BucketObject"} <= set(passing.created)
+    assert {BUCKET, V2VM, STORAGE_BUCKET_OBJECT} <= set(passing.created)
 
 
 def test_the_fence_check_catches_a_cross_team_grant(three_teams: ProgramRun) -> None:
@@ -604,10 +624,10 @@ def test_team_projects_are_the_bootstrap_s_not_the_stack_s(repo_stacks) -> None:
     """No project is created or owned by the platform's deployer (Resource Manager
     makes a project's creator its owner): the bootstrap step makes them."""
     projects = [r.inputs["projectId"] for run in repo_stacks.values()
-                for r in run.of_type("gcp:organizations/project:Project")]
+                for r in run.of_type(ORGANIZATIONS_PROJECT)]
     assert projects == []
     services = {r.inputs["project"] for r in repo_stacks["platform"].of_type(
-        "gcp:projects/service:Service")}
+        PROJECTS_SERVICE)}
     assert {"acme-ml-shared-vision", "acme-ml-shared-nlp"} <= services
 
 
@@ -714,12 +734,12 @@ def test_each_team_gets_a_subnet_per_region_from_its_own_slot() -> None:
     run = run_program(as_cli(platform(vision=team("vision", spot()),
                                       nlp=team("nlp", subnetSlot=5))), "shared")
     subnets = {r.name: (r.inputs["region"], r.inputs["ipCidrRange"])
-               for r in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+               for r in run.of_type(COMPUTE_SUBNETWORK)}
     # vision: slot 0 (given in order), nlp: slot 5; a /22 per region slot in a /18.
     assert subnets["vision-subnet-us-central1"] == ("us-central1", "10.160.0.0/22")
     assert subnets["vision-subnet-us-central2"] == ("us-central2", "10.160.4.0/22")
     assert subnets["nlp-subnet-us-central1"] == ("us-central1", "10.161.64.0/22")
-    rules = {r.name: r.inputs for r in run.of_type("gcp:compute/firewall:Firewall")}
+    rules = {r.name: r.inputs for r in run.of_type(COMPUTE_FIREWALL)}
     assert rules["nlp-peers"]["sourceRanges"] == ["10.161.64.0/22", "10.161.68.0/22"]
     assert rules["nlp-peers"]["destinationRanges"] == rules["nlp-peers"]["sourceRanges"]
     [vm] = run.of_type(V2VM)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model.pulumi_types import CLOUDQUOTA_S_QUOTA_PREFERENCE, STORAGE_BUCKET
 from ops.plan.report import (
     STACK_RESOURCE,
     check_format,
@@ -223,13 +224,12 @@ def replacement_warnings(diff: PlanDiff) -> list[str]:
     return lines
 
 
-QUOTA_PREFERENCE = "gcp:cloudquota/sQuotaPreference:SQuotaPreference"
 
 
 def stays_warning(step: Step) -> str:
     """A delete that leaves the resource in GCP; for a quota preference, how to lift
     the cap it keeps."""
-    if step.type == QUOTA_PREFERENCE:
+    if step.type == CLOUDQUOTA_S_QUOTA_PREFERENCE:
         inputs = step.resource.get("inputs", {})
         value = (inputs.get("quotaConfig") or {}).get("preferredValue")
         return (f"{step.name} is removed from the stack only: {step.stays_in_gcp}, and a "
@@ -245,7 +245,7 @@ def _empties_a_bucket(step: Step) -> bool:
     """A bucket deleted (or replaced) without forceDestroy: GCS refuses to delete a
     bucket that holds objects (noncurrent versions too)."""
     old = step.base if step.op == "replace" else step.resource
-    return (step.type == "gcp:storage/bucket:Bucket" and step.op in ("delete", "replace")
+    return (step.type == STORAGE_BUCKET and step.op in ("delete", "replace")
             and not step.refused and old is not None
             and not old.get("inputs", {}).get("forceDestroy"))
 

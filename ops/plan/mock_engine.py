@@ -29,9 +29,22 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import wait_for_rpcs
 
 from model.archive import REPO_ROOT
+from model.pulumi_types import (
+    COMPUTE_NETWORK,
+    COMPUTE_SUBNETWORK,
+    IAM_WORKLOAD_IDENTITY_POOL,
+    IAM_WORKLOAD_IDENTITY_POOL_PROVIDER,
+    ORGANIZATIONS_GET_PROJECT,
+    ORGANIZATIONS_PROJECT,
+    PULUMI_STACK,
+    PULUMI_STACK_REFERENCE,
+    SERVICEACCOUNT_ACCOUNT,
+    STORAGE_BUCKET,
+    STORAGE_GET_BUCKET_OBJECT_CONTENT,
+    STORAGE_GET_BUCKET_OBJECTS,
+)
 
 PROJECT = "tpu-stack"
-STACK_TYPE = "pulumi:pulumi:Stack"
 
 
 @dataclass
@@ -67,7 +80,7 @@ class RecordingMonitor(mocks.MockMonitor):
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC name)
         response = super().RegisterResource(request)
-        if request.type != STACK_TYPE:
+        if request.type != PULUMI_STACK:
             urn = response.urn
             inputs = rpc.deserialize_properties(request.object)
             secrets = sorted(k for k, v in inputs.items() if rpc.is_rpc_secret(v))
@@ -97,10 +110,6 @@ class RecordingMonitor(mocks.MockMonitor):
         return response
 
 
-STACK_REFERENCE_TYPE = "pulumi:pulumi:StackReference"
-GET_PROJECT = "gcp:organizations/getProject:getProject"
-GET_OBJECT_CONTENT = "gcp:storage/getBucketObjectContent:getBucketObjectContent"
-GET_BUCKET_OBJECTS = "gcp:storage/getBucketObjects:getBucketObjects"
 # Config keys whose value names a stack the program reads through a
 # StackReference (docs/teams.md: a team stack's platform stack).
 STACK_REFERENCE_KEYS = (f"{PROJECT}:platformStack",)
@@ -122,7 +131,7 @@ class GcpMocks(mocks.Mocks):
 
     def new_resource(self, args: mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         inputs = dict(args.inputs)
-        if args.typ == STACK_REFERENCE_TYPE:
+        if args.typ == PULUMI_STACK_REFERENCE:
             name = inputs["name"]
             if name not in self.stack_outputs:
                 raise KeyError(f"no outputs for stack reference {name!r}: give GcpMocks "
@@ -138,12 +147,12 @@ class GcpMocks(mocks.Mocks):
 
     def call(self, args: mocks.MockCallArgs) -> dict[str, Any]:
         # A dict, not (dict, None): MockMonitor.Invoke iterates a tuple's failures.
-        if args.token == GET_PROJECT:
+        if args.token == ORGANIZATIONS_GET_PROJECT:
             project = args.args.get("projectId") or "mock-project"
             return {"projectId": project, "number": self.project_number}
-        if args.token == GET_OBJECT_CONTENT:
+        if args.token == STORAGE_GET_BUCKET_OBJECT_CONTENT:
             return {**args.args, "content": self._object_content(args.args)}
-        if args.token == GET_BUCKET_OBJECTS:
+        if args.token == STORAGE_GET_BUCKET_OBJECTS:
             bucket, prefix = args.args["bucket"], args.args.get("prefix") or ""
             return {"bucket": bucket, "bucketObjects": [
                 {"name": name} for name in self.bucket_objects.get(bucket, [])
@@ -226,13 +235,13 @@ def _pool_provider(m: GcpMocks, project: str, name: str, inputs: dict) -> tuple[
 
 
 _COMPUTED: dict[str, Callable[[GcpMocks, str, str, dict], tuple[str, dict]]] = {
-    "gcp:serviceaccount/account:Account": _account,
-    "gcp:compute/network:Network": _network,
-    "gcp:compute/subnetwork:Subnetwork": _subnetwork,
-    "gcp:storage/bucket:Bucket": _bucket,
-    "gcp:organizations/project:Project": _project,
-    "gcp:iam/workloadIdentityPool:WorkloadIdentityPool": _pool,
-    "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider": _pool_provider,
+    SERVICEACCOUNT_ACCOUNT: _account,
+    COMPUTE_NETWORK: _network,
+    COMPUTE_SUBNETWORK: _subnetwork,
+    STORAGE_BUCKET: _bucket,
+    ORGANIZATIONS_PROJECT: _project,
+    IAM_WORKLOAD_IDENTITY_POOL: _pool,
+    IAM_WORKLOAD_IDENTITY_POOL_PROVIDER: _pool_provider,
 }
 
 

@@ -13,13 +13,14 @@ from typing import Any
 
 import pulumi
 
-from components import project
+from components.program import declare
 from components.stack_config import file_config
-from model import candidates, catalog, locality, meter, progress_deadline, stop_save, team_quota
+from model import candidates, catalog, meter
 from model.archive import PackageError
 from model.cost import RATES, StackCost, StepCost, settings_cost
 from model.settings.load import load_settings
 from model.settings.schema import StackSettings
+from model.warnings import stack_warnings
 from ops.plan.mock_engine import (
     GcpMocks,
     ProgramRun,
@@ -75,12 +76,7 @@ class Plan:
             # each node's run-time limits (model/meter.py).
             "spend": self._spend_json(),
             # What the program warns on its nodes at preview and up, the same text.
-            "warnings": [*stop_save.stack_warnings(self.settings),
-                         *locality.stack_warnings(self.settings),
-                         *project.stack_warnings(self.settings),
-                         *progress_deadline.stack_warnings(self.settings),
-                         *candidates.stack_warnings(self.settings),
-                         *team_quota.stack_warnings(self.settings)],
+            "warnings": [warning.text for warning in stack_warnings(self.settings)],
             # Nodes with fallback only: absent from a plan without any (issue 35).
             **({"candidates": rows} if (rows := candidates.stack_candidates(self.settings))
                else {}),
@@ -181,7 +177,8 @@ def offline_plan(stack: str, config: dict[str, str] | None = None,
     try:
         mock = None if bucket_objects is None else GcpMocks(
             stack_outputs=referenced_stack_outputs(config), bucket_objects=bucket_objects)
-        run = run_program(config, stack, mock=mock)
+        # The program gets the settings parsed above: one plan parses the config once.
+        run = run_program(config, stack, program=lambda: declare(settings), mock=mock)
     except Exception as error:  # the program's error, whatever it is, becomes one message
         raise PlanError(program_message(error)) from None
     return Plan(stack=stack, settings=settings, run=run, cost=settings_cost(settings))

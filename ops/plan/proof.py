@@ -24,12 +24,11 @@ from model.bootstrap import (
     deployer_grants,
     quota_contact_grant,
 )
+from model.pulumi_types import COMPONENT_CI_IDENTITY
 from model.settings.schema import StackSettings
 from ops.plan.mock_engine import ProgramRun, planned_stack_run
 from policy.iam import Binding, IamModel
 from policy.permissions import Applier, Finding, prove
-
-CI_IDENTITY = "tpu-stack:index:CiIdentity"
 
 
 @dataclass
@@ -95,7 +94,7 @@ def _admin_applied(settings: StackSettings, run: ProgramRun) -> frozenset[str]:
     if not settings.ci:
         return frozenset()
     by_urn = run.by_urn()
-    roots = {r.urn for r in run.registrations if r.type == CI_IDENTITY and r.name == "ci"}
+    roots = {r.urn for r in run.registrations if r.type == COMPONENT_CI_IDENTITY and r.name == "ci"}
 
     def under(urn: str | None) -> bool:
         while urn:

@@ -17,8 +17,9 @@ import pulumi
 
 from model import catalog
 from model.catalog import HOURS_PER_MONTH
+from model.pulumi_types import TPU_V2_VM
 from policy.evaluate import Violation
-from policy.tpu_policies import V2VM, tpu_view
+from policy.tpu_policies import tpu_view
 
 FORMATS = ("markdown", "table", "json")
 NODE_COMPONENT_PREFIX = "node-"
@@ -153,7 +154,7 @@ def provisioning_of(resource: Mapping[str, Any]) -> str:
     """on-demand | spot | preemptible | reserved (V2Vm's schedulingConfig flag), or
     queued (a QueuedTpu) with its request's kind: `queued, spot` and the like."""
     inputs = resource.get("inputs", {})
-    if resource["type"] == V2VM:
+    if resource["type"] == TPU_V2_VM:
         flags = inputs.get("schedulingConfig") or {}
         return next((f for f in ("spot", "preemptible", "reserved") if flags.get(f)),
                     "on-demand")

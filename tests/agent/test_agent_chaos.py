@@ -23,8 +23,8 @@ from model.archive import Archive, build_archive, pack
 from node_agent import build, handover
 from node_agent.contract import STARTUP_SCRIPT_KEY
 from ops.local.local_node import IMAGE_PYTHON
-from ops.local.rehearse import SYSTEMCTL
 from ops.local.storage_emulator import StorageEmulator
+from ops.rehearse.rehearsal import SYSTEMCTL
 from tests.agent.conftest import (
     STAND_IN,
     Node,

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from node_agent import RELEASE_KEY, STARTUP_SCRIPT_KEY, startup_script
-from ops.local.rehearse import (
+from ops.plan.offline import offline_plan
+from ops.rehearse.rehearsal import (
     REHEARSAL_IMAGE_SIZE,
     REHEARSAL_WIDTH,
     RehearsalError,
@@ -20,7 +21,6 @@ from ops.local.rehearse import (
     rehearsal_job,
     write_datasets,
 )
-from ops.plan.offline import offline_plan
 
 JOB = {"model": "mnist_cnn", "trainData": "gs://data/datasets/mnist/train-*.tfrecord",
        "evalData": None, "globalBatchSize": 1024, "trainSteps": 5000, "stepsPerExecution": 100,
@@ -88,10 +88,10 @@ def test_the_model_is_narrow_and_resnet_images_small(tmp_path: Path) -> None:
 def test_zero_steps_or_batch_are_refused(option: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    import ops.local.rehearse
+    import ops.rehearse.rehearsal
     from ops.cli import app
 
-    monkeypatch.setattr(ops.local.rehearse, "rehearse", lambda *a, **k: 0)
+    monkeypatch.setattr(ops.rehearse.rehearsal, "rehearse", lambda *a, **k: 0)
     result = CliRunner().invoke(app, ["rehearse", option, "0"])
     assert result.exit_code == 2
     text = " ".join(result.stderr.replace("│", " ").split())  # typer's error panel
@@ -102,7 +102,7 @@ def test_synthetic_data_goes_where_train_and_eval_patterns_look(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    import ops.local.rehearse
+    import ops.rehearse.rehearsal
     from ops.terminal import console
 
     commands: list[list[str]] = []
@@ -117,8 +117,8 @@ def test_synthetic_data_goes_where_train_and_eval_patterns_look(
             (Path(out) / f"{prefix}-00000-of-00002.tfrecord").write_bytes(b"")
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    monkeypatch.setattr(ops.local.rehearse.subprocess, "run", synth)
-    monkeypatch.setattr(ops.local.rehearse, "synth_env", lambda: {})
+    monkeypatch.setattr(ops.rehearse.rehearsal.subprocess, "run", synth)
+    monkeypatch.setattr(ops.rehearse.rehearsal, "synth_env", lambda: {})
     job = {"model": "resnet50", "globalBatchSize": 64, "imageSize": 32, "numClasses": 1000,
            "trainData": f"{tmp_path}/imagenet/train-*.tfrecord",
            "evalData": f"{tmp_path}/imagenet/validation-*.tfrecord"}
@@ -142,7 +142,7 @@ def test_a_failed_rehearsal_shows_the_jobs_error_line(tmp_path: Path) -> None:
 def test_the_synthetic_data_has_the_jobs_record_format_and_shape(tmp_path, monkeypatch) -> None:
     import json
 
-    from ops.local import rehearse
+    from ops.rehearse import rehearsal as rehearse
 
     commands = []
 
@@ -161,7 +161,7 @@ def test_the_synthetic_data_has_the_jobs_record_format_and_shape(tmp_path, monke
 
 def test_the_image_environment_writes_the_synthetic_data(tmp_path: Path) -> None:
     """No training venv: the image's Python, the package's source, its tf-keras wheel."""
-    from ops.local import rehearse
+    from ops.rehearse import rehearsal as rehearse
 
     env = rehearse.synth_env()
     paths = env["PYTHONPATH"].split(":")
@@ -174,14 +174,14 @@ def test_the_image_environment_writes_the_synthetic_data(tmp_path: Path) -> None
 
 
 def test_a_pod_slice_is_planned_with_its_workers() -> None:
-    from ops.local.rehearse import planned_slices
+    from ops.rehearse.rehearsal import planned_slices
 
     assert planned_slices(offline_plan("prod"))["node-pod"][1] == 4  # v4 2x2x4: 4 hosts
     assert planned_slices(offline_plan("dev"))["node-trainer"][1] == 1
 
 
 def test_each_worker_sees_its_own_number_and_every_workers_endpoint() -> None:
-    from ops.local.rehearse import worker_view
+    from ops.rehearse.rehearsal import worker_view
 
     views = [worker_view({"tpu-stack-workers": "0"}, worker, 4) for worker in range(4)]
     assert [v["agent-worker-number"] for v in views] == ["0", "1", "2", "3"]
@@ -198,8 +198,8 @@ def test_a_pod_rehearsal_runs_a_hot_update_a_failed_worker_and_a_notice_to_all(
     import signal
 
     from model.archive import build_archive
-    from ops.local import rehearse
     from ops.local.local_node import node_attributes, publish_release
+    from ops.rehearse import rehearsal as rehearse
     from tests.agent.conftest import BUCKET, job_config, training_copy, upload_package
 
     job = job_config(dataset, tmp_path / "job", 2000) | {"widthMultiplier": 0.25}
@@ -260,7 +260,7 @@ def test_the_summary_says_which_workers_ran_and_what_a_short_evaluation_means(
         tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from ops.local.rehearse import about_the_run
+    from ops.rehearse.rehearsal import about_the_run
 
     (tmp_path / "worker-0").mkdir()
     (tmp_path / "worker-0" / "job.log").write_text(
@@ -285,7 +285,7 @@ def test_every_node_is_rehearsed_each_in_a_folder_of_its_own(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from io import StringIO
 
-    from ops.local import rehearse
+    from ops.rehearse import rehearsal as rehearse
 
     calls = []
 
@@ -321,7 +321,7 @@ def test_the_dev_stack_evaluates_as_the_readme_says() -> None:
 
 
 def test_the_rehearsal_says_why_its_release_differs_from_the_plans() -> None:
-    from ops.local.rehearse import release_lines
+    from ops.rehearse.rehearsal import release_lines
 
     planned = "gs://acme-ml-dev-dev-artifacts/releases/dev-trainer/aaaa.json"
     rehearsed = "gs://acme-ml-dev-dev-artifacts/releases/dev-trainer/bbbb.json"
@@ -336,7 +336,7 @@ def test_the_rehearsal_says_why_its_release_differs_from_the_plans() -> None:
 def test_a_rehearsal_record_names_what_changed_since(tmp_path: Path) -> None:
     import json
 
-    from ops.local import rehearsal_record as record
+    from ops.tpu import rehearsal_record as record
 
     record.write_record(tmp_path, "dev", "node-trainer", "gs://a/p.json", "gs://a/r.json")
     assert record.changed_since(tmp_path, "dev") == []

@@ -7,12 +7,13 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from model.budget_hold import budget_hold
+from model.pulumi_types import STORAGE_BUCKET, TPU_V2_VM
 from ops.plan.mock_engine import GcpMocks, ProgramRun, run_program
 from tests.infra.stack_fixtures import as_cli
 from tests.infra.test_budget_stop_plan import stack
 from tests.test_teams import problems_of
 
-V2VM = "gcp:tpu/v2Vm:V2Vm"
+V2VM = TPU_V2_VM
 NOW = datetime.now(timezone.utc)
 START = NOW.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 MARKER = f"budget-stop/vision/b-1/{START:%Y-%m-%dT%H%M%SZ}/at-1.json"
@@ -47,8 +48,8 @@ def test_a_held_teams_nodes_leave_the_program_with_a_warning_and_its_buckets_sta
     free, held = planned([]), planned([MARKER])
     assert node_projects(free) == ["acme-ml-test-nlp", "acme-ml-test-vision"]
     assert node_projects(held) == ["acme-ml-test-nlp"]
-    buckets = {r.inputs["name"] for r in held.of_type("gcp:storage/bucket:Bucket")}
-    assert buckets == {r.inputs["name"] for r in free.of_type("gcp:storage/bucket:Bucket")}
+    buckets = {r.inputs["name"] for r in held.of_type(STORAGE_BUCKET)}
+    assert buckets == {r.inputs["name"] for r in free.of_type(STORAGE_BUCKET)}
     warnings = [m for level, m in held.logs if level == "warning" and "is held" in m]
     assert len(warnings) == 1 and "team vision" in warnings[0] and MARKER in warnings[0]
     assert "trainer" in warnings[0] and f"liftBudgetHold is '{START:%Y-%m}'" in warnings[0]

@@ -9,16 +9,27 @@ from typing import Any
 import pytest
 
 from components.budget_stop import ENTRY_POINT, PUBSUB_EVENT, RUNTIME
+from model.pulumi_types import (
+    BILLING_BUDGET,
+    CLOUDFUNCTIONSV2_FUNCTION,
+    CLOUDRUNV2_SERVICE_IAM_MEMBER,
+    PUBSUB_TOPIC,
+    PUBSUB_TOPIC_IAM_MEMBER,
+    SERVICEACCOUNT_ACCOUNT,
+    STORAGE_BUCKET,
+    STORAGE_BUCKET_OBJECT,
+    TPU_V2_VM,
+)
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
 from policy.iam import IamModel
 from tests.infra.stack_fixtures import as_cli
 from tests.test_teams import platform, problems_of, spot, team
 
 BILLING = {"account": "01AB23-45CD67-89EF01"}
-TOPIC = "gcp:pubsub/topic:Topic"
-FUNCTION = "gcp:cloudfunctionsv2/function:Function"
-BUDGET = "gcp:billing/budget:Budget"
-ACCOUNT = "gcp:serviceaccount/account:Account"
+TOPIC = PUBSUB_TOPIC
+FUNCTION = CLOUDFUNCTIONSV2_FUNCTION
+BUDGET = BILLING_BUDGET
+ACCOUNT = SERVICEACCOUNT_ACCOUNT
 
 
 def stack(**vision: Any) -> dict:
@@ -53,7 +64,7 @@ def test_the_topic_budget_rule_and_trigger_are_wired(run: ProgramRun) -> None:
     assert function.inputs["serviceConfig"]["serviceAccountEmail"] == account
     build = function.inputs["buildConfig"]
     assert (build["runtime"], build["entryPoint"]) == (RUNTIME, ENTRY_POINT)
-    source = [r for r in run.of_type("gcp:storage/bucketObject:BucketObject")
+    source = [r for r in run.of_type(STORAGE_BUCKET_OBJECT)
               if r.inputs.get("name") == build["source"]["storageSource"]["object"]]
     assert len(source) == 1 and source[0].inputs["bucket"] == build["source"]["storageSource"][
         "bucket"]
@@ -71,7 +82,7 @@ def test_the_functions_account_deletes_tpus_in_its_teams_project_and_nowhere_els
     account = "serviceAccount:" + one(run, ACCOUNT, "vision-budget-stop").outputs["email"]
     nodes = {r.inputs["project"]: f"projects/{r.inputs['project']}/locations/"
                                   f"{r.inputs['zone']}/nodes/{r.inputs['name']}"
-             for r in run.of_type("gcp:tpu/v2Vm:V2Vm")}
+             for r in run.of_type(TPU_V2_VM)}
     vision, nlp = nodes["acme-ml-test-vision"], nodes["acme-ml-test-nlp"]
     assert model.project_of(vision) == "projects/acme-ml-test-vision"
     for permission in ("tpu.nodes.delete", "tpu.nodes.update", "tpu.nodes.list",
@@ -83,7 +94,7 @@ def test_the_functions_account_deletes_tpus_in_its_teams_project_and_nowhere_els
     assert not model.can(account, "tpu.nodes.create", vision)
     # Its markers only: created under its prefix, never read, replaced or deleted; no
     # other bucket (checkpoints, data) is touched.
-    artifacts = next(r.inputs["name"] for r in run.of_type("gcp:storage/bucket:Bucket")
+    artifacts = next(r.inputs["name"] for r in run.of_type(STORAGE_BUCKET)
                      if r.inputs["name"].endswith("artifacts"))
     marker = f"projects/_/buckets/{artifacts}/objects/budget-stop/vision/b/x.json"
     assert model.can(account, "storage.objects.create", marker)
@@ -120,7 +131,7 @@ def test_the_shipped_platform_stack_stops_nlp_at_its_budget_with_replacement_fac
     budget_stop = [r for r in run.registrations
                    if r.custom and r.parent and "budget-stop-nlp" in r.parent]
     assert {r.type for r in budget_stop} >= {TOPIC, FUNCTION, ACCOUNT,
-                                            "gcp:cloudrunv2/serviceIamMember:ServiceIamMember",
-                                            "gcp:pubsub/topicIAMMember:TopicIAMMember"}
+                                            CLOUDRUNV2_SERVICE_IAM_MEMBER,
+                                            PUBSUB_TOPIC_IAM_MEMBER}
     for r in budget_stop:
         assert type_facts(r.type) is not None, r.type

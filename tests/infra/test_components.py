@@ -20,6 +20,22 @@ from components.storage import TrainingBuckets
 from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
 from model.archive import Archive
 from model.naming import Naming
+from model.pulumi_types import (
+    COMPONENT_PROJECT,
+    COMPONENT_TPU_NODE,
+    COMPUTE_FIREWALL,
+    COMPUTE_NETWORK,
+    COMPUTE_SUBNETWORK,
+    ORGANIZATIONS_PROJECT,
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_SERVICE,
+    SERVICEACCOUNT_ACCOUNT,
+    SERVICEACCOUNT_KEY,
+    STORAGE_BUCKET,
+    STORAGE_BUCKET_IAM_MEMBER,
+    STORAGE_BUCKET_OBJECT,
+    TPU_V2_VM,
+)
 from model.settings.load import load_settings
 from model.settings.schema import ProjectSettings, StorageSettings
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
@@ -47,13 +63,13 @@ def parent_type(run: ProgramRun, resource: Registration) -> str:
 def test_adopted_project_enables_apis_that_stay_on_destroy() -> None:
     run = declare(lambda: Project("project", ProjectArgs(
         project_id="acme-ml-test", settings=ProjectSettings(), labels={})))
-    services = run.of_type("gcp:projects/service:Service")
+    services = run.of_type(PROJECTS_SERVICE)
     assert sorted(s.inputs["service"] for s in services) == sorted(APIS)
     for service in services:
         assert service.inputs["disableOnDestroy"] is False
         assert service.inputs["project"] == "acme-ml-test"
-        assert parent_type(run, service) == "tpu-stack:index:Project"
-    assert not run.of_type("gcp:organizations/project:Project")
+        assert parent_type(run, service) == COMPONENT_PROJECT
+    assert not run.of_type(ORGANIZATIONS_PROJECT)
 
 
 def test_created_project_is_protected_and_has_no_default_network() -> None:
@@ -61,7 +77,7 @@ def test_created_project_is_protected_and_has_no_default_network() -> None:
                                folder_id="1234567890")
     run = declare(lambda: Project("project", ProjectArgs(
         project_id="acme-ml-test", settings=settings, labels={"stack": "test"})))
-    project = only(run, "gcp:organizations/project:Project")
+    project = only(run, ORGANIZATIONS_PROJECT)
     assert project.protect
     assert project.inputs["autoCreateNetwork"] is False
     assert project.inputs["billingAccount"] == "01AB23-45CD67-89EF01"
@@ -78,9 +94,9 @@ def network_run(regions: list[str], iap: bool = True) -> ProgramRun:
 
 def test_network_has_private_google_access_and_no_auto_subnets() -> None:
     run = network_run(["us-central1"])
-    vpc = only(run, "gcp:compute/network:Network")
+    vpc = only(run, COMPUTE_NETWORK)
     assert vpc.inputs["autoCreateSubnetworks"] is False
-    subnet = only(run, "gcp:compute/subnetwork:Subnetwork")
+    subnet = only(run, COMPUTE_SUBNETWORK)
     assert subnet.inputs["privateIpGoogleAccess"] is True
     assert subnet.inputs["ipCidrRange"] == "10.128.0.0/20"
     assert subnet.inputs["region"] == "us-central1"
@@ -91,7 +107,7 @@ def test_firewall_allows_internal_traffic_and_ssh_only_from_iap() -> None:
     and a TPU VM's match by service account is unconfirmed: components/network.py), and
     SSH from IAP to the node tag."""
     rules = {r.name: r.inputs for r in network_run(["us-central1", "us-central2"]).of_type(
-        "gcp:compute/firewall:Firewall")}
+        COMPUTE_FIREWALL)}
     ranges = ["10.128.0.0/20", "10.128.16.0/20"]
     assert rules["allow-internal"]["sourceRanges"] == ranges
     assert rules["allow-internal"]["destinationRanges"] == ranges
@@ -101,7 +117,7 @@ def test_firewall_allows_internal_traffic_and_ssh_only_from_iap() -> None:
     assert rules["allow-iap-ssh"]["sourceRanges"] == ["35.235.240.0/20"]
     assert rules["allow-iap-ssh"]["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
     assert "allow-iap-ssh" not in {r.name for r in network_run(["us-central1"], iap=False)
-                                   .of_type("gcp:compute/firewall:Firewall")}
+                                   .of_type(COMPUTE_FIREWALL)}
 
 
 def test_each_region_has_its_own_slot_of_the_grid() -> None:
@@ -194,7 +210,7 @@ def buckets_run(**storage: object) -> ProgramRun:
 
 
 def test_buckets_are_private_uniform_and_labelled() -> None:
-    buckets = {b.name: b for b in buckets_run().of_type("gcp:storage/bucket:Bucket")}
+    buckets = {b.name: b for b in buckets_run().of_type(STORAGE_BUCKET)}
     assert set(buckets) == {"data", "artifacts", "checkpoints", "logs"}
     for purpose, bucket in buckets.items():
         assert bucket.inputs["uniformBucketLevelAccess"] is True
@@ -206,7 +222,7 @@ def test_buckets_are_private_uniform_and_labelled() -> None:
 
 
 def test_precious_buckets_are_protected_and_versioned_where_overwritten() -> None:
-    buckets = {b.name: b for b in buckets_run().of_type("gcp:storage/bucket:Bucket")}
+    buckets = {b.name: b for b in buckets_run().of_type(STORAGE_BUCKET)}
     assert {n for n, b in buckets.items() if b.protect} == {"data", "checkpoints"}
     assert {n for n, b in buckets.items() if b.inputs["versioning"]["enabled"]} == {
         "artifacts", "checkpoints"}
@@ -250,7 +266,7 @@ def test_old_packages_expire_and_the_referenced_one_never_does() -> None:
     """Ten deploys a week apart, each a new package name; Pulumi's replacement
     leaves the old object noncurrent (versioned bucket). Then 90 quiet days."""
     rules = {b.name: b for b in buckets_run().of_type(
-        "gcp:storage/bucket:Bucket")}["artifacts"].inputs["lifecycleRules"]
+        STORAGE_BUCKET)}["artifacts"].inputs["lifecycleRules"]
     versions = [Version(f"packages/tpu_training-{n:02d}.tar.gz", n, 7 * n, None)
                 for n in range(10)]
     for old, new in itertools.pairwise(versions):
@@ -265,7 +281,7 @@ def test_old_packages_expire_and_the_referenced_one_never_does() -> None:
 
 
 def test_dev_may_opt_out_of_protection() -> None:
-    buckets = buckets_run(force_destroy=True, protect=False).of_type("gcp:storage/bucket:Bucket")
+    buckets = buckets_run(force_destroy=True, protect=False).of_type(STORAGE_BUCKET)
     assert not any(b.protect for b in buckets)
     assert all(b.inputs["forceDestroy"] is True for b in buckets)
 
@@ -280,13 +296,13 @@ def identity_run() -> ProgramRun:
 
 def test_runtime_account_reads_inputs_and_writes_outputs_on_its_buckets() -> None:
     run = identity_run()
-    account = only(run, "gcp:serviceaccount/account:Account")
+    account = only(run, SERVICEACCOUNT_ACCOUNT)
     assert account.inputs["accountId"] == "test-runtime"
     member = "serviceAccount:test-runtime@acme-ml-test.iam.gserviceaccount.com"
     grants = {(b.inputs["bucket"].rsplit("-", 1)[1], b.inputs["role"])
-              for b in run.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")}
+              for b in run.of_type(STORAGE_BUCKET_IAM_MEMBER)}
     assert all(b.inputs["member"] == member
-               for b in run.of_type("gcp:storage/bucketIAMMember:BucketIAMMember"))
+               for b in run.of_type(STORAGE_BUCKET_IAM_MEMBER))
     writes = {bucket for bucket, role in grants if role == "roles/storage.objectUser"}
     reads = {bucket for bucket, role in grants if role == "roles/storage.objectViewer"}
     assert writes == {"checkpoints", "logs"}
@@ -295,12 +311,12 @@ def test_runtime_account_reads_inputs_and_writes_outputs_on_its_buckets() -> Non
 
 def test_runtime_account_has_only_the_project_roles_a_job_needs() -> None:
     run = identity_run()
-    roles = {m.inputs["role"] for m in run.of_type("gcp:projects/iAMMember:IAMMember")}
+    roles = {m.inputs["role"] for m in run.of_type(PROJECTS_IAM_MEMBER)}
     assert roles == {"roles/logging.logWriter", "roles/monitoring.metricWriter",
                      "roles/tpu.viewer"}
-    assert not run.of_type("gcp:serviceaccount/key:Key")
+    assert not run.of_type(SERVICEACCOUNT_KEY)
     every_role = roles | {b.inputs["role"] for b in run.of_type(
-        "gcp:storage/bucketIAMMember:BucketIAMMember")}
+        STORAGE_BUCKET_IAM_MEMBER)}
     assert not every_role & {"roles/editor", "roles/owner", "roles/storage.admin"}
 
 
@@ -315,7 +331,7 @@ def test_package_object_is_named_by_its_sha256(tmp_path) -> None:
             bucket="acme-ml-test-test-artifacts", archive=archive, staging_dir=tmp_path))
 
     run = declare(build)
-    obj = only(run, "gcp:storage/bucketObject:BucketObject")
+    obj = only(run, STORAGE_BUCKET_OBJECT)
     # A new package is a new logical name: created before the old one is deleted.
     assert obj.name == f"archive-{'ab' * 8}"
     assert obj.inputs["name"] == f"packages/tpu_training-{'ab' * 32}.tar.gz"
@@ -347,9 +363,9 @@ def node_run(**node_changes: object) -> tuple[ProgramRun, TpuNodeArgs]:
 
 def test_node_is_replaced_delete_first_under_its_component() -> None:
     run, _ = node_run()
-    vm = only(run, "gcp:tpu/v2Vm:V2Vm")
+    vm = only(run, TPU_V2_VM)
     assert vm.delete_before_replace
-    assert parent_type(run, vm) == "tpu-stack:index:TpuNode"
+    assert parent_type(run, vm) == COMPONENT_TPU_NODE
     assert vm.inputs["name"] == "test-trainer"
     assert vm.inputs["zone"] == "us-central1-a"
     assert vm.inputs["runtimeVersion"] == "tpu-vm-tf-2.18.0-pjrt"
@@ -359,14 +375,14 @@ def test_ssh_is_os_login_and_gclouds_ssh_keys_are_left_alone() -> None:
     """`gcloud compute tpus tpu-vm ssh` writes ssh-keys into the node's metadata
     (even with OS Login); V2Vm.metadata is authoritative, so the stack must ignore
     that key, or every `up --refresh` removes it."""
-    vm = only(node_run()[0], "gcp:tpu/v2Vm:V2Vm")
+    vm = only(node_run()[0], TPU_V2_VM)
     assert vm.inputs["metadata"]["enable-oslogin"] == "TRUE"
     assert "ssh-keys" not in vm.inputs["metadata"]
     assert vm.ignore_changes == ['metadata["ssh-keys"]', 'metadata["tpu-stack-stop"]']
 
 
 def test_node_runs_as_the_runtime_account_without_external_ips() -> None:
-    vm = only(node_run()[0], "gcp:tpu/v2Vm:V2Vm")
+    vm = only(node_run()[0], TPU_V2_VM)
     assert vm.inputs["serviceAccount"] == {
         "email": "test-runtime@acme-ml-test.iam.gserviceaccount.com",
         "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}
@@ -377,7 +393,7 @@ def test_node_runs_as_the_runtime_account_without_external_ips() -> None:
 
 def test_node_carries_every_metadata_key_of_the_contract() -> None:
     run, args = node_run()
-    metadata = only(run, "gcp:tpu/v2Vm:V2Vm").inputs["metadata"]
+    metadata = only(run, TPU_V2_VM).inputs["metadata"]
     assert set(metadata) == {agent.STARTUP_SCRIPT_KEY, "tpu-stack-release", agent.WORKERS_KEY,
                              agent.STATUS_KEY, agent.RUNTIME_KEY, "enable-guest-attributes",
                              "tpu-stack-node", "enable-oslogin"}
@@ -390,7 +406,7 @@ def test_node_carries_every_metadata_key_of_the_contract() -> None:
 
 
 def release_of(run: ProgramRun) -> tuple[Registration, dict]:
-    (release,) = [o for o in run.of_type("gcp:storage/bucketObject:BucketObject")
+    (release,) = [o for o in run.of_type(STORAGE_BUCKET_OBJECT)
                   if "-release-" in o.name]
     content = release.inputs["content"]
     return release, json.loads(content["value"] if isinstance(content, dict) else content)
@@ -406,7 +422,7 @@ def test_each_release_is_an_object_named_by_its_content_under_the_pointer() -> N
     assert release.name == f"node-trainer-release-{digest}"
     assert release.inputs["name"] == f"releases/test-trainer/release-{digest}.json"
     assert release.inputs["bucket"] == "a"
-    assert parent_type(run, release) == "tpu-stack:index:TpuNode"
+    assert parent_type(run, release) == COMPONENT_TPU_NODE
     assert content["package"] == args.package_uri and content["sha256"] == "00"
     job = content["job"]
     assert job["trainData"] == "gs://d/datasets/mnist/train-*.tfrecord"
@@ -416,7 +432,7 @@ def test_each_release_is_an_object_named_by_its_content_under_the_pointer() -> N
     assert job["noticeSeconds"] == 30  # a spot node's notice (contract C3)
     assert job["peakFlopsPerSecond"] == 8 * 197e12  # a v5litepod-8 (the job's MFU)
     assert job["mtbfSeconds"] == 24 * 3600  # spot: preemptible's 24-hour cap (auto interval)
-    vm = only(run, "gcp:tpu/v2Vm:V2Vm")
+    vm = only(run, TPU_V2_VM)
     assert release.urn in vm.dependencies  # the first boot finds its release
 
 
@@ -430,15 +446,15 @@ def test_an_on_demand_node_gets_the_standard_notice() -> None:
     ("spot", {"spot": True}), ("preemptible", {"preemptible": True}),
     ("reserved", {"reserved": True}), ("on-demand", None)])
 def test_scheduling_follows_provisioning(provisioning: str, expected: dict | None) -> None:
-    vm = only(node_run(provisioning=provisioning)[0], "gcp:tpu/v2Vm:V2Vm")
+    vm = only(node_run(provisioning=provisioning)[0], TPU_V2_VM)
     assert vm.inputs.get("schedulingConfig") == expected
 
 
 def test_accelerator_type_or_config_as_the_user_wrote_it() -> None:
-    by_type = only(node_run()[0], "gcp:tpu/v2Vm:V2Vm").inputs
+    by_type = only(node_run()[0], TPU_V2_VM).inputs
     assert by_type["acceleratorType"] == "v5litepod-8" and "acceleratorConfig" not in by_type
     by_shape = only(node_run(acceleratorType=None, generation="v4", topology="2x2x4",
-                             zone="us-central2-b")[0], "gcp:tpu/v2Vm:V2Vm").inputs
+                             zone="us-central2-b")[0], TPU_V2_VM).inputs
     assert by_shape["acceleratorConfig"] == {"type": "V4", "topology": "2x2x4"}
     assert "acceleratorType" not in by_shape
     assert by_shape["runtimeVersion"] == "tpu-vm-tf-2.18.0-pod-pjrt"
@@ -458,8 +474,8 @@ def test_a_code_or_job_change_is_a_new_release_and_leaves_the_node_alone(change:
         change = {"job": dataclasses.replace(args.job, learningRate=0.5),
                   "settings": args.settings.model_copy(update={"job": "other"})}
     run_b = declare(lambda: TpuNode("node-trainer", dataclasses.replace(args, **change)))
-    a = only(run_a, "gcp:tpu/v2Vm:V2Vm").inputs
-    b = only(run_b, "gcp:tpu/v2Vm:V2Vm").inputs
+    a = only(run_a, TPU_V2_VM).inputs
+    b = only(run_b, TPU_V2_VM).inputs
     assert a == b
     (old, _), (new, _) = release_of(run_a), release_of(run_b)
     assert old.name != new.name and old.inputs["name"] != new.inputs["name"]

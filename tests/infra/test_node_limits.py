@@ -3,6 +3,7 @@ metadata in whole seconds (node_agent/contract.py), where the agent reads them."
 
 from __future__ import annotations
 
+from model.pulumi_types import TPU_V2_VM
 from model.settings.load import load_settings
 from node_agent.contract import IDLE_STOP_KEY, MAX_RUNTIME_KEY, STOP_REQUEST_KEY
 from ops.plan.mock_engine import run_program
@@ -14,7 +15,7 @@ def test_limits_reach_the_nodes_metadata_in_seconds() -> None:
     data = config(tpu_stack_nodes=[node(maxRuntime="12h", idleStop="30m"),
                                    node(name="free")])
     run = run_program(as_cli(data), "dev")
-    vms = {r.inputs["name"]: r for r in run.of_type("gcp:tpu/v2Vm:V2Vm")}
+    vms = {r.inputs["name"]: r for r in run.of_type(TPU_V2_VM)}
     limited = next(r for name, r in vms.items() if not name.endswith("free"))
     assert limited.inputs["metadata"][MAX_RUNTIME_KEY] == "43200"
     assert limited.inputs["metadata"][IDLE_STOP_KEY] == "1800"

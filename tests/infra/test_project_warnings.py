@@ -3,9 +3,9 @@ VPC host (issue 29 item 6): the plan's warnings, the same text the program logs.
 
 from __future__ import annotations
 
-from components.project import stack_warnings
 from components.stack_config import file_config
 from model.settings.load import load_settings
+from model.warnings import project_warnings as stack_warnings
 from tests.infra.stack_fixtures import as_cli, config
 
 

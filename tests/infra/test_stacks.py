@@ -19,12 +19,22 @@ from components.stack_config import (
     project_defaults,
 )
 from model.archive import REPO_ROOT
+from model.pulumi_types import (
+    COMPUTE_SUBNETWORK,
+    IAM_WORKLOAD_IDENTITY_POOL,
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_SERVICE,
+    STORAGE_BUCKET,
+    STORAGE_BUCKET_IAM_MEMBER,
+    STORAGE_BUCKET_OBJECT,
+    TPU_V2_VM,
+)
 from ops.plan.mock_engine import run_program
 from tests.infra.stack_fixtures import as_cli, config, node
 from tests.repo_stacks import repo_stacks
 
 STACKS = repo_stacks()
-LABELLED = ("gcp:storage/bucket:Bucket", "gcp:tpu/v2Vm:V2Vm")
+LABELLED = (STORAGE_BUCKET, TPU_V2_VM)
 
 
 def test_the_repo_has_dev_and_prod() -> None:
@@ -49,10 +59,10 @@ def test_single_team_stack_outputs(stack: str) -> None:
     assert outputs["runtimeServiceAccount"].endswith(".iam.gserviceaccount.com")
     assert outputs["package"]["uri"].endswith(f"tpu_training-{outputs['package']['sha256']}"
                                               ".tar.gz")
-    vms = run.of_type("gcp:tpu/v2Vm:V2Vm")
+    vms = run.of_type(TPU_V2_VM)
     assert len(vms) == len(outputs["nodes"])
     releases = {o.inputs["name"].split("/")[1]: o for o in run.of_type(
-        "gcp:storage/bucketObject:BucketObject") if "-release-" in o.name}
+        STORAGE_BUCKET_OBJECT) if "-release-" in o.name}
     for vm in vms:
         metadata = vm.inputs["metadata"]
         node_id = vm.inputs["name"]
@@ -75,7 +85,7 @@ def test_dev_is_one_single_host_spot_node_with_destroyable_buckets() -> None:
     assert (trainer["hosts"], trainer["provisioning"]) == (1, "spot")
     assert trainer["usdPerHour"] == pytest.approx(0.607 * trainer["chips"])
     assert run.outputs["estimatedUsdPerHour"] == pytest.approx(trainer["usdPerHour"])
-    assert not any(b.protect for b in run.of_type("gcp:storage/bucket:Bucket"))
+    assert not any(b.protect for b in run.of_type(STORAGE_BUCKET))
 
 
 def test_prod_is_a_protected_pod_slice() -> None:
@@ -83,9 +93,9 @@ def test_prod_is_a_protected_pod_slice() -> None:
     (pod,) = run.outputs["nodes"].values()
     assert (pod["acceleratorType"], pod["topology"], pod["hosts"]) == ("v4-32", "2x2x4", 4)
     assert pod["runtimeVersion"] == "tpu-vm-tf-2.18.0-pod-pjrt"
-    protected = {b.name for b in run.of_type("gcp:storage/bucket:Bucket") if b.protect}
+    protected = {b.name for b in run.of_type(STORAGE_BUCKET) if b.protect}
     assert protected == {"data", "checkpoints"}
-    vm = run.of_type("gcp:tpu/v2Vm:V2Vm")[0]
+    vm = run.of_type(TPU_V2_VM)[0]
     assert vm.inputs["metadata"][agent.WORKERS_KEY] == "0"
     assert vm.inputs["schedulingConfig"] == {"reserved": True}
 
@@ -257,26 +267,26 @@ def test_every_urn_is_unique(stack: str) -> None:
 
 def test_two_nodes_have_distinct_urns_and_node_ids() -> None:
     run = run_program(as_cli(config(tpu_stack_nodes=[node(), node(name="second")])), "test")
-    vms = run.of_type("gcp:tpu/v2Vm:V2Vm")
+    vms = run.of_type(TPU_V2_VM)
     assert len({vm.urn for vm in vms}) == 2
     assert {vm.inputs["name"] for vm in vms} == {"test-trainer", "test-second"}
 
 
 def test_prod_declares_its_ci_identity_and_the_apis_it_needs() -> None:
     run = run_program(file_config("prod"), "prod")
-    services = {s.inputs["service"] for s in run.of_type("gcp:projects/service:Service")}
+    services = {s.inputs["service"] for s in run.of_type(PROJECTS_SERVICE)}
     assert {"sts.googleapis.com", "iamcredentials.googleapis.com",
             "cloudresourcemanager.googleapis.com"} <= services
     assert run.outputs["ciDeployerServiceAccount"].endswith(".iam.gserviceaccount.com")
     assert run.outputs["ciPreviewServiceAccount"].endswith(".iam.gserviceaccount.com")
     assert "/workloadIdentityPools/" in run.outputs["ciWorkloadIdentityProvider"]
-    pool = run.of_type("gcp:iam/workloadIdentityPool:WorkloadIdentityPool")[0]
+    pool = run.of_type(IAM_WORKLOAD_IDENTITY_POOL)[0]
     assert pool.protect
 
 
 def test_dev_without_ci_enables_no_token_exchange() -> None:
     run = run_program(file_config("dev"), "dev")
-    services = {s.inputs["service"] for s in run.of_type("gcp:projects/service:Service")}
+    services = {s.inputs["service"] for s in run.of_type(PROJECTS_SERVICE)}
     assert "sts.googleapis.com" not in services
     assert "ciDeployerServiceAccount" not in run.outputs
 
@@ -284,11 +294,11 @@ def test_dev_without_ci_enables_no_token_exchange() -> None:
 def test_a_node_itself_waits_for_the_tpu_api_its_grants_and_its_package() -> None:
     run = run_program(file_config("dev"), "dev")
     by_urn = run.by_urn()
-    vm = run.of_type("gcp:tpu/v2Vm:V2Vm")[0]
+    vm = run.of_type(TPU_V2_VM)[0]
     waits_for = {by_urn[urn].type for urn in vm.dependencies}
-    assert {"gcp:projects/service:Service", "gcp:storage/bucketIAMMember:BucketIAMMember",
-            "gcp:projects/iAMMember:IAMMember",
-            "gcp:storage/bucketObject:BucketObject"} <= waits_for
+    assert {PROJECTS_SERVICE, STORAGE_BUCKET_IAM_MEMBER,
+            PROJECTS_IAM_MEMBER,
+            STORAGE_BUCKET_OBJECT} <= waits_for
     grants = [r for r in run.registrations if r.type.endswith("IAMMember:BucketIAMMember")
               or r.type.endswith("iAMMember:IAMMember")]
     assert {g.urn for g in grants} <= set(vm.dependencies)
@@ -300,7 +310,7 @@ def test_tpuctl_expects_exactly_the_nodes_the_plan_declares(stack: str) -> None:
     from ops.tpu.target import target_for
 
     run = run_program(file_config(stack), stack)
-    declared = {vm.inputs["name"] for vm in run.of_type("gcp:tpu/v2Vm:V2Vm")}
+    declared = {vm.inputs["name"] for vm in run.of_type(TPU_V2_VM)}
     declared |= {q.inputs["node_id"] for q in run.registrations if "QueuedTpu" in q.type}
     assert {n.node_id for n in target_for(settings_for(stack)).nodes} == declared
 
@@ -326,7 +336,7 @@ SHIPPED_RANGES = {
 def subnet_ranges_of(config: dict, stack: str) -> dict[str, str]:
     run = run_program(config, stack)
     return {s.inputs["region"]: s.inputs["ipCidrRange"]  # the stack's own, not a team's
-            for s in run.of_type("gcp:compute/subnetwork:Subnetwork")
+            for s in run.of_type(COMPUTE_SUBNETWORK)
             if s.name.startswith("subnet-")}
 
 
@@ -367,8 +377,8 @@ def test_a_node_in_a_new_region_adds_a_subnet_and_moves_none(stack: str) -> None
 def _plan_nodes_and_releases(config: dict, stack: str) -> tuple[dict, dict, dict]:
     run = run_program(config, stack)
     nodes = {r.name: r.inputs for r in run.registrations
-             if r.type == "gcp:tpu/v2Vm:V2Vm" or "QueuedTpu" in r.type}
-    objects = {r.name: r.inputs for r in run.of_type("gcp:storage/bucketObject:BucketObject")}
+             if r.type == TPU_V2_VM or "QueuedTpu" in r.type}
+    objects = {r.name: r.inputs for r in run.of_type(STORAGE_BUCKET_OBJECT)}
     releases = {n: o for n, o in objects.items() if "-release-" in n}
     archives = {n: o for n, o in objects.items() if n.startswith("archive-")}
     return nodes, releases, archives

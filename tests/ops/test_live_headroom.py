@@ -7,7 +7,7 @@ import pytest
 
 from model import catalog
 from model.settings.load import load_settings
-from ops.plan.command import print_report
+from ops.commands.plan import print_report
 from ops.plan.offline import offline_plan
 from ops.tpu.api import TpuApi
 from ops.tpu.headroom import ReservationReader, live_candidates
@@ -87,7 +87,7 @@ def test_an_unread_zone_leaves_its_region_unknown_never_too_high(fake) -> None:
 
 
 def test_tpuctl_plan_live_shows_the_figures(fake, monkeypatch, capsys) -> None:
-    monkeypatch.setattr("ops.plan.command.live_source",
+    monkeypatch.setattr("ops.commands.plan.live_source",
                         lambda _result: (TpuApi(deadline=10.0), reader({SPOT: [(None, 48)]}),
                                          ReservationReader(plain_get, fake.endpoint)))
     plan = offline_plan("test", as_cli(config(
@@ -136,7 +136,7 @@ def test_plan_live_of_a_stack_without_fallback_prints_the_same_plan(monkeypatch)
     def no_reads(_result):
         raise AssertionError("nothing is read live for a stack without fallback")
 
-    monkeypatch.setattr("ops.plan.command.live_source", no_reads)
+    monkeypatch.setattr("ops.commands.plan.live_source", no_reads)
     runner = CliRunner()
 
     offline = runner.invoke(app, ["plan", "--stack", "dev", "--format", "json"])

@@ -16,8 +16,9 @@ from rich.console import Console
 
 from components.stack_config import file_config
 from model.archive import REPO_ROOT
-from ops.local import rehearse
-from ops.local.rehearse import REHEARSAL_BERT_SHAPE, rehearsal_job, synth_args
+from model.pulumi_types import TPU_V2_VM
+from ops.rehearse import rehearsal as rehearse
+from ops.rehearse.rehearsal import REHEARSAL_BERT_SHAPE, rehearsal_job, synth_args
 from ops.tpu.status import no_rehearsal
 from tpu_training.config import JobConfig
 
@@ -117,4 +118,4 @@ def test_the_readme_bert_stack_plans_without_warnings(tmp_path: Path) -> None:
 
     plan = plain(offline_plan("bert", bert_config(tmp_path)).to_json())
     assert plan["warnings"] == []
-    assert any(r["type"] == "gcp:tpu/v2Vm:V2Vm" for r in plan["resources"])
+    assert any(r["type"] == TPU_V2_VM for r in plan["resources"])

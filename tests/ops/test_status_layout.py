@@ -9,7 +9,7 @@ from io import StringIO
 from rich.console import Console
 
 from ops.tpu.api import NodeStatus
-from ops.tpu.status import COLUMNS, status_table
+from ops.tpu.status_views import COLUMNS, status_table
 from tests.ops.tpu_world import ZONE, expected_node, target
 
 NARROW = ["node", "state", "health", "job", "step", "goodput", "message"]

@@ -11,9 +11,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from ops.cli import app
-from ops.local import rehearsal_record
+from ops.commands import tpu as tpu_cmds
 from ops.local.storage_emulator import StorageEmulator
-from ops.tpu import commands as tpu_cmds
+from ops.tpu import rehearsal_record
 from ops.tpu import status as node_status
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import STACK_LABELS, ZONE, expected_node, target
@@ -219,7 +219,7 @@ def test_wait_for_done_fails_fast_on_a_failed_job(tpuctl, fake_tpu: FakeTpuApi) 
 
 def rehearse_here(root, node: str = NODE, folder: str = "node-trainer") -> None:
     """What `tpuctl rehearse --stack dev` leaves for a node: the emulator's status objects,
-    and the record of what was rehearsed (ops/local/rehearsal_record.py)."""
+    and the record of what was rehearsed (ops/tpu/rehearsal_record.py)."""
     status = root / "dev" / folder / "status-objects" / "worker-0" / "status.json"
     status.parent.mkdir(parents=True)
     fields = {"node": node, "state": "succeeded", "step": "40", "worker": 0,

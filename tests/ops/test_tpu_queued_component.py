@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import node_agent as agent
+from model.pulumi_types import COMPONENT_TPU_NODE, DYNAMIC_QUEUED_TPU, TPU_V2_VM
 from tests.infra.test_components import node_run
 
-QUEUED_TYPE = "pulumi-python:dynamic/tpu:QueuedTpu"
+QUEUED_TYPE = DYNAMIC_QUEUED_TPU
 
 
 def test_a_queued_node_is_a_queued_tpu_with_the_agents_metadata() -> None:
     run, args = node_run(provisioning="queued", queue={"spot": True, "validUntilDuration": "6h"})
 
-    assert run.of_type("gcp:tpu/v2Vm:V2Vm") == []
+    assert run.of_type(TPU_V2_VM) == []
     (queued,) = run.of_type(QUEUED_TYPE)
     inputs = queued.inputs
     assert queued.delete_before_replace
-    assert run.by_urn()[queued.parent].type == "tpu-stack:index:TpuNode"
+    assert run.by_urn()[queued.parent].type == COMPONENT_TPU_NODE
     assert (inputs["node_id"], inputs["zone"]) == ("test-trainer", "us-central1-a")
     assert (inputs["spot"], inputs["guaranteed"], inputs["valid_until_seconds"]) == (
         True,

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from ops.tpu import status
+from ops.tpu import status, status_views
 from ops.tpu.api import (
     REQUESTS_PER_PROJECT_ENV,
     NodeStatus,
@@ -207,8 +207,8 @@ def test_status_shows_the_rest_and_one_row_for_the_unread_pair(
     target = replace(target, nodes=(*target.nodes, lost))
     read = status.read_stack(TpuApi(deadline=10.0), target)
 
-    text = render(status.status_table(target, read.items, unread=read.unread),
-                  status.unread_table(target, read.unread))
+    text = render(status_views.status_table(target, read.items, unread=read.unread),
+                  status_views.unread_table(target, read.unread))
 
     assert all(n.node_id in text for n in target.nodes[:-1])
     assert "platform-nlp-x" not in text, "no ABSENT row for a node of an unread pair"
@@ -258,7 +258,7 @@ def test_a_team_summary_counts_states_chips_against_the_cap_and_goodput() -> Non
     assert summary.absent == 1
     assert summary.chips == {("v5e", "spot"): 16}
     assert summary.goodput == pytest.approx(70.0)
-    assert status.summary_line(summary).plain == (
+    assert status_views.summary_line(summary).plain == (
         "team vision: 2 nodes (PREEMPTED 1, READY 1), 1 absent; chips 16 of cap 24 "
         "(v5e on-demand 0/8, v5e spot 16/16); goodput 70.0% over 2 nodes")
 
@@ -267,7 +267,7 @@ def test_a_team_over_its_cap_and_a_team_without_one_say_so() -> None:
     target = platform_target(("vision", "nlp"), (ZONES[0],), vision={("v5e", "spot"): 4})
     nodes = [status_of(n.node_id, "READY", {}) for n in target.nodes]
 
-    lines = {s.team: status.summary_line(s) for s in status.team_summaries(target, nodes)}
+    lines = {s.team: status_views.summary_line(s) for s in status.team_summaries(target, nodes)}
 
     assert "chips 8 of cap 4 OVER CAP (v5e spot 8/4)" in lines["vision"].plain
     assert lines["vision"].style == "red"
@@ -344,7 +344,7 @@ def tpuctl(platform: dict[str, FakeTpuApi], monkeypatch: pytest.MonkeyPatch):
     from typer.testing import CliRunner
 
     from ops.cli import app
-    from ops.tpu import commands
+    from ops.commands import tpu as commands
 
     target = platform_target(vision={("v5e", "spot"): 16})
     denied = replace(target.nodes[0], node_id="platform-other-a", project="acme-ml-other",

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from ops.tpu.api import NodeStatus, TpuApi
-from ops.tpu.status import COLUMNS, collect, status_rows
+from ops.tpu.status import collect
+from ops.tpu.status_views import COLUMNS, status_rows
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import STACK_LABELS, ZONE, expected_node, target
 
@@ -61,7 +62,7 @@ def test_the_agent_column_shows_its_version_and_health() -> None:
 
 
 def test_the_agent_column_is_shown_once_an_agent_publishes_its_health() -> None:
-    from ops.tpu.status import shown
+    from ops.tpu.status_views import shown
 
     node = NodeStatus(ZONE, "dev-a", "READY", "HEALTHY", "v2-8", "r", False, {}, {}, "",
                       job=HUNG)

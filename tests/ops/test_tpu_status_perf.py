@@ -8,7 +8,8 @@ import pytest
 
 from model import catalog
 from ops.tpu.api import NodeStatus
-from ops.tpu.status import perf_cells, utilisation_advice
+from ops.tpu.status import utilisation_advice
+from ops.tpu.status_views import perf_cells
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.test_tpu_cli import NODE, STATUS_PREFIX, tpuctl  # noqa: F401  (fixture)
 from tests.ops.tpu_world import STACK_LABELS, ZONE

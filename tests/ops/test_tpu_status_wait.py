@@ -9,7 +9,8 @@ from io import StringIO
 from rich.console import Console
 
 from ops.tpu.api import NodeStatus, TpuApi
-from ops.tpu.status import collect, collect_queued, status_table, wait_until
+from ops.tpu.status import collect, collect_queued, wait_until
+from ops.tpu.status_views import status_table
 from tests.fakes.tpu_api import FakeTpuApi
 from tests.ops.tpu_world import OTHER_ZONE, STACK_LABELS, ZONE, expected_node, target
 

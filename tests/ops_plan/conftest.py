@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
-V2VM = "gcp:tpu/v2Vm:V2Vm"
-BUCKET = "gcp:storage/bucket:Bucket"
+from model.pulumi_types import STORAGE_BUCKET, TPU_V2_VM
+
+V2VM = TPU_V2_VM
+BUCKET = STORAGE_BUCKET
 LABELS = {"stack": "dev", "managed-by": "pulumi"}
 
 PlanFactory = Callable[..., dict[str, Any]]

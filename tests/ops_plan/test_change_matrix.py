@@ -22,6 +22,14 @@ import pytest
 from components import package
 from components.stack_config import file_config
 from model.archive import TRAINING_DIR, Archive, build_archive
+from model.pulumi_types import (
+    CLOUDQUOTA_S_QUOTA_PREFERENCE,
+    COMPUTE_SUBNETWORK,
+    DYNAMIC_QUEUED_TPU,
+    STORAGE_BUCKET,
+    STORAGE_BUCKET_OBJECT,
+    TPU_V2_VM,
+)
 from model.settings.load import load_settings
 from model.settings.schema import SettingsError
 from ops.plan.diff import diff_plans, render_diff, replacement_warnings
@@ -32,11 +40,11 @@ from ops.plan.steps import Step, plan_steps
 Config = dict[str, str]
 Nodes = list[dict[str, Any]]
 STACKS = ("dev", "prod", "platform")
-TPU_TYPES = ("gcp:tpu/v2Vm:V2Vm", "pulumi-python:dynamic/tpu:QueuedTpu")
-OBJECT = "gcp:storage/bucketObject:BucketObject"
-SUBNET = "gcp:compute/subnetwork:Subnetwork"
-BUCKET = "gcp:storage/bucket:Bucket"
-QUOTA = "gcp:cloudquota/sQuotaPreference:SQuotaPreference"
+TPU_TYPES = (TPU_V2_VM, DYNAMIC_QUEUED_TPU)
+OBJECT = STORAGE_BUCKET_OBJECT
+SUBNET = COMPUTE_SUBNETWORK
+BUCKET = STORAGE_BUCKET
+QUOTA = CLOUDQUOTA_S_QUOTA_PREFERENCE
 
 
 def _nodes_key(config: Config) -> tuple[str, list[str]]:

@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 
 from components.stack_config import file_config
+from model.pulumi_types import COMPUTE_SUBNETWORK, DYNAMIC_FALLBACK_TPU, TPU_V2_VM
 from ops.plan.offline import offline_plan
 from ops.plan.report import plain
 from policy.evaluate import evaluate, load_config
 from tests.repo_stacks import SHIPPED_STACKS
 
-FALLBACK = "pulumi-python:dynamic/tpu:FallbackTpu"
+FALLBACK = DYNAMIC_FALLBACK_TPU
 
 
 def plan_json(stack: str, config: dict[str, str]) -> str:
@@ -63,8 +64,8 @@ def test_a_node_with_fallback_is_one_fallback_tpu_with_a_subnet_per_candidate_re
     zones = [c["zone"] for c in node["inputs"]["candidates"]]
     assert zones == [own["zone"], "europe-west4-b", "us-west4-a"]
     assert node["inputs"]["max_wait_seconds"] == 1200
-    assert resources(plan, "gcp:tpu/v2Vm:V2Vm") == []
-    regions = {r["inputs"]["region"] for r in resources(plan, "gcp:compute/subnetwork:Subnetwork")}
+    assert resources(plan, TPU_V2_VM) == []
+    regions = {r["inputs"]["region"] for r in resources(plan, COMPUTE_SUBNETWORK)}
     assert regions == {"us-central1", "europe-west4", "us-west4"}
     assert evaluate(plan, load_config()) == []  # the pack reads it as a TPU node
     # tpuctl recover queues a candidate on the subnet the program made for its region.

@@ -9,9 +9,10 @@ import json
 import pytest
 
 from components.fallback_tpu import FallbackTpuProvider
+from model.pulumi_types import DYNAMIC_FALLBACK_TPU
 from ops.plan.diff import diff_plans, render_diff
 
-FALLBACK = "pulumi-python:dynamic/tpu:FallbackTpu"
+FALLBACK = DYNAMIC_FALLBACK_TPU
 OWN = {"zone": "us-central1-a", "accelerator_type": "v5litepod-8", "spot": True,
        "provisioning": "spot"}
 WEST = {**OWN, "zone": "us-west4-a"}

@@ -7,6 +7,12 @@ import json
 
 import pytest
 
+from model.pulumi_types import (
+    DYNAMIC_QUEUED_TPU,
+    PROJECTS_IAM_MEMBER,
+    SERVICEACCOUNT_ACCOUNT,
+    STORAGE_BUCKET,
+)
 from ops.plan.diff import diff_plans, load_plan, render_diff, replacement_warnings
 from policy.evaluate import Violation
 
@@ -46,7 +52,7 @@ def test_each_replaced_node_says_what_its_capacity_risks(make_plan, node, base_n
     assert words in text
 
 
-QUEUED = "pulumi-python:dynamic/tpu:QueuedTpu"
+QUEUED = DYNAMIC_QUEUED_TPU
 
 
 def test_a_replaced_queued_node_may_lose_its_place_in_the_queue(make_plan):
@@ -196,9 +202,9 @@ def _res(type_: str, name: str, inputs: dict, **extra: object) -> dict:
 
 
 def test_steps_follow_the_engine_create_before_delete_and_unknown_outputs():
-    account = "gcp:serviceaccount/account:Account"
-    member = "gcp:projects/iAMMember:IAMMember"
-    bucket = "gcp:storage/bucket:Bucket"
+    account = SERVICEACCOUNT_ACCOUNT
+    member = PROJECTS_IAM_MEMBER
+    bucket = STORAGE_BUCKET
     sa = _res(account, "runtime", {"accountId": "dev-runtime", "project": "p"})
     grant = _res(member, "grant", {"member": "serviceAccount:dev-runtime@p", "role": "r",
                                    "project": "p"},

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from model.pulumi_types import STORAGE_BUCKET, TPU_V2_VM
 from ops.plan.report import fitted_widths, render, table
 from policy.evaluate import evaluate
 
@@ -68,7 +69,7 @@ def _node_row(**node_changes: object) -> list[str]:
     from tests.ops.test_tpu_queued_component import QUEUED_TYPE
 
     run, _ = node_run(**node_changes)
-    (tpu,) = run.of_type("gcp:tpu/v2Vm:V2Vm") + run.of_type(QUEUED_TYPE)
+    (tpu,) = run.of_type(TPU_V2_VM) + run.of_type(QUEUED_TYPE)
     resource = {"type": tpu.type, "name": tpu.name, "inputs": tpu.inputs,
                 "component": "TpuNode:node-trainer"}
     (row,) = node_rows({"resources": [resource]})
@@ -168,7 +169,7 @@ def test_the_terminal_tables_fit_100_columns_and_never_cut_a_name():
     values = {value for line in lines for value in line.split()}
     names = {gcp_name(r) for r in plan["resources"] if r.get("custom", True)} - {""}
     assert {name for name in names if " " not in name} <= values
-    assert "gcp:storage:Bucket" in tables and "gcp:storage/bucket:Bucket" not in tables
+    assert "gcp:storage:Bucket" in tables and STORAGE_BUCKET not in tables
     assert "[CiIdentity:ci-vision]" in tables
 
 

@@ -10,13 +10,22 @@ from typing import Any
 import pytest
 
 from components.stack_config import file_config
+from model.pulumi_types import (
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_SERVICE,
+    SERVICEACCOUNT_ACCOUNT,
+    SERVICEACCOUNT_KEY,
+    STORAGE_BUCKET,
+    STORAGE_BUCKET_IAM_MEMBER,
+    TPU_V2_VM,
+)
 from ops.plan.diff import diff_plans, render_diff
 from ops.plan.offline import offline_plan
 from ops.plan.report import plain, render
 from policy.evaluate import evaluate, load_config
 from tests.repo_stacks import repo_stacks
 
-V2VM = "gcp:tpu/v2Vm:V2Vm"
+V2VM = TPU_V2_VM
 Nodes = list[dict[str, Any]]
 
 
@@ -87,19 +96,19 @@ def _first(plan: dict[str, Any], type_: str, name: str | None = None) -> dict[st
 
 
 def _add_key(plan: dict[str, Any]) -> None:
-    key = copy.deepcopy(_first(plan, "gcp:serviceaccount/account:Account"))
-    key.update(type="gcp:serviceaccount/key:Key", name="ci-key", inputs={"serviceAccountId": "x"},
+    key = copy.deepcopy(_first(plan, SERVICEACCOUNT_ACCOUNT))
+    key.update(type=SERVICEACCOUNT_KEY, name="ci-key", inputs={"serviceAccountId": "x"},
                urn=key["urn"].replace("serviceaccount/account:Account", "serviceaccount/key:Key"))
     plan["resources"].append(key)
 
 
-BUCKET = "gcp:storage/bucket:Bucket"
+BUCKET = STORAGE_BUCKET
 PLAN_EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "bucket-uniform-access": (
         lambda p: _first(p, BUCKET)["inputs"].update(uniformBucketLevelAccess=False),
         "set uniformBucketLevelAccess=true"),
     "no-public-members": (
-        lambda p: _first(p, "gcp:storage/bucketIAMMember:BucketIAMMember")["inputs"].update(
+        lambda p: _first(p, STORAGE_BUCKET_IAM_MEMBER)["inputs"].update(
             member="allUsers"),
         "grants access to allUsers"),
     "no-service-account-keys": (_add_key, "service-account key ci-key: keys are forbidden"),
@@ -107,14 +116,14 @@ PLAN_EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
         lambda p: _first(p, V2VM)["inputs"].pop("serviceAccount"),
         "serviceAccount.email is missing"),
     "no-privileged-project-roles": (
-        lambda p: _first(p, "gcp:projects/iAMMember:IAMMember")["inputs"].update(
+        lambda p: _first(p, PROJECTS_IAM_MEMBER)["inputs"].update(
             role="roles/editor"),
         "grants roles/editor on the whole project"),
     "protected-data-buckets": (
         lambda p: _first(p, BUCKET, "checkpoints").update(protect=False),
         "create it with protect=True"),
     "apis-kept-on-destroy": (
-        lambda p: _first(p, "gcp:projects/service:Service")["inputs"].update(
+        lambda p: _first(p, PROJECTS_SERVICE)["inputs"].update(
             disableOnDestroy=True),
         "set disableOnDestroy=false"),
     "required-labels": (

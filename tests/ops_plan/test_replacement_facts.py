@@ -9,10 +9,21 @@ import pytest
 
 from components import queued_tpu
 from components.stack_config import file_config
+from model.pulumi_types import (
+    CLOUDFUNCTIONSV2_FUNCTION,
+    CLOUDQUOTA_S_QUOTA_PREFERENCE,
+    COMPUTE_FIREWALL,
+    COMPUTE_SUBNETWORK,
+    PROJECTS_IAM_MEMBER,
+    STORAGE_BUCKET,
+    STORAGE_BUCKET_IAM_MEMBER,
+    STORAGE_BUCKET_OBJECT,
+    TPU_V2_VM,
+)
+from model.pulumi_types import DYNAMIC_FALLBACK_TPU as FALLBACK_TPU
+from model.pulumi_types import DYNAMIC_QUEUED_TPU as QUEUED_TPU
 from ops.plan.facts import facts, type_facts
 from ops.plan.facts.generate import (
-    FALLBACK_TPU,
-    QUEUED_TPU,
     conditional_force_new,
     fallback_tpu_entry,
     mmv1_immutable,
@@ -111,30 +122,30 @@ def test_no_unmodelled_normalisation_is_on_an_input_the_program_sets():
 
 
 @pytest.mark.parametrize(("token", "path", "old", "new", "same"), [
-    ("gcp:storage/bucket:Bucket", "location", "US", "us", True),
-    ("gcp:storage/bucket:Bucket", "location", "US", "EU", False),
-    ("gcp:projects/iAMMember:IAMMember", "member", "group:ML@acme.example",
+    (STORAGE_BUCKET, "location", "US", "us", True),
+    (STORAGE_BUCKET, "location", "US", "EU", False),
+    (PROJECTS_IAM_MEMBER, "member", "group:ML@acme.example",
      "group:ml@acme.example", True),
-    ("gcp:projects/iAMMember:IAMMember", "member", "principal://X", "principal://x", False),
-    ("gcp:projects/iAMMember:IAMMember", "project", "projects/p", "p", True),
-    ("gcp:compute/subnetwork:Subnetwork", "network",
+    (PROJECTS_IAM_MEMBER, "member", "principal://X", "principal://x", False),
+    (PROJECTS_IAM_MEMBER, "project", "projects/p", "p", True),
+    (COMPUTE_SUBNETWORK, "network",
      "https://www.googleapis.com/compute/v1/projects/p/global/networks/vpc", "vpc", True),
-    ("gcp:compute/subnetwork:Subnetwork", "network",
+    (COMPUTE_SUBNETWORK, "network",
      "https://www.googleapis.com/compute/v1/projects/p/global/networks/vpc",
      "projects/p/global/networks/vpc", True),
-    ("gcp:compute/subnetwork:Subnetwork", "network", "projects/p/global/networks/a", "b", False),
-    ("gcp:cloudquota/sQuotaPreference:SQuotaPreference", "quotaConfig.preferredValue",
+    (COMPUTE_SUBNETWORK, "network", "projects/p/global/networks/a", "b", False),
+    (CLOUDQUOTA_S_QUOTA_PREFERENCE, "quotaConfig.preferredValue",
      None, "0", True),
-    ("gcp:storage/bucketIAMMember:BucketIAMMember", "bucket", "b/x", "x", True),
-    ("gcp:compute/firewall:Firewall", "sourceRanges", ["b", "a"], ["a", "b"], True),
-    ("gcp:compute/firewall:Firewall", "sourceRanges", ["0.0.0.0/0"], None, True),
-    ("gcp:compute/firewall:Firewall", "sourceRanges", ["10.0.0.0/8"], None, False),
-    ("gcp:tpu/v2Vm:V2Vm", "serviceAccount.scopes", ["a", "https://www.googleapis.com/auth/pubsub"],
+    (STORAGE_BUCKET_IAM_MEMBER, "bucket", "b/x", "x", True),
+    (COMPUTE_FIREWALL, "sourceRanges", ["b", "a"], ["a", "b"], True),
+    (COMPUTE_FIREWALL, "sourceRanges", ["0.0.0.0/0"], None, True),
+    (COMPUTE_FIREWALL, "sourceRanges", ["10.0.0.0/8"], None, False),
+    (TPU_V2_VM, "serviceAccount.scopes", ["a", "https://www.googleapis.com/auth/pubsub"],
      ["a"], True),
-    ("gcp:tpu/v2Vm:V2Vm", "serviceAccount.scopes", ["a"], ["b"], False),
-    ("gcp:cloudfunctionsv2/function:Function", "serviceConfig.environmentVariables",
+    (TPU_V2_VM, "serviceAccount.scopes", ["a"], ["b"], False),
+    (CLOUDFUNCTIONSV2_FUNCTION, "serviceConfig.environmentVariables",
      {"A": "1", "LOG_EXECUTION_ID": "true"}, {"A": "1"}, True),
-    ("gcp:cloudfunctionsv2/function:Function", "serviceConfig.environmentVariables",
+    (CLOUDFUNCTIONSV2_FUNCTION, "serviceConfig.environmentVariables",
      {"A": "1"}, {"A": "2"}, False),
 ])
 def test_normalised_values_compare_as_the_provider_compares_them(token, path, old, new, same):
@@ -142,16 +153,16 @@ def test_normalised_values_compare_as_the_provider_compares_them(token, path, ol
 
 
 def test_the_provider_facts_read_as_the_provider_behaves():
-    subnet = type_facts("gcp:compute/subnetwork:Subnetwork")
+    subnet = type_facts(COMPUTE_SUBNETWORK)
     assert subnet["forceNewIf"] == {"ipCidrRange": "IsShrinkageIpCidr"}
     assert {"name", "network", "region"} <= set(subnet["forceNew"])
-    vm = type_facts("gcp:tpu/v2Vm:V2Vm")
+    vm = type_facts(TPU_V2_VM)
     assert {"networkConfig.subnetwork", "runtimeVersion", "acceleratorType",
             "schedulingConfig.spot"} <= set(vm["forceNew"])
     assert not {"labels", "metadata", "description", "tags"} & set(vm["forceNew"])
     # magic-modules documents the same fields immutable.
     assert "networkConfig.subnetwork" in vm["mmv1"]["immutable"]
-    package = type_facts("gcp:storage/bucketObject:BucketObject")
+    package = type_facts(STORAGE_BUCKET_OBJECT)
     assert {"name", "source", "metadata"} <= set(package["forceNew"])
     assert package["autoName"] == "name"
 
@@ -176,14 +187,14 @@ def test_shrinkage_is_the_providers_condition(old, new, shrunk):
 
 
 def test_who_deletes_first():
-    subnet = {"type": "gcp:compute/subnetwork:Subnetwork", "inputs": {"name": "x"},
+    subnet = {"type": COMPUTE_SUBNETWORK, "inputs": {"name": "x"},
               "deleteBeforeReplace": None}
     assert delete_first(subnet) == (True, "its name is set explicitly, so two cannot exist at "
                                     "once")
     assert delete_first({**subnet, "inputs": {}}) == (False, "")  # auto-named
     assert delete_first({**subnet, "deleteBeforeReplace": False}) == (
         False, "the delete_before_replace option")
-    member = {"type": "gcp:projects/iAMMember:IAMMember", "inputs": {}}
+    member = {"type": PROJECTS_IAM_MEMBER, "inputs": {}}
     assert delete_first(member) == (True, "the provider deletes it first")
     assert replaces(subnet, "ipCidrRange", "10.0.0.0/20", "10.0.0.0/21") == (True, "shrinks")
     assert replaces(subnet, "ipCidrRange", "10.0.0.0/21", "10.0.0.0/20") == (False, "update")

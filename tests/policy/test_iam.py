@@ -6,6 +6,19 @@ import json
 
 import pytest
 
+from model.pulumi_types import (
+    DYNAMIC_QUEUED_TPU,
+    FOLDER_IAM_MEMBER,
+    ORGANIZATIONS_PROJECT,
+    PROJECTS_IAM_CUSTOM_ROLE,
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_IAM_POLICY,
+    SERVICEACCOUNT_ACCOUNT,
+    SERVICEACCOUNT_IAM_BINDING,
+    STORAGE_BUCKET,
+    STORAGE_BUCKET_IAM_MEMBER,
+    TPU_V2_VM,
+)
 from policy.iam import IamModel, UnknownRoleError, predefined_roles
 
 ANA, BOB = "user:ana@acme.example", "user:bob@acme.example"
@@ -16,12 +29,12 @@ BUCKET = "projects/_/buckets/b1"
 
 def plan(*grants: dict) -> IamModel:
     return IamModel.of([
-        {"type": "gcp:organizations/project:Project", "inputs": {"projectId": "p1",
+        {"type": ORGANIZATIONS_PROJECT, "inputs": {"projectId": "p1",
                                                                  "folderId": "77"}},
-        {"type": "gcp:storage/bucket:Bucket", "inputs": {"name": "b1", "project": "p1"}},
-        {"type": "gcp:serviceaccount/account:Account", "inputs": {"project": "p1"},
+        {"type": STORAGE_BUCKET, "inputs": {"name": "b1", "project": "p1"}},
+        {"type": SERVICEACCOUNT_ACCOUNT, "inputs": {"project": "p1"},
          "outputs": {"name": SA}},
-        {"type": "gcp:tpu/v2Vm:V2Vm", "inputs": {"project": "p1", "zone": "us-central1-a",
+        {"type": TPU_V2_VM, "inputs": {"project": "p1", "zone": "us-central1-a",
                                                  "name": "n1"}},
         *grants])
 
@@ -35,7 +48,7 @@ def member(kind: str, role: str, who: str = ANA, condition: str | None = None,
 
 
 def test_a_folder_grant_reaches_the_project_and_everything_in_it() -> None:
-    model = plan(member("gcp:folder/iAMMember:IAMMember", "roles/tpu.admin", folder="folders/77"))
+    model = plan(member(FOLDER_IAM_MEMBER, "roles/tpu.admin", folder="folders/77"))
     assert model.ancestry(NODE) == [NODE, "projects/p1", "folders/77"]
     assert model.can(ANA, "tpu.nodes.update", NODE)
     assert not model.can(BOB, "tpu.nodes.update", NODE)
@@ -43,9 +56,9 @@ def test_a_folder_grant_reaches_the_project_and_everything_in_it() -> None:
 
 
 def test_resource_level_grants_stay_on_their_resource() -> None:
-    model = plan(member("gcp:storage/bucketIAMMember:BucketIAMMember",
+    model = plan(member(STORAGE_BUCKET_IAM_MEMBER,
                         "roles/storage.objectViewer", bucket="b1"),
-                 {"type": "gcp:serviceaccount/iAMBinding:IAMBinding",
+                 {"type": SERVICEACCOUNT_IAM_BINDING,
                   "inputs": {"role": "roles/iam.serviceAccountUser", "members": [BOB],
                              "serviceAccountId": SA}})
     assert model.can(ANA, "storage.objects.get", BUCKET)
@@ -57,10 +70,10 @@ def test_resource_level_grants_stay_on_their_resource() -> None:
 
 def test_a_policy_document_and_a_custom_role() -> None:
     policy = {"bindings": [{"role": "projects/p1/roles/mine", "members": [ANA]}]}
-    model = plan({"type": "gcp:projects/iAMCustomRole:IAMCustomRole",
+    model = plan({"type": PROJECTS_IAM_CUSTOM_ROLE,
                   "inputs": {"project": "p1", "roleId": "mine",
                              "permissions": ["storage.objects.create"]}},
-                 {"type": "gcp:projects/iAMPolicy:IAMPolicy",
+                 {"type": PROJECTS_IAM_POLICY,
                   "inputs": {"project": "p1", "policyData": json.dumps(policy)}})
     assert model.can(ANA, "storage.objects.create", BUCKET)
     assert not model.can(ANA, "storage.objects.get", BUCKET)
@@ -69,7 +82,7 @@ def test_a_policy_document_and_a_custom_role() -> None:
 def test_modified_grants_limit_what_an_iam_admin_grants() -> None:
     condition = ("api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
                  ".hasOnly(['roles/tpu.viewer'])")
-    model = plan(member("gcp:projects/iAMMember:IAMMember",
+    model = plan(member(PROJECTS_IAM_MEMBER,
                         "roles/resourcemanager.projectIamAdmin", condition=condition,
                         project="p1"))
     assert model.can_grant(ANA, "roles/tpu.viewer", "projects/p1")
@@ -82,13 +95,13 @@ def test_a_resource_name_condition_holds_only_where_gcp_supplies_resource_names(
     """Cloud Storage supports resource attributes in conditions; IAM (service
     accounts) does not, so there the condition never holds, whatever it says
     (cloud.google.com/iam/docs/conditions-resource-attributes)."""
-    model = plan(member("gcp:projects/iAMMember:IAMMember", "roles/iam.serviceAccountAdmin",
+    model = plan(member(PROJECTS_IAM_MEMBER, "roles/iam.serviceAccountAdmin",
                         condition="resource.name.endsWith('/serviceAccounts/run@p1.iam."
                                   "gserviceaccount.com')", project="p1"),
-                 member("gcp:projects/iAMMember:IAMMember", "roles/storage.objectViewer",
+                 member(PROJECTS_IAM_MEMBER, "roles/storage.objectViewer",
                         condition="resource.name.startsWith('projects/_/buckets/b1/objects/"
                                   "team-a/')", project="p1"),
-                 member("gcp:projects/iAMMember:IAMMember", "roles/tpu.admin", who=BOB,
+                 member(PROJECTS_IAM_MEMBER, "roles/tpu.admin", who=BOB,
                         condition="request.time == 'x'", project="p1"))
     assert not model.can(ANA, "iam.serviceAccounts.setIamPolicy", SA)
     assert not model.can(ANA, "iam.serviceAccounts.setIamPolicy",
@@ -99,18 +112,18 @@ def test_a_resource_name_condition_holds_only_where_gcp_supplies_resource_names(
 
 
 def test_a_queued_node_is_in_its_project() -> None:
-    model = plan({"type": "pulumi-python:dynamic/tpu:QueuedTpu",
+    model = plan({"type": DYNAMIC_QUEUED_TPU,
                   "inputs": {"project": "p1", "zone": "us-central1-a", "node_id": "q1"}},
-                 member("gcp:projects/iAMMember:IAMMember", "roles/tpu.admin", project="p1"))
+                 member(PROJECTS_IAM_MEMBER, "roles/tpu.admin", project="p1"))
     assert model.kinds("nodes") == ["projects/p1/locations/us-central1-a/nodes/n1",
                                     "projects/p1/locations/us-central1-a/nodes/q1"]
     assert model.can(ANA, "tpu.nodes.delete", "projects/p1/locations/us-central1-a/nodes/q1")
 
 
 def test_public_members_reach_everyone_and_unknown_roles_are_refused() -> None:
-    model = plan(member("gcp:storage/bucketIAMMember:BucketIAMMember", "roles/storage.objectViewer",
+    model = plan(member(STORAGE_BUCKET_IAM_MEMBER, "roles/storage.objectViewer",
                         who="allUsers", bucket="b1"),
-                 member("gcp:projects/iAMMember:IAMMember", "roles/made.up", project="p1"))
+                 member(PROJECTS_IAM_MEMBER, "roles/made.up", project="p1"))
     assert model.can(BOB, "storage.objects.get", BUCKET)
     with pytest.raises(UnknownRoleError, match=r"roles/made\.up"):
         model.can(ANA, "tpu.nodes.get", NODE)

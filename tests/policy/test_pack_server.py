@@ -19,6 +19,7 @@ import pytest
 from google.protobuf import empty_pb2, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 
+from model.pulumi_types import STORAGE_BUCKET, TPU_V2_VM
 from policy.tpu_policies import POLICIES
 
 POLICY_DIR = Path(__file__).resolve().parents[2] / "policy"
@@ -82,10 +83,10 @@ def test_the_pack_serves_every_policy_as_mandatory(analyzer):
 def test_engine_properties_and_options_reach_the_policies(analyzer):
     node = {"acceleratorType": "v5litepod-8", "schedulingConfig": {"spot": True},
             "serviceAccount": {"email": "tpu@acme-ml-prod.iam.gserviceaccount.com"}}
-    assert analyze(analyzer, "gcp:tpu/v2Vm:V2Vm", "vm", node) == ["tpu-spot-stacks"]
+    assert analyze(analyzer, TPU_V2_VM, "vm", node) == ["tpu-spot-stacks"]
     bucket = {"uniformBucketLevelAccess": True, "publicAccessPrevention": "enforced",
               "labels": {"purpose": "checkpoints"}}
-    bucket_type = "gcp:storage/bucket:Bucket"
+    bucket_type = STORAGE_BUCKET
     assert analyze(analyzer, bucket_type, "ckpt", bucket) == ["protected-data-buckets"]
     assert analyze(analyzer, bucket_type, "ckpt", bucket, protect=True) == []
 
@@ -93,8 +94,8 @@ def test_engine_properties_and_options_reach_the_policies(analyzer):
 def test_the_stacks_environment_from_the_engine_decides_not_its_name(analyzer, dev_analyzer):
     node = {"acceleratorType": "v5litepod-8", "schedulingConfig": {"spot": True},
             "serviceAccount": {"email": "tpu@acme-ml-dev.iam.gserviceaccount.com"}}
-    assert analyze(dev_analyzer, "gcp:tpu/v2Vm:V2Vm", "vm", node, stack="t12") == []
-    assert analyze(analyzer, "gcp:tpu/v2Vm:V2Vm", "vm", node, stack="dev") == [
+    assert analyze(dev_analyzer, TPU_V2_VM, "vm", node, stack="t12") == []
+    assert analyze(analyzer, TPU_V2_VM, "vm", node, stack="dev") == [
         "tpu-spot-stacks"]
 
 
@@ -106,6 +107,6 @@ def test_the_engine_config_overrides_a_setting(analyzer):
     node = {"acceleratorType": "v5litepod-8", "schedulingConfig": {"spot": True},
             "serviceAccount": {"email": "tpu@acme-ml-prod.iam.gserviceaccount.com"}}
     try:
-        assert analyze(analyzer, "gcp:tpu/v2Vm:V2Vm", "vm", node) == []
+        assert analyze(analyzer, TPU_V2_VM, "vm", node) == []
     finally:
         analyzer.Configure(analyzer_pb2.ConfigureAnalyzerRequest())

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from model.pulumi_types import SERVICEACCOUNT_KEY
 from policy.evaluate import CONFIG_PATH, evaluate, load_config
 from policy.tpu_policies import CONFIG_SCHEMAS, POLICIES
 
@@ -41,7 +42,7 @@ def test_policy_names_are_unique_and_every_policy_is_mandatory():
 
 def test_all_disabled_turns_every_policy_off(tmp_path):
     plan = {"resources": [{"urn": "urn:pulumi:prod::tpu-stack::gcp:serviceaccount/key:Key::k",
-                           "type": "gcp:serviceaccount/key:Key", "name": "k", "inputs": {}}]}
+                           "type": SERVICEACCOUNT_KEY, "name": "k", "inputs": {}}]}
     assert [v.policy for v in evaluate(plan)] == ["no-service-account-keys"]
     (tmp_path / "off.json").write_text(json.dumps({"all": "disabled"}))
     assert evaluate(plan, load_config(tmp_path / "off.json")) == []

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import json
 
-from policy.tpu_policies import BUCKET, V2VM
+from model.pulumi_types import (
+    DYNAMIC_RESOURCE,
+    PROJECTS_IAM_BINDING,
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_IAM_POLICY,
+    PROJECTS_SERVICE,
+    SERVICEACCOUNT_ACCOUNT,
+    SERVICEACCOUNT_KEY,
+    STORAGE_BUCKET_IAM_MEMBER,
+    STORAGE_BUCKET_IAM_POLICY,
+)
+from model.pulumi_types import STORAGE_BUCKET as BUCKET
+from model.pulumi_types import TPU_V2_VM as V2VM
 
-QUEUED = "pulumi-python:dynamic:Resource"
+QUEUED = DYNAMIC_RESOURCE
 QUEUED_NODE = {"node_id": "dev-trainer", "runtime_version": "tpu-vm-tf-2.18.0-pjrt",
                "accelerator_type": "v5litepod-8", "spot": True, "enable_external_ips": True,
                "service_account_email": "123-compute@developer.gserviceaccount.com"}
@@ -26,14 +38,14 @@ def test_bucket_access_compliant_violating_and_missing(check):
 
 
 def test_no_public_members_in_member_members_and_policy_data(check):
-    member = "gcp:storage/bucketIAMMember:BucketIAMMember"
+    member = STORAGE_BUCKET_IAM_MEMBER
     assert check("no-public-members", member, {"member": "user:a@acme.com"}) == []
     assert "allUsers" in check("no-public-members", member, {"member": "allUsers"})[0]
-    binding = check("no-public-members", "gcp:projects/iAMBinding:IAMBinding",
+    binding = check("no-public-members", PROJECTS_IAM_BINDING,
                     {"members": ["group:ml@acme.com", "allAuthenticatedUsers"]})
     assert "allAuthenticatedUsers" in binding[0]
     policy_data = json.dumps({"bindings": [{"role": "roles/viewer", "members": ["allUsers"]}]})
-    assert check("no-public-members", "gcp:storage/bucketIAMPolicy:BucketIAMPolicy",
+    assert check("no-public-members", STORAGE_BUCKET_IAM_POLICY,
                  {"policyData": policy_data})
     assert check("no-public-members", member, {}) == []
     assert check("no-public-members", member, {"policyData": "not json"}) == []
@@ -41,8 +53,8 @@ def test_no_public_members_in_member_members_and_policy_data(check):
 
 def test_no_service_account_keys(check):
     assert "keys are forbidden" in check("no-service-account-keys",
-                                         "gcp:serviceaccount/key:Key", {})[0]
-    assert check("no-service-account-keys", "gcp:serviceaccount/account:Account", {}) == []
+                                         SERVICEACCOUNT_KEY, {})[0]
+    assert check("no-service-account-keys", SERVICEACCOUNT_ACCOUNT, {}) == []
 
 
 def test_tpu_service_account(check, good_node):
@@ -66,15 +78,15 @@ def test_tpu_external_ip(check, good_node):
 
 
 def test_privileged_project_roles(check):
-    member = "gcp:projects/iAMMember:IAMMember"
+    member = PROJECTS_IAM_MEMBER
     assert check("no-privileged-project-roles", member, {"role": "roles/tpu.viewer"}) == []
     assert "roles/editor" in check("no-privileged-project-roles", member,
                                    {"role": "roles/editor"})[0]
     policy_data = json.dumps({"bindings": [{"role": "roles/owner", "members": ["user:a@b.c"]}]})
-    assert check("no-privileged-project-roles", "gcp:projects/iAMPolicy:IAMPolicy",
+    assert check("no-privileged-project-roles", PROJECTS_IAM_POLICY,
                  {"policyData": policy_data})
     assert check("no-privileged-project-roles", member, {}) == []
-    bucket_level = "gcp:storage/bucketIAMMember:BucketIAMMember"
+    bucket_level = STORAGE_BUCKET_IAM_MEMBER
     assert check("no-privileged-project-roles", bucket_level, {"role": "roles/storage.admin"}) == []
     override = {"forbiddenRoles": ["roles/tpu.admin"]}
     assert check("no-privileged-project-roles", member, {"role": "roles/editor"},
@@ -100,7 +112,7 @@ def test_protected_data_buckets(check):
 
 
 def test_apis_kept_on_destroy(check):
-    service = "gcp:projects/service:Service"
+    service = PROJECTS_SERVICE
     assert check("apis-kept-on-destroy", service, {"service": "tpu.googleapis.com",
                                                    "disableOnDestroy": False}) == []
     kept = check("apis-kept-on-destroy", service, {"service": "tpu.googleapis.com",

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from policy.tpu_policies import BUCKET, V2VM
+from model.pulumi_types import (
+    SERVICEACCOUNT_ACCOUNT,
+    SERVICEACCOUNT_IAM_BINDING,
+    SERVICEACCOUNT_IAM_MEMBER,
+)
+from model.pulumi_types import STORAGE_BUCKET as BUCKET
+from model.pulumi_types import TPU_V2_VM as V2VM
 
 LABELS = {"stack": "prod", "managed-by": "pulumi"}
 
@@ -13,7 +19,7 @@ def test_required_labels_compliant_and_missing(check_stack):
                                               (V2VM, "trainer", {})])
     assert missing[0].startswith("logs is missing labels managed-by")
     assert missing[1].startswith("trainer is missing labels stack, managed-by")
-    unlabelled_type = [("gcp:serviceaccount/account:Account", "sa", {})]
+    unlabelled_type = [(SERVICEACCOUNT_ACCOUNT, "sa", {})]
     assert check_stack("required-labels", unlabelled_type) == []
 
 
@@ -61,8 +67,8 @@ def test_max_chips_by_environment_unless_the_stack_has_its_own_limit(check_stack
                        config=limits) == []
 
 
-SA_BINDING = "gcp:serviceaccount/iAMBinding:IAMBinding"
-SA_MEMBER = "gcp:serviceaccount/iAMMember:IAMMember"
+SA_BINDING = SERVICEACCOUNT_IAM_BINDING
+SA_MEMBER = SERVICEACCOUNT_IAM_MEMBER
 ACCOUNT = "projects/p/serviceAccounts/runtime@p.iam.gserviceaccount.com"
 
 

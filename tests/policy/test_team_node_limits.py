@@ -31,7 +31,7 @@ def test_a_team_node_without_limits_is_an_advisory_warning() -> None:
 
 
 def test_an_advisory_violation_does_not_fail_the_plan(monkeypatch, capsys) -> None:
-    from ops.plan import command
+    from ops.commands import plan as command
     from policy.evaluate import Violation
 
     result = offline_plan("dev")

@@ -35,9 +35,40 @@ from typing import Any
 
 import yaml
 
+from model.pulumi_types import (
+    BILLING_BUDGET,
+    CLOUDFUNCTIONSV2_FUNCTION,
+    CLOUDQUOTA_S_QUOTA_PREFERENCE,
+    CLOUDRUNV2_SERVICE_IAM_MEMBER,
+    COMPUTE_FIREWALL,
+    COMPUTE_NETWORK,
+    COMPUTE_SHARED_VPC_HOST_PROJECT,
+    COMPUTE_SHARED_VPC_SERVICE_PROJECT,
+    COMPUTE_SUBNETWORK,
+    COMPUTE_SUBNETWORK_IAM_MEMBER,
+    DYNAMIC_FALLBACK_TPU,
+    DYNAMIC_QUEUED_TPU,
+    IAM_WORKLOAD_IDENTITY_POOL,
+    IAM_WORKLOAD_IDENTITY_POOL_PROVIDER,
+    ORGANIZATIONS_PROJECT,
+    PROJECTS_IAM_CUSTOM_ROLE,
+    PROJECTS_IAM_MEMBER,
+    PROJECTS_SERVICE,
+    PROJECTS_SERVICE_IDENTITY,
+    PROVIDER_GCP,
+    PUBSUB_TOPIC,
+    PUBSUB_TOPIC_IAM_MEMBER,
+    SERVICEACCOUNT_ACCOUNT,
+    SERVICEACCOUNT_IAM_BINDING,
+    SERVICEACCOUNT_IAM_MEMBER,
+    STORAGE_BUCKET,
+    STORAGE_BUCKET_IAM_BINDING,
+    STORAGE_BUCKET_IAM_MEMBER,
+    STORAGE_BUCKET_OBJECT,
+    TPU_V2_VM,
+)
+
 OUT = Path(__file__).with_name("replacement.json")
-QUEUED_TPU = "pulumi-python:dynamic/tpu:QueuedTpu"  # components/queued_tpu.py
-FALLBACK_TPU = "pulumi-python:dynamic/tpu:FallbackTpu"  # components/fallback_tpu.py
 
 
 @dataclass(frozen=True)
@@ -56,99 +87,98 @@ IAM = "google-beta/tpgiamresource/"
 # Pulumi type token → where the provider defines it (pulumi-gcp maps the tokens:
 # provider/resources.go, `Tok: gcpResource(...)` and MustComputeTokens).
 TYPES: dict[str, TypeSource] = {
-    "gcp:billing/budget:Budget": TypeSource(
+    BILLING_BUDGET: TypeSource(
         "google_billing_budget", (GO + "billingbudgets/resource_billing_budget.go",), (),
         "mmv1/products/billingbudgets/Budget.yaml"),
-    "gcp:cloudquota/sQuotaPreference:SQuotaPreference": TypeSource(
+    CLOUDQUOTA_S_QUOTA_PREFERENCE: TypeSource(
         "google_cloud_quotas_quota_preference",
         (GO + "cloudquotas/resource_cloud_quotas_quota_preference.go",), (),
         "mmv1/products/cloudquotas/QuotaPreference.yaml",
         "func resourceCloudQuotasQuotaPreferenceDelete"),
-    "gcp:cloudfunctionsv2/function:Function": TypeSource(
+    CLOUDFUNCTIONSV2_FUNCTION: TypeSource(
         "google_cloudfunctions2_function",
         (GO + "cloudfunctions2/resource_cloudfunctions2_function.go",), (),
         "mmv1/products/cloudfunctions2/Function.yaml"),
-    "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": TypeSource(
+    CLOUDRUNV2_SERVICE_IAM_MEMBER: TypeSource(
         "google_cloud_run_v2_service_iam_member",
         (GO + "cloudrunv2/iam_cloud_run_v2_service.go", IAM + "resource_iam_member.go"),
         ("CloudRunV2ServiceIamSchema", "IamMemberBaseSchema")),
-    "gcp:compute/firewall:Firewall": TypeSource(
+    COMPUTE_FIREWALL: TypeSource(
         "google_compute_firewall", (GO + "compute/resource_compute_firewall.go",), (),
         "mmv1/products/compute/Firewall.yaml"),
-    "gcp:compute/network:Network": TypeSource(
+    COMPUTE_NETWORK: TypeSource(
         "google_compute_network", (GO + "compute/resource_compute_network.go",), (),
         "mmv1/products/compute/Network.yaml"),
-    "gcp:compute/sharedVPCHostProject:SharedVPCHostProject": TypeSource(
+    COMPUTE_SHARED_VPC_HOST_PROJECT: TypeSource(
         "google_compute_shared_vpc_host_project",
         (GO + "compute/resource_compute_shared_vpc_host_project.go",), ()),
-    "gcp:compute/sharedVPCServiceProject:SharedVPCServiceProject": TypeSource(
+    COMPUTE_SHARED_VPC_SERVICE_PROJECT: TypeSource(
         "google_compute_shared_vpc_service_project",
         (GO + "compute/resource_compute_shared_vpc_service_project.go",), ()),
-    "gcp:compute/subnetwork:Subnetwork": TypeSource(
+    COMPUTE_SUBNETWORK: TypeSource(
         "google_compute_subnetwork", (GO + "compute/resource_compute_subnetwork.go",), (),
         "mmv1/products/compute/Subnetwork.yaml"),
-    "gcp:compute/subnetworkIAMMember:SubnetworkIAMMember": TypeSource(
+    COMPUTE_SUBNETWORK_IAM_MEMBER: TypeSource(
         "google_compute_subnetwork_iam_member",
         (GO + "compute/iam_compute_subnetwork.go", IAM + "resource_iam_member.go"),
         ("ComputeSubnetworkIamSchema", "IamMemberBaseSchema")),
-    "gcp:iam/workloadIdentityPool:WorkloadIdentityPool": TypeSource(
+    IAM_WORKLOAD_IDENTITY_POOL: TypeSource(
         "google_iam_workload_identity_pool",
         (GO + "iambeta/resource_iam_workload_identity_pool.go",), (),
         "mmv1/products/iambeta/WorkloadIdentityPool.yaml"),
-    "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider": TypeSource(
+    IAM_WORKLOAD_IDENTITY_POOL_PROVIDER: TypeSource(
         "google_iam_workload_identity_pool_provider",
         (GO + "iambeta/resource_iam_workload_identity_pool_provider.go",), (),
         "mmv1/products/iambeta/WorkloadIdentityPoolProvider.yaml"),
-    "gcp:organizations/project:Project": TypeSource(
+    ORGANIZATIONS_PROJECT: TypeSource(
         "google_project", (GO + "resourcemanager/resource_google_project.go",), ()),
-    "gcp:projects/iAMCustomRole:IAMCustomRole": TypeSource(
+    PROJECTS_IAM_CUSTOM_ROLE: TypeSource(
         "google_project_iam_custom_role",
         (GO + "resourcemanager/resource_google_project_iam_custom_role.go",), ()),
-    "gcp:projects/iAMMember:IAMMember": TypeSource(
+    PROJECTS_IAM_MEMBER: TypeSource(
         "google_project_iam_member",
         (GO + "resourcemanager/iam_project.go", IAM + "resource_iam_member.go"),
         ("IamProjectSchema", "IamMemberBaseSchema")),
-    "gcp:projects/serviceIdentity:ServiceIdentity": TypeSource(
+    PROJECTS_SERVICE_IDENTITY: TypeSource(
         "google_project_service_identity",
         (GO + "resourcemanager/resource_project_service_identity.go",), ()),
-    "gcp:projects/service:Service": TypeSource(
+    PROJECTS_SERVICE: TypeSource(
         "google_project_service", (GO + "resourcemanager/resource_google_project_service.go",),
         ()),
-    "gcp:pubsub/topic:Topic": TypeSource(
+    PUBSUB_TOPIC: TypeSource(
         "google_pubsub_topic", (GO + "pubsub/resource_pubsub_topic.go",), (),
         "mmv1/products/pubsub/Topic.yaml"),
-    "gcp:pubsub/topicIAMMember:TopicIAMMember": TypeSource(
+    PUBSUB_TOPIC_IAM_MEMBER: TypeSource(
         "google_pubsub_topic_iam_member",
         (GO + "pubsub/iam_pubsub_topic.go", IAM + "resource_iam_member.go"),
         ("PubsubTopicIamSchema", "IamMemberBaseSchema")),
-    "gcp:serviceaccount/account:Account": TypeSource(
+    SERVICEACCOUNT_ACCOUNT: TypeSource(
         "google_service_account",
         (GO + "resourcemanager/resource_google_service_account.go",), ()),
-    "gcp:serviceaccount/iAMBinding:IAMBinding": TypeSource(
+    SERVICEACCOUNT_IAM_BINDING: TypeSource(
         "google_service_account_iam_binding",
         (GO + "resourcemanager/iam_service_account.go", IAM + "resource_iam_binding.go"),
         ("IamServiceAccountSchema", "iamBindingSchema")),
-    "gcp:serviceaccount/iAMMember:IAMMember": TypeSource(
+    SERVICEACCOUNT_IAM_MEMBER: TypeSource(
         "google_service_account_iam_member",
         (GO + "resourcemanager/iam_service_account.go", IAM + "resource_iam_member.go"),
         ("IamServiceAccountSchema", "IamMemberBaseSchema")),
-    "gcp:storage/bucket:Bucket": TypeSource(
+    STORAGE_BUCKET: TypeSource(
         "google_storage_bucket", (GO + "storage/resource_storage_bucket.go",), ()),
-    "gcp:storage/bucketIAMBinding:BucketIAMBinding": TypeSource(
+    STORAGE_BUCKET_IAM_BINDING: TypeSource(
         "google_storage_bucket_iam_binding",
         (GO + "storage/iam_storage_bucket.go", IAM + "resource_iam_binding.go"),
         ("StorageBucketIamSchema", "iamBindingSchema")),
-    "gcp:storage/bucketIAMMember:BucketIAMMember": TypeSource(
+    STORAGE_BUCKET_IAM_MEMBER: TypeSource(
         "google_storage_bucket_iam_member",
         (GO + "storage/iam_storage_bucket.go", IAM + "resource_iam_member.go"),
         ("StorageBucketIamSchema", "IamMemberBaseSchema")),
-    "gcp:storage/bucketObject:BucketObject": TypeSource(
+    STORAGE_BUCKET_OBJECT: TypeSource(
         "google_storage_bucket_object", (GO + "storage/resource_storage_bucket_object.go",), ()),
-    "gcp:tpu/v2Vm:V2Vm": TypeSource(
+    TPU_V2_VM: TypeSource(
         "google_tpu_v2_vm", (GO + "tpuv2/resource_tpu_v2_vm.go",), (),
         "mmv1/products/tpuv2/Vm.yaml"),
 }
-PROVIDER_TYPE = "pulumi:providers:gcp"
 
 # Where the rules live, for the entries' citations (checked to exist at generation).
 BRIDGE_RULE = ("pkg/tfbridge/schema.go", "func nameRequiresDeleteBeforeReplace")
@@ -508,13 +538,13 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
     infos = resource_infos(resources_go)
     types = {token: type_entry(token, source, provider, mm, infos, autonaming_all)
              for token, source in TYPES.items()}
-    types[PROVIDER_TYPE] = {
+    types[PROVIDER_GCP] = {
         "forceNew": re.findall(r'"(\w+)":\s*\{[^}]*ForcesProviderReplace:\s*tfbridge\.True\(\)',
                                resources_go),
         "forceNewIf": {}, "deleteBeforeReplace": False, "autoName": None,
         "source": [bridge.cite(*BRIDGE_CONFIG), gcp.cite(PULUMI_GCP[0])]}
-    types[QUEUED_TPU] = queued_tpu_entry()
-    types[FALLBACK_TPU] = fallback_tpu_entry()
+    types[DYNAMIC_QUEUED_TPU] = queued_tpu_entry()
+    types[DYNAMIC_FALLBACK_TPU] = fallback_tpu_entry()
     return {
         "generatedBy": "ops/plan/facts/generate.py",
         "rules": {

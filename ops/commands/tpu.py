@@ -26,12 +26,11 @@ from rich.table import Table
 from rich.text import Text
 
 from components.stack_config import settings_for
-from ops.local import rehearsal_record
 from ops.terminal import console as make_console
 from ops.terminal import fail
 from ops.tpu import actions as node_actions
 from ops.tpu import logs as agent_logs
-from ops.tpu import preflight
+from ops.tpu import preflight, rehearsal_record, status_views
 from ops.tpu import quota as tpu_quota
 from ops.tpu import status as node_status
 from ops.tpu.api import NoCredentialsError, NodeStatus, Read, TpuApi, TpuApiError, Unread
@@ -88,7 +87,7 @@ def _readable(target: StackTarget, read: Read[NodeStatus]) -> None:
 def _partial(target: StackTarget, unread: list[Unread]) -> None:
     """One row per unread (project, zone), then exit 3; nothing when every pair was read."""
     if unread:
-        console.print(node_status.unread_table(target, unread))
+        console.print(status_views.unread_table(target, unread))
         raise typer.Exit(PARTIAL_READ)
 
 
@@ -170,7 +169,7 @@ def status_cmd(
             try:
                 while True:
                     view, unread = _status_now(api, target, team, wide)
-                    parts = [view, node_status.unread_table(target, unread)] if unread else [view]
+                    parts = [view, status_views.unread_table(target, unread)] if unread else [view]
                     live.update(Group(*parts), refresh=True)
                     time.sleep(period)
             except KeyboardInterrupt:
@@ -188,12 +187,12 @@ def _status_now(api: TpuApi, target: StackTarget, team: str | None = None, wide:
     _readable(target, read)
     nodes = read.items if team is None else node_status.of_team(target, read.items, team)
     unread = sorted(set(read.unread) | set(queued.unread))
-    table = node_status.status_table(target, nodes, queued.items, unread=unread, wide=wide)
-    lines = [node_status.summary_line(s)
+    table = status_views.status_table(target, nodes, queued.items, unread=unread, wide=wide)
+    lines = [status_views.summary_line(s)
              for s in node_status.team_summaries(target, nodes, unread)]
     if team is not None:  # the team's money: spend by the meter, burn, its budget
         now = datetime.now(timezone.utc)
-        lines.append(node_status.spend_line(node_status.spend_of(target, team, nodes, now),
+        lines.append(status_views.spend_line(node_status.spend_of(target, team, nodes, now),
                                             node_status.lost_usd(nodes), now))
     return Group(table, *lines), unread
 
@@ -220,7 +219,7 @@ def _rehearsal_view(target: StackTarget, wide: bool = False) -> RenderableType:
     path = node_status.rehearsal_dir(target.stack)
     if not nodes:
         raise TargetError(node_status.no_rehearsal(target.stack, path))
-    return node_status.status_table(target, nodes, rehearsal=path, wide=wide)
+    return status_views.status_table(target, nodes, rehearsal=path, wide=wide)
 
 
 def wait_cmd(
@@ -242,10 +241,10 @@ def wait_cmd(
         outcome = _wait_with_progress(
             _api(target), target, cast(node_status.Until, until), limit, period
         )
-    console.print(node_status.status_table(target, outcome.nodes, outcome.queued,
+    console.print(status_views.status_table(target, outcome.nodes, outcome.queued,
                                            unread=outcome.unread))
     if outcome.unread:
-        console.print(node_status.unread_table(target, outcome.unread))
+        console.print(status_views.unread_table(target, outcome.unread))
     colour = "green" if outcome.reached else "red"
     console.print(Text(outcome.reason, style=colour))
     if not outcome.reached:

@@ -1,4 +1,5 @@
-"""`tpuctl rehearse`: boot a stack's TPU node on this machine, offline, end to end.
+"""The rehearsal behind `tpuctl rehearse` (the verb: ops/commands/rehearse.py): boot a
+stack's TPU node on this machine, offline, end to end.
 
 The node's metadata comes from the stack's offline plan (the exact values the
 TpuNode declares), the package is the archive the stack would upload, served by
@@ -37,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -53,16 +53,16 @@ from model.archive import (
     read_lock,
 )
 from model.catalog import CatalogError
+from model.pulumi_types import STORAGE_BUCKET_OBJECT
 from model.settings.schema import SettingsError
 from node_agent.contract import RELEASE_KEY, STARTUP_SCRIPT_KEY, STATUS_KEY
-from ops.local import rehearsal_record
 from ops.local.local_node import IMAGE_PYTHON, WORKER_NUMBER_KEY, LocalNode, publish_release
 from ops.local.metadata_server import MetadataServer
 from ops.local.storage_emulator import StorageEmulator, split
 from ops.plan.offline import Plan, PlanError, offline_plan
-from ops.terminal import console as make_console
-from ops.terminal import from_caller, print_error
-from ops.tpu.status import goodput_percent
+from ops.terminal import print_error
+from ops.tpu import rehearsal_record
+from ops.tpu.status_views import goodput_percent
 from policy.tpu_policies import tpu_slice, tpu_view
 from tpu_training.config import BERT_DEFAULTS, BERT_MODELS
 
@@ -290,7 +290,7 @@ def planned_release_object(plan: Plan, metadata: dict[str, str]) -> tuple[str, d
     bucket, prefix = split(metadata[RELEASE_KEY])
     for resource in plan.run.registrations:
         inputs = resource.inputs
-        if (resource.type == "gcp:storage/bucketObject:BucketObject"
+        if (resource.type == STORAGE_BUCKET_OBJECT
                 and inputs.get("bucket") == bucket
                 and str(inputs.get("name", "")).startswith(prefix)):
             return f"gs://{bucket}/{inputs['name']}", json.loads(inputs["content"])
@@ -694,25 +694,3 @@ def outcome(pod: Pod, codes: dict[int, int | None], status_dir: Path,
     if job_error:
         print(f"  the job's last line: {job_error}", file=sys.stderr)
     return code if code else 1
-
-
-def register(app: typer.Typer) -> None:
-    @app.command("rehearse")
-    def rehearse_command(
-        stack: str = typer.Option("dev", "--stack", "-s", help="Stack name (Pulumi.<stack>.yaml)."),
-        node: str | None = typer.Option(
-            None, "--node", help="Logical node name (default: every node, one after another)."),
-        workdir: Path | None = typer.Option(
-            None, "--workdir", help="Where everything lands, a folder per node (default "
-                                    ".cache/rehearse/<stack>)."),
-        steps: int | None = typer.Option(
-            None, "--steps", min=1, help=f"Train this many steps (default {DEFAULT_STEPS})."),
-        batch: int | None = typer.Option(
-            None, "--batch", min=1, help=f"Global batch size on CPU (default {DEFAULT_BATCH})."),
-        data: Path | None = typer.Option(
-            None, "--data", help="A folder of your own records, named as the job's trainData "
-                                 "and evalData patterns name them (default: synthetic ones)."),
-    ) -> None:
-        """Boot the stack's TPU nodes here: emulated GCS and metadata, the real job on CPU."""
-        raise typer.Exit(rehearse(stack, workdir=from_caller(workdir), console=make_console(),
-                                  node=node, steps=steps, batch=batch, data=from_caller(data)))
