@@ -48,6 +48,7 @@ def _root() -> None:
 
 # Each module defines `register(app: typer.Typer) -> None`.
 _VERB_MODULES = ("ops.plan.command", "ops.local.rehearse", "ops.tpu.commands")
+_VERB_MODULES += ("ops.report.command",)  # tpuctl report (issue 46)
 
 
 def _register_verbs() -> None:
