@@ -118,6 +118,8 @@ def _place(history: NodeHistory, waiting: list[tuple[str, int, float | None]],
     if percent is not None:
         history.goodput.points.append((now, percent))
     if history.hourly_usd is not None:
+        if not history.spend.points:  # nothing is spent before the job's first second
+            history.spend.points.append((0.0, 0.0))
         history.spend.points.append((now, history.hourly_usd * now / 3600.0))
 
 

@@ -101,9 +101,11 @@ def label(value: float) -> str:
     return f"{value:,.2f}".rstrip("0").rstrip(".")
 
 
-def chart(series: Series, title: str, *, saves: Sequence[tuple[float, int]] = (),
-          restarts: Sequence[float] = (), empty: str = "no data") -> str:
-    """An SVG line chart of `series` over the job's seconds."""
+def chart(series: Series, title: str, *, x_max: float = 0.0,
+          saves: Sequence[tuple[float, int]] = (), restarts: Sequence[float] = (),
+          empty: str = "no data") -> str:
+    """An SVG line chart of `series` over the job's seconds (0 to at least `x_max`: a
+    node's charts share their time axis)."""
     head = (f'<svg class="plot" data-series="{series.name}" width="{WIDTH}" height="{HEIGHT}" '
             f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{html.escape(title)}">'
             f'<text class="title" x="{MARGIN_LEFT}" y="18">{html.escape(title)}</text>')
@@ -111,7 +113,7 @@ def chart(series: Series, title: str, *, saves: Sequence[tuple[float, int]] = ()
     if not points:
         return (f'{head}<text class="empty" x="{WIDTH / 2}" y="{HEIGHT / 2}" '
                 f'text-anchor="middle">{html.escape(empty)}</text></svg>')
-    x_lo, x_hi = bounds([0.0, *(x for x, _ in points)], floor_zero=True)
+    x_lo, x_hi = bounds([0.0, x_max, *(x for x, _ in points)], floor_zero=True)
     y_lo, y_hi = bounds([y for _, y in points], floor_zero=series.name in ("step", "spend"))
     x = Scale(x_lo, x_hi, MARGIN_LEFT, WIDTH - MARGIN_RIGHT)
     y = Scale(y_lo, y_hi, HEIGHT - MARGIN_BOTTOM, MARGIN_TOP)
@@ -172,12 +174,13 @@ def node_section(history: NodeHistory) -> str:
     table = "".join(f"<tr><th>{html.escape(name)}</th><td>{html.escape(str(value))}</td></tr>"
                     for name, value in rows)
     no_price = f"no list price for {history.accelerator_type}"
-    charts = [chart(history.step, "step", saves=history.saves, restarts=history.restarts),
-              chart(history.loss, "loss", restarts=history.restarts),
-              chart(history.goodput, "goodput so far (the job's own accounting), %",
-                    restarts=history.restarts),
-              chart(history.spend, "spend at list price, USD", restarts=history.restarts,
-                    empty=no_price)]
+    x_max = max((series.points[-1][0] for series in history.series() if series.points),
+                default=0.0)
+    marks = {"x_max": x_max, "restarts": history.restarts}
+    charts = [chart(history.step, "step", saves=history.saves, **marks),
+              chart(history.loss, "loss", **marks),
+              chart(history.goodput, "goodput so far (the job's own accounting), %", **marks),
+              chart(history.spend, "spend at list price, USD", empty=no_price, **marks)]
     return (f'<section class="node" data-node="{html.escape(history.node)}">'
             f"<h2>{html.escape(history.node)}</h2><table>{table}</table>"
             f'<div class="charts">{"".join(charts)}</div></section>')
