@@ -17,6 +17,7 @@ from ops.cli import app
 from ops.local import rehearsal_record
 from ops.report import command as report_command
 from ops.report.history import NodeHistory, read_job_log
+from ops.report.page import render
 from ops.tpu import status as node_status
 from tests.ops.tpu_world import expected_node, target
 
@@ -152,3 +153,10 @@ def test_headless_chromium_draws_every_plot_without_an_error(report, tmp_path: P
     console = [line for line in shown.stderr.splitlines()
                if "CONSOLE" in line or "Uncaught" in line]
     assert console == []
+
+
+def test_a_node_without_a_job_log_or_a_price_says_so_in_each_chart():
+    page = render("dev", "here", [NodeHistory(NODE, "v2-8", True, None)])
+    assert page.count('<text class="empty"') == 4
+    assert "no list price for v2-8" in page
+    assert 'data-plots-expected="0"' in page
