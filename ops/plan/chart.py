@@ -1,7 +1,8 @@
 """The PR preview's cost-and-capacity chart, where the node table is longer than a screen.
 
 GitHub renders a ```mermaid block in a comment as a diagram (github/roadmap#372, shipped
-2022); Mermaid's `xychart-beta` draws bars (mermaid.js.org/syntax/xyChart.html). Inline
+2022); Mermaid's `xychart-beta` draws bars (mermaid.js.org/syntax/xyChart.html; that
+GitHub's Mermaid has it is unconfirmed here: where not, the block shows as text). Inline
 SVG or an image data URI would be stripped from a comment, and a hosted image would need
 a server: a Mermaid block needs neither, and reads as plain text where it is not drawn.
 """
