@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from model.pulumi_types import CLOUDQUOTA_S_QUOTA_PREFERENCE, STORAGE_BUCKET
+from ops.plan.chart import cost_chart
 from ops.plan.report import (
     STACK_RESOURCE,
     check_format,
@@ -27,6 +28,7 @@ from ops.plan.report import (
     heading,
     money,
     node_name,
+    node_rows,
     per_month,
     policy_section,
     provisioning_of,
@@ -347,6 +349,8 @@ def _text(diff: PlanDiff, violations: Sequence[Violation], *, markdown: bool) ->
     elif warnings:
         parts.append("\n".join(f"WARNING: {w}" for w in warnings))
     parts.append(cost_line(diff))
+    if markdown and (chart := cost_chart(diff.head, {r[0]: r[2] for r in node_rows(diff.head)})):
+        parts.append(chart)  # the head's cost and capacity, where its nodes fill a screen
     if not diff.empty:
         body = "\n".join(line for s in diff.steps.steps for line in step_lines(s))
         parts.append(f"```diff\n{body}\n```" if markdown else body)

@@ -18,6 +18,7 @@ import pulumi
 from model import catalog
 from model.catalog import HOURS_PER_MONTH
 from model.pulumi_types import TPU_V2_VM
+from ops.plan.chart import cost_chart
 from policy.evaluate import Violation
 from policy.tpu_policies import tpu_view
 
@@ -507,6 +508,8 @@ def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown:
         cost_summary(plan),
         *([section] if (section := spend_section(plan)) else []),
         *node_tables(plan, markdown=markdown),
+        *([chart] if markdown and (chart := cost_chart(plan, {r[0]: r[2] for r in node_rows(plan)}))
+          else []),
         *step_tables(plan, markdown=markdown),
         *candidate_tables(plan, markdown=markdown),
         preview_count(plan),

@@ -125,7 +125,7 @@ ALONE_MODULES = {
 # order, one worker trained them alone while the other idled).
 LONG_MODULES = {"test_imagenet.py", "test_bert.py", "test_bert_checkpoint.py",
                 "test_job_output.py", "test_preemption.py", "test_resume.py",
-                "test_signal_handlers.py"}
+                "test_signal_handlers.py", "test_goodput_recording.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

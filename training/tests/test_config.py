@@ -250,3 +250,11 @@ BOUNDS = ("must be a number of seconds from 10 to 120 (it also bounds the stop, 
 def test_a_bad_progress_deadline_is_named(seconds, message):
     data = {**STACK_JOB, "progressDeadlineSeconds": seconds}
     assert problems_of(data) == {"progressDeadlineSeconds": message}
+
+
+def test_goodput_recording_is_true_or_false_and_kept_only_when_set():
+    assert problems_of({**STACK_JOB, "goodputRecording": "yes"}) == {
+        "goodputRecording": "must be true or false, got 'yes'"}
+    on = JobConfig.from_dict({**STACK_JOB, "goodputRecording": True}, resolved=False)
+    assert on.to_dict()["goodputRecording"] is True
+    assert "goodputRecording" not in JobConfig.from_dict(STACK_JOB, resolved=False).to_dict()

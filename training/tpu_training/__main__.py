@@ -29,7 +29,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
-from tpu_training import exits, output  # noqa: E402
+from tpu_training import exits, goodput_recording, output  # noqa: E402
 from tpu_training.config import (  # noqa: E402
     BERT_MODELS,
     MODEL_NAMES,
@@ -129,6 +129,7 @@ def _run(args: argparse.Namespace, stop: StopFlag) -> int:
     goodput = Goodput()  # TensorFlow's import is program start-up
     announce_start(stop)
     config = JobConfig.from_dict(_load_json(args.config), resolved=True)
+    goodput_recording.start_recording(config, goodput)  # Google's goodput, if asked for
     from tpu_training import strategy, train  # TensorFlow loads here, not for --help
     from tpu_training.tf_env import tf
 

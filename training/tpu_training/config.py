@@ -153,6 +153,9 @@ class JobConfig:
     # The node agent's deadline for every phase after TPU initialisation (docs/design.md,
     # "Deadlines"); the job itself does not read it.
     progressDeadlineSeconds: float | None = None
+    # Also record the job's phases with ml-goodput-measurement in Cloud Logging
+    # (tpu_training.goodput_recording); off by default, optional at run time.
+    goodputRecording: bool | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, resolved: bool = True) -> JobConfig:
@@ -167,7 +170,12 @@ class JobConfig:
         return cls(**given)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every key, but `goodputRecording` only when set: a job without it keeps the
+        release content (and its digest) it had before the key existed."""
+        data = dataclasses.asdict(self)
+        if data["goodputRecording"] is None:
+            del data["goodputRecording"]
+        return data
 
     def resolve(self, *, data_root: str, checkpoint_dir: str, export_dir: str,
                 tensorboard_dir: str, notice_seconds: float | None = None,
@@ -442,6 +450,7 @@ _REQUIRED = tuple(name for name, f in _FIELDS.items()
 _INTS = ("globalBatchSize", "trainSteps", "stepsPerExecution", "checkpointEverySteps",
          "warmupSteps", "imageSize", "numClasses", "maxSeqLength", "maxPredictionsPerSeq",
          "vocabSize")
+_BOOLS = ("goodputRecording",)
 _NUMBERS = ("learningRate", "widthMultiplier", "checkpointEveryMinutes", "noticeSeconds",
             "peakFlopsPerSecond", "progressDeadlineSeconds", "mtbfSeconds")
 # Below this a deadline would mostly catch a busy host (a checkpoint write, a pause),
@@ -489,6 +498,9 @@ def _type_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
         elif key in _NUMBERS:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 problems.append((key, f"must be a number, got {value!r}"))
+        elif key in _BOOLS:
+            if not isinstance(value, bool):
+                problems.append((key, f"must be true or false, got {value!r}"))
         elif not isinstance(value, str) or not value:
             problems.append((key, f"must be a non-empty string, got {value!r}"))
     return problems

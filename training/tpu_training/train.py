@@ -131,6 +131,7 @@ def run(config: JobConfig, *, strategy: tf.distribute.Strategy | None = None,
         return _run(config, strategy, dataset_fn, stop, out, goodput, reached)
     finally:
         _say(out, goodput.line(reached[0]))
+        goodput.close()
         if own_stop:
             stop.uninstall()
 
@@ -155,12 +156,14 @@ def _run(config: JobConfig, strategy: tf.distribute.Strategy | None,
     check_batch(config.globalBatchSize, strategy.num_replicas_in_sync)
     _say(out, recipe(config).line())
     spec = models.model_spec(config)
-    if dataset_fn is None:
-        dataset_fn = _dataset_fn(config.trainData, spec, config, training=True)
     eval_dataset_fn = None
-    if config.evalData is not None:
-        eval_dataset_fn = _dataset_fn(config.evalData, spec, config, training=False)
-    job = Job(config, spec, strategy, out, goodput)
+    with goodput.timed("program_startup", phase="data_loading"):
+        if dataset_fn is None:
+            dataset_fn = _dataset_fn(config.trainData, spec, config, training=True)
+        if config.evalData is not None:
+            eval_dataset_fn = _dataset_fn(config.evalData, spec, config, training=False)
+    with goodput.timed("program_startup", phase="training_preparation"):
+        job = Job(config, spec, strategy, out, goodput)
     try:
         return job.run(dataset_fn, stop, eval_dataset_fn)
     except tf.errors.InvalidArgumentError as error:
@@ -266,10 +269,13 @@ class Job:
             resumed_from = self._restore()
         _say(self.out, f"resumed_from={resumed_from}")
         # The input continues the epoch where the checkpoint's step left it (data.EpochInput).
-        iterator = iter(self.strategy.distribute_datasets_from_function(
-            data.starting_at(dataset_fn, self.step)))
+        with self.goodput.timed("program_startup", phase="training_preparation"):
+            iterator = iter(self.strategy.distribute_datasets_from_function(
+                data.starting_at(dataset_fn, self.step)))
         losses = self._train_then_save(iterator, stop)
         if self.step < self.config.trainSteps:
+            self.goodput.trained(self.step)
+            self.goodput.winding_down()
             _say(self.out, f"stopped_at={self.step}")
             return RunResult(Outcome.STOPPED, self.step, resumed_from, losses)
         self._average_replica_statistics()
@@ -277,10 +283,13 @@ class Job:
         # (its marker) when it starts again, and ends at once instead of evaluating again.
         with self.goodput.timed("checkpoint_save"):
             self._export(evaluating=eval_dataset_fn is not None)
+        self.goodput.trained(self.step)
         if eval_dataset_fn is not None:
             metrics = self.evaluate(eval_dataset_fn)
             self._write_marker(metrics)
         _say(self.out, f"complete={self.step} export={self.config.exportDir}")
+        self.goodput.finished()
+        self.goodput.winding_down()
         return RunResult(Outcome.FINISHED, self.step, resumed_from, losses)
 
     def _average_replica_statistics(self) -> None:
@@ -356,6 +365,9 @@ class Job:
             if first:  # after the line, so the agent hears of the step before the probe
                 meter.measure_device()  # the device alone, for the perf line: start-up too
                 self.goodput.started_training()
+            # After the probe: to the observer, as to the accounting, this process's
+            # first execution runs until training has started.
+            self.goodput.executed(before, steps, time.monotonic() - started)
             self._summarise(loss, steps / seconds)
             self._report_written(wait=False)
             reason = self._save_reason(before)
