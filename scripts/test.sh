@@ -7,6 +7,8 @@
 # under a time limit, and prints its time; the summary lists every suite's time and
 # every failure, also when the run is cut short (Ctrl-C, SIGTERM, a suite's limit).
 # The exit code is 1 when anything failed (130/143 when interrupted).
+# Every skip is listed in the summary; on CI (CI=true) one not on tests/skip_policy.py's
+# ALLOWED_SKIPS is a failure: a skipped test proves nothing (issue 47).
 # Usage: scripts/test.sh [PYTEST_ARGS...]   (e.g. -k preemption; passed to every pytest)
 # Environment: TEST_WORKERS (pytest-xdist workers of a training suite, default 2, and twice
 #              as many for the infra suite, whose end-to-end tests mostly wait on the
@@ -17,6 +19,9 @@ cd "$(dirname "$0")/.." || exit
 scripts/setup.sh || exit
 
 WORKERS=${TEST_WORKERS:-2}
+# Every pytest below loads tests/skip_policy.py, which appends each skip it sees here.
+export TPU_STACK_SKIP_LOG="$PWD/.cache/test-skips.log"
+mkdir -p .cache && : > "$TPU_STACK_SKIP_LOG"
 PYTEST_ARGS=("$@")
 failures=()
 times=()
@@ -69,13 +74,13 @@ suite() {
   shift 5
   ((count > 0)) && workers=(-n "$count" --dist worksteal)
   running=$name
-  run "$(limit_of "$limit")" "$python" -m pytest -q -p no:cacheprovider "${workers[@]}" \
-    -m "${selection:+($selection) and }not alone" "$@" "${PYTEST_ARGS[@]}"
+  run "$(limit_of "$limit")" "$python" -m pytest -q -p no:cacheprovider -p tests.skip_policy \
+    "${workers[@]}" -m "${selection:+($selection) and }not alone" "$@" "${PYTEST_ARGS[@]}"
   code=$?
   alone_code=5
   local left=$(($(limit_of "$limit") - (SECONDS - started)))
   if [[ $code != 124 && $code != 137 ]] && ((left > 0)); then
-    run "$left" "$python" -m pytest -q -p no:cacheprovider \
+    run "$left" "$python" -m pytest -q -p no:cacheprovider -p tests.skip_policy \
       -m "${selection:+($selection) and }alone" "$@" "${PYTEST_ARGS[@]}"
     alone_code=$?
   fi
@@ -154,7 +159,11 @@ suite "infra tests" 1200 $((2 * WORKERS)) .venv/infra/bin/python "" \
 for tf in tf218 tf220; do
   version=$(".venv/$tf/bin/python" -c 'import tensorflow as tf; print(tf.__version__)' \
     2>/dev/null)
-  if [[ $tf == tf218 ]]; then
+  if [[ -z $version ]]; then
+    # Without TensorFlow training/tests/conftest.py collects test_config.py alone: a
+    # suite that would pass having trained nothing.
+    failures+=("training on .venv/$tf (TensorFlow does not import there)")
+  elif [[ $tf == tf218 ]]; then
     step "training tests on TensorFlow $version"
     suite "training on TF ${version:-?}" 900 "$WORKERS" ".venv/$tf/bin/python" "" \
       training/tests
@@ -164,5 +173,17 @@ for tf in tf218 tf220; do
       ".venv/$tf/bin/python" tf_version training/tests
   fi
 done
+
+step "skips"
+# Every skip any suite saw; on CI one not on the allowed list fails the run.
+run "$(limit_of 60)" .venv/infra/bin/python -m tests.skip_policy "$TPU_STACK_SKIP_LOG"
+code=$?
+if ((code != 0)); then
+  if [[ ${CI:-} == true ]]; then
+    failures+=("skips (a test skipped that tests/skip_policy.py does not allow: exit $code)")
+  else
+    echo "(a failure on CI: CI=true)"
+  fi
+fi
 
 summary
