@@ -3,6 +3,7 @@ Pulumi CLI it needs."""
 
 from __future__ import annotations
 
+import ast
 import re
 
 from model.archive import REPO_ROOT
@@ -89,3 +90,44 @@ def test_design_states_the_supported_tensorflow_versions_the_package_carries() -
     images = ", ".join(".".join(map(str, v)) for v in catalog.DOCUMENTED_TF[:-1])
     assert f"TensorFlow {images} and {'.'.join(map(str, catalog.DOCUMENTED_TF[-1]))}" in design
     assert f"TensorFlow {low} to {high}" in README
+
+
+def tensorflow_versions_the_test_command_runs() -> list[str]:
+    """The TensorFlow versions every run of scripts/test.sh proves: its training venvs."""
+    script = (REPO_ROOT / "scripts" / "test.sh").read_text()
+    venvs = re.search(r"^for tf in ((?:tf2\d+ ?)+); do$", script, re.MULTILINE)
+    assert venvs, "scripts/test.sh no longer names its training venvs in one loop"
+    return [f"2.{name[3:]}" for name in venvs.group(1).split()]
+
+
+def test_the_docs_claim_exactly_the_tensorflow_versions_the_test_command_proves() -> None:
+    tested = tensorflow_versions_the_test_command_runs()
+    assert tested == ["2.18", "2.20"]
+    assert f"the test command proves {' and '.join(tested)}" in " ".join(README.split())
+    training = " ".join((REPO_ROOT / "training" / "README.md").read_text().split())
+    assert "- 2.18 (the newest documented TPU image) and 2.20 (the newest tensorflow-tpu): " \
+           "every run of the test command." in training
+    # The other versions the package carries say how they were checked, or that they were not.
+    assert "- 2.15.1, 2.16.2 and 2.17.1: passed once, by hand, on 2026-12-03" in training
+    assert "- 2.19: never tested" in training
+
+
+def tf_version_modules() -> set[str]:
+    """training/tests/conftest.py's TF_VERSION_MODULES, read without importing it (it sets
+    the job's environment variables)."""
+    tree = ast.parse((REPO_ROOT / "training" / "tests" / "conftest.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == \
+                "TF_VERSION_MODULES":
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("training/tests/conftest.py has no TF_VERSION_MODULES")
+
+
+def test_the_newest_tensorflow_runs_the_core_claims_the_docs_name() -> None:
+    core = {"test_preemption.py", "test_bert_checkpoint.py", "test_bert_hub.py",
+            "test_signal_handlers.py", "test_job_output.py"}
+    modules = tf_version_modules()
+    assert core <= modules
+    assert all((REPO_ROOT / "training" / "tests" / name).is_file() for name in modules)
+    training = (REPO_ROOT / "training" / "README.md").read_text()
+    assert all(name in training for name in core)
