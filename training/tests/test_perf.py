@@ -95,7 +95,8 @@ def test_a_cached_in_memory_dataset_waits_for_almost_nothing(strategy, tmp_path)
     # without the optimizer's update read the update as waiting for input (0.4 or more).
     # Sixteen steps an execution, as a real job has many: the probe's error is mostly in
     # the fixed cost of an execution, timed from one step; at two steps an execution it
-    # read 0.0 to 0.14 at rest, at sixteen 0.0 to 0.04 with one core busy.
+    # read 0.0 to 0.14 at rest, at sixteen 0.0 to 0.04 with one core busy. The bound, 0.2,
+    # leaves five times that, and still fails such a probe by half.
     shape = {"model": "bert_tiny", "maxSeqLength": 16, "maxPredictionsPerSeq": 2,
              "globalBatchSize": 4}
     job = JobConfig.from_dict({**shape, "trainData": f"{tmp_path}/train-*", **TWENTY_EXECUTIONS,
@@ -112,7 +113,7 @@ def test_a_cached_in_memory_dataset_waits_for_almost_nothing(strategy, tmp_path)
     out = io.StringIO()
     train.run(job, strategy=strategy, out=out, dataset_fn=cached)
     last = perf_lines(out.getvalue())[-1]
-    assert float(last[3]) < 0.05, last[0]
+    assert float(last[3]) < 0.2, last[0]
 
 
 def test_figures_of_a_window():
