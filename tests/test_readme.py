@@ -131,3 +131,75 @@ def test_the_newest_tensorflow_runs_the_core_claims_the_docs_name() -> None:
     assert all((REPO_ROOT / "training" / "tests" / name).is_file() for name in modules)
     training = (REPO_ROOT / "training" / "README.md").read_text()
     assert all(name in training for name in core)
+
+
+class _UnreachableStorage:
+    """A bucket whose listing fails: the watcher says when it tries again."""
+
+    def list(self, *args: object) -> list[object]:
+        from node_agent.common import TransientError
+
+        raise TransientError("HTTP 503")
+
+
+def test_the_release_poll_readme_states_is_the_agents_default_and_it_is_used(
+        monkeypatch) -> None:
+    """README and docs/design.md: the agent lists the release prefix every 30 s. Every
+    end-to-end test shortens it (TPU_STACK_RELEASE_POLL_SECONDS); here it is unset."""
+    import threading
+
+    from node_agent import watchers
+    from node_agent.contract import RELEASE_POLL_SECONDS
+
+    stated = f"every {RELEASE_POLL_SECONDS:g} s"
+    assert f"node agent lists the prefix {stated}" in " ".join(README.split())
+    design = " ".join((REPO_ROOT / "docs" / "design.md").read_text().split())
+    assert f"at boot and {stated}" in design
+    monkeypatch.delenv("TPU_STACK_RELEASE_POLL_SECONDS", raising=False)
+    assert watchers.release_poll_seconds() == RELEASE_POLL_SECONDS == 30
+    said, noted = [], threading.Event()
+    watcher = watchers.ReleaseWatcher(
+        _UnreachableStorage(), "gs://bucket/releases/node/", threading.Event(),  # type: ignore[arg-type]
+        note=lambda line: (said.append(line), noted.set()))
+    try:
+        assert noted.wait(60)
+    finally:
+        watcher.stop()
+    assert said == ["release listing failed: HTTP 503; trying again every 30s"]
+
+
+def test_offline_the_plan_takes_the_wheels_from_tpu_stack_wheel_cache(
+        tmp_path, monkeypatch) -> None:
+    """README: the first plan fetches the pinned tf-keras wheels into .cache/wheels;
+    offline, TPU_STACK_WHEEL_CACHE names a folder holding them. Here nothing can be
+    fetched, and the package is built from that folder."""
+    import hashlib
+    import io
+    import tarfile
+
+    from model import archive
+
+    said = " ".join(README.split())
+    assert ("once, into `.cache/wheels` (the package carries them); offline, copy them "
+            "there or point `TPU_STACK_WHEEL_CACHE` at a folder holding them") in said
+    assert archive.DEFAULT_WHEEL_CACHE == REPO_ROOT / ".cache" / "wheels"
+    wheel = b"a stand-in wheel"
+    training = tmp_path / "training"
+    (training / "tpu_training").mkdir(parents=True)
+    (training / "tpu_training" / "__init__.py").write_text("")
+    (training / "pyproject.toml").write_text("")
+    (training / "wheels.lock").write_text(
+        f"tf-keras==2.18.0 {hashlib.sha256(wheel).hexdigest()}\n")
+    cache = tmp_path / "wheels-from-elsewhere"
+    cache.mkdir()
+    (cache / "tf_keras-2.18.0-py3-none-any.whl").write_bytes(wheel)
+
+    def offline(pin, folder):
+        raise AssertionError(f"fetched {pin.requirement} into {folder}")
+
+    monkeypatch.setattr(archive, "_download_wheel", offline)
+    monkeypatch.setenv("TPU_STACK_WHEEL_CACHE", str(cache))
+    built = archive.build_archive(training)
+    with tarfile.open(fileobj=io.BytesIO(built.data)) as package:
+        member = package.extractfile("wheels/tf_keras-2.18.0-py3-none-any.whl")
+        assert member is not None and member.read() == wheel
