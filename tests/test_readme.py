@@ -203,3 +203,34 @@ def test_offline_the_plan_takes_the_wheels_from_tpu_stack_wheel_cache(
     with tarfile.open(fileobj=io.BytesIO(built.data)) as package:
         member = package.extractfile("wheels/tf_keras-2.18.0-py3-none-any.whl")
         assert member is not None and member.read() == wheel
+
+
+def figures_masked(text: str) -> str:
+    """`text` with the figures other changes move (prices, the summary's counts) masked."""
+    text = re.sub(r"\$\d[\d,]*\.\d+", "$X", text)
+    return re.sub(r"\b\d+ (to \w+|changes\.|unchanged)", r"N \1", text)
+
+
+def test_what_a_reviewer_sees_is_what_the_renderer_prints_for_that_change() -> None:
+    """README's example, rendered again: dev's plan against dev with its subnet narrowed
+    to a /21, as `tpuctl plan --against --format table` renders it. The same lines,
+    figures aside."""
+    import json
+
+    from components.stack_config import file_config
+    from ops.plan.diff import diff_plans, render_diff
+    from ops.plan.offline import offline_plan
+    from ops.plan.report import plain
+
+    section = README.split("## What a reviewer sees", 1)[1].split("\n## ", 1)[0]
+    assert "(`tpu-stack:network: {subnetCidr: 10.128.0.0/21}` in Pulumi.dev.yaml)" in \
+        " ".join(section.split())
+    [example] = re.findall(r"```text\n(.*?)\n```", section, re.DOTALL)
+    config = file_config("dev")
+    network = json.loads(config.get("tpu-stack:network") or "{}")
+    assert "subnetCidr" not in network  # dev's own: the default /20
+    narrowed = {**config, "tpu-stack:network": json.dumps({**network,
+                                                           "subnetCidr": "10.128.0.0/21"})}
+    rendered = render_diff(diff_plans(plain(offline_plan("dev").to_json()),
+                                      plain(offline_plan("dev", narrowed).to_json())), "table")
+    assert figures_masked(example) == figures_masked(rendered.rstrip("\n"))
