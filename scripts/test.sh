@@ -7,7 +7,7 @@
 # under a time limit, and prints its time; the summary lists every suite's time and
 # every failure, also when the run is cut short (Ctrl-C, SIGTERM, a suite's limit).
 # The exit code is 1 when anything failed (130/143 when interrupted).
-# Every skip is listed in the summary; on CI (CI=true) one not on tests/skip_policy.py's
+# Every skip is listed in the summary; on CI (CI=true) one not on tests/suite_report.py's
 # ALLOWED_SKIPS is a failure: a skipped test proves nothing (issue 47).
 # Usage: scripts/test.sh [PYTEST_ARGS...]   (e.g. -k preemption; passed to every pytest)
 # Environment: TEST_WORKERS (pytest-xdist workers of a training suite, default 2, and twice
@@ -19,12 +19,15 @@ cd "$(dirname "$0")/.." || exit
 scripts/setup.sh || exit
 
 WORKERS=${TEST_WORKERS:-2}
-# Every pytest below loads tests/skip_policy.py, which appends each skip it sees here.
+# Every pytest below loads tests/suite_report.py, which appends each skip it sees here.
 export TPU_STACK_SKIP_LOG="$PWD/.cache/test-skips.log"
 mkdir -p .cache && : > "$TPU_STACK_SKIP_LOG"
+# ... and, at its end, how many tests it ran here (each suite's "tests" in the table).
+export TPU_STACK_TEST_COUNT="$PWD/.cache/test-count"
 PYTEST_ARGS=("$@")
 failures=()
 times=()
+rows=()       # README.md's "Test times" rows: | suite | tests | time |
 running=""     # the suite under way, and the process running it
 running_pid=""
 started_all=$SECONDS
@@ -74,18 +77,19 @@ suite() {
   shift 5
   ((count > 0)) && workers=(-n "$count" --dist worksteal)
   running=$name
-  run "$(limit_of "$limit")" "$python" -m pytest -q -p no:cacheprovider -p tests.skip_policy \
+  : > "$TPU_STACK_TEST_COUNT"
+  run "$(limit_of "$limit")" "$python" -m pytest -q -p no:cacheprovider -p tests.suite_report \
     "${workers[@]}" -m "${selection:+($selection) and }not alone" "$@" "${PYTEST_ARGS[@]}"
   code=$?
   alone_code=5
   local left=$(($(limit_of "$limit") - (SECONDS - started)))
   if [[ $code != 124 && $code != 137 ]] && ((left > 0)); then
-    run "$left" "$python" -m pytest -q -p no:cacheprovider -p tests.skip_policy \
+    run "$left" "$python" -m pytest -q -p no:cacheprovider -p tests.suite_report \
       -m "${selection:+($selection) and }alone" "$@" "${PYTEST_ARGS[@]}"
     alone_code=$?
   fi
   running=""
-  timed "$name" "$started"
+  timed "$name" "$started" "$(tests_ran)"
   # The suite's outcome: the first pass's, unless it found nothing and the second ran some.
   [[ $code == 5 && $alone_code != 5 ]] && code=$alone_code
   [[ $code == 0 && $alone_code != 5 ]] && code=$alone_code
@@ -99,17 +103,36 @@ suite() {
   fi
 }
 
+tests_ran() {
+  # The suite's tests as its pytest passes counted them: "N", or "N + M" when the tests
+  # marked alone ran after the others; "?" when a pass was cut short before counting.
+  local counts=()
+  mapfile -t counts < "$TPU_STACK_TEST_COUNT"
+  case ${#counts[@]} in
+    0) echo "?" ;;
+    1) echo "${counts[0]}" ;;
+    *) if ((counts[1] == 0)); then echo "${counts[0]}"; else echo "${counts[0]} + ${counts[1]}"; fi ;;
+  esac
+}
+
 timed() {
-  # NAME STARTED: print and remember how long NAME took.
+  # NAME STARTED [TESTS]: print and remember how long NAME took (and its tests).
   local took=$((SECONDS - $2))
   times+=("$(printf '%-32s %5d s' "$1" "$took")")
+  rows+=("| $1 |${3:+ $3} | $took s |")
   echo "$1: $took s"
 }
 
 summary() {
   step "summary"
   printf '  %s\n' "${times[@]}"
-  printf '  %-32s %5d s\n' "all of scripts/test.sh" "$((SECONDS - started_all))"
+  local all=$((SECONDS - started_all))
+  printf '  %-32s %5d s\n' "all of scripts/test.sh" "$all"
+  # README.md's "Test times" table has these rows, a column per measured run.
+  printf '\n| suite | tests | time |\n| --- | --- | --- |\n'
+  printf '%s\n' "${rows[@]}"
+  printf '| all of scripts/test.sh | | %d s (%d.%d min) |\n\n' "$all" "$((all / 60))" \
+    "$(((all % 60) * 10 / 60))"
   if [[ ${#failures[@]} -eq 0 ]]; then
     echo "every check passed"
     return 0
@@ -176,11 +199,11 @@ done
 
 step "skips"
 # Every skip any suite saw; on CI one not on the allowed list fails the run.
-run "$(limit_of 60)" .venv/infra/bin/python -m tests.skip_policy "$TPU_STACK_SKIP_LOG"
+run "$(limit_of 60)" .venv/infra/bin/python -m tests.suite_report "$TPU_STACK_SKIP_LOG"
 code=$?
 if ((code != 0)); then
   if [[ ${CI:-} == true ]]; then
-    failures+=("skips (a test skipped that tests/skip_policy.py does not allow: exit $code)")
+    failures+=("skips (a test skipped that tests/suite_report.py does not allow: exit $code)")
   else
     echo "(a failure on CI: CI=true)"
   fi

@@ -1,14 +1,16 @@
-"""Skips never pass silently (issue 47): a pytest plugin that writes every skip it sees
-to a file, and the check scripts/test.sh runs on that file.
+"""What each pytest of scripts/test.sh reports back to it: every skip (issue 47: skips
+never pass silently) and how many tests ran (its "Test times" table).
 
-scripts/test.sh loads the plugin into every pytest it runs (`-p tests.skip_policy`,
-`TPU_STACK_SKIP_LOG` naming the file), prints every skip in its summary and, on CI
-(`CI=true`), fails when one is not in ALLOWED_SKIPS below. A skip stands in for a test
-that did not run: the feature it checks is unproven on that machine. Each process writes
-(pytest-xdist's workers and their controller report the same skip), so the check reads
-the lines as a set.
+scripts/test.sh loads this plugin into every pytest it runs (`-p tests.suite_report`).
+With `TPU_STACK_SKIP_LOG` naming a file, every skip is appended to it; the script prints
+them all and, on CI (`CI=true`), fails when one is not in ALLOWED_SKIPS below. A skip
+stands in for a test that did not run: the feature it checks is unproven on that
+machine. Each process writes (pytest-xdist's workers and their controller report the
+same skip), so the check reads the lines as a set. With `TPU_STACK_TEST_COUNT` naming a
+file, the main process (the controller under pytest-xdist) appends one line at the end:
+how many tests ran (passed, failed or skipped; deselected ones are not).
 
-Usage: python -m tests.skip_policy LOG   (exit 1 when LOG holds a skip not allowed)
+Usage: python -m tests.suite_report LOG   (exit 1 when LOG holds a skip not allowed)
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 
 LOG_ENV = "TPU_STACK_SKIP_LOG"
+COUNT_ENV = "TPU_STACK_TEST_COUNT"
 
 # The skips CI accepts: a test id pattern (fnmatch) and why it may skip there. Short on
 # purpose; every entry is a feature CI does not prove.
@@ -42,8 +45,20 @@ def record(report: pytest.CollectReport | pytest.TestReport) -> None:
         out.write(f"{report.nodeid}\t{reason_of(report)}\n")
 
 
+_ran: set[str] = set()  # the tests this process saw run (the controller: every worker's)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     record(report)
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        _ran.add(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    count_file = os.environ.get(COUNT_ENV)
+    if count_file and not hasattr(session.config, "workerinput"):  # not an xdist worker
+        with open(count_file, "a", encoding="utf-8") as out:
+            out.write(f"{len(_ran)}\n")
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
@@ -80,10 +95,10 @@ def report_lines(skips: list[tuple[str, str]]) -> tuple[list[str], int]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tests.skip_policy LOG", file=sys.stderr)
+        print("usage: python -m tests.suite_report LOG", file=sys.stderr)
         return 2
     lines, unlisted = report_lines(skips_in(Path(argv[0])))
-    print(f"{len(lines)} skipped" + (f", {unlisted} not allowed (tests/skip_policy.py, "
+    print(f"{len(lines)} skipped" + (f", {unlisted} not allowed (tests/suite_report.py, "
                                      "ALLOWED_SKIPS)" if unlisted else ""))
     for line in lines:
         print(f"  {line}")
