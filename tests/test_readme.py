@@ -153,7 +153,7 @@ def test_the_release_poll_readme_states_is_the_agents_default_and_it_is_used(
 
     stated = f"every {RELEASE_POLL_SECONDS:g} s"
     assert f"node agent lists the prefix {stated}" in " ".join(README.split())
-    design = " ".join((REPO_ROOT / "docs" / "design.md").read_text().split())
+    design = " ".join((REPO_ROOT / "docs/design.md").read_text().split())
     assert f"at boot and {stated}" in design
     monkeypatch.delenv("TPU_STACK_RELEASE_POLL_SECONDS", raising=False)
     assert watchers.release_poll_seconds() == RELEASE_POLL_SECONDS == 30
