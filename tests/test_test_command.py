@@ -1,6 +1,7 @@
 """scripts/test.sh keeps its word: each suite's time, the summary even when a suite is cut
 short (its limit, or a signal), pytest-xdist workers, TensorFlow 2.20 on the tf_version
-subset; and pytest prints test paths that paste back."""
+subset, every skip listed and on CI an unlisted one failing, README's "Test times" rows;
+and pytest prints test paths that paste back."""
 
 from __future__ import annotations
 
