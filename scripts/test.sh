@@ -118,7 +118,7 @@ tests_ran() {
 timed() {
   # NAME STARTED [TESTS]: print and remember how long NAME took (and its tests).
   local took=$((SECONDS - $2))
-  times+=("$(printf '%-32s %5d s' "$1" "$took")")
+  times+=("$(printf '%-36s %5d s' "$1" "$took")")
   rows+=("| $1 |${3:+ $3} | $took s |")
   echo "$1: $took s"
 }
@@ -127,7 +127,7 @@ summary() {
   step "summary"
   printf '  %s\n' "${times[@]}"
   local all=$((SECONDS - started_all))
-  printf '  %-32s %5d s\n' "all of scripts/test.sh" "$all"
+  printf '  %-36s %5d s\n' "all of scripts/test.sh" "$all"
   # README.md's "Test times" table has these rows, a column per measured run.
   printf '\n| suite | tests | time |\n| --- | --- | --- |\n'
   printf '%s\n' "${rows[@]}"
@@ -188,11 +188,11 @@ for tf in tf218 tf220; do
     failures+=("training on .venv/$tf (TensorFlow does not import there)")
   elif [[ $tf == tf218 ]]; then
     step "training tests on TensorFlow $version"
-    suite "training on TF ${version:-?}" 900 "$WORKERS" ".venv/$tf/bin/python" "" \
-      training/tests
+    suite "training on TF $(cut -d. -f1,2 <<< "$version")" 900 "$WORKERS" \
+      ".venv/$tf/bin/python" "" training/tests
   else
     step "training tests marked tf_version on TensorFlow $version"
-    suite "training on TF ${version:-?} (tf_version)" 600 "$WORKERS" \
+    suite "training on TF $(cut -d. -f1,2 <<< "$version") (tf_version)" 600 "$WORKERS" \
       ".venv/$tf/bin/python" tf_version training/tests
   fi
 done
