@@ -12,6 +12,11 @@
 #                                            .venv/ENV/.installed): a hash of its pip
 #                                            arguments and of the requirement files they
 #                                            name, so a changed file rebuilds; builds nothing
+#        scripts/setup.sh --check-references ENV [MODULE=PACKAGE...]
+#                                            that each test reference (default: every one
+#                                            of REFERENCE_IMPORTS) imports in .venv/ENV
+#                                            (exit 2 naming each that does not); builds
+#                                            nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -158,6 +163,44 @@ make_venv() {
 TEST_REFERENCES=('tensorflow-hub==0.16.1' 'tf-models-official==2.18.0' 'gin-config==0.5.0'
                  'scipy==1.14.1')
 
+# What the BERT tests check the job against (training/tests/test_bert_checkpoint.py,
+# test_bert_hub.py), as MODULE=PACKAGE: every setup of a training environment imports each
+# and stops, naming the package, when one fails. They go in with --no-deps (above), so a
+# dependency of theirs that goes missing shows here, not as a test that cannot run.
+REFERENCE_IMPORTS=(
+  tensorflow_hub=tensorflow-hub
+  official.nlp.modeling=tf-models-official
+  official.nlp.tools.tf2_bert_encoder_checkpoint_converter=tf-models-official
+  official.legacy.bert.configs=tf-models-official
+  gin=gin-config
+  scipy=scipy
+)
+
+# Imports each MODULE=PACKAGE argument; one line per failure, naming the package and why.
+IMPORT_CHECK='
+import importlib, sys
+failed = 0
+for pair in sys.argv[2:]:
+    module, package = pair.split("=", 1)
+    try:
+        importlib.import_module(module)
+    except Exception as error:
+        failed += 1
+        print(f"setup.sh: .venv/{sys.argv[1]}: {package} does not import ({module}: "
+              f"{type(error).__name__}: {error}); reinstall it, or what it names, with "
+              "scripts/setup.sh after rm -r .venv/" + sys.argv[1], file=sys.stderr)
+sys.exit(2 if failed else 0)
+'
+
+check_references() {
+  # NAME [MODULE=PACKAGE...]: every reference (default: REFERENCE_IMPORTS) imports in
+  # .venv/NAME, with Keras 2 as the job has it (tpu_training/tf_env.py).
+  local name=$1; shift
+  [[ $# -gt 0 ]] || set -- "${REFERENCE_IMPORTS[@]}"
+  TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3 ".venv/$name/bin/python" -c "$IMPORT_CHECK" \
+    "$name" "$@"
+}
+
 pip_args() {
   # NAME: the pip arguments of its environment, into PIP_ARGS.
   case $1 in
@@ -174,7 +217,12 @@ pip_args() {
   esac
 }
 
-setup_one() { pip_args "$1"; make_venv "$1" "${PIP_ARGS[@]}"; }
+setup_one() {
+  pip_args "$1"
+  make_venv "$1" "${PIP_ARGS[@]}"
+  # Every time, not only after a build: a package removed since is caught too.
+  if [[ $1 == tf2* ]]; then check_references "$1" || exit 2; fi
+}
 
 ALL_ENVS=(infra tf218 tf220 image)
 if [[ ${1:-} == --which ]]; then  # the Python each environment would be built with
@@ -192,6 +240,13 @@ if [[ ${1:-} == --stamp ]]; then  # what each environment's .installed would hol
   [[ $# -gt 0 ]] || set -- "${ALL_ENVS[@]}"
   for env in "$@"; do python_range "$env" > /dev/null || exit 2; done
   for env in "$@"; do pip_args "$env"; echo "$env $(stamp_of "${PIP_ARGS[@]}")"; done
+  exit 0
+fi
+if [[ ${1:-} == --check-references ]]; then  # the test references import in ENV
+  [[ $# -ge 2 ]] || { echo "usage: setup.sh --check-references ENV [MODULE=PACKAGE...]" >&2; exit 2; }
+  python_range "$2" > /dev/null || exit 2
+  env=$2; shift 2
+  check_references "$env" "$@" || exit 2
   exit 0
 fi
 if [[ $# -eq 0 ]]; then set -- "${ALL_ENVS[@]}"; fi

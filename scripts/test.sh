@@ -7,6 +7,8 @@
 # under a time limit, and prints its time; the summary lists every suite's time and
 # every failure, also when the run is cut short (Ctrl-C, SIGTERM, a suite's limit).
 # The exit code is 1 when anything failed (130/143 when interrupted).
+# Every skip is listed in the summary; on CI (CI=true) one not on tests/suite_report.py's
+# ALLOWED_SKIPS is a failure: a skipped test proves nothing (issue 47).
 # Usage: scripts/test.sh [PYTEST_ARGS...]   (e.g. -k preemption; passed to every pytest)
 # Environment: TEST_WORKERS (pytest-xdist workers of a training suite, default 2, and twice
 #              as many for the infra suite, whose end-to-end tests mostly wait on the
@@ -17,9 +19,15 @@ cd "$(dirname "$0")/.." || exit
 scripts/setup.sh || exit
 
 WORKERS=${TEST_WORKERS:-2}
+# Every pytest below loads tests/suite_report.py, which appends each skip it sees here.
+export TPU_STACK_SKIP_LOG="$PWD/.cache/test-skips.log"
+mkdir -p .cache && : > "$TPU_STACK_SKIP_LOG"
+# ... and, at its end, how many tests it ran here (each suite's "tests" in the table).
+export TPU_STACK_TEST_COUNT="$PWD/.cache/test-count"
 PYTEST_ARGS=("$@")
 failures=()
 times=()
+rows=()       # README.md's "Test times" rows: | suite | tests | time |
 running=""     # the suite under way, and the process running it
 running_pid=""
 started_all=$SECONDS
@@ -69,18 +77,19 @@ suite() {
   shift 5
   ((count > 0)) && workers=(-n "$count" --dist worksteal)
   running=$name
-  run "$(limit_of "$limit")" "$python" -m pytest -q -p no:cacheprovider "${workers[@]}" \
-    -m "${selection:+($selection) and }not alone" "$@" "${PYTEST_ARGS[@]}"
+  : > "$TPU_STACK_TEST_COUNT"
+  run "$(limit_of "$limit")" "$python" -m pytest -q -p no:cacheprovider -p tests.suite_report \
+    "${workers[@]}" -m "${selection:+($selection) and }not alone" "$@" "${PYTEST_ARGS[@]}"
   code=$?
   alone_code=5
   local left=$(($(limit_of "$limit") - (SECONDS - started)))
   if [[ $code != 124 && $code != 137 ]] && ((left > 0)); then
-    run "$left" "$python" -m pytest -q -p no:cacheprovider \
+    run "$left" "$python" -m pytest -q -p no:cacheprovider -p tests.suite_report \
       -m "${selection:+($selection) and }alone" "$@" "${PYTEST_ARGS[@]}"
     alone_code=$?
   fi
   running=""
-  timed "$name" "$started"
+  timed "$name" "$started" "$(tests_ran)"
   # The suite's outcome: the first pass's, unless it found nothing and the second ran some.
   [[ $code == 5 && $alone_code != 5 ]] && code=$alone_code
   [[ $code == 0 && $alone_code != 5 ]] && code=$alone_code
@@ -94,17 +103,36 @@ suite() {
   fi
 }
 
+tests_ran() {
+  # The suite's tests as its pytest passes counted them: "N", or "N + M" when the tests
+  # marked alone ran after the others; "?" when a pass was cut short before counting.
+  local counts=()
+  mapfile -t counts < "$TPU_STACK_TEST_COUNT"
+  case ${#counts[@]} in
+    0) echo "?" ;;
+    1) echo "${counts[0]}" ;;
+    *) if ((counts[1] == 0)); then echo "${counts[0]}"; else echo "${counts[0]} + ${counts[1]}"; fi ;;
+  esac
+}
+
 timed() {
-  # NAME STARTED: print and remember how long NAME took.
+  # NAME STARTED [TESTS]: print and remember how long NAME took (and its tests).
   local took=$((SECONDS - $2))
-  times+=("$(printf '%-32s %5d s' "$1" "$took")")
+  times+=("$(printf '%-36s %5d s' "$1" "$took")")
+  rows+=("| $1 |${3:+ $3} | $took s |")
   echo "$1: $took s"
 }
 
 summary() {
   step "summary"
   printf '  %s\n' "${times[@]}"
-  printf '  %-32s %5d s\n' "all of scripts/test.sh" "$((SECONDS - started_all))"
+  local all=$((SECONDS - started_all))
+  printf '  %-36s %5d s\n' "all of scripts/test.sh" "$all"
+  # README.md's "Test times" table has these rows, a column per measured run.
+  printf '\n| suite | tests | time |\n| --- | --- | --- |\n'
+  printf '%s\n' "${rows[@]}"
+  printf '| all of scripts/test.sh | | %d s (%d.%d min) |\n\n' "$all" "$((all / 60))" \
+    "$(((all % 60) * 10 / 60))"
   if [[ ${#failures[@]} -eq 0 ]]; then
     echo "every check passed"
     return 0
@@ -154,15 +182,31 @@ suite "infra tests" 1200 $((2 * WORKERS)) .venv/infra/bin/python "" \
 for tf in tf218 tf220; do
   version=$(".venv/$tf/bin/python" -c 'import tensorflow as tf; print(tf.__version__)' \
     2>/dev/null)
-  if [[ $tf == tf218 ]]; then
+  if [[ -z $version ]]; then
+    # Without TensorFlow training/tests/conftest.py collects test_config.py alone: a
+    # suite that would pass having trained nothing.
+    failures+=("training on .venv/$tf (TensorFlow does not import there)")
+  elif [[ $tf == tf218 ]]; then
     step "training tests on TensorFlow $version"
-    suite "training on TF ${version:-?}" 900 "$WORKERS" ".venv/$tf/bin/python" "" \
-      training/tests
+    suite "training on TF $(cut -d. -f1,2 <<< "$version")" 900 "$WORKERS" \
+      ".venv/$tf/bin/python" "" training/tests
   else
     step "training tests marked tf_version on TensorFlow $version"
-    suite "training on TF ${version:-?} (tf_version)" 600 "$WORKERS" \
+    suite "training on TF $(cut -d. -f1,2 <<< "$version") (tf_version)" 600 "$WORKERS" \
       ".venv/$tf/bin/python" tf_version training/tests
   fi
 done
+
+step "skips"
+# Every skip any suite saw; on CI one not on the allowed list fails the run.
+run "$(limit_of 60)" .venv/infra/bin/python -m tests.suite_report "$TPU_STACK_SKIP_LOG"
+code=$?
+if ((code != 0)); then
+  if [[ ${CI:-} == true ]]; then
+    failures+=("skips (a test skipped that tests/suite_report.py does not allow: exit $code)")
+  else
+    echo "(a failure on CI: CI=true)"
+  fi
+fi
 
 summary

@@ -160,3 +160,61 @@ def test_a_changed_requirements_file_changes_the_stamp_so_the_environment_is_reb
     assert after_pyproject["tf218"] != before["tf218"]
     assert after_pyproject["infra"] != after_requirements["infra"]  # -e ./training
     assert after_pyproject["image"] == before["image"]  # names no file
+
+
+def built_env(tmp_path: Path, env: str) -> None:
+    """.venv/ENV as setup.sh left it (its stamp current, so nothing is rebuilt), whose
+    Python is this one: the infra side's, where no test reference is installed."""
+    stamp = setup_sh(tmp_path, "--stamp", env, python=None)
+    assert stamp.returncode == 0, stamp.stderr
+    venv = tmp_path / ".venv" / env
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / ".installed").write_text(stamp.stdout.split()[1] + "\n")
+
+
+def test_setup_of_a_training_environment_missing_a_reference_stops_naming_it(
+        tmp_path: Path) -> None:
+    """The BERT tests' references are installed --no-deps; one that does not import
+    (here: none is installed) stops setup, and so the test command, naming the package,
+    on every run, not only when the environment is built."""
+    built_env(tmp_path, "tf218")
+    result = setup_sh(tmp_path, "tf218", python=None)
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "setup.sh: .venv/tf218: tensorflow-hub does not import (tensorflow_hub: "
+        "ModuleNotFoundError: No module named 'tensorflow_hub')")
+    named = [line.split(" does not import")[0] for line in result.stderr.splitlines()]
+    assert named[:5] == [f"setup.sh: .venv/tf218: {package}" for package in (
+        "tensorflow-hub", "tf-models-official", "tf-models-official", "tf-models-official",
+        "gin-config")]  # scipy, the last, is on the infra side too
+
+
+def test_the_reference_check_names_a_module_that_does_not_import_and_passes_others(
+        tmp_path: Path) -> None:
+    built_env(tmp_path, "tf220")
+    missing = setup_sh(tmp_path, "--check-references", "tf220", "json=stdlib",
+                       "no_such_reference.tools=bogus-package", python=None)
+    assert missing.returncode == 2
+    assert missing.stderr.splitlines() == [
+        "setup.sh: .venv/tf220: bogus-package does not import (no_such_reference.tools: "
+        "ModuleNotFoundError: No module named 'no_such_reference'); reinstall it, or what "
+        "it names, with scripts/setup.sh after rm -r .venv/tf220"]
+    present = setup_sh(tmp_path, "--check-references", "tf220", "json=stdlib", python=None)
+    assert (present.returncode, present.stderr) == (0, "")
+
+
+def test_the_references_checked_are_the_ones_the_bert_tests_import() -> None:
+    script = (REPO_ROOT / "scripts" / "setup.sh").read_text()
+    listed = re.search(r"^REFERENCE_IMPORTS=\((.*?)\)$", script, re.MULTILINE | re.DOTALL)
+    assert listed
+    modules = {pair.split("=")[0] for pair in listed.group(1).split()}
+    tests = "".join((REPO_ROOT / "training" / "tests" / name).read_text()
+                    for name in ("test_bert_checkpoint.py", "test_bert_hub.py"))
+    imported = set(re.findall(r"(?:import|from) (official[\w.]*)", tests))
+    imported |= set(re.findall(r'import_module\("(\w+)"\)', tests))
+    assert imported == {"official.nlp.modeling", "official.legacy.bert",
+                        "official.nlp.tools", "tensorflow_hub"}
+    assert all(any(module == name or module.startswith(name + ".") for module in modules)
+               for name in imported)
+    assert "importorskip" not in tests

@@ -1,10 +1,12 @@
 """scripts/test.sh keeps its word: each suite's time, the summary even when a suite is cut
 short (its limit, or a signal), pytest-xdist workers, TensorFlow 2.20 on the tf_version
-subset; and pytest prints test paths that paste back."""
+subset, every skip listed and on CI an unlisted one failing, README's "Test times" rows;
+and pytest prints test paths that paste back."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,8 +21,15 @@ from model.archive import REPO_ROOT
 FAKE_PYTHON = """#!/usr/bin/env bash
 echo "$0 $*" >> "$FAKE_LOG"
 if [[ $1 == -c ]]; then  # the TensorFlow version: 2.18 for .venv/tf218
+  [[ $0 == *"/${FAKE_NO_TF:-none}/"* ]] && exit 1
   echo "${0%/bin/python}" | sed 's/.*tf2/2./'
   exit 0
+fi
+if [[ $2 == tests.suite_report ]]; then exec "$REAL_PYTHON" "$@"; fi
+if [[ $* == *"not alone"* ]]; then echo 3 >> "$TPU_STACK_TEST_COUNT"  # tests that ran
+else echo 1 >> "$TPU_STACK_TEST_COUNT"; fi
+if [[ -n ${FAKE_SKIP:-} && $0 == *"/$FAKE_SKIP/"* ]]; then
+  printf 'training/tests/test_x.py::test_y\tno reference here\n' >> "$TPU_STACK_SKIP_LOG"
 fi
 if [[ -n ${FAKE_SLOW:-} && $0 == *"/$FAKE_SLOW/"* ]]; then
   echo $$ > "$FAKE_STARTED"
@@ -47,13 +56,16 @@ def tree(tmp_path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         path.chmod(0o755)
+    (tmp_path / "tests").mkdir()
+    for name in ("tests/__init__.py", "tests/suite_report.py"):  # the real skip check
+        shutil.copy(REPO_ROOT / name, tmp_path / name)
     return tmp_path
 
 
 def environment(tree: Path, **extra: str) -> dict[str, str]:
     return {"PATH": f"{tree / 'bin'}{os.pathsep}{os.environ['PATH']}", "HOME": str(tree),
             "FAKE_LOG": str(tree / "calls.log"), "FAKE_STARTED": str(tree / "started"),
-            **extra}
+            "REAL_PYTHON": sys.executable, **extra}
 
 
 def run_tests(tree: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -79,7 +91,7 @@ def test_every_suite_prints_its_time_and_the_summary_lists_them(tree: Path) -> N
     assert summary[-1] == "every check passed"
     calls = (tree / "calls.log").read_text().splitlines()
     pytest_calls = [call.split(" ", 1)[1] for call in calls if " -m pytest " in call]
-    quiet = "-m pytest -q -p no:cacheprovider"
+    quiet = "-m pytest -q -p no:cacheprovider -p tests.suite_report"
     assert pytest_calls == [
         f"{quiet} -n 4 --dist worksteal -m not alone tests training/tests/test_config.py "
         "-k preemption",
@@ -145,3 +157,117 @@ def test_the_long_end_to_end_tests_are_collected_first() -> None:
     boot = [index for index, name in enumerate(files) if name.endswith("test_agent_boot.py")]
     units = [index for index, name in enumerate(files) if name.endswith("test_agent_units.py")]
     assert boot and units and max(boot) < min(units), files
+
+
+def test_on_ci_a_skip_not_on_the_allowed_list_fails_the_run_naming_it(tree: Path) -> None:
+    result = run_tests(tree, FAKE_SKIP="tf220", CI="true")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert ("SKIPPED, not on the allowed list: training/tests/test_x.py::test_y "
+            "(no reference here)") in result.stdout
+    assert summary_of(result.stdout)[-2:] == [
+        "1 failed:",
+        "skips (a test skipped that tests/suite_report.py does not allow: exit 1)"]
+
+
+def test_outside_ci_a_skip_is_listed_but_does_not_fail(tree: Path) -> None:
+    result = run_tests(tree, FAKE_SKIP="tf220")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SKIPPED, not on the allowed list: training/tests/test_x.py::test_y" in result.stdout
+    assert "(a failure on CI: CI=true)" in result.stdout
+    assert summary_of(result.stdout)[-1] == "every check passed"
+
+
+def test_a_training_environment_without_tensorflow_fails_instead_of_testing_nothing(
+        tree: Path) -> None:
+    result = run_tests(tree, FAKE_NO_TF="tf220")
+    assert result.returncode == 1
+    assert summary_of(result.stdout)[-2:] == [
+        "1 failed:", "training on .venv/tf220 (TensorFlow does not import there)"]
+    assert ".venv/tf220/bin/python -m pytest" not in (tree / "calls.log").read_text()
+
+
+SKIPPING_TESTS = {
+    "test_skips.py": "import pytest\n\n"
+                     "def test_runs():\n    pass\n\n"
+                     "def test_skips():\n    pytest.skip('no reference here')\n",
+    "test_missing.py": "import pytest\n\n"
+                       "pytest.importorskip('no_such_reference_module')\n\n"
+                       "def test_never_runs():\n    pass\n",
+}
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_the_plugin_logs_every_skip_and_counts_the_tests_that_ran(
+        tmp_path: Path, workers: list[str]) -> None:
+    """A test's own skip and a module's importorskip, in one process and under
+    pytest-xdist (whose workers collect the modules), each logged once in the check; the
+    tests that ran counted once."""
+    for name, text in SKIPPING_TESTS.items():
+        (tmp_path / name).write_text(text)
+    log, count = tmp_path / "skips.log", tmp_path / "count"
+    env = {**os.environ, "TPU_STACK_SKIP_LOG": str(log), "TPU_STACK_TEST_COUNT": str(count),
+           "PYTHONPATH": str(REPO_ROOT)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-p", "tests.suite_report", *workers, str(tmp_path)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert count.read_text() == "2\n"  # one line (the controller's); the module skipped
+    check = subprocess.run([sys.executable, "-m", "tests.suite_report", str(log)],
+                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                           check=False)
+    assert check.returncode == 1
+    assert check.stdout.splitlines() == [
+        "2 skipped, 2 not allowed (tests/suite_report.py, ALLOWED_SKIPS)",
+        "  SKIPPED, not on the allowed list: test_missing.py (could not import "
+        "'no_such_reference_module': No module named 'no_such_reference_module')",
+        "  SKIPPED, not on the allowed list: test_skips.py::test_skips (no reference here)"]
+
+
+def test_an_allowed_skip_is_listed_with_its_reason_and_passes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import suite_report
+
+    monkeypatch.setattr(suite_report, "ALLOWED_SKIPS",
+                        {"tests/x/test_*.py::test_linux_only": "CI runs on Linux"})
+    log = tmp_path / "skips.log"
+    log.write_text("tests/x/test_a.py::test_linux_only\tnot Linux\n" * 2)
+    assert suite_report.report_lines(suite_report.skips_in(log)) == (
+        ["skipped, allowed (CI runs on Linux): tests/x/test_a.py::test_linux_only "
+         "(not Linux)"], 0)
+    assert suite_report.main([str(log)]) == 0
+
+
+def table_of(text: str) -> list[list[str]]:
+    """The cells of the first markdown table in `text`, its rule line left out."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        if not line.startswith("| ---"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_the_summary_prints_readme_s_test_times_table_rows(tree: Path) -> None:
+    """README.md's "Test times" table is the summary's: the same rows, in order, and the
+    same tests column; README has a time column per measured run where the summary has
+    this run's."""
+    result = run_tests(tree, "-k", "preemption")
+    assert result.returncode == 0, result.stdout + result.stderr
+    printed = table_of(result.stdout.split("== summary\n", 1)[1])
+    assert printed[0] == ["suite", "tests", "time"]
+    assert [row[:2] for row in printed[1:]] == [
+        ["lint", ""], ["infra tests", "3 + 1"], ["training on TF 2.18", "3 + 1"],
+        ["training on TF 2.20 (tf_version)", "3 + 1"], ["all of scripts/test.sh", ""]]
+    assert all(re.fullmatch(r"\d+ s", row[2]) for row in printed[1:-1])
+    assert re.fullmatch(r"\d+ s \(\d+\.\d min\)", printed[-1][2])
+    readme = (REPO_ROOT / "README.md").read_text().split("<!-- test-times -->", 1)[1]
+    documented = table_of(readme.split("<!-- /test-times -->", 1)[0])
+    assert documented[0] == ["suite", "tests", "at rest", "one core busy"]
+    assert [row[0] for row in documented] == [row[0] for row in printed]
+    for row in documented[1:]:
+        assert re.fullmatch(r"|\d+( \+ \d+)?|\?", row[1]), row
+        assert all(re.fullmatch(r"\d+ s( \(\d+\.\d min\))?|\?", cell) for cell in row[2:]), row

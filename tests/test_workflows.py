@@ -76,13 +76,29 @@ def documented_names() -> set[str]:
 # ---- variables -----------------------------------------------------------------
 
 
+# A read of a `vars` or `secrets` context in every form GitHub's expressions accept: the
+# property (`secrets.NAME`) and the index (`secrets['NAME']`, and `secrets["NAME"]`),
+# with spaces anywhere inside `${{ }}`, in any case (contexts and their property names
+# are case-insensitive: docs.github.com/actions/learn-github-actions/expressions and
+# /contexts, "Property dereference"; secret names are upper-cased when stored).
+CONTEXT_READ = re.compile(  # spaces within a line: a comment's "secrets." ends its line
+    r"\b(?P<context>vars|secrets)[ \t]*(?:\.[ \t]*(?P<property>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|\[[ \t]*(?P<quote>['\"])(?P<key>[A-Za-z_][A-Za-z0-9_]*)(?P=quote)[ \t]*\])",
+    re.IGNORECASE)
+
+
+def context_reads(text: str, context: str = "secrets|vars") -> set[str]:
+    """The names `text` reads from the context(s) (`vars`, `secrets`), upper-cased."""
+    return {(match["property"] or match["key"]).upper() for match in CONTEXT_READ.finditer(text)
+            if match["context"].lower() in context.split("|")}
+
+
 def used_variables() -> set[str]:
     """`vars.NAME` and `secrets.NAME` read anywhere, and the per-stack names
     .github/stacks.py builds, for the stacks deploy.yml deploys."""
     names: set[str] = set()
     for path in WORKFLOWS.glob("*.yml"):
-        text = path.read_text()
-        names |= set(re.findall(r"\b(?:vars|secrets)\.([A-Za-z_][A-Za-z0-9_]*)", text))
+        names |= context_reads(path.read_text())
     for stack in stacks.DEPLOYED:
         for role in ("DEPLOYER", "PREVIEW"):
             names |= set(stacks.variable_names(stack, role))
@@ -143,24 +159,86 @@ def test_each_deploy_runs_in_the_environment_its_deployer_trusts() -> None:
 DEPLOY_SECRETS = ("PULUMI_ACCESS_TOKEN", "PULUMI_CONFIG_PASSPHRASE")
 
 
+def strings_in(value: Any) -> list[str]:
+    """Every string in a parsed workflow's value (keys too), as written, unquoted."""
+    if isinstance(value, dict):
+        return [text for key, item in value.items() for text in (*strings_in(key),
+                                                                  *strings_in(item))]
+    if isinstance(value, list):
+        return [text for item in value for text in strings_in(item)]
+    return [value] if isinstance(value, str) else []
+
+
 def secret_reads(job: dict[str, Any]) -> set[str]:
-    return set(re.findall(r"\bsecrets\.([A-Za-z_][A-Za-z0-9_]*)", yaml.safe_dump(job)))
+    return {name for text in strings_in(job) for name in context_reads(text, "secrets")}
 
 
-def test_deploy_secrets_are_read_only_by_jobs_in_an_environment() -> None:
-    """Environment secrets reach only a job that sets `environment` (a caller of a
-    reusable workflow passes them by name; the callee's job in the environment gets
-    the values: docs.github.com, "Reusing workflows"). dev and prod admit main only."""
-    for name, workflow in all_workflows().items():
+def deploy_secret_readers(workflows: dict[str, dict[str, Any]],
+                          ) -> tuple[set[tuple[str, str]], list[tuple[str, str, set[str]]]]:
+    """The jobs that read a deploy secret, and those of them outside an environment.
+    Environment secrets reach only a job that sets `environment` (a caller of a reusable
+    workflow passes them by name; the callee's job in the environment gets the values:
+    docs.github.com, "Reusing workflows")."""
+    readers, outside = set(), []
+    for name, workflow in workflows.items():
         for job_name, job in workflow["jobs"].items():
             read = secret_reads(job) & set(DEPLOY_SECRETS)
             if not read:
                 continue
+            readers.add((name, job_name))
             if "uses" in job:  # a caller: the called job must run in the environment
-                called = load(job["uses"].rsplit("/", 1)[1])
-                assert all("environment" in j for j in called["jobs"].values()), (name, job_name)
+                called = workflows.get(job["uses"].rsplit("/", 1)[1], {"jobs": {"?": {}}})
+                in_environment = all("environment" in j for j in called["jobs"].values())
             else:
-                assert "environment" in job, (name, job_name, read)
+                in_environment = "environment" in job
+            if not in_environment:
+                outside.append((name, job_name, read))
+    return readers, outside
+
+
+def test_deploy_secrets_are_read_only_by_jobs_in_an_environment() -> None:
+    """dev and prod admit main only. The check finds every deploy secret read (it fails
+    when none is: a form it cannot see would otherwise pass it)."""
+    readers, outside = deploy_secret_readers(all_workflows())
+    assert outside == []
+    read = {secret for name, job in readers
+            for secret in secret_reads(all_workflows()[name]["jobs"][job])}
+    assert read >= set(DEPLOY_SECRETS), readers
+
+
+MADE_UP_WORKFLOW = """
+on: push
+jobs:
+  deploy:
+    runs-on: ubuntu-latest
+    steps:
+      - run: pulumi up
+        env:
+          PULUMI_ACCESS_TOKEN: ${{secrets[ 'PULUMI_ACCESS_TOKEN' ]}}
+  passphrase:
+    runs-on: ubuntu-latest
+    environment: prod
+    steps:
+      - run: pulumi up
+        env:
+          PULUMI_CONFIG_PASSPHRASE: ${{ SECRETS["pulumi_config_passphrase"] }}
+  fine:
+    runs-on: ubuntu-latest
+    steps:
+      - run: echo "${{ secrets . PULUMI_PREVIEW_ACCESS_TOKEN }} ${{ vars['DEV_X'] }}"
+"""
+
+
+def test_the_secret_check_sees_the_bracket_forms_of_a_made_up_workflow() -> None:
+    """A job outside an environment reading a deploy secret by index, with odd spacing,
+    is found; the same read in an environment is not a problem."""
+    workflows = {"made-up.yml": yaml.safe_load(MADE_UP_WORKFLOW)}
+    readers, outside = deploy_secret_readers(workflows)
+    assert readers == {("made-up.yml", "deploy"), ("made-up.yml", "passphrase")}
+    assert outside == [("made-up.yml", "deploy", {"PULUMI_ACCESS_TOKEN"})]
+    assert context_reads(MADE_UP_WORKFLOW, "secrets") == {
+        "PULUMI_ACCESS_TOKEN", "PULUMI_CONFIG_PASSPHRASE", "PULUMI_PREVIEW_ACCESS_TOKEN"}
+    assert context_reads(MADE_UP_WORKFLOW, "vars") == {"DEV_X"}
 
 
 def test_pull_requests_read_no_deploy_secret_and_a_read_only_token() -> None:
@@ -169,8 +247,7 @@ def test_pull_requests_read_no_deploy_secret_and_a_read_only_token() -> None:
     for name, workflow in all_workflows().items():
         if triggers(workflow) & {"pull_request", "pull_request_target"}:
             text = (WORKFLOWS / name).read_text()
-            for secret in DEPLOY_SECRETS:
-                assert f"secrets.{secret}" not in text, (name, secret)
+            assert not context_reads(text, "secrets") & set(DEPLOY_SECRETS), name
             assert all("environment" not in job for job in workflow["jobs"].values()), name
 
 

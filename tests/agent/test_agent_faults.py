@@ -133,27 +133,50 @@ def test_maintenance_is_read_in_both_casings(answer: str) -> None:
         "status": "PENDING"}
 
 
+class _Clock:
+    """A monotonic clock that moves only when a wait asks it to, and a stop event that is
+    never set whose wait moves it instead of sleeping: LongPoll's timing, told apart from
+    the machine's speed (a sleep of the test and a count of calls was, under load)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.waits: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout or 0.0)
+        self.now += timeout or 0.0
+        return False
+
+    def is_set(self) -> bool:
+        return False
+
+
 class _Ignores:
     """A metadata server whose key ignores wait_for_change: it answers at once."""
 
-    def __init__(self) -> None:
-        self.calls = 0
+    def __init__(self, clock: _Clock) -> None:
+        self.clock, self.starts = clock, []
 
     def watch(self, path: str, etag: str | None, params: object = None) -> tuple[str, str]:
-        self.calls += 1
+        self.starts.append(self.clock.now)
         return "FALSE", "same-etag"
 
 
-def test_a_key_that_ignores_wait_for_change_is_polled_at_most_once_a_second() -> None:
-    server, stopped = _Ignores(), threading.Event()
-    loops = supervise.Loops()
-    poll = watchers.LongPoll(server, "instance/preempted", stopped,  # type: ignore[arg-type]
+def test_a_key_that_ignores_wait_for_change_is_polled_at_most_once_a_second(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(watchers, "time", clock)
+    server = _Ignores(clock)
+    poll = watchers.LongPoll(server, "instance/preempted", clock,  # type: ignore[arg-type]
                              lambda _value: None)
-    loops.start("poll", poll.step, stopped)
-    time.sleep(2.5)
-    stopped.set()
-    loops.stop()
-    assert 2 <= server.calls <= 4  # without the floor: thousands
+    for _ in range(10):
+        assert poll.step()
+    assert len(server.starts) == 10  # without the floor: as many as the CPU allows
+    assert [b - a for a, b in itertools.pairwise(server.starts)] == \
+        [watchers.LONG_POLL_FLOOR_SECONDS] * 9
 
 
 class _Failing:
@@ -165,18 +188,20 @@ class _Failing:
         raise common.TransientError("HTTP 503")
 
 
-def test_a_503_on_upcoming_maintenance_backs_off_without_a_storm() -> None:
-    server, stopped = _Failing(), threading.Event()
-    poll = watchers.LongPoll(server, watchers.UPCOMING_MAINTENANCE_PATH, stopped,  # type: ignore[arg-type]
+def test_a_503_on_upcoming_maintenance_backs_off_without_a_storm(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(watchers, "time", clock)
+    server = _Failing()
+    poll = watchers.LongPoll(server, watchers.UPCOMING_MAINTENANCE_PATH, clock,  # type: ignore[arg-type]
                              lambda _value: None,
                              retry_cap=watchers.MAINTENANCE_RETRY_CAP_SECONDS)
     delays = [poll.backoff.next_delay() for _ in range(12)]
     assert delays[-1] >= watchers.MAINTENANCE_RETRY_CAP_SECONDS / 2  # minutes apart
-    loops = supervise.Loops()
-    loops.start("poll", poll.step, stopped)
-    time.sleep(1.5)
-    stopped.set()
+    clock.waits.clear()
+    assert poll.step()
     assert server.calls == 1  # one request, then a wait of many minutes
+    assert clock.waits[-1] >= watchers.MAINTENANCE_RETRY_CAP_SECONDS / 2
 
 
 def test_a_loop_that_raises_runs_again_and_a_dead_thread_is_restarted() -> None:
@@ -189,7 +214,7 @@ def test_a_loop_that_raises_runs_again_and_a_dead_thread_is_restarted() -> None:
         time.sleep(0.05)
 
     loop = loops.start("flaky", body, stopped)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # waits only as long as the loop needs
     while len(calls) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(calls) >= 3 and loops.health()["threadFaults"] == 1
@@ -301,6 +326,11 @@ def test_the_agent_in_a_startup_script_is_found_and_checked() -> None:
     assert handover.zipapp_in_script(cut) is None
 
 
+# How long a stalled upload hangs unless the test releases it: recording that waited on
+# it would take this long, six times the bound the test allows it.
+STALL_SECONDS = 60.0
+
+
 class _StalledStorage:
     """Uploads that hang until released (a GCS that stopped answering), counted."""
 
@@ -311,7 +341,7 @@ class _StalledStorage:
     def upload(self, uri: str, data: bytes, content_type: str, setting: str,
                metadata: object = None) -> None:
         self.uploads.append((uri, time.monotonic()))
-        self.release.wait(30)
+        self.release.wait(STALL_SECONDS)
 
 
 class _Attributes:
@@ -329,7 +359,7 @@ def test_a_stalled_upload_never_holds_the_job_or_the_guest_attributes(tmp_path: 
     published.prefix = f"gs://{BUCKET}/status/stalled/"
     try:
         published.set(state="running")
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while not storage.uploads and time.monotonic() < deadline:
             time.sleep(0.01)
         assert storage.uploads  # the upload now hangs
@@ -338,8 +368,9 @@ def test_a_stalled_upload_never_holds_the_job_or_the_guest_attributes(tmp_path: 
             published.progress(step=step)
             published.note(f"line {step}")
         published.set(state="preempted", message="stopped")
-        assert time.monotonic() - began < 1.0
-        deadline = time.monotonic() + 5
+        assert time.monotonic() - began < STALL_SECONDS / 6  # not behind the upload
+        assert not storage.release.is_set() and len(storage.uploads) == 1  # still hanging
+        deadline = time.monotonic() + 30
         while attributes.values.get("state") != "preempted" and time.monotonic() < deadline:
             time.sleep(0.01)
         assert attributes.values["state"] == "preempted"  # not behind the stalled upload
@@ -371,9 +402,10 @@ def test_a_stuck_loop_stops_the_keep_alive_to_systemd_and_shows_in_the_health(
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
     monkeypatch.setattr(supervise, "WATCHDOG_SECONDS", 0.2)
 
-    def pings(seconds: float) -> int:
+    def pings(seconds: float, enough: int | None = None) -> int:
+        """Keep-alives received within `seconds` (or as soon as `enough` came)."""
         count, deadline = 0, time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and (enough is None or count < enough):
             try:
                 count += listener.recv(64) == b"WATCHDOG=1"
             except TimeoutError:
@@ -383,11 +415,14 @@ def test_a_stuck_loop_stops_the_keep_alive_to_systemd_and_shows_in_the_health(
     loops, stopped, release = supervise.Loops(), threading.Event(), threading.Event()
     try:
         loops.beat()
-        assert pings(1.0) >= 2  # every loop within its bound: systemd is fed
-        stuck = loops.start("stuck", lambda: release.wait(30) and False, stopped, bound=0.3)
-        time.sleep(0.5)
-        assert loops.health()["stuck"] == ["stuck"]
-        pings(0.3)  # one already on its way
+        assert pings(30, enough=2) == 2  # every loop within its bound: systemd is fed
+        stuck = loops.start("stuck", lambda: release.wait(60) and False, stopped, bound=0.3)
+        deadline = time.monotonic() + 30  # past its 0.3 s bound, however slow the machine
+        while loops.health().get("stuck") != ["stuck"] and time.monotonic() < deadline:
+            loops.beat()  # the main thread waits here, alive
+            time.sleep(0.05)
+        assert loops.health().get("stuck") == ["stuck"]
+        pings(1.0)  # those already on their way (the watchdog ticks every 0.2 s)
         assert pings(1.0) == 0  # no keep-alive: systemd restarts the agent (WatchdogSec=)
         release.set()
         assert stuck.done.wait(5)

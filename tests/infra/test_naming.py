@@ -20,8 +20,9 @@ RFC1035_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 ROLE_ID_RE = re.compile(r"^[A-Za-z0-9_.]{3,64}$")
 
 
-# No per-example deadline: generating from these regexes alone can pass 200 ms on a busy
-# 2-core machine (a DeadlineExceeded there is the machine, not the names).
+# No per-example deadline on any property here (Hypothesis's default is 200 ms):
+# generating from these regexes alone can pass 200 ms on a busy 2-core machine (a
+# DeadlineExceeded there is the machine, not the names).
 @settings(deadline=None)
 @given(projects, stacks, logical, st.one_of(st.none(), logical))
 def test_names_follow_gcp_rules(project: str, stack: str, name: str, team: str | None) -> None:
@@ -35,6 +36,7 @@ def test_names_follow_gcp_rules(project: str, stack: str, name: str, team: str |
     assert ROLE_ID_RE.match(naming.custom_role_id("tpuStackStorageDeployer"))
 
 
+@settings(deadline=None)
 @given(projects, stacks, stacks)
 def test_custom_role_ids_differ_per_stack(project: str, one: str, other: str) -> None:
     """Role ids are per project: a second stack in the same project must not get 409."""
@@ -43,6 +45,7 @@ def test_custom_role_ids_differ_per_stack(project: str, one: str, other: str) ->
                 != Naming(project, other).custom_role_id("tpuStackStorageDeployer"))
 
 
+@settings(deadline=None)
 @given(projects, stacks, logical)
 def test_names_are_stable_and_distinct_per_team(project: str, stack: str, name: str) -> None:
     naming = Naming(project, stack)
@@ -69,6 +72,7 @@ def test_readable_names() -> None:
         "managed-by": "pulumi", "cost-centre": "cc_12"}
 
 
+@settings(deadline=None)
 @given(st.text(max_size=100))
 def test_label_values_are_always_valid(text: str) -> None:
     assert re.fullmatch(r"[a-z0-9_-]{0,63}", label_value(text))

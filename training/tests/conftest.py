@@ -90,14 +90,16 @@ def job_file(tmp_path, job):
     return write
 
 
-# The tests whose outcome can change with the TensorFlow version, marked `tf_version`:
+# The tests TensorFlow 2.20 (the newest supported) runs too, marked `tf_version`:
 # scripts/test.sh runs every test on TensorFlow 2.18 (the TPU image's) and these on 2.20
-# too (training/README.md, "Tests and benchmarks"). What differs between the two is
-# TensorFlow and its tf-keras: model building and fitting, optimizers and mixed
+# (training/README.md, "Tests and benchmarks"). Two kinds. Those whose outcome can change
+# with the TensorFlow version: tf-keras model building and fitting, optimizers and mixed
 # precision, checkpoint and SavedModel formats, tf.data, tf.image and tf.io, the
-# strategy. The other modules test the job's own process (signals and exit codes, the
-# hang dump, the input-wait probe, the command line, goodput and config arithmetic)
-# through the same TensorFlow calls these run.
+# strategy. And the job's core claims, end to end on the newest version (issue 47): the
+# SIGTERM save and the resume, BERT checkpoint conversion against tensorflow/models and
+# the TF Hub export against tensorflow-hub, the signal handlers put back, the output
+# lines. The rest test the job's own process (the hang dump, the input-wait probe, the
+# command line, goodput and config arithmetic) through the same TensorFlow calls.
 TF_VERSION_MODULES = {
     "test_environment.py",      # one TensorFlow, its own tf-keras
     "test_training_job.py",     # fit, checkpoints (async too), export, precision
@@ -108,6 +110,11 @@ TF_VERSION_MODULES = {
     "test_checkpoint_size.py",  # the size table against real checkpoints
     "test_strategy.py",         # the cluster resolver and strategy fallbacks
     "test_record_index.py",     # tf.io.gfile reads
+    "test_preemption.py",       # SIGTERM saves and exits 75, the rerun resumes; SIGKILL
+    "test_bert_checkpoint.py",  # conversion, against tf-models-official's encoder
+    "test_bert_hub.py",         # the export, loaded by tensorflow-hub
+    "test_signal_handlers.py",  # handlers a library replaced are put back
+    "test_job_output.py",       # the progress lines, one write each; the orphaned output
 }
 
 

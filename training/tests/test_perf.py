@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tpu_training import data, models, perf, synth, train
+from tpu_training import data, models, perf, train
 from tpu_training.config import JobConfig, train_flops_per_example
 from tpu_training.tf_env import tf
 
@@ -71,7 +71,9 @@ def test_an_input_bound_job_waits_for_most_of_its_time(strategy, mnist_data):
     lines = perf_lines(out.getvalue())
     assert [int(m[1]) for m in lines] == [22, 40]  # after 10 timed executions, and the end
     last = lines[-1]
-    assert float(last[3]) > 0.5, last[0]
+    # About 0.9 at rest; 0.48 at a load average of 17 on 2 cores, whose slowed steps take
+    # a larger part. A probe that missed the waits reads 0: a third of 0.9 still fails it.
+    assert float(last[3]) > 0.3, last[0]
     assert last[4] == "na"  # on CPU: no peak to compare with
 
 
@@ -87,32 +89,45 @@ def test_a_compute_bound_job_hardly_waits(strategy, mnist_data):
     assert last[4] == "na"  # a peak in the job, but no TPU: still na
 
 
-def test_a_cached_in_memory_dataset_waits_for_almost_nothing(strategy, tmp_path):
-    # bert_tiny with BERT's 30522 words on short sequences, 2 examples a replica: most of
-    # a step is AdamW's update of the 4.4M weights and their moments (as for BERT-Large at
-    # 16 examples a chip). The input is a few batches cached in memory and repeated: it
-    # costs next to nothing, so what the share reads is the probe's error. A probe
-    # without the optimizer's update read the update as waiting for input (0.4 or more).
-    # Sixteen steps an execution, as a real job has many: the probe's error is mostly in
-    # the fixed cost of an execution, timed from one step; at two steps an execution it
-    # read 0.0 to 0.14 at rest, at sixteen 0.0 to 0.04 with one core busy.
-    shape = {"model": "bert_tiny", "maxSeqLength": 16, "maxPredictionsPerSeq": 2,
-             "globalBatchSize": 4}
-    job = JobConfig.from_dict({**shape, "trainData": f"{tmp_path}/train-*", **TWENTY_EXECUTIONS,
-                               "stepsPerExecution": 16, "trainSteps": 320,
-                               "checkpointEverySteps": 320, **locations(f"{tmp_path}/job")})
-    spec = models.model_spec(job)
-    records = data.make_dataset_fn(
-        synth.write_dataset(str(tmp_path), spec, examples=32, shards=1).files, spec,
-        job.globalBatchSize)
+def test_the_probe_runs_the_whole_training_step_and_puts_every_variable_back(strategy):
+    """What keeps a job whose input costs nothing near a share of 0: the device probe runs
+    the job's own training step, the optimizer's update included (a probe without it read
+    that update as waiting for input, 0.4 or more), n times, then restores the state.
 
-    def cached(context):
-        return records(context).take(4).cache().repeat().prefetch(4)
+    Checked by what the probe changes, not by a share: a share is a timing, which load on
+    a shared machine moves (a cached in-memory bert_tiny job read 0.0 to 0.04 with one
+    core busy, 0.67 at a load average of 17 on 2 cores); the shares a job reads are
+    bench/'s to measure."""
+    from tpu_training.tf_env import keras
 
-    out = io.StringIO()
-    train.run(job, strategy=strategy, out=out, dataset_fn=cached)
-    last = perf_lines(out.getvalue())[-1]
-    assert float(last[3]) < 0.05, last[0]
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Dense(4)])
+        model.build((None, 3))
+        optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+
+    def train_step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(features) - labels))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return loss
+
+    spec = (tf.TensorSpec([2, 3], tf.float32), tf.TensorSpec([2, 4], tf.float32))
+    weights = [variable.numpy() for variable in model.variables]
+    # Only the model's weights kept: the optimizer's step count shows what ran.
+    partial = perf.device_probe(strategy, train_step, list(model.variables), spec)
+    assert partial(3) > 0
+    assert int(optimizer.iterations.numpy()) == 3  # three steps, each with its update
+    assert all((variable.numpy() == kept).all()
+               for variable, kept in zip(model.variables, weights, strict=True))
+    # The job's state, the optimizer's too: after a probe, as if none had run.
+    state = [*model.variables, *optimizer.variables]
+    before = [variable.numpy() for variable in state]
+    assert perf.device_probe(strategy, train_step, state, spec)(5) > 0
+    assert int(optimizer.iterations.numpy()) == 3
+    assert all((variable.numpy() == kept).all()
+               for variable, kept in zip(state, before, strict=True))
 
 
 def test_figures_of_a_window():
