@@ -43,7 +43,8 @@ def team(name: str, *nodes: dict, **changes: Any) -> dict:
             "labels": {"cost-centre": f"cc-{name}"},
             "quota": {"v5e": {"spot": 16, "onDemand": 8}, "v4": {"reserved": 16},
                       "usdPerHour": 100},
-            "jobs": {"mnist": job()}, "nodes": list(nodes)}
+            "jobs": {"mnist": job()}, "nodes": list(nodes),
+            "alerts": {"email": f"ml-{name}@acme.example"}}
     data.update(changes)
     return data
 

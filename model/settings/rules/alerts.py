@@ -42,8 +42,8 @@ def alerts_problems(s: StackSettings) -> Problems:
 def _settings_problems(key: str, alerts: AlertsSettings | None, required: bool) -> Problems:
     if alerts is None or not alerts.has_channel:
         if required:
-            yield (f"{key}.email", "a team's alerts need a notification channel: set "
-                                   f"{key}.email (an address) or {key}.pubsubTopic "
+            yield (f"{key}.email", "is required: a team's alerts need a notification "
+                                   f"channel, {key}.email (an address) or {key}.pubsubTopic "
                                    "(projects/<project>/topics/<topic>)")
         if alerts is None:
             return
