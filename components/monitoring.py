@@ -87,9 +87,9 @@ class StackMonitoring(pulumi.ComponentResource):
         args, s = self.args, self.args.settings
         opts = self._child(args.host_depends_on)
         for team, (project_id, after) in args.team_projects.items():
-            # The host project's metrics scope sees each team's project
-            # (registry.terraform.io google_monitoring_monitored_project: metrics_scope is
-            # the scoping project, name the monitored one).
+            # The host project's metrics scope sees each team's project (pulumi.com/registry/
+            # packages/gcp/api-docs/monitoring/monitoredproject, "Monitoring Monitored
+            # Project Basic": metrics_scope the scoping project's id, name the monitored one's).
             gcp.monitoring.MonitoredProject(
                 f"{team}-metrics-scope", metrics_scope=args.host_project_id,
                 name=project_id, opts=self._child([*args.host_depends_on, *after]))
