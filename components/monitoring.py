@@ -20,7 +20,7 @@ import pulumi_gcp as gcp
 
 from model import monitoring as m
 from model.naming import label_value
-from model.settings.rules.alerts import ALERTS_KEY, idle_minutes
+from model.settings.rules.alerts import idle_minutes
 from model.settings.schema import AlertsSettings, NodeSettings, StackSettings, duration_seconds
 
 TYPE = "tpu-stack:index:Monitoring"
@@ -134,10 +134,7 @@ class StackMonitoring(pulumi.ComponentResource):
             f"{w.key}-dashboard", project=w.project_id,
             dashboard_json=m.dashboard_json(w.title, charts, w.scope), opts=opts)
         channel = self._channel(w.key, w.team or s.team, w.project_id, w.alerts, opts)
-        if channel is None:
-            pulumi.log.warn(f"{w.title}: no alerts: set {ALERTS_KEY}.email (or .pubsubTopic) "
-                            "to be told when a TPU idles, a job hangs or goodput drops",
-                            resource=self)
+        if channel is None:  # a single-team stack without tpu-stack:alerts: no policies
             return
         assert w.alerts is not None
         window = duration_seconds(w.alerts.goodput_window) or 3600
