@@ -230,3 +230,13 @@ def test_a_team_stack_may_not_set_alerts_of_its_own() -> None:
     with pytest.raises(SettingsError) as error:
         load_settings(config, "team-vision")
     assert [key for key, _ in error.value.problems] == ["tpu-stack:alerts"]
+
+
+def test_tiles_fill_the_mosaic_without_overlapping() -> None:
+    charts = [*m.node_charts(), *m.goodput_charts(), m.hung_chart("x"), m.spend_chart("y")]
+    tiles = m.dashboard("x", charts)["mosaicLayout"]["tiles"]
+    cells = [(t["xPos"] + dx, t["yPos"] + dy) for t in tiles
+             for dx in range(t["width"]) for dy in range(t["height"])]
+    assert len(cells) == len(set(cells)) == len(charts) * m.TILE_WIDTH * m.TILE_HEIGHT
+    assert max(x for x, _ in cells) < m.COLUMNS
+    assert [t["widget"]["title"] for t in tiles] == [c.title for c in charts]
