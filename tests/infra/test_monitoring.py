@@ -240,3 +240,14 @@ def test_tiles_fill_the_mosaic_without_overlapping() -> None:
     assert len(cells) == len(set(cells)) == len(charts) * m.TILE_WIDTH * m.TILE_HEIGHT
     assert max(x for x, _ in cells) < m.COLUMNS
     assert [t["widget"]["title"] for t in tiles] == [c.title for c in charts]
+
+
+def test_a_platform_s_own_alerts_watch_its_own_project_only() -> None:
+    config = {**platform_config(), "tpu-stack:alerts": json.dumps({"email": "ops@acme.example"})}
+    run = run_program(config, "platform")
+    own = {name: i for name, i in policies_of(run).items() if name.startswith("stack-")}
+    assert sorted(own) == ["stack-goodput", "stack-job-hung", "stack-tpu-idle"]
+    scoped = f'resource.label."project_id"="{HOST}"'
+    assert scoped in threshold(own["stack-tpu-idle"])["filter"]
+    assert scoped in threshold(own["stack-goodput"])["denominatorFilter"]
+    assert by_name(run, DASHBOARD)["stack-dashboard"]["project"] == HOST
