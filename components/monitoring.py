@@ -74,7 +74,8 @@ class StackMonitoring(pulumi.ComponentResource):
         for team, (project_id, after) in args.team_projects.items():
             spec = s.teams[team]
             self._watch(Watched(team, team, project_id, f"tpu-stack {s.stack}: team {team}",
-                                m.node_scope(s.naming.node_prefix(team)), spec.alerts,
+                                m.project_scope(s.naming.team_project(team), (m.TPU_WORKER,)),
+                                spec.alerts,
                                 spec.nodes, after))
         self.register_outputs({})
 

@@ -253,11 +253,14 @@ def node_scope(node_prefix: str) -> Scope:
                         f'"{node_prefix}.*")'}
 
 
-def project_scope(project: str) -> Scope:
-    """Series of `project` alone, in a metrics scope that sees others (the platform's own
-    alerts beside its teams'; project_id on the Workload resource: unconfirmed)."""
+def project_scope(project: str, resources: tuple[str, ...] = (TPU_WORKER, WORKLOAD)) -> Scope:
+    """Series of `project` alone, in a metrics scope that sees others: a team's TPU
+    workers (every node in a team's project is the team's, whichever stack declared it:
+    the platform names them `<platform>-<team>-…`, a team stack `<its stack>-<team>-…`),
+    or the platform's own nodes and workloads beside its teams' (project_id on the
+    Workload resource: unconfirmed, docs/tpu-facts.md)."""
     term = f'resource.label."project_id"="{project}"'
-    return {TPU_WORKER: term, WORKLOAD: term}
+    return {resource: term for resource in resources}
 
 
 def _aggregation(chart: Chart) -> dict[str, Any]:

@@ -57,14 +57,17 @@ def test_the_platform_declares_a_fleet_dashboard_and_one_per_team(runs) -> None:
 
 
 def test_a_team_s_dashboard_is_scoped_to_its_own_nodes(runs) -> None:
+    """Its project's TPU workers: every node there is the team's, declared by the
+    platform (platform-nlp-…) or by the team's own stack (team-vision-vision-…)."""
     boards = dashboards(runs["platform"])
-    scoped = 'resource.label."node_id"=monitoring.regex.full_match("platform-nlp-.*")'
-    tpu_filters = [f for f in m.tile_filters(boards["nlp-dashboard"]) if m.TPU_WORKER in f]
-    assert tpu_filters and all(scoped in f for f in tpu_filters)
-    assert not any("node_id" in f for f in m.tile_filters(boards["fleet-dashboard"]))
-    # Each node the team owns matches its scope, no other team's does.
-    pattern = re.compile("platform-nlp-.*")
-    assert pattern.fullmatch("platform-nlp-sweep") and not pattern.fullmatch("platform-vision-x")
+    for team, project in (("nlp", NLP), ("vision", VISION)):
+        filters = m.tile_filters(boards[f"{team}-dashboard"])
+        tpu = [f for f in filters if f'resource.type="{m.TPU_WORKER}"' in f]
+        assert tpu and all(f'resource.label."project_id"="{project}"' in f for f in tpu)
+        assert not any("project_id" in f for f in filters if m.WORKLOAD in f)
+    assert not any("project_id" in f for f in m.tile_filters(boards["fleet-dashboard"]))
+    node_ids = {r.inputs["name"] for r in runs["team-vision"].of_type("gcp:tpu/v2Vm:V2Vm")}
+    assert node_ids == {"team-vision-vision-trainer", "team-vision-vision-eval"}
 
 
 def test_every_tile_names_a_documented_metric_on_its_documented_resource(runs) -> None:
@@ -134,7 +137,7 @@ def test_thresholds_and_windows_come_from_settings(runs) -> None:
     idle = threshold(policies["nlp-tpu-idle"])
     assert (idle["comparison"], idle["thresholdValue"]) == ("COMPARISON_LT", 5)
     assert idle["duration"] == "1800s"  # nlp's shortest idleStop: 30m
-    assert "accelerator/duty_cycle" in idle["filter"] and "platform-nlp-" in idle["filter"]
+    assert "accelerator/duty_cycle" in idle["filter"] and f'"{NLP}"' in idle["filter"]
     assert threshold(policies["vision-tpu-idle"])["duration"] == "3600s"  # no idleStop: 1 h
     goodput = threshold(policies["nlp-goodput"])
     assert (goodput["thresholdValue"], goodput["duration"]) == (0.6, "7200s")
