@@ -254,3 +254,13 @@ def test_a_platform_s_own_alerts_watch_its_own_project_only() -> None:
     assert scoped in threshold(own["stack-tpu-idle"])["filter"]
     assert scoped in threshold(own["stack-goodput"])["denominatorFilter"]
     assert by_name(run, DASHBOARD)["stack-dashboard"]["project"] == HOST
+
+
+def test_a_single_team_stack_s_scope_matches_its_node_ids() -> None:
+    naming = load_settings(file_config("prod"), "prod").naming
+    scope = m.node_scope(naming.node_prefix())[m.TPU_WORKER]
+    assert scope == 'resource.label."node_id"=monitoring.regex.full_match("prod-.*")'
+    pattern = re.search(r'full_match\("([^"]+)"\)', scope).group(1)
+    assert re.fullmatch(pattern, naming.tpu_node("pod"))
+    long = naming.log_metric("job-hung", "t" * 20)
+    assert len(naming.log_metric("x" * 200)) == 100 and long.startswith("prod-tttt")
