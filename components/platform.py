@@ -26,6 +26,7 @@ from components.budget_stop import APIS as BUDGET_STOP_APIS
 from components.budget_stop import BudgetStop, BudgetStopArgs
 from components.ci import CI_APIS, CiArgs, CiIdentity, DeployerScope
 from components.identity import IdentityArgs, RuntimeIdentity
+from components.monitoring import MonitoringArgs, StackMonitoring
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
 from components.project import APIS, BUDGETS_API, Project, ProjectArgs
@@ -171,6 +172,10 @@ class TpuPlatform(pulumi.ComponentResource):
             self.project.by_api[BUDGETS_API]) if self._has_budgets else None
         for team in settings.teams:
             self._declare_team(team, after_apis)
+        # Dashboards and alerts (issue 46): the stack's, the fleet's, each team's.
+        self.monitoring = StackMonitoring("monitoring", MonitoringArgs(
+            settings, project_id, list(self.project.services),
+            {t: (a.project_id, a.services) for t, a in self.access.items()}), opts=self._child())
 
     def _write_team_outputs(self, bucket: str) -> None:
         """Each team's view of this stack's outputs, one object per team in the state

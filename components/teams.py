@@ -204,6 +204,7 @@ class TeamProject(pulumi.ComponentResource):
             disable_on_destroy=False, disable_dependent_services=False, opts=child)
             for api in apis]
         self.tpu_api = services[apis.index(TPU_API)]
+        self.services = services  # what the team's monitoring waits for (monitoring.py)
         after = child.merge(pulumi.ResourceOptions(depends_on=services))
         attached = gcp.compute.SharedVPCServiceProject(
             f"{t}shared-vpc", host_project=args.network.host.project,

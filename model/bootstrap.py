@@ -32,6 +32,7 @@ from model.roles import (
     BUDGET_STOP_ROLE,
     DEPLOYER_ROLES,
     MEMBER_PROJECT_ROLES,
+    METRICS_SCOPE_ROLE,
     PLATFORM_FOLDER_ROLES,
     PREVIEW_ROLES,
     PROJECT_ROLES,
@@ -127,7 +128,8 @@ def deployer_grants(settings: StackSettings, deployer: str,
                     if role == PROJECT_IAM_ADMIN else None) for role in PLATFORM_FOLDER_ROLES]
     grants += [Grant(host, role, member, host_condition(settings)["expression"]
                      if role == PROJECT_IAM_ADMIN else None)
-               for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE, *budget_stop_host_roles(settings))]
+               for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE, *budget_stop_host_roles(settings),
+                            METRICS_SCOPE_ROLE)]
     grants.append(Grant(host_parent, XPN_ADMIN, member))
     if settings.team_projects.state_bucket:  # the teams' state grants and outputs objects
         grants.append(Grant(f"projects/_/buckets/{settings.team_projects.state_bucket}",

@@ -36,6 +36,7 @@ _POOL_ID_MIN, _POOL_ID_MAX = 4, 32
 # one project need their own (a deleted one stays reserved: 7 days soft-deleted).
 _ROLE_ID_MIN, _ROLE_ID_MAX = 3, 64
 _ROLE_ID_BAD = re.compile(r"[^A-Za-z0-9_.]")
+_LOG_METRIC_MAX = 100
 _HASH_LEN = 6
 _PROJECT_MAX = 30
 
@@ -91,6 +92,16 @@ class Naming:
         projects.locations.functions: "lower case letters, digits and hyphens"; Pub/Sub
         topics allow more)."""
         return fit(_rfc1035(self._base(logical, team)), _RFC1035_MAX)
+
+    def log_metric(self, logical: str, team: str | None = None) -> str:
+        """A log-based metric id: `<stack>[-<team>]-<logical>`, at most 100 characters
+        of letters, digits and _-.,+!*',()%/ (cloud.google.com/logging/docs/reference/
+        v2/rest/v2/projects.metrics, LogMetric.name)."""
+        return fit(self._base(logical, team), _LOG_METRIC_MAX)
+
+    def node_prefix(self, team: str | None = None) -> str:
+        """What every node id of `team` (None: the stack's own) starts with."""
+        return self._base("", team) + "-"
 
     def bucket(self, purpose: str, team: str | None = None) -> str:
         """Globally unique bucket name: `<project>-<stack>[-<team>]-<purpose>`."""

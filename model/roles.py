@@ -4,6 +4,21 @@ each has one home below all three (cloud.google.com/iam/docs/understanding-roles
 
 from __future__ import annotations
 
+# What components/monitoring.py creates in a project it watches (the stack's own, and
+# each team's), the narrowest predefined role for each (policy/iam_roles.json, from
+# iann0036/iam-dataset): the deployer of a stack and the platform deployer in the
+# teams' folder hold them.
+MONITORING_ROLES = {
+    "roles/monitoring.dashboardEditor": "monitoring.py's dashboards (monitoring.dashboards.*)",
+    "roles/monitoring.alertPolicyEditor": "monitoring.py's alert policies",
+    "roles/monitoring.notificationChannelEditor": "monitoring.py's notification channels",
+    # No smaller predefined role holds logging.logMetrics.create (roles/logging.admin and
+    # logging.configWriter are the two); configWriter also writes sinks, buckets, views.
+    "roles/logging.configWriter": "monitoring.py's log-based metrics (job hung, budget "
+                                  "runout, team spend)",
+}
+
+
 # Project roles of the deployer: exactly what `pulumi up` of this stack
 # creates, reads and deletes (components/*.py), each with its reason.
 # projectIamAdmin is limited by an IAM condition (CiIdentity._conditions), and
@@ -24,7 +39,14 @@ DEPLOYER_ROLES = {
                                        "is granted on that account alone, DEPLOYER_ACCOUNT_ROLES)",
     "roles/resourcemanager.projectIamAdmin": "identity.py grants the runtime account project "
                                              "roles (condition: only the roles the stack grants)",
+    **MONITORING_ROLES,
 }
+
+
+# The platform's fleet dashboard sees every team's project: monitoring.py adds each to
+# the host project's metrics scope (monitoring.metricsScopes.link on both projects:
+# cloud.google.com/monitoring/settings/multiple-projects, as recalled; unconfirmed here).
+METRICS_SCOPE_ROLE = "roles/monitoring.metricsScopesAdmin"
 
 
 # What the deployer no longer holds, and why: whoever runs the first `up` (an
@@ -64,6 +86,8 @@ PLATFORM_FOLDER_ROLES = {
     "roles/tpu.admin": "the team nodes the platform stack declares",
     "roles/storage.admin": "the team buckets the platform stack declares; allUsers and "
                            "other domains are refused by the folder's org policies",
+    **MONITORING_ROLES,
+    METRICS_SCOPE_ROLE: "each team project joins the fleet dashboard's metrics scope",
 }
 
 

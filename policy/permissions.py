@@ -130,6 +130,11 @@ def _attached(inputs: Inputs) -> list[str]:
     return [f"projects/{inputs['hostProject']}", f"projects/{inputs['serviceProject']}"]
 
 
+def _scoped_projects(inputs: Inputs) -> list[str]:
+    """A MonitoredProject's scoping project and monitored project."""
+    return [f"projects/{str(inputs[key]).rsplit('/', 1)[-1]}" for key in ("metricsScope", "name")]
+
+
 _REST = "cloud.google.com/{}/docs/reference/rest/"
 _SET_POLICY = ("resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy")
 # The permissions are those each method's reference lists under "IAM Permissions"
@@ -253,6 +258,33 @@ TABLE: dict[str, Row] = {
         _run_service, *(("run.services.getIamPolicy", "run.services.setIamPolicy"),) * 3,
         "cloud.google.com/run/docs/reference/rest/v2/projects.locations.services/"
         "setIamPolicy (cloud.google.com/run/docs/reference/iam/permissions)", grant=True),
+    # Dashboards and alerts (components/monitoring.py, issue 46).
+    "gcp:monitoring/dashboard:Dashboard": Row(
+        _project, ("monitoring.dashboards.create",), ("monitoring.dashboards.update",),
+        ("monitoring.dashboards.delete",),
+        "cloud.google.com/monitoring/api/ref_v3/rest/v1/projects.dashboards/create "
+        "(patch, delete; cloud.google.com/monitoring/access-control)"),
+    "gcp:monitoring/alertPolicy:AlertPolicy": Row(
+        _project, ("monitoring.alertPolicies.create",), ("monitoring.alertPolicies.update",),
+        ("monitoring.alertPolicies.delete",),
+        "cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies/create "
+        "(patch, delete)"),
+    "gcp:monitoring/notificationChannel:NotificationChannel": Row(
+        _project, ("monitoring.notificationChannels.create",),
+        ("monitoring.notificationChannels.update",), ("monitoring.notificationChannels.delete",),
+        "cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.notificationChannels/create "
+        "(patch, delete)"),
+    "gcp:logging/metric:Metric": Row(
+        _project, ("logging.logMetrics.create",), ("logging.logMetrics.update",),
+        ("logging.logMetrics.delete",),
+        "cloud.google.com/logging/docs/reference/v2/rest/v2/projects.metrics/create "
+        "(update, delete; cloud.google.com/logging/docs/access-control)"),
+    # Checked on both projects (unconfirmed: the reference as recalled names the scoping
+    # project's; the monitored one's is the conservative reading).
+    "gcp:monitoring/monitoredProject:MonitoredProject": Row(
+        _scoped_projects, *(("monitoring.metricsScopes.link",),) * 3,
+        "cloud.google.com/monitoring/api/ref_v3/rest/v1/locations.global.metricsScopes."
+        "projects/create (delete: .../projects/delete)"),
 }
 # Types nothing applies in GCP (an explicit provider, a stack reference, components).
 NO_API = (PROVIDER_PREFIX, PULUMI_PREFIX, COMPONENT_PREFIX)

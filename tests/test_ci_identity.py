@@ -278,7 +278,12 @@ def test_the_deployer_s_iam_administration_is_conditioned(registered):
     assert unconditioned == {"roles/serviceusage.serviceUsageAdmin", "roles/compute.networkAdmin",
                              "roles/compute.securityAdmin", "roles/tpu.admin",
                              "roles/iam.serviceAccountCreator",
-                             "projects/acme-ml-prod/roles/prod_tpuStackStorageDeployer"}
+                             "projects/acme-ml-prod/roles/prod_tpuStackStorageDeployer",
+                             # dashboards, alerts and log metrics (issue 46)
+                             "roles/monitoring.dashboardEditor",
+                             "roles/monitoring.alertPolicyEditor",
+                             "roles/monitoring.notificationChannelEditor",
+                             "roles/logging.configWriter"}
 
 
 def test_a_team_deployer_holds_tpu_and_its_storage_role_only():

@@ -63,7 +63,8 @@ def team(name: str, *nodes: dict, **changes: Any) -> dict:
             "labels": {"cost-centre": f"cc-{name}"},
             "quota": {"v5e": {"spot": 16, "onDemand": 8}, "v4": {"reserved": 16},
                       "usdPerHour": 100},
-            "jobs": {"mnist": job()}, "nodes": list(nodes)}
+            "jobs": {"mnist": job()}, "nodes": list(nodes),
+            "alerts": {"email": f"ml-{name}@acme.example"}}
     data.update(changes)
     return data
 
@@ -641,7 +642,7 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
         XPN_ADMIN,
         budget_stop_host_roles,
     )
-    from model.roles import DEPLOYER_ROLES, PLATFORM_FOLDER_ROLES
+    from model.roles import DEPLOYER_ROLES, METRICS_SCOPE_ROLE, PLATFORM_FOLDER_ROLES
 
     spec = importlib.util.spec_from_file_location(
         "bootstrap", Path(__file__).resolve().parents[1] / "scripts" / "bootstrap_team_projects.py")
@@ -662,6 +663,8 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
                       *(("acme-ml-shared", role) for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE)),
                       # nlp's budget stops its TPUs: its topic, function and invoker grant
                       *(("acme-ml-shared", role) for role in budget_stop_host_roles(settings)),
+                      # the fleet dashboard's metrics scope links the teams' projects
+                      ("acme-ml-shared", METRICS_SCOPE_ROLE),
                       ("42", XPN_ADMIN), ("gs://acme-pulumi-state", HOST_STORAGE_ROLE),
                       ("01AB23-45CD67-89EF01", BUDGETS_ROLE),
                       ("246813579024", "roles/cloudquotas.admin")]  # the quota contact's

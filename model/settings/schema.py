@@ -290,6 +290,21 @@ TeamQuota = create_model(  # type: ignore[call-overload]
 )
 
 
+class AlertsSettings(_Model):
+    """`tpu-stack:alerts` or `teams.<t>.alerts`: where the stack's alerts go and when they
+    fire (components/monitoring.py; model/settings/rules/alerts.py checks them)."""
+
+    email: str | None = None  # an email notification channel
+    pubsub_topic: str | None = None  # projects/<p>/topics/<t>: a Pub/Sub notification channel
+    idle_minutes: int | None = Field(default=None, ge=1)  # default: the nodes' idleStop, or 60
+    goodput_target: float = Field(default=0.5, gt=0, le=1)  # goodput / elapsed time
+    goodput_window: str = "1h"
+
+    @property
+    def has_channel(self) -> bool:
+        return bool(self.email or self.pubsub_topic)
+
+
 class TeamSettings(_Model):
     """One entry of `tpu-stack:teams`: who is in the team, what it runs, what it may use."""
 
@@ -313,6 +328,7 @@ class TeamSettings(_Model):
     # The team's block of network.teamSubnetCidr (model/subnets.py): given once,
     # never changed or reused, so its subnets never move.
     subnet_slot: int | None = Field(default=None, ge=0)
+    alerts: AlertsSettings | None = None  # required: its channel (rules/alerts.py)
 
     def job(self, name: str) -> JobConfig:
         return JobConfig.from_dict(self.jobs[name], resolved=False)
@@ -369,6 +385,7 @@ class StackSettings(_Model):
     # platform writes this team's outputs (model/team_state.py outputs_object); the
     # team stack reads them there instead of the platform's whole stack file.
     platform_outputs_bucket: str | None = None
+    alerts: AlertsSettings | None = None  # the stack's own alerts (a standalone stack's)
 
     @field_validator("platform_stack", "platform_outputs_bucket", mode="before")
     @classmethod

@@ -502,7 +502,8 @@ def test_the_new_team_recipe_names_everything_it_still_needs_at_once() -> None:
         problems = problems_of(config(tpu_stack_teams={"vision": team},
                                       tpu_stack_teamProjects=team_projects))
         needed = {"tpu-stack:teamProjects.quotaContact", "tpu-stack:teamProjects.billingAccount",
-                  "tpu-stack:labels.cost-centre", "tpu-stack:teams.vision.subnetSlot"}
+                  "tpu-stack:labels.cost-centre", "tpu-stack:teams.vision.subnetSlot",
+                  "tpu-stack:teams.vision.alerts.email"}
         if team_projects != {"folderId": "246813579024"}:
             needed.add("tpu-stack:teamProjects.folderId")
         assert {key for key, message in problems if "is required" in message} == needed

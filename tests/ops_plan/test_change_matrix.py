@@ -118,7 +118,7 @@ def hyperparameter(config: Config) -> None:
 def add_team(config: Config) -> None:
     edit_json(config, "tpu-stack:teams", lambda teams: teams.update(
         speech={"members": ["group:ml-speech@acme.example"], "quota": {"usdPerHour": 10},
-                "subnetSlot": 2}))
+                "subnetSlot": 2, "alerts": {"email": "ml-speech@acme.example"}}))
 
 
 def storage_location(location: str) -> Callable[[Config], None]:

@@ -32,10 +32,11 @@ def test_the_headline_counts_the_mock_engines_resources_by_the_preview_rule(
         dev: dict) -> None:
     [(total, custom, components, providers)] = HEADLINE.findall(render(dev, "table"))
     resources = dev["resources"]
-    assert int(custom) == sum(1 for r in resources if r.get("custom", True)) == 31
-    assert int(components) == sum(1 for r in resources if not r.get("custom", True)) == 7
+    assert int(custom) == sum(1 for r in resources if r.get("custom", True)) == 33
+    assert int(components) == sum(1 for r in resources if not r.get("custom", True)) == 8
     assert int(providers) == 1  # gcp
-    assert int(total) == 31 + 7 + 1 + 1 == 40
+    # Issue 46 added a dashboard, a log metric (custom) and Monitoring (a component).
+    assert int(total) == 33 + 8 + 1 + 1 == 43
 
 
 def test_the_diff_and_its_summary_count_the_same_mock_engine_resources(
@@ -45,5 +46,5 @@ def test_the_diff_and_its_summary_count_the_same_mock_engine_resources(
     empty = {**dev, "resources": []}
     counts = diff_plans(empty, dev)
     text = render_diff(counts, "table")
-    assert "Resources:\n    + 38 to create\n    2 unchanged\n" in text  # the stack, gcp
-    assert int(total) == 38 + 2
+    assert "Resources:\n    + 41 to create\n    2 unchanged\n" in text  # the stack, gcp
+    assert int(total) == 41 + 2

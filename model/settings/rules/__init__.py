@@ -4,6 +4,7 @@ capacity (teams). `rule_problems` runs them all."""
 
 from __future__ import annotations
 
+from model.settings.rules.alerts import alerts_problems
 from model.settings.rules.ci import ci_problems
 from model.settings.rules.nodes import node_list_problems
 from model.settings.rules.stack import (
@@ -32,3 +33,4 @@ def rule_problems(s: StackSettings) -> Problems:
     if s.ci:
         yield from ci_problems(s.ci)
     yield from team_problems(s)
+    yield from alerts_problems(s)
