@@ -35,9 +35,9 @@ The probe runs the same program on the same shapes, so it needs what the steps n
 when nothing holds them up; the share has no bias from leaving work out. Its error is
 the timing's: the probe's two sizes and the window are each timed once, so load from
 other processes on the host between them moves the share by their difference (on a
-quiet TPU host a few thousandths; tests hold a cached in-memory dataset under 0.05 on
-a busy 2-core CPU), and the share is clipped at 0 when the executions ran faster than
-the probe.
+quiet TPU host a few thousandths; on a loaded 2-core CPU a cached in-memory dataset
+read anywhere from 0 to 0.67), and the share is clipped at 0 when the executions ran
+faster than the probe.
 """
 
 from __future__ import annotations
