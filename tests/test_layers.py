@@ -130,12 +130,6 @@ def test_the_pure_layers_import_no_pulumi(package: str) -> None:
     assert offenders == []
 
 
-# Circles of today, each closed by an import inside a function, for their owners to open:
-# tpu_training/models.py imports tpu_training.data's `model_pixels`, data imports models'
-# ModelSpec. Remove an entry once it is open.
-KNOWN_CIRCLES = {
-    frozenset({"tpu_training.data", "tpu_training.models"}),
-}
 
 
 def _circles() -> set[frozenset[str]]:
@@ -147,7 +141,7 @@ def _circles() -> set[frozenset[str]]:
 
 
 def test_no_import_circle() -> None:
-    assert _circles() == KNOWN_CIRCLES
+    assert _circles() == set()
 
 
 def test_no_import_from_a_lower_layer_to_a_higher_one() -> None:

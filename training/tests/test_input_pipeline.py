@@ -28,7 +28,7 @@ def test_batches_are_per_replica_with_static_shapes(mnist_data):
 def test_each_replica_gets_its_share_of_the_global_batch(strategy, mnist_data):
     dataset_fn = data.make_dataset_fn(data.list_files(mnist_data), SPEC, 16)
     images, labels = next(iter(strategy.distribute_datasets_from_function(dataset_fn)))
-    per_replica = [data.model_pixels(batch, SPEC)
+    per_replica = [models.model_pixels(batch, SPEC)
                    for batch in strategy.experimental_local_results(images)]
     assert [tuple(batch.shape) for batch in per_replica] == [(8, 28, 28, 1)] * 2
     pixels = tf.concat(per_replica, axis=0)
@@ -104,7 +104,7 @@ def test_a_window_is_split_into_whole_batches_in_an_order_drawn_from_its_coordin
 def test_training_batches_hold_whole_examples_each_once_per_window(monkeypatch):
     windows = tf.data.Dataset.from_tensors(
         (tf.constant(0, tf.int64), tf.constant(0, tf.int64), numbered_records(32)))
-    batches = [(data.model_pixels(images, SPEC), labels) for images, labels in
+    batches = [(models.model_pixels(images, SPEC), labels) for images, labels in
                data.raw_batches(windows, SPEC, 8, 0, lambda *_: tf.constant(0, tf.int64))]
     assert len(batches) == 4
     assert all((images.shape, images.dtype) == ((8, 28, 28, 1), tf.float32)
@@ -119,7 +119,7 @@ def test_training_batches_hold_whole_examples_each_once_per_window(monkeypatch):
 
 def test_pixels_packed_on_the_host_unpack_exactly_in_xla():
     odd = models.ModelSpec("resnet18", (5, 5, 3), 10, 0.1)  # 75 pixels: a padded last word
-    unpack = tf.function(data.model_pixels, jit_compile=True)  # XLA, as on a TPU
+    unpack = tf.function(models.model_pixels, jit_compile=True)  # XLA, as on a TPU
     for spec in (SPEC, odd):
         images = np.random.default_rng(0).integers(0, 256, (3, *spec.image_shape), np.uint8)
         images[0] = 255  # every sign bit of the words set
@@ -131,5 +131,5 @@ def test_pixels_packed_on_the_host_unpack_exactly_in_xla():
 def test_pixels_a_caller_passes_unpacked_reach_the_model_as_floats():
     images = np.arange(2 * 28 * 28).reshape(2, 28, 28, 1) % 256
     for dtype in (tf.uint8, tf.int32, tf.float32):
-        pixels = data.model_pixels(tf.constant(images, dtype), SPEC)
+        pixels = models.model_pixels(tf.constant(images, dtype), SPEC)
         assert pixels.dtype == tf.float32 and (pixels.numpy() == images).all()

@@ -152,7 +152,7 @@ def batches(dataset_fn, context, step: int, count: int) -> list[list[int]]:
 
 
 def ids(images: tf.Tensor) -> list[int]:
-    pixels = data.model_pixels(images, SPEC).numpy().reshape(len(images), -1)
+    pixels = models.model_pixels(images, SPEC).numpy().reshape(len(images), -1)
     return (pixels[:, 0] * 256 + pixels[:, 1]).astype(int).tolist()
 
 

@@ -58,7 +58,7 @@ per file): a fresh start counts its files in a background thread while it trains
 resume reads the index and counts only files it does not list (once). So a resume reads
 the index and the records of the current epoch up to where it starts, not every file.
 
-Raw pixels leave the pipeline packed four to an int32 word; `model_pixels` unpacks them
+Raw pixels leave the pipeline packed four to an int32 word; `models.model_pixels` unpacks them
 in the training step, on the device.
 """
 
@@ -77,7 +77,7 @@ from tpu_training import bert_data
 from tpu_training.bert import BertSpec
 from tpu_training.config import JobConfigError
 from tpu_training.exits import NoDataError, RecordsError
-from tpu_training.models import ModelSpec
+from tpu_training.models import PIXELS_PER_WORD, ModelSpec
 from tpu_training.tf_env import tf
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
@@ -105,14 +105,6 @@ MAX_SHUFFLE_WINDOW_RECORDS = 8192
 IMAGENET_RECORD_BYTES = 128 * 1024
 # The seed of every job's order: runs of one job must agree, jobs need not differ.
 ORDER_SEED = 0
-# Pixels leave the pipeline packed four to an int32 word and the step unpacks them on
-# the device: TPUs take no uint8 (tensorflow/tensorflow issue 37426), and a cast to
-# float32 on the host writes four bytes a pixel, the pipeline's largest cost after
-# reading large images (bench/input_pipeline.py), and sends them all to the TPU.
-PIXELS_PER_WORD = 4
-# tf.bitcast keeps the bytes in memory order: a word's first pixel is its low byte
-# on a little-endian host.
-_BYTE_SHIFTS = [0, 8, 16, 24] if sys.byteorder == "little" else [24, 16, 8, 0]
 # tf.data's autotuner may use half of the available RAM by default
 # (tf.data.experimental.AutotuneOptions.ram_budget); the job leaves room for the rest.
 RAM_BUDGET_FRACTION = 0.25
@@ -187,7 +179,7 @@ def _check_raw(features, path: str, spec: ModelSpec, key: str) -> None:
         raise RecordsError.single(
             key, f"records in {path} have no {_names(missing)} feature; raw records hold "
                  f"'image' (uint8 pixels) and 'label' (int64){hint}")
-    expected = _pixels(spec)
+    expected = spec.pixel_count
     actual = len(features["image"].bytes_list.value[0]) if features["image"].bytes_list.value \
         else 0
     if actual != expected:
@@ -575,22 +567,10 @@ def pack_pixels(images: tf.Tensor) -> tf.Tensor:
     return tf.bitcast(tf.reshape(flat, [-1, words, PIXELS_PER_WORD]), tf.int32)
 
 
-def model_pixels(images: tf.Tensor, spec: ModelSpec) -> tf.Tensor:
-    """What the model takes, float32 [B, H, W, C], from a batch's pixels: this pipeline's
-    packed words, unpacked where the step runs (on the TPU), or pixels of any number type
-    (a `dataset_fn` passed to `train.run`)."""
-    if images.dtype != tf.int32 or images.shape.rank != 2:
-        return tf.cast(images, tf.float32)
-    shifts = tf.constant(_BYTE_SHIFTS, tf.int32)
-    pixels = tf.bitwise.bitwise_and(tf.bitwise.right_shift(images[..., tf.newaxis], shifts), 0xFF)
-    pixels = tf.reshape(pixels, [-1, images.shape[-1] * PIXELS_PER_WORD])[:, :_pixels(spec)]
-    return tf.cast(tf.reshape(pixels, [-1, *spec.image_shape]), tf.float32)
-
-
 def _decode(serialized: tf.Tensor, spec: ModelSpec) -> tuple[tf.Tensor, tf.Tensor]:
     parsed = tf.io.parse_example(serialized, _FEATURES)
     # fixed_length keeps the batch's shape static, which TPUs need.
-    pixels = tf.io.decode_raw(parsed["image"], tf.uint8, fixed_length=_pixels(spec))
+    pixels = tf.io.decode_raw(parsed["image"], tf.uint8, fixed_length=spec.pixel_count)
     return tf.reshape(pixels, [-1, *spec.image_shape]), tf.cast(parsed["label"], tf.int32)
 
 
@@ -617,12 +597,8 @@ def pipeline_options() -> tf.data.Options:
 def _record_bytes(spec: ModelSpec | BertSpec, record_format: str) -> int:
     if record_format == "bert_pretraining":
         return bert_data.record_bytes(spec)
-    return IMAGENET_RECORD_BYTES if record_format == "imagenet" else _pixels(spec)
+    return IMAGENET_RECORD_BYTES if record_format == "imagenet" else spec.pixel_count
 
-
-def _pixels(spec: ModelSpec) -> int:
-    height, width, channels = spec.image_shape
-    return height * width * channels
 
 
 def _names(names: list[str]) -> str:

@@ -13,6 +13,7 @@ hold) and ends in a float32 softmax, whatever the compute dtype: under
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 
 from tpu_training import bert
@@ -32,6 +33,33 @@ class ModelSpec:
     num_classes: int
     base_learning_rate: float  # for a global batch of 256; scaled linearly with it
     width: float = 1.0  # multiplies every layer's filters and units
+
+    @property
+    def pixel_count(self) -> int:
+        height, width, channels = self.image_shape
+        return height * width * channels
+
+
+# Pixels leave the pipeline packed four to an int32 word and the step unpacks them on
+# the device: TPUs take no uint8 (tensorflow/tensorflow issue 37426), and a cast to
+# float32 on the host writes four bytes a pixel, the pipeline's largest cost after
+# reading large images (bench/input_pipeline.py), and sends them all to the TPU.
+PIXELS_PER_WORD = 4
+# tf.bitcast keeps the bytes in memory order: a word's first pixel is its low byte
+# on a little-endian host.
+_BYTE_SHIFTS = [0, 8, 16, 24] if sys.byteorder == "little" else [24, 16, 8, 0]
+
+
+def model_pixels(images: tf.Tensor, spec: ModelSpec) -> tf.Tensor:
+    """What the model takes, float32 [B, H, W, C], from a batch's pixels: this pipeline's
+    packed words, unpacked where the step runs (on the TPU), or pixels of any number type
+    (a `dataset_fn` passed to `train.run`)."""
+    if images.dtype != tf.int32 or images.shape.rank != 2:
+        return tf.cast(images, tf.float32)
+    shifts = tf.constant(_BYTE_SHIFTS, tf.int32)
+    pixels = tf.bitwise.bitwise_and(tf.bitwise.right_shift(images[..., tf.newaxis], shifts), 0xFF)
+    pixels = tf.reshape(pixels, [-1, images.shape[-1] * PIXELS_PER_WORD])[:, :spec.pixel_count]
+    return tf.cast(tf.reshape(pixels, [-1, *spec.image_shape]), tf.float32)
 
 
 def model_spec(config: JobConfig) -> ModelSpec | bert.BertSpec:
@@ -139,8 +167,6 @@ class ImageTask:
 
     def loss(self, model: keras.Model, batch: tuple, global_batch_size: int) -> tf.Tensor:
         """This replica's share of the global batch's mean loss."""
-        from tpu_training.data import model_pixels
-
         images, labels = batch
         probabilities = model(model_pixels(images, self.spec), training=True)
         per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
@@ -151,8 +177,6 @@ class ImageTask:
                 "eval_loss": keras.metrics.SparseCategoricalCrossentropy()}
 
     def eval_update(self, model: keras.Model, batch: tuple, metrics: dict) -> None:
-        from tpu_training.data import model_pixels
-
         images, labels = batch
         probabilities = model(model_pixels(images, self.spec), training=False)
         for metric in metrics.values():
