@@ -544,6 +544,8 @@ class TpuApi:
 
         old = self.call("get_queued_resource", queued_resource, name=queued_resource)
         props = fallback_tpu.props_from_request(old, placement)
+        if placement.get("queued_resource_id"):  # the candidate's own request name
+            props["queued_resource_id"] = placement["queued_resource_id"]
         self.delete_queued_resource(queued_resource, timeout)
         return fallback_tpu.enqueue(self.client, props, timeout)
 
