@@ -35,7 +35,7 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dyn
 
-from cloud.tpu import tpu_client, transient_retry
+from cloud.tpu import create_retry, tpu_client, transient_retry
 from components.queued_tpu import (
     IN_PLACE,
     QueuedTpuError,
@@ -111,8 +111,12 @@ def _normal(value: Any) -> Any:
     return value if value not in (None, "", [], {}) else None
 
 
-def _name(props: dict[str, Any]) -> str:
+def request_name(props: dict[str, Any]) -> str:
+    """The queued resource name `props` create: projects/<p>/locations/<z>/queuedResources/<id>."""
     return f"{_parent(props)}/queuedResources/{_queued_id(props)}"
+
+
+_name = request_name
 
 
 class FallbackTpuProvider(QueuedTpuProvider):
@@ -310,11 +314,11 @@ def _submit_once(client: Any, request: dict[str, Any]) -> tuple[capacity.Failure
 
     name = _name(request)
     try:
-        # No retry on the call: a 429 is a quota refusal as often as a rate limit, and
-        # the classifier tells them apart (_submit_candidate retries what it should).
+        # No retry of a 429: a quota refusal as often as a rate limit, which the
+        # classifier tells apart (_submit_candidate retries what it should).
         queued = client.create_queued_resource(
             parent=_parent(request), queued_resource_id=_queued_id(request),
-            queued_resource=build_queued_resource(request),
+            queued_resource=build_queued_resource(request), retry=create_retry(),
         ).result(timeout=_timeout(request, "create"))
     except gexc.Conflict:
         return _leftover(client, name, request)
@@ -420,12 +424,26 @@ def props_from_request(queued: Any, placement: dict[str, Any]) -> dict[str, Any]
 
 
 def enqueue(client: Any, props: dict[str, Any], timeout: float) -> str:
-    """Queue `props`' request; its name once the API has it (provisioning follows)."""
+    """Queue `props`' request; its name once the API has it (provisioning follows). A
+    refusal (quota: a 429) is raised at once for the caller to classify."""
     client.create_queued_resource(
         parent=_parent(props), queued_resource_id=_queued_id(props),
-        queued_resource=build_queued_resource(props), retry=transient_retry(),
+        queued_resource=build_queued_resource(props), retry=create_retry(),
     ).result(timeout=timeout)
     return _name(props)
+
+
+def retarget(props: dict[str, Any], placement: dict[str, Any]) -> dict[str, Any]:
+    """`props` (a request's, props_from_request) moved to another candidate's
+    `placement`: its subnetwork in that region, its own request name."""
+    subnetwork = props.get("subnetwork") or ""
+    subnet_project = subnetwork.split("/")[1] if subnetwork.startswith("projects/") \
+        else props["project"]
+    region = placement["zone"].rsplit("-", 1)[0]
+    moved = merged(props, {**placement, "subnetwork": (
+        f"projects/{subnet_project}/regions/{region}/subnetworks/{placement['subnet_name']}")})
+    moved["queued_resource_id"] = placement.get("queued_resource_id") or _queued_id(props)
+    return moved
 
 
 # ---- the resource ------------------------------------------------------------------
