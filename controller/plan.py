@@ -168,7 +168,8 @@ class _Claims:
 def budget_steps(stack: str, expected: Sequence[ExpectedNode], nodes: Sequence[NodeStatus],
                  queued: Sequence[QueuedStatus], inputs: Inputs) -> list[Step]:
     steps = []
-    held = {n.node_id: inputs.held_teams[n.team] for n in expected if n.team in inputs.held_teams}
+    held = {n.node_id: inputs.held_teams[n.team] for n in expected
+            if n.team in inputs.held_teams}
     live = {n.node_id: n for n in nodes}
     for node_id, why in held.items():
         node = live.get(node_id)
@@ -258,7 +259,8 @@ def _one_alive(node: ExpectedNode, requests: list[QueuedStatus]
 
 def limit_steps(stack: str, nodes: Sequence[NodeStatus], queued: Sequence[QueuedStatus],
                 now: datetime, idle_minutes: float | None) -> list[Step]:
-    steps = _steps(stack, actions.janitor_plan(list(nodes), NEVER_IDLE_MINUTES, now, queued), queued)
+    limits = actions.janitor_plan(list(nodes), NEVER_IDLE_MINUTES, now, queued)
+    steps = _steps(stack, limits, queued)
     if idle_minutes is not None:
         reported = [n for n in nodes if n.job]  # no status is no evidence of idleness
         steps += _steps(stack, actions.janitor_plan(reported, idle_minutes, now), queued)

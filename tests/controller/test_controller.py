@@ -24,7 +24,6 @@ from tests.controller.world import (
     plain_node,
     provider_props,
     stack,
-    world,  # noqa: F401 - the fixture
 )
 
 

@@ -4,23 +4,17 @@ create-only precondition, a stack's manifest and a fallback node's provider prop
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import pytest
-
-from cloud.tpu import ENDPOINT_ENV
 from controller import run as controller_run
 from controller.manifest import manifest_json
 from controller.store import Store
 from model import catalog
-from ops.local.storage_emulator import StorageEmulator
 from ops.tpu.api import TpuApi
 from ops.tpu.target import ExpectedNode, StackTarget
-from tests.fakes.gcs_preconditions import CreateOnlyProxy
-from tests.fakes.tpu_api import FakeTpuApi, running
+from tests.fakes.tpu_api import FakeTpuApi
 
 PROJECT = "acme-ml-dev"
 BUCKET = "acme-ml-dev-platform-artifacts"
@@ -114,22 +108,6 @@ class World:
                       if node_id in [n.node_id for n in s.message.tpu.node_spec])
 
 
-@pytest.fixture
-def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    from google.cloud import storage
-
-    fake = FakeTpuApi(project=PROJECT, accelerator_types={
-        z: ["v6e-8"] for z in (WAITS, QUOTA, TAKES)})
-    with StorageEmulator() as emulator, CreateOnlyProxy(emulator.host) as proxy, running(fake):
-        emulator.create_bucket(BUCKET)
-        monkeypatch.setenv(ENDPOINT_ENV, fake.endpoint)
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.host)
-        client = storage.Client(project=PROJECT)
-        yield World(fake, Store(client, BUCKET), proxy.host)
-
-
 def acting(result: controller_run.RunResult) -> list[tuple[str, str]]:
     return [(o.step.verb, o.result) for o in result.outcomes if o.result != "reported"]
 
-
-__all__ = ["World", "world", "replace"]
