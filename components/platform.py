@@ -25,6 +25,8 @@ from components.budget_hold import read_janitor_markers, read_markers
 from components.budget_stop import APIS as BUDGET_STOP_APIS
 from components.budget_stop import BudgetStop, BudgetStopArgs
 from components.ci import CI_APIS, CiArgs, CiIdentity, DeployerScope
+from components.controller import APIS as CONTROLLER_APIS
+from components.controller import declare_for as declare_controller
 from components.identity import IdentityArgs, RuntimeIdentity
 from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
@@ -118,7 +120,9 @@ class TpuPlatform(pulumi.ComponentResource):
         naming = settings.naming
         apis = (*APIS, *(CI_APIS if settings.ci else ()),
                 *((BUDGETS_API,) if self._has_budgets else ()),
-                *(BUDGET_STOP_APIS if self._budget_stops else ()))
+                *(BUDGET_STOP_APIS if self._budget_stops else ()),
+                *(CONTROLLER_APIS if settings.controller and settings.controller.enabled
+                  else ()))
         self.project = Project("project", ProjectArgs(
             project_id=settings.gcp_project, settings=settings.project,
             labels=self._labels("project"), apis=apis), opts=self._child())
@@ -172,6 +176,8 @@ class TpuPlatform(pulumi.ComponentResource):
             self.project.by_api[BUDGETS_API]) if self._has_budgets else None
         for team in settings.teams:
             self._declare_team(team, after_apis)
+        if settings.controller and settings.controller.enabled:  # issue 43
+            self.controller = declare_controller(self, after_apis)
 
     def _write_team_outputs(self, bucket: str) -> None:
         """Each team's view of this stack's outputs, one object per team in the state

@@ -77,9 +77,11 @@ def run_once(store: Store, api: TpuApi, *, apply: bool = True,
              clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
              interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
              checkpoint: Callable[[str], None] = lambda _phase: None,
-             agents: Mapping[str, Mapping[str, str]] | None = None) -> RunResult:
+             agents: Mapping[str, Mapping[str, str]] | None = None,
+             manifests: Sequence[Manifest] | None = None) -> RunResult:
     """One run. `apply=False` plans only (tpuctl reconcile's dry run): no lease, no
-    change, no audit."""
+    change, no audit; a bucket it cannot read then plans without moves and holds, and
+    says so. `manifests`: these stacks only (tpuctl reconcile --stack), not the bucket's."""
     started = clock()
     record: dict[str, Any] = {"run": run_id(started), "started": started.isoformat(),
                               "intervalSeconds": interval_seconds, "leased": False}
@@ -87,12 +89,13 @@ def run_once(store: Store, api: TpuApi, *, apply: bool = True,
     if apply and lease is None:
         record.update(finished=clock().isoformat(), note="another run holds this slot's lease")
         return RunResult(record)
-    manifests, problems = store.manifests()
+    problems: list[str] = []
+    if manifests is None:
+        manifests, problems = store.manifests()
     read = read_actual(api, manifests)
-    moves = store.moves()
+    moves, markers = _bookkeeping(store, strict=apply, problems=problems)
     inputs = planner.Inputs(manifests, read.actual, started,
-                            held_teams(store.marker_names(), manifests, started), moves,
-                            agents or {})
+                            held_teams(markers, manifests, started), moves, agents or {})
     steps = planner.plan(inputs)
     outcomes: list[Outcome] = []
     if lease is not None:
@@ -107,3 +110,40 @@ def run_once(store: Store, api: TpuApi, *, apply: bool = True,
     if lease is not None:
         record["audit"] = store.write_audit(record)
     return RunResult(record, steps, outcomes)
+
+
+def _bookkeeping(store: Store, strict: bool, problems: list[str]
+                 ) -> tuple[list[planner.Move], list[str]]:
+    """The moves in flight and the budget markers; a dry run that cannot read them
+    plans without (and says so), a run that acts cannot."""
+    try:
+        return store.moves(), store.marker_names()
+    except Exception as error:
+        if strict:
+            raise
+        problems.append(f"gs://{store.bucket_name} not read ({type(error).__name__}: "
+                        f"{error}): planned without moves in flight and budget holds")
+        return [], []
+
+
+def last_run_lines(record: Mapping[str, Any] | None, now: datetime) -> tuple[list[str], bool]:
+    """`tpuctl status`'s lines on the controller's last run, and whether they warn: a
+    controller not run for three intervals is a warning."""
+    if record is None:
+        return ["controller: no run recorded yet"], True
+    finished = datetime.fromisoformat(str(record.get("finished") or record["started"]))
+    age = (now - finished).total_seconds()
+    interval = float(record.get("intervalSeconds") or DEFAULT_INTERVAL_SECONDS)
+    steps = record.get("steps") or []
+    done = sum(1 for s in steps if s.get("result") == "done")
+    failed = sum(1 for s in steps if s.get("result") == "failed")
+    lines = [f"controller: last run {record['run']}, {age / 60:.0f} min ago, {len(steps)} "
+             f"step(s): {done} done, {failed} failed"]
+    lines += [f"  {s['verb']} {s['node']} ({s.get('result', 'planned')}): {s['reason']}"
+              for s in steps[:10]]
+    stale = age > 3 * interval
+    if stale:
+        lines.append(f"warning: the controller has not run for {age / 60:.0f} min, more than "
+                     f"three intervals ({3 * interval / 60:.0f} min): check its Cloud "
+                     f"Scheduler job and function logs")
+    return lines, stale

@@ -28,6 +28,7 @@ from controller.manifest import Manifest, ManifestError, parse
 from controller.plan import Move
 from model.budget_hold import MARKER_PREFIX
 
+OBJECT_PREFIX = "controller/"  # everything the controller writes (its grant's condition)
 LEASE_PREFIX = "controller/lease/"
 MOVES = "controller/moves.json"
 AUDIT_PREFIX = "controller/audit/"

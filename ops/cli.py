@@ -47,7 +47,8 @@ def _root() -> None:
 
 
 # Each module defines `register(app: typer.Typer) -> None`.
-_VERB_MODULES = ("ops.plan.command", "ops.local.rehearse", "ops.tpu.commands")
+_VERB_MODULES = ("ops.plan.command", "ops.local.rehearse", "ops.tpu.commands",
+                 "ops.tpu.reconcile")
 
 
 def _register_verbs() -> None:
