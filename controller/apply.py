@@ -17,8 +17,10 @@ but the moves).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +35,8 @@ from ops.tpu.target import ExpectedNode
 # confirmed gone, then a create) must end inside the lease.
 LEASE_MARGIN_SECONDS = 60.0
 DELETE_TIMEOUT_SECONDS = 600.0
+# Steps applied at once (the TPU API client is shared by threads: ops/tpu/api.py TpuApi).
+STEPS_IN_FLIGHT = 16
 
 
 @dataclass(frozen=True)
@@ -57,23 +61,26 @@ class Applier:
     lease_left: Callable[[], float] = lambda: float("inf")
     # Called after each phase ("deleted <name>", "created <name>"): tests stop a run there.
     checkpoint: Callable[[str], None] = lambda _phase: None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def apply(self, steps: Sequence[Step]) -> list[Outcome]:
-        outcomes = []
-        for step in steps:
-            if step.verb == "report":
-                outcomes.append(Outcome(step, "reported"))
-                continue
-            if self.lease_left() < LEASE_MARGIN_SECONDS:
-                outcomes.append(Outcome(step, "not started", "the lease ends: the next run"))
-                continue
-            try:
-                detail = self._one(step)
-            except Exception as error:  # recorded; the next run plans it again
-                outcomes.append(Outcome(step, "failed", f"{type(error).__name__}: {error}"))
-            else:
-                outcomes.append(Outcome(step, "done", detail))
-        return outcomes
+        """Every step, STEPS_IN_FLIGHT at once: each concerns another node (plan.py
+        keeps one step per node), so none waits on another's round trips."""
+        if not steps:
+            return []
+        with ThreadPoolExecutor(max_workers=min(STEPS_IN_FLIGHT, len(steps))) as pool:
+            return list(pool.map(self._outcome, steps))
+
+    def _outcome(self, step: Step) -> Outcome:
+        if step.verb == "report":
+            return Outcome(step, "reported")
+        if self.lease_left() < LEASE_MARGIN_SECONDS:
+            return Outcome(step, "not started", "the lease ends: the next run")
+        try:
+            detail = self._one(step)
+        except Exception as error:  # recorded; the next run plans it again
+            return Outcome(step, "failed", f"{type(error).__name__}: {error}")
+        return Outcome(step, "done", detail)
 
     def _one(self, step: Step) -> str:
         verb = step.verb
@@ -160,16 +167,22 @@ class Applier:
         moved = Move(move.stack, move.node, move.old, fallback_tpu.request_name(props), props,
                      f"{move.reason}; candidate {node.candidate_label(here)} refused "
                      f"({failure.kind}): on to {node.candidate_label(nxt)}", move.started)
-        self.moves = [m for m in self.moves if m.node != move.node] + [moved]
-        self.store.save_moves(self.moves)
+        self._record(moved)
         return moved
 
     def _move_of(self, step: Step) -> Move:
-        return next(m for m in self.moves if m.node == step.node and m.stack == step.stack)
+        with self._lock:
+            return next(m for m in self.moves if m.node == step.node and m.stack == step.stack)
+
+    def _record(self, move: Move) -> None:
+        with self._lock:  # steps run side by side: one writer of moves.json at a time
+            self.moves = [m for m in self.moves if m.node != move.node] + [move]
+            self.store.save_moves(self.moves)
 
     def _forget(self, node: str) -> None:
-        self.moves = [m for m in self.moves if m.node != node]
-        self.store.save_moves(self.moves)
+        with self._lock:
+            self.moves = [m for m in self.moves if m.node != node]
+            self.store.save_moves(self.moves)
 
     # ---- budgets -----------------------------------------------------------------
     def _save(self, step: Step) -> str:

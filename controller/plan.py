@@ -42,7 +42,7 @@ from model.naming import label_value
 from node_agent.contract import STOP_REQUEST_KEY
 from ops.tpu import actions
 from ops.tpu.api import NodeStatus, QueuedStatus
-from ops.tpu.target import ExpectedNode, StackTarget
+from ops.tpu.target import ExpectedNode
 
 # The budget stop's save grace: the longest stop notice the agent honours (120 s) plus
 # 30 s of teardown (components/budget_stop.py SAVE_GRACE_SECONDS).
@@ -133,24 +133,27 @@ def stack_plan(manifest: Manifest, inputs: Inputs) -> list[Step]:
     ids = {n.node_id for n in readable}
     nodes = [_with_agent(n, inputs.agents) for n in inputs.actual.nodes
              if n.node_id in ids and _ours(n, target.stack)]
-    queued = [q for q in inputs.actual.queued if ids & set(q.node_ids)]
-    claimed = _Claims(target.stack, queued)
-    claimed.add(budget_steps(target.stack, readable, nodes, queued, inputs))
+    queued = [q for q in inputs.actual.queued if not ids.isdisjoint(q.node_ids)]
+    by_node: dict[str, list[QueuedStatus]] = {}
+    for request in queued:
+        for node_id in request.node_ids:
+            by_node.setdefault(node_id, []).append(request)
+    moving = {n.node_id for n in readable if n.candidates}
+    claimed = _Claims()
+    claimed.add(budget_steps(target.stack, readable, nodes, by_node, inputs))
     claimed.add(move_steps(target.stack, ids, queued, inputs.moves))
-    claimed.add(placement_steps(target.stack, readable, nodes, queued, inputs.now))
+    claimed.add(placement_steps(target.stack, readable, nodes, by_node, inputs.now))
     claimed.add(limit_steps(target.stack, nodes, queued, inputs.now, manifest.idle_stop_minutes))
-    fixed = [n for n in nodes if not target.expected(n.node_id) or
-             not target.expected(n.node_id).candidates]  # type: ignore[union-attr]
     claimed.add(_steps(target.stack, actions.recovery_plan(
-        fixed, [q for q in queued if not _has_candidates(target, q)]), queued))
+        [n for n in nodes if n.node_id not in moving],
+        [q for q in queued if moving.isdisjoint(q.node_ids)]), queued))
     return claimed.steps
 
 
 class _Claims:
     """Steps kept in precedence order: one per node and per resource."""
 
-    def __init__(self, stack: str, queued: Sequence[QueuedStatus]) -> None:
-        self.stack = stack
+    def __init__(self) -> None:
         self.steps: list[Step] = []
         self._nodes: set[str] = set()
         self._names: set[str] = set()
@@ -166,14 +169,14 @@ class _Claims:
 
 
 def budget_steps(stack: str, expected: Sequence[ExpectedNode], nodes: Sequence[NodeStatus],
-                 queued: Sequence[QueuedStatus], inputs: Inputs) -> list[Step]:
+                 by_node: Mapping[str, list[QueuedStatus]], inputs: Inputs) -> list[Step]:
     steps = []
     held = {n.node_id: inputs.held_teams[n.team] for n in expected
             if n.team in inputs.held_teams}
     live = {n.node_id: n for n in nodes}
     for node_id, why in held.items():
         node = live.get(node_id)
-        requests = [q for q in queued if node_id in q.node_ids]
+        requests = by_node.get(node_id, [])
         if node is not None:
             steps.append(_budget_node_step(stack, node, why, inputs.now))
         else:
@@ -228,12 +231,13 @@ def move_steps(stack: str, ids: set[str], queued: Sequence[QueuedStatus],
 
 
 def placement_steps(stack: str, expected: Sequence[ExpectedNode], nodes: Sequence[NodeStatus],
-                    queued: Sequence[QueuedStatus], now: datetime) -> list[Step]:
+                    by_node: Mapping[str, list[QueuedStatus]], now: datetime) -> list[Step]:
     steps = []
+    live = {n.node_id: n for n in nodes}
     for node in expected:
         if not node.candidates:
             continue
-        mine = [q for q in queued if node.node_id in q.node_ids]
+        mine = by_node.get(node.node_id, [])
         if not mine:
             continue
         keep, extras = _one_alive(node, mine)
@@ -243,8 +247,8 @@ def placement_steps(stack: str, expected: Sequence[ExpectedNode], nodes: Sequenc
                   for q in extras]
         if extras:
             continue
-        steps += _steps(stack, actions.fallback_recovery_plan([node], nodes, [keep], now),
-                        queued)
+        own = [live[node.node_id]] if node.node_id in live else []
+        steps += _steps(stack, actions.fallback_recovery_plan([node], own, [keep], now), mine)
     return steps
 
 
@@ -293,10 +297,6 @@ def _ours(node: NodeStatus, stack: str) -> bool:
 def _with_agent(node: NodeStatus, agents: Mapping[str, Mapping[str, str]]) -> NodeStatus:
     job = agents.get(node.node_id)
     return replace(node, job=dict(job)) if job and not node.job else node
-
-
-def _has_candidates(target: StackTarget, request: QueuedStatus) -> bool:
-    return any(n.candidates for n in target.nodes if n.node_id in request.node_ids)
 
 
 def acting(steps: Sequence[Step]) -> list[Step]:
