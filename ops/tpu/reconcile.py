@@ -11,7 +11,6 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.manifest import Manifest
-from controller.plan import acting
 from controller.run import last_run_lines, run_once
 from controller.store import Store
 from ops.terminal import console as make_console
@@ -30,6 +29,7 @@ def reconcile_cmd(
         help="The controller's bucket (default: the stack's artifacts bucket)."),
     idle_minutes: float | None = typer.Option(
         None, "--idle-minutes", min=0,
+        metavar="MINUTES",
         help="Stop nodes idle this long (only those whose agent reported)."),
 ) -> None:
     """The controller's plan for the stack: placement, limits, budgets; each step with
@@ -83,5 +83,3 @@ def _quiet_last_run(store: Store) -> dict | None:
 def register(app: typer.Typer) -> None:
     app.command("reconcile")(reconcile_cmd)
 
-
-__all__ = ["acting", "register"]
