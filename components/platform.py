@@ -21,7 +21,7 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from components.budget_hold import read_janitor_markers, read_markers
+from components.budget_hold import read_janitor_markers, read_markers, team_stack_hold
 from components.budget_stop import APIS as BUDGET_STOP_APIS
 from components.budget_stop import BudgetStop, BudgetStopArgs
 from components.ci import CI_APIS, CiArgs, CiIdentity, DeployerScope
@@ -226,9 +226,13 @@ class TpuPlatform(pulumi.ComponentResource):
             budget=self._budget(team, stopper), budgets=self.budgets,
             platform_deployer=settings.team_projects.deployer if spec.nodes else None),
             opts=after_apis)
+        # Held or not, whoever declares its nodes (issue 43: a team stack reads it from
+        # its outputs object, components/budget_hold.py team_stack_hold).
+        held = self._held(team) if stopper else None
+        if held is not None:
+            self.held[team] = held
         if not spec.nodes:
             return
-        held = self._held(team) if stopper else None
         shared = {"artifacts": self.buckets.buckets["artifacts"].name}
         space = self._team_space(team, shared, spec.members, after_apis, access)
         placement = self._team_placement(
@@ -356,9 +360,13 @@ class TpuPlatform(pulumi.ComponentResource):
         placement = self._team_placement(team, space, self.data_uri,
                                          [*space.identity.grants, self.package.object],
                                          subnets=platform.team_subnet)
-        self.nodes = [self._node(node, settings.job(node.job), placement)
-                      for node in self._declared(settings.nodes, team,
-                                                 space.buckets.names["artifacts"])]
+        declared = self._declared(settings.nodes, team, space.buckets.names["artifacts"])
+        held = team_stack_hold(settings, datetime.now(timezone.utc))  # issue 43
+        if held is not None:
+            self.held[team] = held
+            pulumi.log.warn(held.warning(n.name for n in settings.nodes), resource=self)
+            declared = self.declared[team] = []
+        self.nodes = [self._node(node, settings.job(node.job), placement) for node in declared]
 
     # ---- shared by every shape ---------------------------------------------
 
