@@ -136,6 +136,9 @@ class MemoryStore:
 
         return Lease("memory", now + timedelta(seconds=seconds))
 
+    def release(self, lease: Any) -> None:
+        pass
+
     def write_audit(self, record: dict) -> str:
         self.audit = record
         return "memory"

@@ -32,8 +32,9 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components.budget_stop import INVOKER_ROLE, REGION, RUNTIME, STAGING
-from controller.manifest import manifest_json, object_name
+from controller.manifest import BudgetTeam, manifest_json, object_name
 from controller.store import OBJECT_PREFIX
+from model import catalog
 from model.archive import REPO_ROOT
 from model.naming import Naming
 
@@ -251,6 +252,11 @@ def declare_for(platform: pulumi.ComponentResource, opts: pulumi.ResourceOptions
         managed_projects=[settings.node_project(t) for t in (None, *teams)],
         labels=naming.labels("controller", settings.team, settings.labels),
         runtime_accounts=accounts, budget_topics=topics), opts=opts)
-    text = manifest_json(target_for(settings))
+    regions = set(settings.regions)
+    zones = tuple(z for z in catalog.all_zones() if catalog.region_of(z) in regions)
+    budget_teams = tuple(BudgetTeam(team, naming.team_project(team), zones)
+                         for team in sorted(settings.teams)
+                         if settings.teams[team].budget_action == "stop")
+    text = manifest_json(target_for(settings), budget_teams=budget_teams)
     manifest_object(settings.stack, bucket, text, opts)
     return controller

@@ -7,6 +7,7 @@ the same model `tpuctl` plans with). Format (docs/design.md, "The controller"):
 
     {"version": 1, "stack": "dev", "project": "acme-ml-dev",
      "artifactsBucket": "...", "idleStopMinutes": 60 | null,
+     "budgetTeams": [{"team": "vision", "project": "acme-ml-vision", "zones": [...]}],
      "nodes": [{"logical": "trainer", "nodeId": "dev-trainer", "queuedId": "dev-trainer-qr",
                 "project": "acme-ml-dev", "zone": "us-east5-a", "acceleratorType": "v6e-8",
                 "runtimeVersion": "...", "spot": true, "queued": true, "team": "platform",
@@ -36,20 +37,34 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True)
+class BudgetTeam:
+    """A team whose budget stops its TPUs, wherever they are declared (its team stack's
+    nodes too): the controller lists its project's zones and acts on its labelled nodes."""
+
+    team: str
+    project: str
+    zones: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Manifest:
     target: StackTarget
     idle_stop_minutes: float | None = None
+    budget_teams: tuple[BudgetTeam, ...] = ()
 
 
 def object_name(stack: str) -> str:
     return f"{PREFIX}{stack}.json"
 
 
-def manifest_json(target: StackTarget, idle_stop_minutes: float | None = None) -> str:
+def manifest_json(target: StackTarget, idle_stop_minutes: float | None = None,
+                  budget_teams: tuple[BudgetTeam, ...] = ()) -> str:
     """The manifest of `target` (ops/tpu/target.py target_for), stable bytes."""
     body = {"version": VERSION, "stack": target.stack, "project": target.project,
             "artifactsBucket": target.artifacts_bucket, "idleStopMinutes": idle_stop_minutes,
-            "nodes": [_node_json(node) for node in target.nodes]}
+            "nodes": [_node_json(node) for node in target.nodes],
+            "budgetTeams": [{"team": t.team, "project": t.project, "zones": list(t.zones)}
+                            for t in budget_teams]}
     return json.dumps(body, sort_keys=True, indent=1)
 
 
@@ -73,7 +88,9 @@ def parse(text: str, where: str = "manifest") -> Manifest:
         target = StackTarget(project=body["project"], stack=body["stack"], nodes=nodes,
                              artifacts_bucket=body.get("artifactsBucket") or "")
         idle = body.get("idleStopMinutes")
-        return Manifest(target, float(idle) if idle is not None else None)
+        teams = tuple(BudgetTeam(t["team"], t["project"], tuple(t["zones"]))
+                      for t in body.get("budgetTeams") or ())
+        return Manifest(target, float(idle) if idle is not None else None, teams)
     except ManifestError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, catalog.CatalogError) as error:

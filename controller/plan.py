@@ -121,10 +121,38 @@ class Inputs:
 
 
 def plan(inputs: Inputs) -> list[Step]:
-    steps: list[Step] = []
+    claimed = _Claims()
     for manifest in inputs.manifests:
-        steps += stack_plan(manifest, inputs)
+        claimed.add(stack_plan(manifest, inputs))
+    for manifest in inputs.manifests:
+        claimed.add(team_budget_steps(manifest, inputs))
+    return claimed.steps
+
+
+def team_budget_steps(manifest: Manifest, inputs: Inputs) -> list[Step]:
+    """A held budget team's nodes the manifests may not name (its team stack declares
+    them): every node and request in its project carrying its `team` label and
+    `managed-by` (as functions/budget_stop finds them), saved then deleted."""
+    steps: list[Step] = []
+    for team in manifest.budget_teams:
+        why = inputs.held_teams.get(team.team)
+        if why is None or any((team.project, z) in inputs.actual.unread for z in team.zones):
+            continue
+        nodes = [n for n in inputs.actual.nodes if n.project == team.project
+                 and _labelled(n.labels, team.team)]
+        steps += [s for s in (_budget_node_step(manifest.target.stack, n, why, inputs.now)
+                              for n in nodes) if s is not None]
+        with_node = {n.node_id for n in nodes}
+        steps += [Step("delete-queued", manifest.target.stack, q.node_ids[0], q.name, q.zone,
+                       f"budget hold ({why}): its request goes", chips=q.chips)
+                  for q in inputs.actual.queued
+                  if q.name.split("/")[1] == team.project and _labelled(q.labels, team.team)
+                  and with_node.isdisjoint(q.node_ids)]
     return steps
+
+
+def _labelled(labels: Mapping[str, str], team: str) -> bool:
+    return labels.get("team") == label_value(team) and labels.get("managed-by") == "pulumi"
 
 
 def stack_plan(manifest: Manifest, inputs: Inputs) -> list[Step]:

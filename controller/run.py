@@ -43,8 +43,10 @@ class RunResult:
 
 def places(manifests: Iterable[Manifest]) -> set[tuple[str, str]]:
     """Every (project, zone) where a manifest's node or one of its candidates may live."""
-    return {(node.project, zone) for m in manifests for node in m.target.nodes
-            for zone in node.zones}
+    nodes = {(node.project, zone) for m in manifests for node in m.target.nodes
+             for zone in node.zones}
+    return nodes | {(t.project, zone) for m in manifests for t in m.budget_teams
+                    for zone in t.zones}
 
 
 def read_actual(api: TpuApi, manifests: Sequence[Manifest]) -> ActualRead:
@@ -65,6 +67,7 @@ def held_teams(marker_names: Sequence[str], manifests: Sequence[Manifest],
                now: datetime) -> dict[str, str]:
     """Teams a budget stop holds now (model/budget_hold.py), with the hold's words."""
     teams = {node.team for m in manifests for node in m.target.nodes if node.team}
+    teams |= {t.team for m in manifests for t in m.budget_teams}
     held = {}
     for team in sorted(teams):
         hold = budget_hold(team, marker_names, now)
@@ -103,6 +106,7 @@ def run_once(store: Store, api: TpuApi, *, apply: bool = True,
         applier = Applier(api, store, read.raw_queued, {n.name: n for n in read.actual.nodes},
                           list(moves), clock, expected, lambda: lease.left(clock()), checkpoint)
         outcomes = applier.apply(steps)
+        store.release(lease)
     record.update(leased=lease is not None, stacks=[m.target.stack for m in manifests],
                   problems=problems, unread=list(read.unread), heldTeams=inputs.held_teams,
                   steps=[o.to_json() for o in outcomes] if lease else

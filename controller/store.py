@@ -8,11 +8,12 @@
     budget-stop/<team>/...              the budget stop's markers (model/budget_hold.py)
 
 The lease: a run acts only if it creates the object of the current slot
-(`floor(now / lease seconds)`) with ifGenerationMatch=0, which GCS grants to one caller
+(`floor(now / interval)`) with ifGenerationMatch=0, which GCS grants to one caller
 only, answering every other 412 Precondition Failed (cloud.google.com/storage/docs/
-request-preconditions). It expires at the slot's end: a run stops starting steps a
-margin before then, so two runs never act at once, and a killed run's slot ends by
-itself (the next run finishes its work: plan.py move_steps).
+request-preconditions), and no neighbouring slot's object is held (unreleased and
+unexpired). It expires one interval after it was taken; a run stops starting steps a
+margin before then and releases it when done, so two runs never act at once, and a
+killed run's lease ends by itself (the next run finishes its work: plan.py move_steps).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 from controller.manifest import PREFIX as MANIFEST_PREFIX
@@ -84,11 +85,18 @@ class Store:
 
     # ---- writing -------------------------------------------------------------------
     def try_lease(self, run_id: str, now: datetime, seconds: float) -> Lease | None:
-        """This slot's lease if this run is the one that creates it, else None."""
+        """The lease for one interval from `now` if this run may act, else None.
+
+        The run creates its slot's object (`floor(now / seconds)`) with
+        ifGenerationMatch=0: of runs in one slot, one creates it. A run across a slot
+        boundary from another sees the neighbour's object, unreleased and unexpired,
+        before or after creating its own, and stands down: at most one acts."""
         from google.api_core import exceptions as gexc
 
         slot = int(now.timestamp() // seconds)
-        expires = datetime.fromtimestamp((slot + 1) * seconds, timezone.utc)
+        if self._active(slot - 1, now):
+            return None
+        expires = now + timedelta(seconds=seconds)
         name = f"{LEASE_PREFIX}{slot}.json"
         record = {"run": run_id, "taken": now.isoformat(), "expires": expires.isoformat()}
         try:
@@ -96,7 +104,21 @@ class Store:
                 json.dumps(record), content_type="application/json", if_generation_match=0)
         except gexc.PreconditionFailed:
             return None
-        return Lease(name, expires)
+        lease = Lease(name, expires)
+        if self._active(slot - 1, now) or self._active(slot + 1, now):
+            self.release(lease)
+            return None
+        return lease
+
+    def _active(self, slot: int, now: datetime) -> bool:
+        record = self._json(f"{LEASE_PREFIX}{slot}.json")
+        if not record or record.get("released"):
+            return False
+        return datetime.fromisoformat(record["expires"]) > now
+
+    def release(self, lease: Lease) -> None:
+        """The run is over: its slot's object says so (the run holds it: a plain write)."""
+        self._write(lease.name, {"released": True})
 
     def save_moves(self, moves: list[Move]) -> None:
         self._write(MOVES, {"moves": [m.to_json() for m in moves]})

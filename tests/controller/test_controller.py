@@ -173,3 +173,42 @@ def test_a_team_past_its_budget_is_saved_then_deleted_and_a_failed_delete_is_ret
     assert sorted(r for _, r in acting(first)) == ["done", "failed"]
     assert acting(second) == [("delete-node", "done")]
     assert world.tpu.node(TAKES, "tv-a") is None and world.tpu.node(TAKES, "tv-b") is None
+
+
+def test_a_held_teams_team_stack_nodes_are_saved_then_deleted_though_no_manifest_names_them(
+        world: World) -> None:
+    from controller.manifest import BudgetTeam
+
+    labels = {"stack": "team-vision", "managed-by": "pulumi", "team": "vision"}
+    world.publish(stack(plain_node("dev-a")), budget_teams=(BudgetTeam("vision", PROJECT,
+                                                                        (TAKES,)),))
+    world.tpu.add_node(TAKES, "team-vision-a", accelerator_type="v6e-8", labels=labels)
+    world.tpu.add_queued_node(TAKES, "team-vision-q", accelerator_type="v6e-8", labels=labels)
+    world.tpu.add_node(TAKES, "dev-a", accelerator_type="v6e-8",
+                       labels={"stack": "dev", "managed-by": "pulumi", "team": "platform"})
+    budget_marker(world, "vision")
+
+    asked = world.run(minutes=0)
+    deleted = world.run(minutes=5)
+
+    assert sorted(o.step.node for o in asked.outcomes) == ["team-vision-a", "team-vision-q"]
+    assert {o.step.verb for o in asked.outcomes} == {"save-node"}
+    assert sorted((o.step.verb, o.result) for o in deleted.outcomes) == [
+        ("delete-node", "done"), ("delete-queued", "done")]
+    assert world.tpu.node(TAKES, "team-vision-a") is None
+    assert world.tpu.queued_resource(TAKES, "team-vision-q-qr") is None
+    assert world.tpu.node(TAKES, "dev-a") is not None
+
+
+def test_runs_either_side_of_a_slot_boundary_act_once_and_a_released_lease_frees_the_next(
+        world: World) -> None:
+    from datetime import timedelta
+
+    boundary = datetime.fromtimestamp((world.started.timestamp() // 300 + 1) * 300,
+                                      timezone.utc)
+    before = world.store.try_lease("a", boundary - timedelta(seconds=1), 300)
+    after = world.store.try_lease("b", boundary + timedelta(seconds=1), 300)
+    assert before is not None and after is None
+
+    world.store.release(before)
+    assert world.store.try_lease("c", boundary + timedelta(seconds=2), 300) is not None

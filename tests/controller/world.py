@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from controller import run as controller_run
-from controller.manifest import manifest_json
+from controller.manifest import BudgetTeam, manifest_json
 from controller.store import Store
 from model import catalog
 from ops.tpu.api import TpuApi
@@ -75,8 +75,9 @@ class World:
     runs: int = 0
     peak_alive: dict[str, int] = field(default_factory=dict)
 
-    def publish(self, target: StackTarget, idle: float | None = None) -> None:
-        self.store.write_manifest(target.stack, manifest_json(target, idle))
+    def publish(self, target: StackTarget, idle: float | None = None,
+                budget_teams: tuple[BudgetTeam, ...] = ()) -> None:
+        self.store.write_manifest(target.stack, manifest_json(target, idle, budget_teams))
 
     def clock(self, minutes: float) -> datetime:
         return self.started + timedelta(minutes=minutes)
