@@ -27,7 +27,7 @@ def team_vision(hold: dict | None) -> object:
 
 
 def tpus(run: object) -> list[str]:
-    return [r.name for kind in QUEUED_OR_VM for r in run.of_type(kind)]  # type: ignore[attr-defined]
+    return sorted(r.name for kind in QUEUED_OR_VM for r in run.of_type(kind))  # type: ignore[attr-defined]
 
 
 def test_a_held_team_stack_leaves_its_nodes_out_with_a_warning_until_the_hold_ends() -> None:
