@@ -103,6 +103,8 @@ class ControllerArgs:
     labels: dict[str, str]
     runtime_accounts: Sequence[pulumi.Input[str]] = ()  # account names it acts as
     budget_topics: Sequence[pulumi.Input[str]] = ()  # projects/<p>/topics/<t>
+    # Logs buckets whose agents' status objects it lists (idle stops): read only.
+    status_buckets: Sequence[pulumi.Input[str]] = ()
     deployer: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -185,6 +187,11 @@ class Controller(pulumi.ComponentResource):
             grants.append(gcp.serviceaccount.IAMMember(
                 f"controller-acts-as-{index}", service_account_id=account, role=ACT_AS_ROLE,
                 member=member, opts=child))
+        for index, bucket in enumerate(args.status_buckets):
+            # objects.list and get of the status objects (ops/tpu/logs.py published_jobs).
+            grants.append(gcp.storage.BucketIAMMember(
+                f"controller-status-{index}", bucket=bucket, member=member,
+                role="roles/storage.objectViewer", opts=child))
         objects = gcp.projects.IAMCustomRole(
             "controller-objects-role", role_id=args.naming.custom_role_id("controller_objects"),
             title="tpu-stack controller objects", description="The controller's own objects",
@@ -251,7 +258,8 @@ def declare_for(platform: pulumi.ComponentResource, opts: pulumi.ResourceOptions
         interval=settings.controller.interval,
         managed_projects=[settings.node_project(t) for t in (None, *teams)],
         labels=naming.labels("controller", settings.team, settings.labels),
-        runtime_accounts=accounts, budget_topics=topics), opts=opts)
+        runtime_accounts=accounts, budget_topics=topics,
+        status_buckets=[platform.buckets.buckets["logs"].name]), opts=opts)  # type: ignore[attr-defined]
     regions = set(settings.regions)
     zones = tuple(z for z in catalog.all_zones() if catalog.region_of(z) in regions)
     budget_teams = tuple(BudgetTeam(team, naming.team_project(team), zones)

@@ -291,12 +291,15 @@ def _one_alive(node: ExpectedNode, requests: list[QueuedStatus]
 
 def limit_steps(stack: str, nodes: Sequence[NodeStatus], queued: Sequence[QueuedStatus],
                 now: datetime, idle_minutes: float | None) -> list[Step]:
-    limits = actions.janitor_plan(list(nodes), NEVER_IDLE_MINUTES, now, queued)
-    steps = _steps(stack, limits, queued)
+    """janitor_plan's limits; its idle stops (a finished job is one) only when the
+    manifest sets idleStopMinutes, and only for a node whose agent reported."""
+    limits = [a for a in actions.janitor_plan(list(nodes), NEVER_IDLE_MINUTES, now, queued)
+              if a.verb != "stop-node" or a.reason.startswith("stopped for good")]
     if idle_minutes is not None:
         reported = [n for n in nodes if n.job]  # no status is no evidence of idleness
-        steps += _steps(stack, actions.janitor_plan(reported, idle_minutes, now), queued)
-    return steps
+        limits += actions.janitor_plan(reported, idle_minutes, now)
+    unique = {action.name: action for action in reversed(limits)}  # the first one wins
+    return _steps(stack, [a for a in limits if unique[a.name] is a], queued)
 
 
 # ---- shared ------------------------------------------------------------------------

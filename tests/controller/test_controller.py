@@ -212,3 +212,27 @@ def test_runs_either_side_of_a_slot_boundary_act_once_and_a_released_lease_frees
 
     world.store.release(before)
     assert world.store.try_lease("c", boundary + timedelta(seconds=2), 300) is not None
+
+
+def test_idle_stops_only_a_node_whose_agent_reported_from_its_status_object(
+        world: World) -> None:
+    import json
+
+    from node_agent.contract import STATUS_KEY
+
+    labels = {"stack": "dev", "managed-by": "pulumi", "team": "platform"}
+    world.publish(stack(plain_node("dev-done"), plain_node("dev-silent")), idle=60)
+    for node_id in ("dev-done", "dev-silent"):
+        world.tpu.add_node(TAKES, node_id, accelerator_type="v6e-8", labels=labels,
+                           metadata={STATUS_KEY: f"gs://{world.store.bucket_name}/status/"
+                                                 f"{node_id}/"})
+    fields = {"state": "succeeded", "updated": "2026-12-05T00:00:00Z"}
+    blob = world.store.bucket.blob("status/dev-done/worker-0/status.json")
+    blob.metadata = fields
+    blob.upload_from_string(json.dumps(fields), content_type="application/json")
+
+    result = world.run(minutes=0)
+
+    assert [(o.step.verb, o.step.node, o.result) for o in result.outcomes] == [
+        ("stop-node", "dev-done", "done")]
+    assert "job succeeded" in result.outcomes[0].step.reason
