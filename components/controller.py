@@ -151,6 +151,8 @@ class Controller(pulumi.ComponentResource):
             "controller", name=args.naming.cloud_function("controller"), project=args.project,
             region=REGION, schedule=SCHEDULES[args.interval], time_zone="Etc/UTC",
             description="Runs the tpu-stack controller",
+            # HTTP targets allow 15 s to 30 min (cloud.google.com/scheduler/docs/reference/
+            # rest/v1/projects.locations.jobs, Job.attemptDeadline; as recalled, unconfirmed).
             attempt_deadline=f"{TIMEOUT_SECONDS}s",
             http_target=gcp.cloudscheduler.JobHttpTargetArgs(
                 uri=self.function.url, http_method="POST",
@@ -161,6 +163,9 @@ class Controller(pulumi.ComponentResource):
             gcp.pubsub.Subscription(
                 f"controller-budget-{index}", project=args.project, topic=topic,
                 name=args.naming.cloud_function(f"controller-budget-{index}"),
+                # The longest ack deadline Pub/Sub allows (600 s, cloud.google.com/pubsub/
+                # docs/reference/rest/v1/projects.subscriptions; as recalled, unconfirmed):
+                # a push is acknowledged by the function's 200, after its run.
                 labels=args.labels, ack_deadline_seconds=600,
                 push_config=gcp.pubsub.SubscriptionPushConfigArgs(
                     push_endpoint=self.function.url,
