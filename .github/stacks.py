@@ -104,6 +104,14 @@ def team_ci(team: TeamStack, root: Path = ROOT) -> dict[str, Any] | None:
     return (teams.get(team.team) or {}).get("ci") or {}
 
 
+def has_controller(stack: str, root: Path = ROOT) -> bool:
+    """The stack, or a team stack's platform, runs the controller (issue 43): it heals
+    the stack every interval, so the GitHub schedule leaves it alone."""
+    team = team_of(stack, root)
+    config = config_of(team.platform if team else stack, root)
+    return bool((config.get("tpu-stack:controller") or {}).get("enabled"))
+
+
 @dataclass
 class Target:
     stack: str
@@ -218,6 +226,11 @@ def main(argv: list[str]) -> int:
         print("plan=" + json.dumps({t.stack: asdict(t) for t in chosen.targets}))
     else:
         target = chosen.targets[0]
+        if target.act and has_controller(target.stack):
+            print(f"::notice::{target.stack} is healed by its controller in the cloud "
+                  f"(tpu-stack:controller, docs/design.md 'The controller'): this schedule "
+                  f"is the fallback of stacks without one", file=sys.stderr)
+            target = Target(target.stack)
         print(f"heal={str(target.act).lower()}")
         for key in ("environment", "provider", "account"):
             print(f"{key}={getattr(target, key)}")

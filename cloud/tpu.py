@@ -45,3 +45,17 @@ def transient_retry(deadline: float = 60.0) -> Any:
     return gretry.Retry(
         predicate=predicate, initial=0.1, maximum=5.0, multiplier=2.0, timeout=deadline
     )
+
+
+def create_retry(deadline: float = 60.0) -> Any:
+    """transient_retry less 429: a create refused for quota answers 429 RESOURCE_EXHAUSTED
+    (model/capacity.py), which the classifier must see at once, not after a minute of
+    retries; a rate limit among them is told apart there (ErrorInfo.reason)."""
+    from google.api_core import exceptions as gexc
+    from google.api_core import retry as gretry
+
+    predicate = gretry.if_exception_type(
+        gexc.ServiceUnavailable, gexc.InternalServerError, ConnectionError)
+    return gretry.Retry(
+        predicate=predicate, initial=0.1, maximum=5.0, multiplier=2.0, timeout=deadline
+    )

@@ -3,28 +3,31 @@
 A node with `fallback` (model/settings/, NodeSettings.candidates) is created
 here. Every candidate is a queued resource carrying the whole node, as QueuedTpu sends
 it (the same node id and metadata in every zone, so the agent's contract never
-changes with the candidate), tried in order:
+changes with the candidate), under its own request name (model/naming.py
+candidate_request: two candidates in one zone never share one).
 
-- at most one attempt is alive at a time: a failed, refused or timed-out attempt is
-  deleted (`force`) and confirmed gone (queued_tpu.force_delete) before the next starts;
-- a request still waiting for resources after `max_wait_seconds` moves on (class
-  `timeout`); one PROVISIONING by then is followed, up to the create timeout;
-- the failure is classified (model/capacity.py): capacity, reservation, preempted
-  and timeout move on; quota moves on and blocks its family in its scope for the rest
-  of the round; transient retries the same candidate after a backoff; permanent stops,
-  naming the error, and no later candidate is tried;
-- when a whole round fails, the next one starts after a jittered backoff, until the
-  create timeout; the error then lists every attempt's class and the API's words.
+`create` submits a request and returns its ID at once, as QueuedTpu does: nothing here
+waits for capacity (issue 43). A Python dynamic provider serves every dynamic resource
+of a program from one process of four workers (pulumi/pulumi sdk/python/lib/pulumi/
+dynamic/__main__.py, `ThreadPoolExecutor(max_workers=4)`), and a create that never
+returns records no ID (pulumi/pulumi #4265), so a create that waited for capacity
+could block the whole `up` and leak its request. It submits the first candidate whose
+create the API accepts: a create refused at once for capacity, quota or a reservation
+(model/capacity.py) goes to the next candidate (the refused request deleted and
+confirmed gone); a permanent error stops, naming it. A request of this node already
+alive under any candidate's name with that candidate's spec is adopted, never deleted.
 
-`create` returns once a candidate's request is ACTIVE: the candidate that took is in
-the outputs (`candidate`, `placement`, `attempts`). `read` (refresh) finds the request
-in whichever candidate zone it lives. Editing the list is an update that moves nothing,
-unless the running candidate is no longer in it: then the node is replaced.
+Moving a waiting or FAILED request on to the next candidate, and back to the first
+after a preemption, is the controller's (controller/, docs/design.md "The
+controller"). The outputs say which candidate holds the request (`candidate`,
+`candidate_label`, `placement`, `attempts`); `read` (refresh) follows it to whichever
+candidate holds it; `delete` deletes it wherever it is, found by its labels when the
+state lost it. Editing the list is an update that moves nothing, unless the running
+candidate is no longer in it: then the node is replaced.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -32,7 +35,7 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dyn
 
-from cloud.tpu import tpu_client, transient_retry
+from cloud.tpu import create_retry, tpu_client, transient_retry
 from components.queued_tpu import (
     IN_PLACE,
     QueuedTpuError,
@@ -46,7 +49,7 @@ from components.queued_tpu import (
     check_inputs,
     force_delete,
 )
-from model import capacity
+from model import capacity, naming
 from model.pulumi_types import DYNAMIC_MODULE, FALLBACK_TPU_NAME
 
 # What a candidate sets of the request; everything else is the node's, shared.
@@ -109,8 +112,12 @@ def _normal(value: Any) -> Any:
     return value if value not in (None, "", [], {}) else None
 
 
-def _name(props: dict[str, Any]) -> str:
+def request_name(props: dict[str, Any]) -> str:
+    """The queued resource name `props` create: projects/<p>/locations/<z>/queuedResources/<id>."""
     return f"{_parent(props)}/queuedResources/{_queued_id(props)}"
+
+
+_name = request_name
 
 
 class FallbackTpuProvider(QueuedTpuProvider):
@@ -128,8 +135,8 @@ class FallbackTpuProvider(QueuedTpuProvider):
 
     def create(self, props: dict[str, Any]) -> dyn.CreateResult:
         client = tpu_client()
-        index, queued, attempts = place(client, props)
-        return dyn.CreateResult(queued.name, _fallback_outputs(
+        index, queued, attempts = submit(client, props)
+        return dyn.CreateResult(queued.name, outputs_of(
             client, props, index, queued, [asdict(a) for a in attempts]))
 
     def read(self, id_: str, props: dict[str, Any]) -> dyn.ReadResult:
@@ -137,19 +144,23 @@ class FallbackTpuProvider(QueuedTpuProvider):
 
         client = tpu_client()
         candidates = props.get("candidates") or []
-        # The recorded request first, then every candidate's zone: the node lives in one
-        # (`tpuctl recover` may have moved it). A refresh keeps a changed id in the state
-        # (pulumi/pulumi pkg/resource/deploy/step.go, RefreshStep.Apply: "There is a chance
-        # that the ID has changed").
+        # The recorded request first, then every candidate's name, then a list of the
+        # candidates' zones: the controller may have moved it. A refresh keeps a changed
+        # id in the state (pulumi/pulumi pkg/resource/deploy/step.go, RefreshStep.Apply:
+        # "There is a chance that the ID has changed").
         order = sorted(range(len(candidates)),
                        key=lambda i: not _same(props.get("placement"), candidates[i]))
         for index in order:
-            name = _name(merged(props, candidates[index]))
+            name = _name(request_of(props, index))
             try:
                 queued = client.get_queued_resource(name=name, retry=transient_retry())
             except gexc.NotFound:
                 continue
-            return dyn.ReadResult(name, _fallback_outputs(
+            return dyn.ReadResult(name, outputs_of(
+                client, props, index, queued, props.get("attempts") or []))
+        for queued in requests_by_label(client, props):
+            index = _candidate_of(queued, candidates)
+            return dyn.ReadResult(queued.name, outputs_of(
                 client, props, index, queued, props.get("attempts") or []))
         return dyn.ReadResult("", {})  # gone everywhere: the next `up` places it again
 
@@ -168,12 +179,13 @@ class FallbackTpuProvider(QueuedTpuProvider):
                               delete_before_replace=True)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        # The recorded request, and any of this node's in another candidate zone: one
-        # `tpuctl recover` moved there since the last refresh, or an interrupted run left.
+        # The recorded request, every candidate's name, and any request of this node the
+        # candidates' zones list (the controller moved it, or the state lost the ID).
         client = tpu_client()
-        names = dict.fromkeys([id_, *(_name(merged(props, c))
-                                      for c in props.get("candidates") or [])])
-        for name in names:
+        candidates = props.get("candidates") or []
+        names = [id_, *(_name(request_of(props, i)) for i in range(len(candidates)))]
+        names += [queued.name for queued in requests_by_label(client, props)]
+        for name in dict.fromkeys(n for n in names if n):
             force_delete(client, name, _timeout(props, "delete"), _poll(props))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.UpdateResult:
@@ -185,6 +197,11 @@ class FallbackTpuProvider(QueuedTpuProvider):
                                 merged(news, candidates[index]))
         return dyn.UpdateResult({**result.outs, **_fallback_fields(
             news, index, olds.get("attempts") or [])})
+
+
+def _candidate_of(queued: Any, candidates: list[dict[str, Any]]) -> int:
+    """The first candidate whose spec `queued` has (0 when none has)."""
+    return next((i for i, c in enumerate(candidates) if spec_matches(queued, c)), 0)
 
 
 def _fallback_outputs(client: Any, props: dict[str, Any], index: int, queued: Any,
@@ -201,143 +218,156 @@ def _fallback_fields(props: dict[str, Any], index: int,
             "attempts": attempts}
 
 
-# ---- placing ---------------------------------------------------------------------
+# ---- submitting ------------------------------------------------------------------
+
+# A request in one of these states holds no capacity and will not provision: adopting
+# it would adopt nothing, so a leftover in one is deleted and the candidate submitted.
+DEAD = frozenset({"FAILED", "SUSPENDING", "SUSPENDED"})
 
 
-def place(client: Any, props: dict[str, Any], sleep: Any = time.sleep,
-          rng: random.Random | None = None) -> tuple[int, Any, list[Attempt]]:
-    """(index of the candidate that took, its ACTIVE request, every attempt), or a
-    QueuedTpuError that says why it stopped."""
-    candidates = props["candidates"]
-    deadline = time.monotonic() + _timeout(props, "create")
+def request_of(props: dict[str, Any], index: int) -> dict[str, Any]:
+    """Candidate `index` (0-based)'s request: merged, under its own request name."""
+    base = props.get("queued_resource_id") or props["node_id"]
+    request = merged(props, props["candidates"][index])
+    return {**request, "queued_resource_id": naming.candidate_request(base, index + 1)}
+
+
+def spec_matches(queued: Any, candidate: dict[str, Any]) -> bool:
+    """`queued` asks for what `candidate` places: its zone, shape and tier (a leftover
+    of another spec is not this candidate's to adopt, issue 43 defect 1)."""
+    spec = queued.tpu.node_spec[0] if queued.tpu.node_spec else None
+    if spec is None or f"/locations/{candidate['zone']}" not in spec.parent:
+        return False
+    node = spec.node
+    if candidate.get("accelerator_type"):
+        shape_ok = node.accelerator_type == candidate["accelerator_type"]
+    else:
+        shape_ok = node.accelerator_config.topology == candidate.get("accelerator_topology")
+    tier_ok = ("spot" in queued) == bool(candidate.get("spot"))  # proto-plus: field presence
+    return shape_ok and tier_ok
+
+
+def submit(client: Any, props: dict[str, Any]) -> tuple[int, Any, list[Attempt]]:
+    """(the candidate now holding this node's request, the request, every attempt): an
+    alive request of this node is adopted, else the first candidate whose create the API
+    accepts. Returns as soon as the API has the request; never waits for capacity."""
     attempts: list[Attempt] = []
-    left = _leftover(client, props, attempts)
-    if left is not None:
-        return left
-    rounds = 0
-    while True:
-        this_round = capacity.Round()
-        for index, candidate in enumerate(candidates):
-            blocked = this_round.blocked(_placement(candidate))
-            if blocked:
-                attempts.append(Attempt(index + 1, "skipped", blocked))
-                continue
-            failure, queued = _attempt(client, merged(props, candidate), props, deadline, sleep)
-            if failure is None:
-                attempts.append(Attempt(index + 1, "took", label(index + 1, len(candidates),
-                                                                 candidate)))
-                return index, queued, attempts
-            attempts.append(Attempt(index + 1, failure.kind, failure.detail))
-            if not failure.moves_on:
-                raise QueuedTpuError(_stopped(failure, index + 1, attempts))
-            if failure.quota is not None:
-                this_round.block(failure.quota, _placement(candidate))
-        rounds += 1
-        delay = capacity.backoff_seconds(rounds, base=float(
-            props.get("round_backoff_seconds") or 30), rng=rng)
-        if time.monotonic() + delay >= deadline:
-            raise QueuedTpuError(
-                f"no candidate took in {rounds} round(s) within {_timeout(props, 'create'):.0f} "
-                f"s; nothing is left queued. " + "; ".join(a.line() for a in attempts))
-        sleep(delay)
+    alive = find_alive(client, props)
+    if alive is not None:
+        index, queued = alive
+        attempts.append(Attempt(index + 1, "took", "adopted the request already alive"))
+        return index, queued, attempts
+    this_round = capacity.Round()
+    candidates = props["candidates"]
+    for index, candidate in enumerate(candidates):
+        blocked = this_round.blocked(_placement(candidate))
+        if blocked:
+            attempts.append(Attempt(index + 1, "skipped", blocked))
+            continue
+        failure, queued = _submit_candidate(client, request_of(props, index))
+        if failure is None:
+            attempts.append(Attempt(index + 1, "took", label(index + 1, len(candidates),
+                                                             candidate)))
+            return index, queued, attempts
+        attempts.append(Attempt(index + 1, failure.kind, failure.detail))
+        if not failure.moves_on and failure.kind != "unclassified":
+            raise QueuedTpuError(_stopped(failure, index + 1, attempts))
+        if failure.quota is not None:
+            this_round.block(failure.quota, _placement(candidate))
+    raise QueuedTpuError("every candidate refused the request: nothing is left queued; "
+                         "run `pulumi up` again later. " + "; ".join(a.line() for a in attempts))
 
 
-def _leftover(client: Any, props: dict[str, Any], attempts: list[Attempt]
-              ) -> tuple[int, Any, list[Attempt]] | None:
-    """Requests of this node that an interrupted run left in a candidate zone (a failed
-    dynamic create records nothing in the state): an ACTIVE one is adopted, the others are
-    deleted and confirmed gone, so the round starts with none alive."""
+def find_alive(client: Any, props: dict[str, Any]) -> tuple[int, Any] | None:
+    """This node's request under any candidate's name, with that candidate's spec and
+    alive (not FAILED or SUSPENDED); one of another spec or dead is left to the
+    controller (at most one request per node: the controller deletes the others)."""
     from google.api_core import exceptions as gexc
 
-    candidates = props["candidates"]
-    adopted = None
-    for index, candidate in enumerate(candidates):
-        request = merged(props, candidate)
-        name = _name(request)
+    for index, candidate in enumerate(props["candidates"]):
         try:
-            queued = client.get_queued_resource(name=name, retry=transient_retry())
+            queued = client.get_queued_resource(name=_name(request_of(props, index)),
+                                                retry=transient_retry())
         except gexc.NotFound:
             continue
-        if adopted is None and queued.state.state.name == ACTIVE:
-            adopted = (index, queued)
-            continue
-        attempts.append(Attempt(index + 1, "leftover", f"{queued.state.state.name}: deleted"))
-        _delete(client, name, request, "a request an earlier run left")
-    if adopted is None:
-        return None
-    index, queued = adopted
-    where = label(index + 1, len(candidates), candidates[index])
-    attempts.append(Attempt(index + 1, "took",
-                            f"adopted the ACTIVE request an earlier run left: {where}"))
-    return index, queued, attempts
+        if queued.state.state.name not in DEAD and spec_matches(queued, candidate):
+            return index, queued
+    return None
+
+
+def _submit_candidate(client: Any, request: dict[str, Any]
+                      ) -> tuple[capacity.Failure | None, Any]:
+    """Submit one candidate's request, a transient or unclassified refusal retried a
+    bounded number of times (capacity.UNCLASSIFIED_RETRIES) a moment apart: (None, the
+    request) once the API has it, or why it was refused."""
+    failure: capacity.Failure | None = None
+    for attempt in range(1 + capacity.UNCLASSIFIED_RETRIES):
+        if attempt:
+            time.sleep(min(_poll(request), 2.0))
+        failure, queued = _submit_once(client, request)
+        if failure is None or failure.kind not in ("transient", "unclassified"):
+            return failure, queued
+    return failure, None
+
+
+def _submit_once(client: Any, request: dict[str, Any]) -> tuple[capacity.Failure | None, Any]:
+    from google.api_core import exceptions as gexc
+
+    name = _name(request)
+    try:
+        # No retry of a 429: a quota refusal as often as a rate limit, which the
+        # classifier tells apart (_submit_candidate retries what it should).
+        queued = client.create_queued_resource(
+            parent=_parent(request), queued_resource_id=_queued_id(request),
+            queued_resource=build_queued_resource(request), retry=create_retry(),
+        ).result(timeout=_timeout(request, "create"))
+    except gexc.Conflict:
+        return _leftover(client, name, request)
+    except gexc.GoogleAPICallError as error:
+        failure = capacity.classify(capacity.from_exception(error), request["zone"])
+        # A refused create may still have queued something: deleted, confirmed gone.
+        _delete(client, name, request, failure.detail)
+        return failure, None
+    return None, queued
+
+
+def _leftover(client: Any, name: str, request: dict[str, Any]
+              ) -> tuple[capacity.Failure | None, Any]:
+    """A request of this candidate's name an earlier run left: adopted when alive and of
+    this candidate's spec; else deleted, confirmed gone, and submitted once more."""
+    queued = client.get_queued_resource(name=name, retry=transient_retry())
+    if queued.state.state.name not in DEAD and spec_matches(queued, request):
+        return None, queued
+    _delete(client, name, request, f"a {queued.state.state.name} request an earlier run left")
+    queued = client.create_queued_resource(
+        parent=_parent(request), queued_resource_id=_queued_id(request),
+        queued_resource=build_queued_resource(request), retry=transient_retry(),
+    ).result(timeout=_timeout(request, "create"))
+    return None, queued
+
+
+def requests_by_label(client: Any, props: dict[str, Any]) -> list[Any]:
+    """Every request in the candidates' zones that provisions this node (its node id and
+    the stack label its node carries): found by listing, when the state lost the ID."""
+    zones = dict.fromkeys(c["zone"] for c in props.get("candidates") or [])
+    stack = (props.get("labels") or {}).get("stack")
+    found = []
+    for zone in zones:
+        parent = f"projects/{props['project']}/locations/{zone}"
+        for queued in client.list_queued_resources(parent=parent, retry=transient_retry()):
+            for spec in queued.tpu.node_spec:
+                if spec.node_id == props["node_id"] and (
+                        stack is None or spec.node.labels.get("stack") == stack):
+                    found.append(queued)
+                    break
+    return found
 
 
 def _stopped(failure: capacity.Failure, position: int, attempts: list[Attempt]) -> str:
     why = ("a permanent error: the next candidate would fail the same way, so none was tried"
-           if failure.kind == "permanent" else "transient errors until the create timeout")
+           if failure.kind == "permanent" else "an error that retrying did not clear")
     return (f"candidate {position} stopped the placement with {why}: {failure.detail}; "
             f"nothing is left queued. Attempts: " + "; ".join(a.line() for a in attempts))
-
-
-def _attempt(client: Any, request: dict[str, Any], props: dict[str, Any], deadline: float,
-             sleep: Any) -> tuple[capacity.Failure | None, Any]:
-    """One candidate, transient errors retried: None and the ACTIVE request, or the
-    failure, with the request deleted and confirmed gone."""
-    name = _name(request)
-    backoff = _poll(request)
-    while True:
-        try:
-            failure, queued = _try_once(client, name, request, props, deadline)
-        except Exception as error:  # an unexpected end: nothing may stay queued
-            _delete(client, name, request, error)
-            raise
-        if failure is None:
-            return None, queued
-        _delete(client, name, request, failure.detail)
-        if failure.kind != "transient" or time.monotonic() + backoff >= deadline:
-            return failure, None
-        sleep(backoff)
-        backoff = min(backoff * 2, 60.0)
-
-
-def _try_once(client: Any, name: str, request: dict[str, Any], props: dict[str, Any],
-              deadline: float) -> tuple[capacity.Failure | None, Any]:
-    from google.api_core import exceptions as gexc
-
-    zone = request["zone"]
-    try:
-        client.create_queued_resource(
-            parent=_parent(request), queued_resource_id=_queued_id(request),
-            queued_resource=build_queued_resource(request),
-        ).result(timeout=_timeout(request, "create"))
-    except gexc.Conflict:
-        pass  # a request of this name an earlier run left: this node's, adopted
-    except gexc.GoogleAPICallError as error:
-        return capacity.classify(capacity.from_exception(error), zone), None
-    max_wait = float(props.get("max_wait_seconds") or 1800)
-    started = time.monotonic()
-    while True:
-        try:
-            queued = client.get_queued_resource(name=name, retry=transient_retry())
-        except gexc.GoogleAPICallError as error:
-            return capacity.classify(capacity.from_exception(error), zone), None
-        state = queued.state.state.name
-        if state == ACTIVE:
-            return None, queued
-        if state == "FAILED":
-            error = queued.state.failed_data.error
-            if error and error.message:
-                return capacity.classify(capacity.from_status(error), zone), None
-            return capacity.Failure("capacity", f"the request FAILED in {zone}"), None
-        if state in SUSPENDED:
-            return capacity.preempted_while_creating(state), None
-        waited = time.monotonic() - started
-        # maxWait bounds the wait for resources; a request they were found for
-        # (PROVISIONING) is followed to the end, bounded by the create timeout only.
-        bound = deadline if state == PROVISIONING else started + max_wait
-        if time.monotonic() >= bound:
-            return capacity.timed_out(state, waited), None
-        time.sleep(min(_poll(request), max(0.0, bound - time.monotonic())))
 
 
 def _delete(client: Any, name: str, request: dict[str, Any], why: object) -> None:
@@ -350,6 +380,21 @@ def _delete(client: Any, name: str, request: dict[str, Any], why: object) -> Non
             f"provision a TPU no stack owns, so no further candidate is tried. Delete it with "
             f"`gcloud compute tpus queued-resources delete {_queued_id(request)} --zone "
             f"{request['zone']} --force`") from None
+
+
+def outputs_of(client: Any, props: dict[str, Any], index: int, queued: Any,
+               attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The outputs; a failed read of the node leaves its fields empty (a read error
+    deletes nothing and fails nothing: refresh fills them in)."""
+    from google.api_core import exceptions as gexc
+
+    try:
+        return _fallback_outputs(client, props, index, queued, attempts)
+    except gexc.GoogleAPICallError:
+        outs = {**request_of(props, index), "state": queued.state.state.name,
+                "queued_resource_name": queued.name, "node_name": "", "node_state": "",
+                "held": []}
+        return {**outs, **_fallback_fields(props, index, attempts)}
 
 
 # ---- moving a request (tpuctl recover) ------------------------------------------------
@@ -380,12 +425,26 @@ def props_from_request(queued: Any, placement: dict[str, Any]) -> dict[str, Any]
 
 
 def enqueue(client: Any, props: dict[str, Any], timeout: float) -> str:
-    """Queue `props`' request; its name once the API has it (provisioning follows)."""
+    """Queue `props`' request; its name once the API has it (provisioning follows). A
+    refusal (quota: a 429) is raised at once for the caller to classify."""
     client.create_queued_resource(
         parent=_parent(props), queued_resource_id=_queued_id(props),
-        queued_resource=build_queued_resource(props), retry=transient_retry(),
+        queued_resource=build_queued_resource(props), retry=create_retry(),
     ).result(timeout=timeout)
     return _name(props)
+
+
+def retarget(props: dict[str, Any], placement: dict[str, Any]) -> dict[str, Any]:
+    """`props` (a request's, props_from_request) moved to another candidate's
+    `placement`: its subnetwork in that region, its own request name."""
+    subnetwork = props.get("subnetwork") or ""
+    subnet_project = subnetwork.split("/")[1] if subnetwork.startswith("projects/") \
+        else props["project"]
+    region = placement["zone"].rsplit("-", 1)[0]
+    moved = merged(props, {**placement, "subnetwork": (
+        f"projects/{subnet_project}/regions/{region}/subnetworks/{placement['subnet_name']}")})
+    moved["queued_resource_id"] = placement.get("queued_resource_id") or _queued_id(props)
+    return moved
 
 
 # ---- the resource ------------------------------------------------------------------

@@ -21,10 +21,12 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from components.budget_hold import read_janitor_markers, read_markers
+from components.budget_hold import read_janitor_markers, read_markers, team_stack_hold
 from components.budget_stop import APIS as BUDGET_STOP_APIS
 from components.budget_stop import BudgetStop, BudgetStopArgs
 from components.ci import CI_APIS, CiArgs, CiIdentity, DeployerScope
+from components.controller import APIS as CONTROLLER_APIS
+from components.controller import declare_for as declare_controller
 from components.identity import IdentityArgs, RuntimeIdentity
 from components.monitoring import MonitoringArgs, StackMonitoring
 from components.network import Network, NetworkArgs
@@ -117,7 +119,9 @@ class TpuPlatform(pulumi.ComponentResource):
         naming = settings.naming
         apis = (*APIS, *(CI_APIS if settings.ci else ()),
                 *((BUDGETS_API,) if self._has_budgets else ()),
-                *(BUDGET_STOP_APIS if self._budget_stops else ()))
+                *(BUDGET_STOP_APIS if self._budget_stops else ()),
+                *(CONTROLLER_APIS if settings.controller and settings.controller.enabled
+                  else ()))
         self.project = Project("project", ProjectArgs(
             project_id=settings.gcp_project, settings=settings.project,
             labels=self._labels("project"), apis=apis), opts=self._child())
@@ -176,6 +180,8 @@ class TpuPlatform(pulumi.ComponentResource):
         self.monitoring = StackMonitoring("monitoring", MonitoringArgs(
             settings, project_id, list(self.project.services),
             {t: (a.project_id, a.services) for t, a in self.access.items()}), opts=self._child())
+        if settings.controller and settings.controller.enabled:  # issue 43
+            self.controller = declare_controller(self, after_apis)
 
     def _write_team_outputs(self, bucket: str) -> None:
         """Each team's view of this stack's outputs, one object per team in the state
@@ -227,9 +233,13 @@ class TpuPlatform(pulumi.ComponentResource):
         for warning in self.warnings:  # at preview and up
             if warning.team == team:
                 pulumi.log.warn(warning.text, resource=access)
+        # Held or not, whoever declares its nodes (issue 43: a team stack reads it from
+        # its outputs object, components/budget_hold.py team_stack_hold).
+        held = self._held(team) if stopper else None
+        if held is not None:
+            self.held[team] = held
         if not spec.nodes:
             return
-        held = self._held(team) if stopper else None
         shared = {"artifacts": self.buckets.buckets["artifacts"].name}
         space = self._team_space(team, shared, spec.members, after_apis, access)
         placement = self._team_placement(
@@ -357,9 +367,13 @@ class TpuPlatform(pulumi.ComponentResource):
         placement = self._team_placement(team, space, self.data_uri,
                                          [*space.identity.grants, self.package.object],
                                          subnets=platform.team_subnet)
-        self.nodes = [self._node(node, settings.job(node.job), placement)
-                      for node in self._declared(settings.nodes, team,
-                                                 space.buckets.names["artifacts"])]
+        declared = self._declared(settings.nodes, team, space.buckets.names["artifacts"])
+        held = team_stack_hold(settings, datetime.now(timezone.utc))  # issue 43
+        if held is not None:
+            self.held[team] = held
+            pulumi.log.warn(held.warning(n.name for n in settings.nodes), resource=self)
+            declared = self.declared[team] = []
+        self.nodes = [self._node(node, settings.job(node.job), placement) for node in declared]
 
     # ---- shared by every shape ---------------------------------------------
 

@@ -19,8 +19,17 @@ The shapes the classifier reads (docs/tpu-facts.md, "When a create fails"):
   the node was ever ready.
 - permanent: PERMISSION_DENIED, INVALID_ARGUMENT, NOT_FOUND, UNAUTHENTICATED, ...: the
   next candidate would fail the same way, so the provider stops and says so.
-- transient: UNAVAILABLE, INTERNAL, DEADLINE_EXCEEDED, ABORTED, and a 429 naming no quota
-  (a rate limit): the same candidate again, after a backoff.
+- transient: UNAVAILABLE, INTERNAL, DEADLINE_EXCEEDED, ABORTED, and a rate limit
+  (`ErrorInfo.reason` RATE_LIMIT_EXCEEDED, googleapis google/api/error_reason.proto): the
+  same candidate again, after a backoff.
+- unclassified: RESOURCE_EXHAUSTED (or UNKNOWN) that names no quota, capacity or rate
+  limit: retried on the same candidate UNCLASSIFIED_RETRIES times, then the next one.
+
+The words decide before the code: a capacity or reservation message is capacity or
+reservation whatever its code. `ErrorInfo.reason` RESOURCE_QUOTA_EXCEEDED is quota even
+without a QuotaFailure. An operation's failure carries its `google.rpc.Status` in the
+exception's `.errors` (google-api-core operation.py `_refresh_and_update`:
+`from_grpc_status(..., errors=(self._operation.error,))`), so its details are read there too.
 """
 
 from __future__ import annotations
@@ -34,11 +43,12 @@ from typing import Any, Literal
 from model import catalog
 
 FailureClass = Literal["capacity", "quota", "reservation", "preempted", "timeout",
-                       "permanent", "transient"]
+                       "permanent", "transient", "unclassified"]
 # Classes after which the next candidate is tried (the others stop, or retry the same).
 MOVE_ON: frozenset[str] = frozenset({"capacity", "quota", "reservation", "preempted", "timeout"})
 
 # google.rpc.Code numbers (googleapis google/rpc/code.proto).
+UNKNOWN = 2
 INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND, ALREADY_EXISTS = 3, 4, 5, 6
 PERMISSION_DENIED, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, ABORTED = 7, 8, 9, 10
 INTERNAL, UNAVAILABLE, UNAUTHENTICATED = 13, 14, 16
@@ -48,10 +58,19 @@ HTTP_TO_CODE = {400: INVALID_ARGUMENT, 401: UNAUTHENTICATED, 403: PERMISSION_DEN
                 503: UNAVAILABLE, 504: DEADLINE_EXCEEDED}
 TRANSIENT_CODES = frozenset({DEADLINE_EXCEEDED, ABORTED, INTERNAL, UNAVAILABLE})
 QUOTA_FAILURE_TYPE = "type.googleapis.com/google.rpc.QuotaFailure"
+ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
+# ErrorInfo reasons (googleapis google/api/error_reason.proto).
+RATE_LIMIT_EXCEEDED = "RATE_LIMIT_EXCEEDED"
+RESOURCE_QUOTA_EXCEEDED = "RESOURCE_QUOTA_EXCEEDED"
+# An error no rule names is retried on the same candidate this many times, then the
+# next candidate is tried (issue 43: never until the create timeout).
+UNCLASSIFIED_RETRIES = 2
 
 _CAPACITY_RE = re.compile(r"no more capacity in the zone|currently unavailable in the|"
                           r"does not have enough resources available", re.I)
 _RESERVATION_RE = re.compile(r"insufficient reserved capacity", re.I)
+# A rate limit said in words ("Maximum number of CreateNode requests per minute").
+_RATE_RE = re.compile(r"requests per (?:minute|second)|rate limit|rate exceeded", re.I)
 _QUOTA_ID_RE = re.compile(r"Quota (?:limit )?'(?P<id>[A-Za-z0-9_.-]+)'")
 _QUOTA_PLACE_RE = re.compile(
     r"\bin (?P<kind>region|zone) (?P<place>[a-z]+-[a-z]+[0-9]+(?:-[a-z])?)")
@@ -74,6 +93,7 @@ class ApiError:
     code: int
     message: str
     violations: tuple[QuotaViolation, ...] = ()
+    reason: str = ""  # google.rpc.ErrorInfo.reason, where the API gave one
 
 
 @dataclass(frozen=True)
@@ -116,12 +136,26 @@ def classify(error: ApiError, zone: str = "") -> Failure:
     quota = _quota_scope(error, zone)
     if quota is not None:
         return Failure("quota", message, quota)
-    if error.code == RESOURCE_EXHAUSTED and _CAPACITY_RE.search(message):
+    if error.reason == RESOURCE_QUOTA_EXCEEDED:
+        return Failure("quota", message, _scope("", {}, message, zone))
+    if _CAPACITY_RE.search(message):
         return Failure("capacity", message)
-    if error.code in TRANSIENT_CODES or error.code == RESOURCE_EXHAUSTED:
-        # A 429 without a QuotaFailure or a quota message is a rate limit.
+    rate_limited = error.reason == RATE_LIMIT_EXCEEDED or bool(_RATE_RE.search(message))
+    if rate_limited or error.code in TRANSIENT_CODES:
         return Failure("transient", message)
+    if error.code in (RESOURCE_EXHAUSTED, UNKNOWN):
+        return Failure("unclassified", message)
     return Failure("permanent", message)
+
+
+def failed_request(code: int, message: str, zone: str = "") -> Failure:
+    """The class of a queued resource that ended FAILED (`state.failedData.error`): the
+    provider, `tpuctl recover` and the controller all ask here. One with no error at all
+    is capacity: a request the API gave up on without saying why is tried elsewhere."""
+    if not message and not code:
+        return Failure("capacity", f"the request FAILED in {zone or 'its zone'} "
+                                   f"with no error given")
+    return classify(ApiError(code, message), zone)
 
 
 def preempted_while_creating(state: str) -> Failure:
@@ -174,15 +208,30 @@ def from_exception(error: BaseException) -> ApiError:
     JSON `details`; gRPC and operations: the rpc code and parsed protos) as an ApiError."""
     code = _rpc_code(error)
     message = str(getattr(error, "message", "") or error)
-    return ApiError(code, message, tuple(_violations(getattr(error, "details", None) or ())))
+    details = list(getattr(error, "details", None) or ())
+    # An operation's failure: its google.rpc.Status in `.errors` (module docstring).
+    for status in getattr(error, "errors", None) or ():
+        details += [_unpacked(d) for d in getattr(status, "details", ()) or ()]
+    reason = getattr(error, "reason", None) or _reason(details)
+    return ApiError(code, message, tuple(_violations(details)), reason or "")
 
 
 def from_status(status: Any) -> ApiError:
     """A `google.rpc.Status` (an operation's or a queued resource's `error`)."""
-    details = []
-    for detail in getattr(status, "details", ()) or ():
-        details.append(_unpacked(detail))
-    return ApiError(int(status.code), status.message, tuple(_violations(details)))
+    details = [_unpacked(detail) for detail in getattr(status, "details", ()) or ()]
+    return ApiError(int(status.code), status.message, tuple(_violations(details)),
+                    _reason(details))
+
+
+def _reason(details: Iterable[Any]) -> str:
+    """The first ErrorInfo's reason among `details` (REST JSON or unpacked protos)."""
+    for detail in details:
+        if isinstance(detail, Mapping):
+            if detail.get("@type") == ERROR_INFO_TYPE:
+                return str(detail.get("reason") or "")
+        elif type(detail).__name__ == "ErrorInfo":
+            return str(detail.reason)
+    return ""
 
 
 def _rpc_code(error: BaseException) -> int:
@@ -197,14 +246,15 @@ def _rpc_code(error: BaseException) -> int:
 
 
 def _unpacked(detail: Any) -> Any:
-    """An `Any` holding a QuotaFailure, unpacked; anything else as it is."""
+    """An `Any` holding a QuotaFailure or an ErrorInfo, unpacked; anything else as it is."""
     type_url = getattr(detail, "type_url", None)
-    if type_url == QUOTA_FAILURE_TYPE:
+    if type_url in (QUOTA_FAILURE_TYPE, ERROR_INFO_TYPE):
         from google.rpc import error_details_pb2
 
-        failure = error_details_pb2.QuotaFailure()
-        detail.Unpack(failure)
-        return failure
+        message = (error_details_pb2.QuotaFailure() if type_url == QUOTA_FAILURE_TYPE
+                   else error_details_pb2.ErrorInfo())
+        detail.Unpack(message)
+        return message
     return detail
 
 

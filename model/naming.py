@@ -170,3 +170,13 @@ def label_value_problem(value: str) -> str | None:
 
 
 PURPOSES = ("data", "artifacts", "checkpoints", "logs")
+
+
+def candidate_request(queued_id: str, position: int) -> str:
+    """The queued resource id of a fallback node's candidate `position` (1-based): the
+    node's own id for the first, `<id>-c<position>` for the others, so two candidates in
+    one zone never share a request name (issue 43, defect 1). The node id inside every
+    request stays the same: the agent's contract does not change with the candidate."""
+    if position <= 1:
+        return queued_id
+    return fit(_rfc1035(f"{queued_id}-c{position}"), _RFC1035_MAX)

@@ -10,7 +10,7 @@ import warnings
 warnings.filterwarnings("ignore", message="You are using a Python version",
                         category=FutureWarning)
 
-from ops.commands import plan, rehearse, report, tpu  # noqa: E402
+from ops.commands import plan, reconcile, rehearse, report, tpu  # noqa: E402
 from ops.parser.app import new_app  # noqa: E402
 from ops.terminal import PROG  # noqa: E402
 
@@ -19,6 +19,7 @@ plan.register(app)
 rehearse.register(app)
 tpu.register(app)
 report.register(app)
+reconcile.register(app)
 
 
 def main() -> None:

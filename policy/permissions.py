@@ -285,6 +285,19 @@ TABLE: dict[str, Row] = {
         _scoped_projects, *(("monitoring.metricsScopes.link",),) * 3,
         "cloud.google.com/monitoring/api/ref_v3/rest/v1/locations.global.metricsScopes."
         "projects/create (delete: .../projects/delete)"),
+    # issue 43, components/controller.py: the controller's schedule and budget pushes.
+    "gcp:cloudscheduler/job:Job": Row(
+        _project, ("cloudscheduler.jobs.create",), ("cloudscheduler.jobs.update",),
+        ("cloudscheduler.jobs.delete",),
+        "cloud.google.com/scheduler/docs/reference/rest/v1/projects.locations.jobs/create "
+        "(cloud.google.com/scheduler/docs/access-control; its OIDC token's account also "
+        "needs actAs: unconfirmed here, not proven)"),
+    "gcp:pubsub/subscription:Subscription": Row(
+        _project, ("pubsub.subscriptions.create",), ("pubsub.subscriptions.update",),
+        ("pubsub.subscriptions.delete",),
+        "cloud.google.com/pubsub/docs/reference/rest/v1/projects.subscriptions/create "
+        "(cloud.google.com/pubsub/docs/access-control; pubsub.topics.attachSubscription on "
+        "the topic too: not proven here)"),
 }
 # Types nothing applies in GCP (an explicit provider, a stack reference, components).
 NO_API = (PROVIDER_PREFIX, PULUMI_PREFIX, COMPONENT_PREFIX)

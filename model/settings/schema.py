@@ -357,6 +357,19 @@ class BillingSettings(_Model):
     alert_thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.9, 1.0])
 
 
+# `tpu-stack:controller` (issue 43, components/controller.py): the placement and limits
+# controller, run by Cloud Scheduler every `interval` (a cron step: minutes dividing an
+# hour, or an hour). A platform stack, or a standalone stack that asks for it.
+ControllerInterval = Literal["1m", "2m", "5m", "10m", "15m", "30m", "1h"]
+
+
+class ControllerSettings(_Model):
+    """`tpu-stack:controller`: {enabled: true, interval: 5m}."""
+
+    enabled: bool = False
+    interval: ControllerInterval = "5m"
+
+
 class StackSettings(_Model):
     """The whole stack config, checked."""
 
@@ -374,6 +387,7 @@ class StackSettings(_Model):
     nodes: list[NodeSettings] = Field(default_factory=list)
     jobs: dict[str, dict[str, Any]] = Field(default_factory=dict)
     ci: CiSettings | None = None
+    controller: ControllerSettings | None = None  # issue 43: components/controller.py
     # Shared capacity (docs/teams.md): the project's TPU quota, the teams a
     # platform stack serves, budgets; or, in a team stack, the platform stack.
     quota: dict[str, dict[str, ProjectChips]] = Field(default_factory=dict)

@@ -29,8 +29,8 @@ from components.stack_config import settings_for
 from ops.terminal import console as make_console
 from ops.terminal import fail
 from ops.tpu import actions as node_actions
+from ops.tpu import controller_view, preflight, rehearsal_record, status_views
 from ops.tpu import logs as agent_logs
-from ops.tpu import preflight, rehearsal_record, status_views
 from ops.tpu import quota as tpu_quota
 from ops.tpu import status as node_status
 from ops.tpu.api import NoCredentialsError, NodeStatus, Read, TpuApi, TpuApiError, Unread
@@ -163,6 +163,7 @@ def status_cmd(
         if not watch:
             view, unread = _status_or_rehearsal(api, target, team, wide)
             console.print(view)
+            controller_view.show_last_run(console, target)  # issue 43
             _partial(target, unread)
             return
         with Live(console=console, auto_refresh=False) as live:

@@ -107,7 +107,7 @@ def fallback_recovery_plan(expected: Sequence[ExpectedNode], nodes: Sequence[Nod
 
 def _fallback_action(node: ExpectedNode, request: QueuedStatus, node_state: str | None,
                      now: datetime) -> Action | None:
-    at = node.candidate_at(request.zone, request.accelerator_type)
+    at = node.candidate_of(request)
     count = len(node.candidates)
     here = f"candidate {node.candidate_label(at)}"
     if node_state in LOST_STATES or request.state in ("SUSPENDED", "SUSPENDING"):
@@ -115,9 +115,11 @@ def _fallback_action(node: ExpectedNode, request: QueuedStatus, node_state: str 
         return _move(node, request, 0, why) if at else Action(
             "reset-queued", request.zone, request.name, why, request.name)
     if request.state == "FAILED":
-        failure = capacity.classify(capacity.ApiError(request.error_code,
-                                                      request.error_message), request.zone)
-        if not failure.moves_on:
+        # One classifier for a FAILED request: no message is capacity, as for the
+        # provider and the controller (issue 43, defect 5).
+        failure = capacity.failed_request(request.error_code, request.error_message,
+                                          request.zone)
+        if not failure.moves_on and failure.kind != "unclassified":
             return Action("report", request.zone, request.name,
                           f"FAILED on {here} ({failure.kind}: {failure.detail}): fix it, "
                           f"no other candidate is tried", request.name)
@@ -132,22 +134,30 @@ def _fallback_action(node: ExpectedNode, request: QueuedStatus, node_state: str 
 
 
 def _move(node: ExpectedNode, request: QueuedStatus, to: int, reason: str) -> Action:
+    # The candidate's own request name (model/naming.py candidate_request).
+    place = {**node.candidates[to], "queued_resource_id": node.request_id(to)}
     return Action("move-queued", request.zone, request.name,
                   f"{reason}: move to candidate {node.candidate_label(to)}", request.name,
-                  to=node.candidates[to])
+                  to=place)
 
 
 # Requests that hold quota and will not provision: FAILED and SUSPENDED ones keep it
-# until deleted (marin-community/marin #87), as does one past its validUntil.
+# until deleted (marin-community/marin #87), as does one still waiting past its validUntil.
 STALE_QUEUED_STATES = {"FAILED", "SUSPENDED"}
+# validUntil bounds the wait only: "If the request cannot be fulfilled by this time the
+# request will be failed" (google-cloud-tpu tpu_v2 QueuedResource.QueueingPolicy
+# valid_until_duration). An ACTIVE or PROVISIONING request past it is a node at work,
+# never deleted for the clock (issue 43, defect 4).
+CLOCKED_QUEUED_STATES = {"ACCEPTED", "WAITING_FOR_RESOURCES"}
 
 
 def queued_janitor_plan(queued: Sequence[QueuedStatus], now: datetime) -> list[Action]:
-    """The stack's queued resources that are FAILED, SUSPENDED or past validUntil: deleted,
-    each with the chips of quota it frees."""
+    """The stack's queued resources that are FAILED, SUSPENDED, or still waiting past
+    validUntil: deleted, each with the chips of quota it frees."""
     actions = []
     for request in queued:
-        expired = request.valid_until is not None and request.valid_until <= now
+        expired = (request.state in CLOCKED_QUEUED_STATES and request.valid_until is not None
+                   and request.valid_until <= now)
         if request.state not in STALE_QUEUED_STATES and not expired:
             continue
         why = request.state if request.state in STALE_QUEUED_STATES else \

@@ -154,6 +154,8 @@ class QueuedStatus:
     valid_until: datetime | None = None  # queueingPolicy: validUntilTime, or created + duration
     chips: int = 0  # of every node it asks for: the quota it holds
     accelerator_type: str = ""  # its first node's (a type, or the generation of a config)
+    # Its first node's labels (a queued resource has none of its own): whose it is.
+    labels: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
     def from_queued(cls, queued: tpu_v2.QueuedResource) -> QueuedStatus:
@@ -172,6 +174,7 @@ class QueuedStatus:
             valid_until=_valid_until(pb, created),
             chips=sum(_chips(spec.node) for spec in pb.tpu.node_spec),
             accelerator_type=next((_type_of(spec.node) for spec in pb.tpu.node_spec), ""),
+            labels=next((dict(spec.node.labels) for spec in pb.tpu.node_spec), {}),
         )
 
 
@@ -544,6 +547,8 @@ class TpuApi:
 
         old = self.call("get_queued_resource", queued_resource, name=queued_resource)
         props = fallback_tpu.props_from_request(old, placement)
+        if placement.get("queued_resource_id"):  # the candidate's own request name
+            props["queued_resource_id"] = placement["queued_resource_id"]
         self.delete_queued_resource(queued_resource, timeout)
         return fallback_tpu.enqueue(self.client, props, timeout)
 

@@ -57,6 +57,8 @@ class ExpectedNode:
     # Its settings hashed (components/budget_hold.py settings_digest): what the janitor's
     # deletion past maxRuntime holds it out of the stack with.
     settings_digest: str = field(default="", compare=False)
+    # Its queued resource id (model/naming.py queued_resource); "" = the node id.
+    queued_id: str = field(default="", compare=False)
 
     @property
     def region(self) -> str:
@@ -69,6 +71,22 @@ class ExpectedNode:
         typed = [i for i in same_zone
                  if self.candidates[i].get("accelerator_type") in (None, accelerator_type)]
         return (typed or same_zone or [0])[0]
+
+    def request_id(self, index: int) -> str:
+        """Candidate `index` (0-based)'s request id (model/naming.py candidate_request)."""
+        from model.naming import candidate_request
+
+        return candidate_request(self.queued_id or self.node_id, index + 1)
+
+    def candidate_of(self, request: Any) -> int:
+        """The candidate (0-based) a request (ops/tpu/api.py QueuedStatus) is on: the one
+        whose request name it has, else candidate_at by zone and type."""
+        queued_id = request.name.rsplit("/", 1)[-1]
+        for index in range(len(self.candidates)):
+            if self.request_id(index) == queued_id and \
+                    self.candidates[index]["zone"] == request.zone:
+                return index
+        return self.candidate_at(request.zone, request.accelerator_type)
 
     def candidate_label(self, index: int) -> str:
         """`2/4 us-east5-b spot` (components/fallback_tpu.py label)."""
@@ -161,6 +179,7 @@ def target_for(settings: StackSettings, platform: StackSettings | None = None) -
             candidates=candidate_places(settings, node),
             max_wait_seconds=node.max_wait_seconds if node.fallback else 0,
             settings_digest=settings_digest(node.model_dump_json(by_alias=True)),
+            queued_id=settings.naming.queued_resource(node.name, team),  # as platform.py
         )
         for team, node in settings.named_nodes
     )

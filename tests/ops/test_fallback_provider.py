@@ -56,30 +56,33 @@ def left_behind(fake: FakeTpuApi, *zones: str) -> list[str]:
             if fake.queued_resource(z, "dev-trainer") or fake.node(z, "dev-trainer")]
 
 
-def test_the_third_candidate_takes_within_max_wait_and_nothing_of_the_first_two_is_left(
+def test_create_returns_within_10s_with_the_request_id_while_the_first_candidate_waits_forever(
         fake: FakeTpuApi) -> None:
     fake.script_queued("dev-trainer", "WAITING_FOR_RESOURCES", zone=WAITS)  # forever
-    fake.refuse_for_quota(QUOTA, V6E_SPOT_QUOTA)
-    fake.script_queued("dev-trainer", "WAITING_FOR_RESOURCES", "ACTIVE", zone=TAKES)
 
     started = time.monotonic()
     result = FallbackTpuProvider().create(props(WAITS, QUOTA, TAKES))
     took = time.monotonic() - started
 
-    assert result.id == f"projects/{PROJECT}/locations/{TAKES}/queuedResources/dev-trainer"
-    assert (result.outs["zone"], result.outs["candidate"]) == (TAKES, 3)
-    assert result.outs["candidate_label"] == f"3/3 {TAKES} spot"
-    assert [a["outcome"] for a in result.outs["attempts"]] == ["timeout", "quota", "took"]
-    assert V6E_SPOT_QUOTA in result.outs["attempts"][1]["detail"]
-    assert MAX_WAIT <= took <= MAX_WAIT + GRACE
-    assert left_behind(fake, WAITS, QUOTA) == []
-    assert fake.node(TAKES, "dev-trainer").metadata["tpu-stack-node"] == "dev-trainer"
-    # At most one attempt alive at a time: each create came after the last delete.
-    mutations = [(c.action, c.zone) for c in fake.mutating_calls()
-                 if c.collection == "queuedResources"]
-    # (A refused create is deleted too, and confirmed gone: the API may have queued it.)
-    assert mutations == [("create", WAITS), ("delete", WAITS), ("create", QUOTA),
-                         ("delete", QUOTA), ("create", TAKES)]
+    assert result.id == f"projects/{PROJECT}/locations/{WAITS}/queuedResources/dev-trainer"
+    assert took < 10.0
+    assert (result.outs["zone"], result.outs["candidate"], result.outs["state"]) == (
+        WAITS, 1, "WAITING_FOR_RESOURCES")
+    assert result.outs["candidate_label"] == f"1/3 {WAITS} spot"
+    mutations = [(c.action, c.zone) for c in fake.mutating_calls()]
+    assert mutations == [("create", WAITS)]
+
+
+def test_a_create_refused_for_quota_at_once_submits_the_next_candidate_under_its_own_name(
+        fake: FakeTpuApi) -> None:
+    fake.refuse_for_quota(QUOTA, V6E_SPOT_QUOTA)
+
+    result = FallbackTpuProvider().create(props(QUOTA, TAKES))
+
+    assert result.id == f"projects/{PROJECT}/locations/{TAKES}/queuedResources/dev-trainer-c2"
+    assert [a["outcome"] for a in result.outs["attempts"]] == ["quota", "took"]
+    assert V6E_SPOT_QUOTA in result.outs["attempts"][0]["detail"]
+    assert left_behind(fake, QUOTA) == []
 
 
 def test_a_permission_error_on_the_first_candidate_stops_and_no_second_is_tried(
@@ -108,28 +111,27 @@ def test_a_quota_error_skips_the_same_family_in_that_region_for_the_round(
     assert not [c for c in fake.calls if c.action == "create" and c.zone == WAITS]
 
 
-def test_a_request_failing_for_capacity_or_reservation_moves_on_with_its_class(
-        fake: FakeTpuApi) -> None:
-    fake.script_queued("dev-trainer", "CREATING", "FAILED", zone=WAITS,
-                       error=(8, f'There is no more capacity in the zone "{WAITS}"'))
-    fake.script_queued("dev-trainer", "FAILED", zone=QUOTA,
-                       error=(9, "Insufficient reserved capacity."))
-
-    result = FallbackTpuProvider().create(props(WAITS, QUOTA, TAKES))
-
-    assert [a["outcome"] for a in result.outs["attempts"]] == ["capacity", "reservation", "took"]
-    assert left_behind(fake, WAITS, QUOTA) == []
-
-
-def test_no_candidate_takes_rounds_back_off_then_stop_with_every_reason(
+def test_every_candidate_refused_stops_with_every_reason_and_leaves_nothing(
         fake: FakeTpuApi) -> None:
     fake.refuse_for_quota(QUOTA, V6E_SPOT_QUOTA)
-    fake.refuse_for_quota(TAKES, "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI")
+    fake.refuse_for_quota("us-east1-d", V6E_SPOT_QUOTA)
 
-    with pytest.raises(QueuedTpuError, match=r"no candidate took in \d+ round") as raised:
-        FallbackTpuProvider().create(props(QUOTA, TAKES, create_timeout_seconds=1))
+    with pytest.raises(QueuedTpuError, match="every candidate refused") as raised:
+        FallbackTpuProvider().create(props(QUOTA, "us-east1-d"))
 
-    assert raised.value.args[0].count("candidate 1: quota") >= 1
+    assert "candidate 1: quota" in raised.value.args[0]
+    assert left_behind(fake, QUOTA, "us-east1-d") == []
+
+
+def test_an_unclassified_code_8_is_retried_a_bounded_number_of_times_then_the_next_candidate(
+        fake: FakeTpuApi) -> None:
+    fake.fail(429, times=99, action="create", collection="queuedResources", zone=WAITS,
+              message="Resource exhausted for reasons nobody wrote down")
+
+    result = FallbackTpuProvider().create(props(WAITS, TAKES))
+
+    assert (result.outs["zone"], result.outs["candidate"]) == (TAKES, 2)
+    assert result.outs["attempts"][0]["outcome"] == "unclassified"
 
 
 def test_refresh_finds_the_node_in_whichever_candidate_zone_it_lives(fake: FakeTpuApi) -> None:
@@ -143,6 +145,7 @@ def test_refresh_finds_the_node_in_whichever_candidate_zone_it_lives(fake: FakeT
 
     assert (read.id, read.outs["candidate"]) == (created.id, 2)
     assert (gone.id, gone.outs["zone"]) == (created.id, TAKES)
+    assert created.id.endswith("/queuedResources/dev-trainer-c2")
 
 
 def test_editing_the_list_moves_nothing_unless_the_running_candidate_goes(
@@ -160,7 +163,7 @@ def test_editing_the_list_moves_nothing_unless_the_running_candidate_goes(
     assert removed.replaces == ["candidates"]
     assert (updated.outs["candidate"], updated.outs["candidate_label"]) == (
         1, f"1/2 {TAKES} spot")
-    assert fake.queued_resource(TAKES, "dev-trainer") is not None
+    assert fake.queued_resource(TAKES, "dev-trainer-c2") is not None
 
 
 def test_the_fake_fails_a_node_create_operation_as_the_real_api_does(fake: FakeTpuApi) -> None:
@@ -198,50 +201,95 @@ def test_the_provider_survives_dill_serialisation_in_a_fresh_process() -> None:
     assert base64.b64decode(blob)
 
 
-def leave(fake: FakeTpuApi, zone: str) -> None:
-    """A request of this node an interrupted run left in `zone` (scripted by the caller)."""
-    from google.cloud import tpu_v2
+def leave(props_: dict[str, object], index: int) -> str:
+    """This node's request of candidate `index` (0-based), as an earlier run left it."""
+    from components.fallback_tpu import enqueue, request_of
 
-    tpu_client().create_queued_resource(
-        parent=f"projects/{PROJECT}/locations/{zone}", queued_resource_id="dev-trainer",
-        queued_resource=tpu_v2.QueuedResource()).result(timeout=5)
-    assert fake.queued_resource(zone, "dev-trainer") is not None
+    return enqueue(tpu_client(), request_of(props_, index), 5)
 
 
-def test_a_request_an_interrupted_run_left_elsewhere_is_deleted_before_the_first_attempt(
+def test_an_alive_request_under_another_candidates_name_is_adopted_not_deleted(
         fake: FakeTpuApi) -> None:
-    fake.script_queued("dev-trainer", "WAITING_FOR_RESOURCES", zone=QUOTA)
-    leave(fake, QUOTA)
+    fake.script_queued("dev-trainer-c2", "ACTIVE", zone=QUOTA)
+    both = props(TAKES, QUOTA)
+    left = leave(both, 1)
 
-    result = FallbackTpuProvider().create(props(TAKES, QUOTA))
+    result = FallbackTpuProvider().create(both)
 
-    assert [a["outcome"] for a in result.outs["attempts"]] == ["leftover", "took"]
-    assert fake.queued_resource(QUOTA, "dev-trainer") is None
-    assert result.outs["zone"] == TAKES
-
-
-def test_an_active_request_an_interrupted_run_left_is_adopted(fake: FakeTpuApi) -> None:
-    fake.script_queued("dev-trainer", "ACTIVE", zone=QUOTA)
-    leave(fake, QUOTA)
-
-    result = FallbackTpuProvider().create(props(TAKES, QUOTA))
-
-    assert (result.outs["zone"], result.outs["candidate"]) == (QUOTA, 2)
+    assert (result.id, result.outs["candidate"]) == (left, 2)
+    assert fake.queued_resource(QUOTA, "dev-trainer-c2") is not None
     assert not [c for c in fake.calls if c.action == "create" and c.zone == TAKES]
 
 
-def test_delete_removes_the_request_wherever_a_recover_moved_it(fake: FakeTpuApi) -> None:
+def test_same_zone_candidates_never_delete_an_adopted_request(fake: FakeTpuApi) -> None:
+    # Defect 1: two candidates in one zone (spot, then on-demand) shared one name; the
+    # second force-deleted the request the first adopted.
+    on_demand = {**candidate(TAKES), "spot": False, "provisioning": "on-demand",
+                 "quota_type": "on-demand"}
+    both = {**props(TAKES), "candidates": [candidate(TAKES), on_demand]}
+    fake.script_queued("dev-trainer", "ACTIVE", zone=TAKES)
+    left = leave(both, 0)
+
+    result = FallbackTpuProvider().create(both)
+    FallbackTpuProvider().read(result.id, result.outs)
+
+    assert (result.id, result.outs["candidate"]) == (left, 1)
+    assert fake.queued_resource(TAKES, "dev-trainer") is not None
+    assert not [c for c in fake.mutating_calls() if c.action == "delete"]
+
+
+def test_a_leftover_of_another_spec_under_the_name_is_not_adopted(fake: FakeTpuApi) -> None:
+    from google.cloud import tpu_v2
+
+    tpu_client().create_queued_resource(
+        parent=f"projects/{PROJECT}/locations/{TAKES}", queued_resource_id="dev-trainer",
+        queued_resource=tpu_v2.QueuedResource()).result(timeout=5)
+
+    result = FallbackTpuProvider().create(props(TAKES))
+
+    queued = fake.queued_resource(TAKES, "dev-trainer")
+    assert result.outs["candidate"] == 1
+    assert queued.tpu.node_spec[0].node.accelerator_type == "v6e-8"
+
+
+def test_delete_removes_the_request_wherever_the_controller_moved_it(
+        fake: FakeTpuApi) -> None:
     provider = FallbackTpuProvider()
-    created = provider.create(props(TAKES, QUOTA))
-    fake.script_queued("dev-trainer", "WAITING_FOR_RESOURCES", zone=QUOTA)
-    # tpuctl recover moved it: the state still names TAKES.
+    both = props(TAKES, QUOTA)
+    created = provider.create(both)
     tpu_client().delete_queued_resource(
         request={"name": created.id, "force": True}).result(timeout=5)
-    leave(fake, QUOTA)
+    fake.script_queued("dev-trainer-c2", "WAITING_FOR_RESOURCES", zone=QUOTA)
+    leave(both, 1)  # the controller moved it: the state still names TAKES
 
     provider.delete(created.id, created.outs)
 
-    assert left_behind(fake, TAKES, QUOTA) == []
+    assert fake.queued_resource(QUOTA, "dev-trainer-c2") is None
+
+
+def test_delete_finds_the_request_by_its_labels_when_the_state_lost_it(
+        fake: FakeTpuApi) -> None:
+    from components.fallback_tpu import enqueue, request_of
+
+    both = props(TAKES, QUOTA)
+    fake.script_queued("moved-by-hand", "WAITING_FOR_RESOURCES", zone=QUOTA)
+    enqueue(tpu_client(), {**request_of(both, 1), "queued_resource_id": "moved-by-hand"}, 5)
+
+    FallbackTpuProvider().delete("", {**both, "placement": candidate(TAKES)})
+
+    assert fake.queued_resource(QUOTA, "moved-by-hand") is None
+
+
+def test_a_504_on_the_read_after_create_deletes_nothing(fake: FakeTpuApi) -> None:
+    # Defect 2: one failed status read was taken as a failed attempt and deleted the request.
+    fake.script_queued("dev-trainer", "WAITING_FOR_RESOURCES", zone=WAITS)
+    fake.fail(504, times=99, action="get", collection="nodes", zone=WAITS)
+
+    result = FallbackTpuProvider().create(props(WAITS, TAKES))
+
+    assert result.outs["candidate"] == 1
+    assert fake.queued_resource(WAITS, "dev-trainer") is not None
+    assert not [c for c in fake.mutating_calls() if c.action == "delete"]
 
 
 def test_a_transient_error_retries_the_same_candidate(fake: FakeTpuApi) -> None:
@@ -258,6 +306,7 @@ def test_a_label_change_is_patched_on_the_node_in_the_zone_it_took(fake: FakeTpu
     provider = FallbackTpuProvider()
     fake.refuse_for_quota(QUOTA, V6E_SPOT_QUOTA)
     created = provider.create(props(QUOTA, TAKES))
+    provider.read(created.id, created.outs)  # the refresh that sees it provisioned
     news = props(QUOTA, TAKES, labels={"stack": "dev", "experiment": "lr"})
 
     diff = provider.diff(created.id, created.outs, news)
@@ -267,15 +316,3 @@ def test_a_label_change_is_patched_on_the_node_in_the_zone_it_took(fake: FakeTpu
     assert fake.node(TAKES, "dev-trainer").labels["experiment"] == "lr"
     assert (updated.outs["labels"], updated.outs["candidate"]) == (
         {"stack": "dev", "experiment": "lr"}, 2)
-
-
-def test_a_request_provisioning_when_max_wait_passes_is_followed_not_dropped(
-        fake: FakeTpuApi) -> None:
-    polls = int(3 * MAX_WAIT / 0.05)  # provisioning lasts about three maxWaits
-    fake.script_queued("dev-trainer", "WAITING_FOR_RESOURCES", *["PROVISIONING"] * polls,
-                       "ACTIVE", zone=WAITS)
-
-    result = FallbackTpuProvider().create(props(WAITS, TAKES))
-
-    assert (result.outs["zone"], [a["outcome"] for a in result.outs["attempts"]]) == (
-        WAITS, ["took"])

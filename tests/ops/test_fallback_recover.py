@@ -78,7 +78,7 @@ def test_recover_apply_moves_a_request_failed_for_capacity_to_the_next_candidate
     tpuctl("recover", "--stack", "dev", "--apply")
 
     assert fake_tpu.queued_resource(ZONE, NODE) is None
-    moved = fake_tpu.queued_resource(OTHER_ZONE, NODE)
+    moved = fake_tpu.queued_resource(OTHER_ZONE, f"{NODE}-c2")  # candidate 2's own name
     node = moved.tpu.node_spec[0].node
     assert moved.tpu.node_spec[0].parent == f"projects/{PROJECT}/locations/{OTHER_ZONE}"
     assert node.metadata["tpu-stack-node"] == NODE

@@ -1,0 +1,108 @@
+"""The desired state a stack hands the controller: one JSON object per stack in GCS.
+
+Written by the stack's program (components/controller.py, a gcp.storage.BucketObject)
+at `controller/manifests/<stack>.json` of the controller's bucket, and by
+`tpuctl reconcile` from the stack file. Pure: JSON in, StackTarget out (ops/tpu/target.py,
+the same model `tpuctl` plans with). Format (docs/design.md, "The controller"):
+
+    {"version": 1, "stack": "dev", "project": "acme-ml-dev",
+     "artifactsBucket": "...", "idleStopMinutes": 60 | null,
+     "budgetTeams": [{"team": "vision", "project": "acme-ml-vision", "zones": [...]}],
+     "nodes": [{"logical": "trainer", "nodeId": "dev-trainer", "queuedId": "dev-trainer-qr",
+                "project": "acme-ml-dev", "zone": "us-east5-a", "acceleratorType": "v6e-8",
+                "runtimeVersion": "...", "spot": true, "queued": true, "team": "platform",
+                "capacity": "spot", "maxWaitSeconds": 1800, "settingsDigest": "...",
+                "candidates": [{"zone": ..., "accelerator_type": ..., ...}]}]}
+
+A node's maxRuntime and idleStop travel in its own metadata (node_agent/contract.py),
+which the TPU API's node list returns: the manifest need not repeat them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from model import catalog
+from ops.tpu.target import ExpectedNode, StackTarget
+
+VERSION = 1
+PREFIX = "controller/manifests/"
+
+
+class ManifestError(ValueError):
+    """A manifest the controller cannot read: it names the stack and the field."""
+
+
+@dataclass(frozen=True)
+class BudgetTeam:
+    """A team whose budget stops its TPUs, wherever they are declared (its team stack's
+    nodes too): the controller lists its project's zones and acts on its labelled nodes."""
+
+    team: str
+    project: str
+    zones: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    target: StackTarget
+    idle_stop_minutes: float | None = None
+    budget_teams: tuple[BudgetTeam, ...] = ()
+
+
+def object_name(stack: str) -> str:
+    return f"{PREFIX}{stack}.json"
+
+
+def manifest_json(target: StackTarget, idle_stop_minutes: float | None = None,
+                  budget_teams: tuple[BudgetTeam, ...] = ()) -> str:
+    """The manifest of `target` (ops/tpu/target.py target_for), stable bytes."""
+    body = {"version": VERSION, "stack": target.stack, "project": target.project,
+            "artifactsBucket": target.artifacts_bucket, "idleStopMinutes": idle_stop_minutes,
+            "nodes": [_node_json(node) for node in target.nodes],
+            "budgetTeams": [{"team": t.team, "project": t.project, "zones": list(t.zones)}
+                            for t in budget_teams]}
+    return json.dumps(body, sort_keys=True, indent=1)
+
+
+def _node_json(node: ExpectedNode) -> dict[str, Any]:
+    return {"logical": node.logical, "nodeId": node.node_id, "queuedId": node.queued_id,
+            "project": node.project, "zone": node.zone,
+            "acceleratorType": node.tpu.accelerator_type, "runtimeVersion": node.runtime_version,
+            "spot": node.spot, "queued": node.queued, "team": node.team,
+            "capacity": node.capacity, "maxWaitSeconds": node.max_wait_seconds,
+            "settingsDigest": node.settings_digest,
+            "candidates": [dict(c) for c in node.candidates]}
+
+
+def parse(text: str, where: str = "manifest") -> Manifest:
+    """A manifest from its JSON, or one ManifestError naming what is wrong."""
+    try:
+        body = json.loads(text)
+        if body.get("version") != VERSION:
+            raise ManifestError(f"{where}: version must be {VERSION}, not {body.get('version')!r}")
+        nodes = tuple(_node(n) for n in body["nodes"])
+        target = StackTarget(project=body["project"], stack=body["stack"], nodes=nodes,
+                             artifacts_bucket=body.get("artifactsBucket") or "")
+        idle = body.get("idleStopMinutes")
+        teams = tuple(BudgetTeam(t["team"], t["project"], tuple(t["zones"]))
+                      for t in body.get("budgetTeams") or ())
+        return Manifest(target, float(idle) if idle is not None else None, teams)
+    except ManifestError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, catalog.CatalogError) as error:
+        raise ManifestError(f"{where}: not a controller manifest ({error!r})") from None
+
+
+def _node(body: Mapping[str, Any]) -> ExpectedNode:
+    return ExpectedNode(
+        logical=body["logical"], node_id=body["nodeId"], zone=body["zone"],
+        tpu=catalog.parse_accelerator_type(body["acceleratorType"]),
+        runtime_version=body["runtimeVersion"], spot=bool(body["spot"]),
+        queued=bool(body["queued"]), project=body["project"], team=body.get("team") or "",
+        capacity=body.get("capacity") or "", candidates=tuple(body.get("candidates") or ()),
+        max_wait_seconds=int(body.get("maxWaitSeconds") or 0),
+        settings_digest=body.get("settingsDigest") or "", queued_id=body.get("queuedId") or "")

@@ -1,0 +1,51 @@
+"""Cloud Run function: one run of the placement and limits controller (controller/).
+
+Deployed by components/controller.py, invoked over HTTP by Cloud Scheduler (every
+interval) and by the teams' budget topics' push subscriptions: any call is one run
+(controller/run.py run_once: lease, list, plan, apply, audit); the body is not read.
+Answers 200 with the run's summary, also when another run holds the lease.
+
+Environment (set by the stack): TPU_STACK_CONTROLLER_BUCKET (its bucket: manifests,
+lease, moves, audit, budget markers), TPU_STACK_CONTROLLER_INTERVAL_SECONDS;
+TPU_STACK_TPU_ENDPOINT points the TPU client at another endpoint and
+STORAGE_EMULATOR_HOST the storage client at an emulator (tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import functions_framework
+
+from cloud.tpu import ENDPOINT_ENV, tpu_client
+from controller.run import DEFAULT_INTERVAL_SECONDS, run_once
+from controller.store import Store
+from ops.tpu.api import TpuApi
+
+BUCKET_ENV = "TPU_STACK_CONTROLLER_BUCKET"
+INTERVAL_ENV = "TPU_STACK_CONTROLLER_INTERVAL_SECONDS"
+
+
+def _tpu() -> TpuApi:
+    if os.environ.get(ENDPOINT_ENV):
+        return TpuApi(client=tpu_client())
+    from google.cloud import tpu_v2
+
+    return TpuApi(client=tpu_v2.TpuClient())  # the function's own account (ADC)
+
+
+@functions_framework.http
+def controller(_request: Any) -> tuple[str, int, dict[str, str]]:
+    from google.cloud import storage
+
+    store = Store(storage.Client(), os.environ[BUCKET_ENV])
+    interval = float(os.environ.get(INTERVAL_ENV) or DEFAULT_INTERVAL_SECONDS)
+    result = run_once(store, _tpu(), interval_seconds=interval)
+    summary = {key: result.record.get(key) for key in
+               ("run", "leased", "note", "stacks", "problems", "unread", "audit")}
+    summary["steps"] = len(result.record.get("steps") or [])
+    print(json.dumps({"event": "controller run", **summary}), file=sys.stderr, flush=True)
+    return json.dumps(summary), 200, {"Content-Type": "application/json"}

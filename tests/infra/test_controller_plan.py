@@ -1,0 +1,72 @@
+"""The controller in the platform plan (issue 43): its function runs its archive's entry
+point, Cloud Scheduler calls it every interval as its own account, each budget-stop
+team's topic pushes to it, the stack's manifest is written, and its account may act on
+TPUs in the projects it manages and on its own objects only (policy/iam.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.controller import ENTRY_POINT
+from controller.manifest import parse
+from ops.plan.mock_engine import ProgramRun, run_program
+from policy.iam import IamModel
+from tests.infra.stack_fixtures import as_cli
+from tests.infra.test_budget_stop_plan import ACCOUNT, FUNCTION, one, stack
+
+JOB = "gcp:cloudscheduler/job:Job"
+SUBSCRIPTION = "gcp:pubsub/subscription:Subscription"
+OBJECT = "gcp:storage/bucketObject:BucketObject"
+
+
+@pytest.fixture(scope="module")
+def run() -> ProgramRun:
+    data = stack(budgetAction="stop")
+    data["tpu-stack:controller"] = {"enabled": True, "interval": "5m"}
+    return run_program(as_cli(data), "test")
+
+
+def test_scheduler_calls_the_function_every_interval_as_the_controllers_account(
+        run: ProgramRun) -> None:
+    function = one(run, FUNCTION, "controller")
+    account = one(run, ACCOUNT, "controller").outputs["email"]
+    [job] = run.of_type(JOB)
+
+    assert function.inputs["buildConfig"]["entryPoint"] == ENTRY_POINT
+    assert function.inputs["serviceConfig"]["serviceAccountEmail"] == account
+    assert function.inputs["serviceConfig"]["environmentVariables"][
+        "TPU_STACK_CONTROLLER_INTERVAL_SECONDS"] == "300"
+    assert job.inputs["schedule"] == "*/5 * * * *"
+    assert job.inputs["httpTarget"]["oidcToken"]["serviceAccountEmail"] == account
+    [subscription] = run.of_type(SUBSCRIPTION)
+    assert subscription.inputs["topic"].endswith("-budget") and "vision" in subscription.inputs[
+        "topic"]
+    assert subscription.inputs["pushConfig"]["oidcToken"]["serviceAccountEmail"] == account
+
+
+def test_the_stack_writes_its_manifest_with_every_node(run: ProgramRun) -> None:
+    [manifest] = [r for r in run.of_type(OBJECT)
+                  if r.inputs.get("name") == "controller/manifests/test.json"]
+    target = parse(manifest.inputs["content"]).target
+
+    assert {n.team for n in target.nodes} == {"vision", "nlp"}
+    assert {n.project for n in target.nodes} == {"acme-ml-test-vision", "acme-ml-test-nlp"}
+
+
+def test_the_controllers_account_acts_on_tpus_it_manages_and_its_own_objects_only(
+        run: ProgramRun) -> None:
+    model = IamModel.of(run.registrations)
+    account = "serviceAccount:" + one(run, ACCOUNT, "controller").outputs["email"]
+    nodes = [f"projects/{r.inputs['project']}/locations/{r.inputs['zone']}/nodes/"
+             f"{r.inputs['name']}" for r in run.of_type("gcp:tpu/v2Vm:V2Vm")]
+    buckets = {r.inputs["name"].rsplit("-", 1)[-1]: r.inputs["name"]
+               for r in run.of_type("gcp:storage/bucket:Bucket")}
+
+    for node in nodes:
+        for permission in ("tpu.nodes.delete", "tpu.nodes.update", "tpu.nodes.list"):
+            assert model.can(account, permission, node), (node, permission)
+    artifacts = f"projects/_/buckets/{buckets['artifacts']}/objects"
+    assert model.can(account, "storage.objects.create", f"{artifacts}/controller/moves.json")
+    assert not model.can(account, "storage.objects.create", f"{artifacts}/packages/x.tar.gz")
+    checkpoints = f"projects/_/buckets/{buckets['checkpoints']}/objects/ckpt/x"
+    assert not model.can(account, "storage.objects.delete", checkpoints)
