@@ -55,6 +55,7 @@ from model.progress_deadline import progress_deadline_warning
 from model.roles import DEPLOYER_ACCOUNT_ROLE, DEPLOYER_ACCOUNT_ROLES
 from model.settings.schema import BillingSettings, NodeSettings, StackSettings
 from model.stop_save import stop_save_warning
+from model.team_regions import regions_warning, team_regions
 from tpu_training.config import JobConfig
 
 TYPE = "tpu-stack:index:TpuPlatform"
@@ -209,6 +210,8 @@ class TpuPlatform(pulumi.ComponentResource):
         assert (settings.team_projects and settings.team_projects.folder_id
                 and settings.team_billing_account), "settings check"
         stopper = self._budget_stop(team, after_apis)
+        if warning := regions_warning(settings, team):
+            pulumi.log.warn(warning, resource=self)
         access = self.access[team] = TeamProject(f"team-project-{team}", TeamProjectArgs(
             team=team, stack=settings.stack, naming=settings.naming,
             quota_contact=settings.team_projects.quota_contact,
@@ -216,7 +219,8 @@ class TpuPlatform(pulumi.ComponentResource):
             quota=spec.quota, regions={f: sorted(r) for f, r in settings.quota.items()},
             network=self.host, data_bucket=self.buckets.names["data"], ci=spec.ci,
             subnet_ranges=subnets.team_ranges(settings.network.team_subnet_cidr,
-                                              spec.subnet_slot or 0, settings.regions),
+                                              spec.subnet_slot or 0,
+                                              team_regions(settings, team)),
             budget=self._budget(team, stopper), budgets=self.budgets,
             platform_deployer=settings.team_projects.deployer if spec.nodes else None),
             opts=after_apis)
@@ -293,11 +297,12 @@ class TpuPlatform(pulumi.ComponentResource):
     def _budget_stop(self, team: str, after_apis: pulumi.ResourceOptions) -> BudgetStop | None:
         """The topic, function and account that stop the team's TPUs at its budget
         (components/budget_stop.py), in the platform's project. The function lists the
-        zones of every region the platform serves (a team stack's nodes may be in any)."""
+        zones of every region of the team (model/team_regions.py): its nodes, a team
+        stack's too, are nowhere else."""
         settings = self.settings
         if team not in self._budget_stops:
             return None
-        regions = set(settings.regions)
+        regions = set(team_regions(settings, team))
         zones = [zone for zone in catalog.all_zones() if catalog.region_of(zone) in regions]
         return BudgetStop(f"budget-stop-{team}", BudgetStopArgs(
             team=team, team_label=label_value(team), naming=settings.naming,

@@ -370,7 +370,7 @@ class TeamProject(pulumi.ComponentResource):
         whoever creates it. A preference above what Google granted is a request that
         Google approves or not; below, it applies at once (SKIPPED_SAFETY_CHECK)."""
         args = self.args
-        self.quota_caps = quota_caps(args.quota, args.regions, sorted(args.network.subnets))
+        self.quota_caps = quota_caps(args.quota, args.regions, sorted(args.subnet_ranges))
         warning = unconfirmed_id_warning(args.team, self.quota_caps)
         if warning:
             pulumi.log.warn(warning, resource=self)

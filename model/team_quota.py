@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from model import catalog
 from model.settings.schema import StackSettings, TeamQuota
+from model.team_regions import team_regions
 
 # Cloud Quotas refuses a preference that lowers the effective limit by more than
 # 10% unless that safety check is skipped (QuotaSafetyCheck, cloud.google.com/docs/
@@ -52,8 +53,8 @@ class QuotaCap:
 
 def quota_caps(quota: TeamQuota, granted: dict[str, list[str]],
                network_regions: list[str]) -> list[QuotaCap]:
-    """Every TPU family the catalog knows, in every region the platform's network
-    reaches (a team deployer holds networkUser on each of those subnets), capped:
+    """Every TPU family the catalog knows, in every region of the team (its subnets,
+    model/team_regions.py: a team deployer holds networkUser on each of those), capped:
     the team's chips where the platform holds quota for the family (`granted`,
     family → regions of tpu-stack:quota), 0 everywhere else. GCP counts TPU quota
     per region, a team's quota is per family: each granted region gets the whole
@@ -72,7 +73,8 @@ def quota_caps(quota: TeamQuota, granted: dict[str, list[str]],
 def stack_caps(settings: StackSettings) -> dict[str, list[QuotaCap]]:
     """Team project id → the caps a platform stack declares there (none elsewhere)."""
     granted = {family: sorted(regions) for family, regions in settings.quota.items()}
-    return {settings.naming.team_project(team): quota_caps(spec.quota, granted, settings.regions)
+    return {settings.naming.team_project(team):
+            quota_caps(spec.quota, granted, team_regions(settings, team))
             for team, spec in sorted(settings.teams.items())}
 
 

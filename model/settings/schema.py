@@ -313,6 +313,10 @@ class TeamSettings(_Model):
     # The team's block of network.teamSubnetCidr (model/subnets.py): given once,
     # never changed or reused, so its subnets never move.
     subnet_slot: int | None = Field(default=None, ge=0)
+    # Regions the team's subnets and quota caps exist in, beside those of the nodes the
+    # platform declares for it (model/team_regions.py): where its team stack's nodes and
+    # their fallback candidates run.
+    regions: list[str] = Field(default_factory=list)
 
     def job(self, name: str) -> JobConfig:
         return JobConfig.from_dict(self.jobs[name], resolved=False)

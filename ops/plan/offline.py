@@ -15,7 +15,16 @@ import pulumi
 
 from components import project
 from components.stack_config import file_config
-from model import candidates, catalog, locality, meter, progress_deadline, stop_save, team_quota
+from model import (
+    candidates,
+    catalog,
+    locality,
+    meter,
+    progress_deadline,
+    stop_save,
+    team_quota,
+    team_regions,
+)
 from model.archive import PackageError
 from model.cost import RATES, StackCost, StepCost, settings_cost
 from model.settings.load import load_settings
@@ -80,7 +89,8 @@ class Plan:
                          *project.stack_warnings(self.settings),
                          *progress_deadline.stack_warnings(self.settings),
                          *candidates.stack_warnings(self.settings),
-                         *team_quota.stack_warnings(self.settings)],
+                         *team_quota.stack_warnings(self.settings),
+                         *team_regions.stack_warnings(self.settings)],
             # Nodes with fallback only: absent from a plan without any (issue 35).
             **({"candidates": rows} if (rows := candidates.stack_candidates(self.settings))
                else {}),

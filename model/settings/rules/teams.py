@@ -18,6 +18,7 @@ from model.naming import (
 from model.settings.rules.ci import ci_problems
 from model.settings.rules.nodes import node_list_problems
 from model.settings.rules.stack import jobs_problems, labels_problems, range_problem
+from model.settings.rules.team_regions import team_region_problems
 from model.settings.schema import (
     BILLING_RE,
     NAMESPACE,
@@ -105,6 +106,7 @@ def _team_problems(s: StackSettings, name: str, team: TeamSettings) -> Problems:
     yield from jobs_problems(f"{key}.jobs", team.jobs)
     yield from node_list_problems(f"{key}.nodes", team.nodes, team.jobs, f"{key}.jobs")
     yield from team_quota_problems(f"{key}.quota", name, team.nodes, team.quota)
+    yield from team_region_problems(name, team)
 
 
 def _sized(nodes: list[NodeSettings]) -> list[NodeSettings]:
