@@ -83,3 +83,27 @@ def test_a_team_stack_fallback_outside_its_regions_is_refused_with_the_key_to_se
     assert "tpu-stack:nodes[0].fallback[0].zone" in message
     assert ("set tpu-stack:teams.vision.regions: [us-central1, us-west4] in the platform "
             "stack") in message
+
+
+# ---- locality: every node a team runs, every candidate -----------------------------
+
+def test_a_team_stack_candidate_in_another_region_than_its_data_is_warned_of() -> None:
+    from components.stack_config import settings_for
+    from model.locality import stack_warnings
+    from model.settings.load import load_settings
+    from ops.plan.platform_facts import data_location
+
+    config = file_config("team-vision")
+    nodes = json.loads(config["tpu-stack:nodes"])
+    nodes[0]["fallback"] = [{"zone": "us-west4-a"}]
+    config["tpu-stack:nodes"] = json.dumps(nodes)
+    settings = load_settings(config, "team-vision")
+    # The platform's data bucket is in the platform's storage location.
+    assert data_location(settings) == settings_for("platform").storage.location
+    (warning,) = stack_warnings(settings, data_location(settings))
+    assert warning.startswith(
+        "node trainer: its fallback candidate 2/2 in us-west4-a reads trainData from "
+        "gs://acme-ml-shared-platform-data (us-central1) and writes checkpoints to "
+        "gs://acme-ml-shared-team-vision-vision-checkpoints (us-central1), outside its "
+        "region us-west4: ")
+    assert "~$20/TB moved (unconfirmed, model/catalog.py;" in warning

@@ -29,6 +29,7 @@ from model.archive import PackageError
 from model.cost import RATES, StackCost, StepCost, settings_cost
 from model.settings.load import load_settings
 from model.settings.schema import StackSettings
+from ops.plan import platform_facts
 from ops.plan.mock_engine import (
     GcpMocks,
     ProgramRun,
@@ -85,7 +86,8 @@ class Plan:
             "spend": self._spend_json(),
             # What the program warns on its nodes at preview and up, the same text.
             "warnings": [*stop_save.stack_warnings(self.settings),
-                         *locality.stack_warnings(self.settings),
+                         *locality.stack_warnings(self.settings,
+                                                  platform_facts.data_location(self.settings)),
                          *project.stack_warnings(self.settings),
                          *progress_deadline.stack_warnings(self.settings),
                          *candidates.stack_warnings(self.settings),

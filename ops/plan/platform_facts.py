@@ -1,0 +1,27 @@
+"""What a team stack's offline plan knows of its platform stack: the platform's checked
+settings, read from its stack file in this repository (as the mock engine plans its
+outputs, ops/plan/mock_engine.py referenced_stack_outputs). None where there is no such
+file or it does not load: the plan then shows what it cannot know as unknown."""
+
+from __future__ import annotations
+
+from components.stack_config import StackFileError, settings_for
+from model.settings.schema import SettingsError, StackSettings
+
+
+def platform_settings(settings: StackSettings) -> StackSettings | None:
+    """The platform stack's settings for a team stack; the stack's own otherwise."""
+    if not settings.is_team_stack:
+        return settings
+    stack = (settings.platform_stack or "").rsplit("/", 1)[-1]
+    try:
+        return settings_for(stack)
+    except (StackFileError, SettingsError, OSError):
+        return None
+
+
+def data_location(settings: StackSettings) -> str | None:
+    """Where the stack's nodes read their relative data paths: the platform's storage
+    location (a team stack reads the platform's data bucket)."""
+    platform = platform_settings(settings)
+    return platform.storage.location if platform is not None else None
