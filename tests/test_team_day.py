@@ -107,3 +107,48 @@ def test_a_team_stack_candidate_in_another_region_than_its_data_is_warned_of() -
         "gs://acme-ml-shared-team-vision-vision-checkpoints (us-central1), outside its "
         "region us-west4: ")
     assert "~$20/TB moved (unconfirmed, model/catalog.py;" in warning
+
+
+# ---- headroom offline from the team's cap ---------------------------------------------
+
+def test_a_platform_team_node_s_candidates_show_headroom_from_the_team_cap(speech_diff) -> None:
+    rows = speech_diff.head["candidates"]["bert"]
+    # speech: 16 v5e spot chips, the platform grants v5e in each region: its cap there.
+    assert [(r["zone"], r["quotaHeadroom"]) for r in rows] == [
+        ("us-central1-a", "<=16"), ("us-west4-a", "<=16"), ("us-south1-a", "<=16")]
+
+
+def test_a_team_stack_node_s_candidates_show_headroom_from_the_team_cap() -> None:
+    config = file_config("team-vision")
+    nodes = json.loads(config["tpu-stack:nodes"])
+    nodes[0]["fallback"] = [{"acceleratorType": "v5litepod-4"},
+                            {"acceleratorType": "v5litepod-4", "provisioning": "on-demand"}]
+    config["tpu-stack:nodes"] = json.dumps(nodes)
+    rows = plain(offline_plan("team-vision", config).to_json())["candidates"]["trainer"]
+    # vision's cap (Pulumi.platform.yaml): v5e spot 64, on-demand 16; its eval node
+    # takes 4 on-demand chips.
+    assert [r["quotaHeadroom"] for r in rows] == ["<=64", "<=64", "<=12"]
+
+
+def test_preflight_checks_every_candidate_s_zone_in_the_catalog() -> None:
+    from model.settings.load import load_settings
+    from ops.tpu.preflight import candidate_catalog_checks, placements
+    from ops.tpu.target import target_for
+
+    settings = load_settings(with_speech(file_config("platform")), "platform")
+    (bert,) = [n for n in target_for(settings).nodes if n.logical == "bert"]
+    assert [(zone, wanted) for _, zone, wanted, _ in placements(bert)] == [
+        ("us-central1-a", "v5litepod-8"), ("us-west4-a", "v5litepod-8"),
+        ("us-south1-a", "v5litepod-8")]
+    checks = candidate_catalog_checks(bert)
+    assert [(c.subject, c.what, c.outcome) for c in checks] == [
+        ("platform-speech-bert candidate 2/3", "catalog: v5e in us-west4-a", "ok"),
+        ("platform-speech-bert candidate 3/3", "catalog: v5e in us-south1-a", "ok")]
+
+
+def test_the_team_plan_shows_its_budget_and_cap_usage() -> None:
+    plan = plain(offline_plan("team-vision").to_json())
+    assert plan["teamCaps"]["vision"]["caps"] == [
+        {"family": "v5e", "capacity": "onDemand", "used": 4, "cap": 16},
+        {"family": "v5e", "capacity": "spot", "used": 8, "cap": 64}]
+    assert plan["teamCaps"]["vision"]["usdPerHourCeiling"] == 60.0

@@ -17,11 +17,13 @@ from components import project
 from components.stack_config import file_config
 from model import (
     candidates,
+    cap_usage,
     catalog,
     locality,
     meter,
     progress_deadline,
     stop_save,
+    team_headroom,
     team_quota,
     team_regions,
 )
@@ -65,7 +67,9 @@ class Plan:
 
     def _spend_json(self) -> dict[str, Any]:
         """spend_json, and `held` on a team a budget stop holds (the program's output)."""
-        spend = spend_json(meter.team_previews(self.settings))
+        platform = platform_facts.platform_settings(self.settings)
+        spend = spend_json(meter.team_previews(cap_usage.with_team_budgets(self.settings,
+                                                                          platform)))
         for team, outputs in (self.run.outputs.get("teams") or {}).items():
             if isinstance(outputs, dict) and "budgetHold" in outputs and team in spend:
                 spend[team]["held"] = outputs["budgetHold"]
@@ -84,6 +88,9 @@ class Plan:
             # Per team: burn rate by the meter, the budget, what a budget stop deletes,
             # each node's run-time limits (model/meter.py).
             "spend": self._spend_json(),
+            # Per team: its caps and what this stack's nodes take, ceiling, budget (issue 45).
+            "teamCaps": cap_usage.team_usage(
+                self.settings, platform_facts.platform_settings(self.settings)),
             # What the program warns on its nodes at preview and up, the same text.
             "warnings": [*stop_save.stack_warnings(self.settings),
                          *locality.stack_warnings(self.settings,
@@ -94,8 +101,9 @@ class Plan:
                          *team_quota.stack_warnings(self.settings),
                          *team_regions.stack_warnings(self.settings)],
             # Nodes with fallback only: absent from a plan without any (issue 35).
-            **({"candidates": rows} if (rows := candidates.stack_candidates(self.settings))
-               else {}),
+            **({"candidates": rows} if (rows := candidates.stack_candidates(
+                self.settings, team_headroom.cap_headroom(
+                    platform_facts.platform_settings(self.settings)))) else {}),
         }
 
     def _resource_json(self, r: Registration) -> dict[str, Any]:
