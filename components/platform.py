@@ -45,7 +45,7 @@ from components.teams import (
     budgets_provider,
 )
 from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
-from model import catalog, cost, subnets, team_state
+from model import catalog, cost, subnets, team_quota, team_state
 from model.bootstrap import granted_in_host_project
 from model.budget_hold import BudgetHold, budget_hold, janitor_held, settings_digest
 from model.candidates import one_quota_warning
@@ -173,6 +173,8 @@ class TpuPlatform(pulumi.ComponentResource):
             self.project.by_api[BUDGETS_API]) if self._has_budgets else None
         for team in settings.teams:
             self._declare_team(team, after_apis)
+        for warning in team_quota.stack_warnings(settings):  # once for every team
+            pulumi.log.warn(warning, resource=self)
 
     def _write_team_outputs(self, bucket: str) -> None:
         """Each team's view of this stack's outputs, one object per team in the state

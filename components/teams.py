@@ -40,7 +40,7 @@ from model.roles import (
     TPU_XPN_AGENT_ROLE,
 )
 from model.settings.schema import CiSettings, StorageSettings, TeamQuota
-from model.team_quota import SKIPPED_SAFETY_CHECK, quota_caps, unconfirmed_id_warning
+from model.team_quota import SKIPPED_SAFETY_CHECK, quota_caps
 
 SPACE_TYPE = "tpu-stack:index:TeamSpace"
 PROJECT_TYPE = "tpu-stack:index:TeamProject"
@@ -371,9 +371,7 @@ class TeamProject(pulumi.ComponentResource):
         Google approves or not; below, it applies at once (SKIPPED_SAFETY_CHECK)."""
         args = self.args
         self.quota_caps = quota_caps(args.quota, args.regions, sorted(args.subnet_ranges))
-        warning = unconfirmed_id_warning(args.team, self.quota_caps)
-        if warning:
-            pulumi.log.warn(warning, resource=self)
+        # The unconfirmed ids: one warning for every team, by the platform (platform.py).
         for cap in self.quota_caps:
             if cap.quota_id is None:
                 pulumi.log.warn(f"team {args.team}: no Cloud Quotas id is known for {cap.family} "

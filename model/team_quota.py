@@ -78,20 +78,23 @@ def stack_caps(settings: StackSettings) -> dict[str, list[QuotaCap]]:
             for team, spec in sorted(settings.teams.items())}
 
 
-def unconfirmed_id_warning(team: str, caps: list[QuotaCap]) -> str | None:
+def unconfirmed_id_warning(teams: list[str], caps: list[QuotaCap]) -> str | None:
     """The preview's word on a team's caps whose quota id is unconfirmed: a wrong id
     fails that preference's create; `tpuctl preflight` confirms each against Cloud
     Quotas (QuotaInfo) before `up`."""
     ids = sorted({cap.quota_id for cap in caps if cap.unconfirmed and cap.quota_id})
     if not ids:
         return None
-    return (f"team {team}: {len(ids)} TPU quota id(s) are unconfirmed by a public source "
+    who = f"team {teams[0]}" if len(teams) == 1 else f"teams {', '.join(teams)}"
+    return (f"{who}: {len(ids)} TPU quota id(s) are unconfirmed by a public source "
             f"({', '.join(ids)}); a wrong id fails its cap's create: run `tpuctl preflight` "
             f"first, which asks Cloud Quotas for each")
 
 
 def stack_warnings(settings: StackSettings) -> list[str]:
-    """What the platform warns at preview about its caps (teams.py logs the same)."""
-    return [w for team, caps in zip(sorted(settings.teams), stack_caps(settings).values(),
-                                    strict=True)
-            if (w := unconfirmed_id_warning(team, caps))]
+    """What the platform warns at preview about its caps, once for all teams (the
+    platform logs the same, components/platform.py)."""
+    teams = sorted(settings.teams)
+    caps = [cap for team_caps in stack_caps(settings).values() for cap in team_caps]
+    warning = unconfirmed_id_warning(teams, caps) if teams else None
+    return [warning] if warning else []
