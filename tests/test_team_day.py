@@ -4,9 +4,17 @@ the plan says what a person needs first."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from components.stack_config import file_config
 from ops.plan.diff import diff_plans
@@ -152,3 +160,175 @@ def test_the_team_plan_shows_its_budget_and_cap_usage() -> None:
         {"family": "v5e", "capacity": "onDemand", "used": 4, "cap": 16},
         {"family": "v5e", "capacity": "spot", "used": 8, "cap": 64}]
     assert plan["teamCaps"]["vision"]["usdPerHourCeiling"] == 60.0
+
+
+# ---- a plan a person reads in one screen ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def platform_screen() -> list[str]:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "COLUMNS": "100"}
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "plan", "--stack", "platform"],
+                          cwd=root, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_platform_plan_at_100_columns_leads_with_its_summary(platform_screen) -> None:
+    assert "Summary" in platform_screen[:40]
+    summary_at = platform_screen.index("Summary")
+    assert platform_screen[summary_at + 1].startswith("- ")
+    assert "resources (pulumi preview's count)" in platform_screen[summary_at + 1]
+    too_long = [line for line in platform_screen if len(line) > 100]
+    assert too_long == []
+    assert any(line.startswith("Resources by team and component") for line in platform_screen)
+
+
+def test_each_warning_appears_once(platform_screen) -> None:
+    text = "\n".join(platform_screen)
+    plan = plain(offline_plan("platform").to_json())
+    assert plan["warnings"] and len(plan["warnings"]) == len(set(plan["warnings"]))
+    assert text.count("TPU quota id(s) are unconfirmed") == 1
+    assert text.count("Warnings (") == 1
+    assert "never at this rate" not in text
+
+
+# ---- the smaller items ------------------------------------------------------------------
+
+def settings_problems(config: dict[str, str], stack: str) -> list[tuple[str, str]]:
+    from model.settings.load import load_settings
+    from model.settings.schema import SettingsError
+
+    with pytest.raises(SettingsError) as refused:
+        load_settings(config, stack)
+    return refused.value.problems
+
+
+def edited(stack: str, key: str, edit: Any) -> dict[str, str]:
+    config = file_config(stack)
+    value = json.loads(config[key])
+    edit(value)
+    config[key] = json.dumps(value)
+    return config
+
+
+def test_reserved_on_a_team_node_with_fallback_is_one_error() -> None:
+    def reserved(nodes: list) -> None:
+        nodes[0].update(provisioning="reserved", fallback=[{"acceleratorType": "v5litepod-4"}])
+    problems = settings_problems(edited("team-vision", "tpu-stack:nodes", reserved),
+                                 "team-vision")
+    assert [key for key, _ in problems] == ["tpu-stack:nodes[0].provisioning"]
+
+
+def test_a_misspelt_key_has_no_knock_on_error() -> None:
+    def misspelt(nodes: list) -> None:
+        nodes[0].update(fallbacks=[{"zone": "us-west4-a"}], maxWait="10m")
+    problems = settings_problems(edited("team-vision", "tpu-stack:nodes", misspelt),
+                                 "team-vision")
+    assert [key for key, _ in problems] == ["tpu-stack:nodes[0].fallbacks"]
+    assert "did you mean fallback?" in problems[0][1]
+
+
+@pytest.mark.parametrize(("key", "edit", "where"), [
+    ("tpu-stack:quota", lambda q: q.update(v5litepod={"us-central1": {"onDemand": 8}}),
+     "tpu-stack:quota.v5litepod"),
+    ("tpu-stack:teams", lambda t: t["vision"]["quota"].update(v5litepod={"spot": 8}),
+     "tpu-stack:teams.vision.quota.v5litepod"),
+])
+def test_a_family_written_as_its_type_prefix_suggests_the_family(key, edit, where) -> None:
+    (problem,) = settings_problems(edited("platform", key, edit), "platform")
+    assert problem[0] == where and "did you mean v5e?" in problem[1]
+
+
+def test_a_taken_subnet_slot_suggests_a_free_one() -> None:
+    (problem,) = settings_problems(
+        edited("platform", "tpu-stack:teams", lambda t: t["nlp"].update(subnetSlot=0)),
+        "platform")
+    assert problem == ("tpu-stack:teams.vision.subnetSlot",
+                       "0 is team nlp's: each team has a slot of its own; slot 1 is free "
+                       "(subnetSlot: 1)")
+
+
+def test_a_misspelt_team_lists_the_platform_s_teams() -> None:
+    from model.settings.schema import SettingsError
+
+    config = file_config("team-vision")
+    config["tpu-stack:team"] = "visoin"
+    with pytest.raises(SettingsError) as refused:
+        offline_plan("team-vision", config)
+    assert refused.value.problems == [(
+        "tpu-stack:team", "'visoin' is not a team of acme/tpu-stack/platform (its "
+                          "tpu-stack:teams: nlp, vision); did you mean vision?")]
+
+
+def test_a_misspelt_team_region_is_refused_with_the_regions() -> None:
+    problems = settings_problems(
+        edited("platform", "tpu-stack:teams", lambda t: t["vision"].update(
+            regions=["us-centrl1"])), "platform")
+    assert problems[0][0] == "tpu-stack:teams.vision.regions[0]"
+    assert "did you mean us-central1?" in problems[0][1]
+
+
+# ---- docs/teams.md's checklist, followed from a copy of the repository ------------------
+
+CHECKLIST_STEP = re.compile(
+    r"<!-- checklist: (?P<file>\S+)(?: (?P<path>\S+))? -->\s*\n(?P<indent>[ ]*)```yaml\n"
+    r"(?P<body>.*?)\n(?P=indent)```", re.DOTALL)
+
+
+def checklist_steps(doc: str) -> list[tuple[str, str | None, Any]]:
+    """(file, key path under which to merge, YAML) of each checklist step of the doc."""
+    steps = []
+    for match in CHECKLIST_STEP.finditer(doc):
+        body = textwrap.dedent("\n".join(
+            line.removeprefix(match["indent"]) for line in match["body"].splitlines()))
+        steps.append((match["file"], match["path"], yaml.safe_load(body)))
+    return steps
+
+
+def apply_step(root: Path, file: str, path: str | None, value: Any) -> None:
+    target = root / file
+    if path is None:
+        assert not target.exists(), f"the checklist creates {file}, which exists"
+        target.write_text(yaml.safe_dump(value, sort_keys=False))
+        return
+    data = yaml.safe_load(target.read_text())
+    node = data
+    for key in path.split("."):
+        node = node[key]
+    assert isinstance(node, dict) and not set(node) & set(value), (file, path)
+    node.update(value)
+    target.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def repository_copy(destination: Path) -> Path:
+    root = Path(__file__).resolve().parents[1]
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        source = root / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+def test_the_add_a_team_checklist_ends_in_clean_plans(tmp_path: Path) -> None:
+    root = repository_copy(tmp_path / "repo")
+    steps = checklist_steps((root / "docs" / "teams.md").read_text())
+    assert [(file, path) for file, path, _ in steps] == [
+        ("Pulumi.platform.yaml", "config.tpu-stack:teams"),
+        ("Pulumi.platform.yaml", "config.tpu-stack:quota.v5e"),
+        ("Pulumi.team-speech.yaml", None)]
+    for file, path, value in steps:
+        apply_step(root, file, path, value)
+    env = {**os.environ, "COLUMNS": "100"}
+    for stack in ("platform", "team-speech"):
+        done = subprocess.run([sys.executable, "-m", "ops.cli", "plan", "--stack", stack],
+                              cwd=root, env=env, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, (stack, done.stdout[-2000:], done.stderr[-2000:])
+        assert "may apply every resource" in done.stdout, stack
+        assert "Policy pack: every guardrail passes." in done.stdout, stack
+    # The team plan's one warning: its us-west4 candidate is across regions from its data.
+    assert "its fallback candidate 2/2 in us-west4-a reads trainData" in " ".join(
+        done.stdout.split())

@@ -198,6 +198,7 @@ def offline_plan(stack: str, config: dict[str, str] | None = None,
     """
     config = config if config is not None else file_config(stack)
     settings = load_settings(config, stack)
+    platform_facts.check_team(settings)
     try:
         mock = None if bucket_objects is None else GcpMocks(
             stack_outputs=referenced_stack_outputs(config), bucket_objects=bucket_objects)

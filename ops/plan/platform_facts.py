@@ -6,7 +6,8 @@ file or it does not load: the plan then shows what it cannot know as unknown."""
 from __future__ import annotations
 
 from components.stack_config import StackFileError, settings_for
-from model.settings.schema import SettingsError, StackSettings
+from model.settings.schema import NAMESPACE, SettingsError, StackSettings
+from model.settings.suggest import did_you_mean
 
 
 def platform_settings(settings: StackSettings) -> StackSettings | None:
@@ -25,3 +26,16 @@ def data_location(settings: StackSettings) -> str | None:
     location (a team stack reads the platform's data bucket)."""
     platform = platform_settings(settings)
     return platform.storage.location if platform is not None else None
+
+
+def check_team(settings: StackSettings) -> None:
+    """A team stack's `team` that its platform does not serve: one settings error that
+    lists the platform's teams (the program, reading one outputs object, cannot)."""
+    platform = platform_settings(settings)
+    if not settings.is_team_stack or platform is None or settings.team in platform.teams:
+        return
+    teams = sorted(platform.teams)
+    raise SettingsError([(f"{NAMESPACE}:team", (
+        f"{settings.team!r} is not a team of {settings.platform_stack} (its "
+        f"{NAMESPACE}:teams: {', '.join(teams) or 'none'})"
+        f"{did_you_mean(settings.team, teams, set())}"))])

@@ -195,12 +195,22 @@ def project_quota_problems(quota: Mapping[str, Mapping[str, ProjectChips]],
                    f"{region} ({_chips_detail(sorted(by_team.items()))}); {granted}")
 
 
+def family_hint(name: str) -> str:
+    """`; did you mean v5e?` for a family written as its accelerator-type prefix
+    (v5litepod) or misspelt, else ""."""
+    by_prefix = next((g.name for g in catalog.GENERATIONS.values()
+                      if name.lower() == g.type_prefix.lower()), None)
+    if by_prefix:
+        return f"; did you mean {by_prefix}? ({name} is its accelerator-type prefix)"
+    return did_you_mean(name, sorted(catalog.GENERATIONS), set())
+
+
 def _quota_declaration_problems(quota: Mapping[str, Mapping[str, ProjectChips]]) -> Problems:
     for family, by_region in quota.items():
         try:
             gen = catalog.generation(family)
         except catalog.CatalogError as error:
-            yield (f"{QUOTA_KEY}.{family}", str(error))
+            yield (f"{QUOTA_KEY}.{family}", f"{error}{family_hint(family)}")
             continue
         offered = sorted({catalog.region_of(zone) for zone in gen.zones})
         for region in by_region:
@@ -351,7 +361,7 @@ def _team_reservation_problems(s: StackSettings, key: str,
     for index, node in enumerate(nodes):
         where = f"{key}[{index}]"
         example = f"projects/{s.gcp_project}/locations/{node.zone}/reservations/<NAME>"
-        if node.provisioning == "reserved":
+        if node.provisioning == "reserved" and not node.fallback:  # else the node rule's
             yield (f"{where}.provisioning",
                    f"reserved capacity in a team's project finds no reservation: the TPU API "
                    f"looks in the node's own project; name the platform's: provisioning: "
@@ -393,7 +403,11 @@ def _team_subnet_problems(s: StackSettings) -> Problems:
             yield (slot_key, f"{team.subnet_slot}: {cidr} holds slots 0 to "
                              f"{subnets.team_slots(cidr) - 1}")
         elif team.subnet_slot in owners:
+            taken = {spec.subnet_slot for spec in s.teams.values()}
+            free = next(slot for slot in range(subnets.team_slots(cidr) + 1)
+                        if slot not in taken)
             yield (slot_key, f"{team.subnet_slot} is team {owners[team.subnet_slot]}'s: each "
-                             f"team has a slot of its own")
+                             f"team has a slot of its own; slot {free} is free "
+                             f"(subnetSlot: {free})")
         else:
             owners[team.subnet_slot] = name
