@@ -327,8 +327,8 @@ def test_the_add_a_team_checklist_ends_in_clean_plans(tmp_path: Path) -> None:
         done = subprocess.run([sys.executable, "-m", "ops.cli", "plan", "--stack", stack],
                               cwd=root, env=env, capture_output=True, text=True, check=False)
         assert done.returncode == 0, (stack, done.stdout[-2000:], done.stderr[-2000:])
-        assert "may apply every resource" in done.stdout, stack
-        assert "Policy pack: every guardrail passes." in done.stdout, stack
+        text = " ".join(done.stdout.split())  # lines wrapped at COLUMNS joined
+        assert "may apply every resource" in text, stack
+        assert "Policy pack: every guardrail passes." in text, stack
     # The team plan's one warning: its us-west4 candidate is across regions from its data.
-    assert "its fallback candidate 2/2 in us-west4-a reads trainData" in " ".join(
-        done.stdout.split())
+    assert "its fallback candidate 2/2 in us-west4-a reads trainData" in text
