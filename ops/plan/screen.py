@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from model.catalog import HOURS_PER_MONTH
 from ops.plan import report
 from policy.evaluate import Violation
 
@@ -36,14 +37,20 @@ def once(items: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def budget_words(p: Mapping[str, Any]) -> str:
-    """The team's budget in plain words."""
-    budget, hours = p.get("budgetUsdPerMonth"), p.get("hoursToBudget")
+def budget_words(p: Mapping[str, Any], ceiling: float | None) -> str:
+    """The team's monthly budget in plain words, as the platform declares it
+    (components/platform.py _budget): its figure, else its hourly ceiling for a month,
+    else last month's spend."""
+    budget, why = p.get("budgetUsdPerMonth"), ""
+    if budget is None and ceiling is not None:
+        budget, why = ceiling * HOURS_PER_MONTH, " (its hourly ceiling for a month)"
     if budget is None:
-        return "no monthly figure (its budget is last month's spend)"
-    if hours is None:
-        return f"budget {report.money(budget)}/month, not reached: none of its nodes runs here"
-    return (f"budget {report.money(budget)}/month, reached in {hours:,.0f} h "
+        return "budget: last month's spend (no figure or ceiling given)"
+    burn = p.get("usdPerHour") or 0.0
+    if burn <= 0:
+        return f"budget {report.money(budget)}/month{why}, not reached: none of its nodes runs here"
+    hours = budget / burn
+    return (f"budget {report.money(budget)}/month{why}, reached in {hours:,.0f} h "
             f"({hours / 24:,.1f} days) at this rate")
 
 
@@ -61,7 +68,9 @@ def team_lines(plan: Mapping[str, Any], columns: int) -> list[str]:
     lines = []
     for team in sorted(set(spend) | set(caps)):
         p = spend.get(team, {})
-        text = f"team {team}: burn {report.money(p.get('usdPerHour'))}/hour; {budget_words(p)}"
+        ceiling = caps.get(team, {}).get("usdPerHourCeiling")
+        text = (f"team {team}: burn {report.money(p.get('usdPerHour'))}/hour; "
+                f"{budget_words(p, ceiling)}")
         if team in caps:
             text += f"; {caps_words(caps[team])}"
         if p.get("budgetAction") == "stop":
