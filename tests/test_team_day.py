@@ -332,3 +332,15 @@ def test_the_add_a_team_checklist_ends_in_clean_plans(tmp_path: Path) -> None:
         assert "Policy pack: every guardrail passes." in text, stack
     # The team plan's one warning: its us-west4 candidate is across regions from its data.
     assert "its fallback candidate 2/2 in us-west4-a reads trainData" in text
+
+
+def test_a_team_stack_whose_proof_did_not_run_says_so_as_a_warning() -> None:
+    from ops.plan.command import proof_text
+    from ops.plan.proof import Proof
+
+    unproved = Proof(None, why_unproved="the platform declares no deployer for team speech "
+                                        "(tpu-stack:teams.speech.ci)")
+    assert proof_text(unproved, None, None).startswith(
+        "WARNING: permission proof: not run (the platform declares no deployer for team "
+        "speech")
+    assert "WARNING" not in proof_text(Proof("serviceAccount:x@y"), "markdown", None)

@@ -13,7 +13,7 @@ from components.stack_config import StackFileError
 from model.settings.schema import SettingsError
 from ops.plan.diff import WAY_OUT, diff_plans, load_plan, render_diff
 from ops.plan.offline import Plan, PlanError, offline_plan
-from ops.plan.proof import plan_proof
+from ops.plan.proof import Proof, plan_proof
 from ops.plan.report import check_format, duplicate_urns, plain, render
 from ops.plan.screen import fit_lines, screen, terminal_columns
 from ops.terminal import PROG, fail, from_caller
@@ -50,10 +50,7 @@ def print_report(result: Plan, fmt: str | None, against: Path | None,
         text = render(head, fmt or "table", violations)
     print(text, end="")
     proof = plan_proof(result.settings, result.run)
-    proof_text = "\n".join(proof.lines())
-    if (fmt or "table") == "table" and not against:
-        proof_text = fit_lines(proof_text, terminal_columns())
-    print(proof_text, file=sys.stderr if fmt == "json" else sys.stdout)
+    print(proof_text(proof, fmt, against), file=sys.stderr if fmt == "json" else sys.stdout)
     if refused:
         print(f"{PROG}: {refused} step(s) would be refused by `pulumi up` (see Diagnostics): "
               f"{WAY_OUT}", file=sys.stderr)
@@ -62,6 +59,17 @@ def print_report(result: Plan, fmt: str | None, against: Path | None,
               f"(permission proof, docs/teams.md)", file=sys.stderr)
     blocking = [v for v in violations if not v.advisory]
     return 1 if blocking or duplicate_urns(head) or refused or proof.findings else 0
+
+
+def proof_text(proof: Proof, fmt: str | None, against: Path | None) -> str:
+    """The proof's lines; one that did not run is a warning (a team stack without `ci`:
+    nobody's rights were proved), never silence. Within COLUMNS on a terminal."""
+    text = "\n".join(proof.lines())
+    if proof.identity is None:
+        text = f"WARNING: {text}"
+    if (fmt or "table") == "table" and not against:
+        text = fit_lines(text, terminal_columns())
+    return text
 
 
 def with_live_headroom(head: dict[str, Any], result: Plan) -> dict[str, Any]:
