@@ -334,9 +334,11 @@ def test_the_add_a_team_checklist_ends_in_clean_plans(tmp_path: Path) -> None:
     assert "its fallback candidate 2/2 in us-west4-a reads trainData" in text
 
 
-def test_a_team_stack_whose_proof_did_not_run_says_so_as_a_warning() -> None:
+def test_a_team_stack_whose_proof_did_not_run_says_so_as_a_warning(monkeypatch) -> None:
     from ops.plan.command import proof_text
     from ops.plan.proof import Proof
+
+    monkeypatch.setenv("COLUMNS", "200")  # one line: the width of the machine's terminal aside
 
     unproved = Proof(None, why_unproved="the platform declares no deployer for team speech "
                                         "(tpu-stack:teams.speech.ci)")
