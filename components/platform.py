@@ -54,6 +54,7 @@ from model.naming import label_value
 from model.pulumi_types import COMPONENT_TPU_PLATFORM
 from model.roles import DEPLOYER_ACCOUNT_ROLE, DEPLOYER_ACCOUNT_ROLES
 from model.settings.schema import BillingSettings, NodeSettings, StackSettings
+from model.team_regions import regions_warning, team_regions
 from model.warnings import stack_warnings
 from tpu_training.config import JobConfig
 
@@ -127,8 +128,8 @@ class TpuPlatform(pulumi.ComponentResource):
             labels=self._labels("project"), apis=apis), opts=self._child())
         after_apis = self._child(depends_on=self.project.services)
         project_id = self.project.project_id
-        for warning in self.warnings:  # at preview and up
-            if warning.rule == "project":
+        for warning in self.warnings:  # at preview and up: the stack's own on its project
+            if warning.node is None and warning.team is None:
                 pulumi.log.warn(warning.text, resource=self.project)
         self.buckets = TrainingBuckets("storage", BucketsArgs(
             project_id=project_id, naming=naming, settings=settings.storage,
@@ -219,6 +220,8 @@ class TpuPlatform(pulumi.ComponentResource):
         assert (settings.team_projects and settings.team_projects.folder_id
                 and settings.team_billing_account), "settings check"
         stopper = self._budget_stop(team, after_apis)
+        if warning := regions_warning(settings, team):
+            pulumi.log.warn(warning, resource=self)
         access = self.access[team] = TeamProject(f"team-project-{team}", TeamProjectArgs(
             team=team, stack=settings.stack, naming=settings.naming,
             quota_contact=settings.team_projects.quota_contact,
@@ -226,7 +229,8 @@ class TpuPlatform(pulumi.ComponentResource):
             quota=spec.quota, regions={f: sorted(r) for f, r in settings.quota.items()},
             network=self.host, data_bucket=self.buckets.names["data"], ci=spec.ci,
             subnet_ranges=subnets.team_ranges(settings.network.team_subnet_cidr,
-                                              spec.subnet_slot or 0, settings.regions),
+                                              spec.subnet_slot or 0,
+                                              team_regions(settings, team)),
             budget=self._budget(team, stopper), budgets=self.budgets,
             platform_deployer=settings.team_projects.deployer if spec.nodes else None),
             opts=after_apis)
@@ -310,11 +314,12 @@ class TpuPlatform(pulumi.ComponentResource):
     def _budget_stop(self, team: str, after_apis: pulumi.ResourceOptions) -> BudgetStop | None:
         """The topic, function and account that stop the team's TPUs at its budget
         (components/budget_stop.py), in the platform's project. The function lists the
-        zones of every region the platform serves (a team stack's nodes may be in any)."""
+        zones of every region of the team (model/team_regions.py): its nodes, a team
+        stack's too, are nowhere else."""
         settings = self.settings
         if team not in self._budget_stops:
             return None
-        regions = set(settings.regions)
+        regions = set(team_regions(settings, team))
         zones = [zone for zone in catalog.all_zones() if catalog.region_of(zone) in regions]
         return BudgetStop(f"budget-stop-{team}", BudgetStopArgs(
             team=team, team_label=label_value(team), naming=settings.naming,

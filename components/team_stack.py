@@ -20,6 +20,7 @@ import pulumi_gcp as gcp
 from model import catalog, team_state
 from model.settings.rules.teams import COST_CENTRE, TEAMS_KEY, team_quota_problems
 from model.settings.schema import NAMESPACE, StackSettings, TeamQuota
+from model.team_regions import add_region_hint
 
 REFERENCE_NAME = "platform"
 
@@ -75,9 +76,9 @@ def contract_problems(settings: StackSettings, outputs: dict[str, Any]) -> list[
             if region not in subnets:
                 where = "" if position == 0 else f".fallback[{position - 1}]"
                 problems.append((f"tpu-stack:nodes[{index}]{where}.zone",
-                                 f"{ref} has no subnet of team {team} in {region} (regions: "
-                                 f"{', '.join(sorted(subnets)) or 'none'}); the platform "
-                                 f"declares a region's subnet with its quota there"))
+                                 f"{ref} has no subnet of team {team} in {region} (team "
+                                 f"{team}'s regions: {', '.join(sorted(subnets)) or 'none'}): "
+                                 f"{add_region_hint(team, sorted(subnets), region)}"))
     return problems
 
 

@@ -372,7 +372,8 @@ class TeamProject(pulumi.ComponentResource):
         whoever creates it. A preference above what Google granted is a request that
         Google approves or not; below, it applies at once (SKIPPED_SAFETY_CHECK)."""
         args = self.args
-        self.quota_caps = quota_caps(args.quota, args.regions, sorted(args.network.subnets))
+        self.quota_caps = quota_caps(args.quota, args.regions, sorted(args.subnet_ranges))
+        # The unconfirmed ids: one warning for every team, by the platform (platform.py).
         for cap in self.quota_caps:
             if cap.quota_id is None:
                 pulumi.log.warn(f"team {args.team}: no Cloud Quotas id is known for {cap.family} "

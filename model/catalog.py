@@ -589,3 +589,26 @@ UNCONFIRMED_QUOTA_IDS = frozenset({
     TPU_QUOTA_IDS[("v2", "onDemand")], TPU_QUOTA_IDS[("v3", "onDemand")],
     TPU_QUOTA_IDS[("v3", "preemptible")], TPU_QUOTA_IDS[("v4", "onDemand")],
     TPU_QUOTA_IDS[("v5p", "preemptible")]})
+
+
+# Cloud Storage "Data transfer within Google Cloud" (cloud.google.com/storage/pricing,
+# section "Network usage"): free within one location; charged per GB when another
+# Google Cloud service in a different location reads a bucket (or writes to it), more
+# between continents than within one. USD per TB (1,000 GB) as a planning estimate;
+# UNCONFIRMED: recalled from the pricing page's table (same continent $0.02/GB, between
+# continents other than Oceania $0.08/GB), not re-read in this session
+# (docs/tpu-facts.md, "Cloud Storage locations").
+GCS_CROSS_REGION_USD_PER_TB = {"same continent": 20.0, "between continents": 80.0}
+GCS_CROSS_REGION_CONFIRMED = False
+
+
+def continent_of(region: str) -> str:
+    """A region's continent as GCS prices transfer: its name's first word (us, europe,
+    asia, ...; northamerica and southamerica apart, unconfirmed that GCS groups them)."""
+    return region.split("-", 1)[0].lower()
+
+
+def cross_region_usd_per_tb(from_region: str, to_region: str) -> float:
+    """The estimate of moving a TB between two regions (GCS_CROSS_REGION_USD_PER_TB)."""
+    same = continent_of(from_region) == continent_of(to_region)
+    return GCS_CROSS_REGION_USD_PER_TB["same continent" if same else "between continents"]

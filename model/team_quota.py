@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from model import catalog
 from model.settings.schema import StackSettings, TeamQuota
+from model.team_regions import team_regions
 
 # Cloud Quotas refuses a preference that lowers the effective limit by more than
 # 10% unless that safety check is skipped (QuotaSafetyCheck, cloud.google.com/docs/
@@ -52,8 +53,8 @@ class QuotaCap:
 
 def quota_caps(quota: TeamQuota, granted: dict[str, list[str]],
                network_regions: list[str]) -> list[QuotaCap]:
-    """Every TPU family the catalog knows, in every region the platform's network
-    reaches (a team deployer holds networkUser on each of those subnets), capped:
+    """Every TPU family the catalog knows, in every region of the team (its subnets,
+    model/team_regions.py: a team deployer holds networkUser on each of those), capped:
     the team's chips where the platform holds quota for the family (`granted`,
     family → regions of tpu-stack:quota), 0 everywhere else. GCP counts TPU quota
     per region, a team's quota is per family: each granted region gets the whole
@@ -72,17 +73,19 @@ def quota_caps(quota: TeamQuota, granted: dict[str, list[str]],
 def stack_caps(settings: StackSettings) -> dict[str, list[QuotaCap]]:
     """Team project id → the caps a platform stack declares there (none elsewhere)."""
     granted = {family: sorted(regions) for family, regions in settings.quota.items()}
-    return {settings.naming.team_project(team): quota_caps(spec.quota, granted, settings.regions)
+    return {settings.naming.team_project(team):
+            quota_caps(spec.quota, granted, team_regions(settings, team))
             for team, spec in sorted(settings.teams.items())}
 
 
-def unconfirmed_id_warning(team: str, caps: list[QuotaCap]) -> str | None:
+def unconfirmed_id_warning(teams: list[str], caps: list[QuotaCap]) -> str | None:
     """The preview's word on a team's caps whose quota id is unconfirmed: a wrong id
     fails that preference's create; `tpuctl preflight` confirms each against Cloud
     Quotas (QuotaInfo) before `up`."""
     ids = sorted({cap.quota_id for cap in caps if cap.unconfirmed and cap.quota_id})
     if not ids:
         return None
-    return (f"team {team}: {len(ids)} TPU quota id(s) are unconfirmed by a public source "
+    who = f"team {teams[0]}" if len(teams) == 1 else f"teams {', '.join(teams)}"
+    return (f"{who}: {len(ids)} TPU quota id(s) are unconfirmed by a public source "
             f"({', '.join(ids)}); a wrong id fails its cap's create: run `tpuctl preflight` "
             f"first, which asks Cloud Quotas for each")

@@ -63,8 +63,20 @@ def team_view(outputs: dict, team: str) -> dict | None:
     team's entry only; None for a team the platform does not serve (no object)."""
     if team not in (outputs.get("teams") or {}):
         return None
-    return {"projectId": outputs.get("projectId"), "network": outputs.get("network"),
-            "teams": {team: outputs["teams"][team]}}
+    entry = outputs["teams"][team]
+    return {"projectId": outputs.get("projectId"), "network": _team_network(outputs, entry),
+            "teams": {team: entry}}
+
+
+def _team_network(outputs: dict, entry: dict) -> dict | None:
+    """The platform's network as the team sees it: its subnets in the team's own regions
+    only, so a region another team adds leaves this team's object as it is (issue 45)."""
+    network = outputs.get("network")
+    if not isinstance(network, dict) or not isinstance(entry.get("subnets"), dict):
+        return network
+    subnets = network.get("subnets") or {}
+    return {**network, "subnets": {region: link for region, link in subnets.items()
+                                   if region in entry["subnets"]}}
 
 
 def stack_files(bucket: str, stack: str) -> list[str]:

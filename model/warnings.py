@@ -18,6 +18,7 @@ from model.progress_deadline import progress_deadline_warning
 from model.settings.schema import NodeSettings, StackSettings
 from model.stop_save import stop_save_warning
 from model.team_quota import stack_caps, unconfirmed_id_warning
+from model.team_regions import regions_warning
 from tpu_training.config import JobConfig
 
 
@@ -57,17 +58,30 @@ def project_warnings(settings: StackSettings) -> list[str]:
     return warnings
 
 
-Rule = Callable[[StackSettings], Iterator[StackWarning]]
+Rule = Callable[[StackSettings, str | None], Iterator[StackWarning]]
 
 
 def _per_node(rule: str, warning: Callable[[StackSettings, NodeSettings, JobConfig],
                                            str | None]) -> tuple[str, Rule]:
     """A rule about each node with its job, every node of the stack in order."""
-    def run(settings: StackSettings) -> Iterator[StackWarning]:
+    def run(settings: StackSettings, _data_location: str | None) -> Iterator[StackWarning]:
         for node, job in settings.node_jobs:
             if text := warning(settings, node, job):
                 yield StackWarning(rule, text, node=node)
     return rule, run
+
+
+def _cross_region(settings: StackSettings, data_location: str | None
+                  ) -> Iterator[StackWarning]:
+    """Every placement of every node, fallback candidates too; a team stack's data is
+    the platform's, whose location only the offline plan reads (`data_location`)."""
+    for node, job in settings.node_jobs:
+        if text := cross_region_warning(settings, node, job, data_location):
+            yield StackWarning("cross-region", text, node=node)
+
+
+def _stack_rule(run: Callable[[StackSettings], Iterator[StackWarning]]) -> Rule:
+    return lambda settings, _data_location: run(settings)
 
 
 def _projects(settings: StackSettings) -> Iterator[StackWarning]:
@@ -76,22 +90,32 @@ def _projects(settings: StackSettings) -> Iterator[StackWarning]:
 
 
 def _team_quota(settings: StackSettings) -> Iterator[StackWarning]:
-    for team, caps in zip(sorted(settings.teams), stack_caps(settings).values(), strict=True):
-        if text := unconfirmed_id_warning(team, caps):
-            yield StackWarning("team-quota-id", text, team=team)
+    """Once for every team whose caps name an unconfirmed id (the stack's, not a team's)."""
+    caps = [cap for team_caps in stack_caps(settings).values() for cap in team_caps]
+    if settings.teams and (text := unconfirmed_id_warning(sorted(settings.teams), caps)):
+        yield StackWarning("team-quota-id", text)
+
+
+def _team_regions(settings: StackSettings) -> Iterator[StackWarning]:
+    for team in sorted(settings.teams):
+        if text := regions_warning(settings, team):
+            yield StackWarning("team-regions", text, team=team)
 
 
 # The registry, in the order the plan lists the warnings (and each node's are logged).
 RULES: tuple[tuple[str, Rule], ...] = (
     _per_node("stop-save", lambda _, node, job: stop_save_warning(node, job)),
-    _per_node("cross-region", cross_region_warning),
-    ("project", _projects),
+    ("cross-region", _cross_region),
+    ("project", _stack_rule(_projects)),
     _per_node("progress-deadline", lambda _, node, job: progress_deadline_warning(node, job)),
     _per_node("one-quota", lambda _, node, job: one_quota_warning(node)),
-    ("team-quota-id", _team_quota),
+    ("team-quota-id", _stack_rule(_team_quota)),
+    ("team-regions", _stack_rule(_team_regions)),
 )
 
 
-def stack_warnings(settings: StackSettings) -> list[StackWarning]:
-    """Every warning of the stack: each rule of the registry once, in its order."""
-    return [warning for _, rule in RULES for warning in rule(settings)]
+def stack_warnings(settings: StackSettings, data_location: str | None = None
+                   ) -> list[StackWarning]:
+    """Every warning of the stack: each rule of the registry once, in its order.
+    `data_location`: where a team stack's platform keeps its data, when known."""
+    return [warning for _, rule in RULES for warning in rule(settings, data_location)]

@@ -6,3 +6,10 @@ node). Arrows go cli -> commands -> core -> local, never back (tests/test_layers
 May import every layer below: policy, components, model, functions, cloud, node_agent,
 tpu_training.
 """
+
+import warnings
+
+# google-api-core warns on every import about Python 3.11's end of life (2027): silenced
+# here, before any piece of ops imports it.
+warnings.filterwarnings("ignore", message="You are using a Python version",
+                        category=FutureWarning)

@@ -3,16 +3,9 @@ logic they call in ops/plan/, ops/tpu/ and ops/rehearse/."""
 
 from __future__ import annotations
 
-import warnings
-
-# google-api-core warns on every import about Python 3.11's end of life (2027): silenced
-# before the verbs import it.
-warnings.filterwarnings("ignore", message="You are using a Python version",
-                        category=FutureWarning)
-
-from ops.commands import plan, reconcile, rehearse, report, tpu  # noqa: E402
-from ops.parser.app import new_app  # noqa: E402
-from ops.terminal import PROG  # noqa: E402
+from ops.commands import plan, reconcile, rehearse, report, tpu
+from ops.parser.app import new_app
+from ops.terminal import PROG
 
 app = new_app()
 plan.register(app)

@@ -393,7 +393,9 @@ def test_a_team_s_tpu_quota_is_capped_in_its_project(repo_runs) -> None:
     assert preferences[(vision, v5e_spot, "us-central1")] == "64"
     assert preferences[(vision, v5e_on_demand, "us-central1")] == "16"
     # A family the team has no quota in is capped at zero, not left at GCP's default.
-    assert preferences[(vision, "TPUV4sPodPerProjectPerRegionForTPUAPI", "us-central2")] == "0"
+    assert preferences[(vision, "TPUV4sPodPerProjectPerRegionForTPUAPI", "us-central1")] == "0"
+    # Only in the team's regions (teams.vision.regions: [us-central1]; issue 45).
+    assert {region for parent, _, region in preferences if parent == vision} == {"us-central1"}
     # Reserved nodes draw on on-demand quota (docs/teams.md, "Quota").
     assert preferences[(nlp, "TPUV4sPodPerProjectPerRegionForTPUAPI", "us-central2")] == "32"
     assert preferences[(nlp, v5e_spot, "us-central1")] == "16"
@@ -403,14 +405,13 @@ def test_a_team_s_tpu_quota_is_capped_in_its_project(repo_runs) -> None:
         "ml-platform@acme.example"}
 
 
-def test_every_family_in_every_network_region_is_capped_for_every_team(repo_runs,
-                                                                       three_teams) -> None:
+def test_every_family_in_every_region_of_a_team_is_capped(repo_runs, three_teams) -> None:
     """Families and regions outside tpu-stack:quota get a cap of 0, not GCP's default:
     a team deployer holds tpu.admin in its project and networkUser on its own subnet in
-    every region."""
+    every region of the team (model/team_regions.py), where its caps are."""
     for run in (repo_runs[0], three_teams):
-        regions = set(run.outputs["network"]["subnets"])
         for name, entry in run.outputs["teams"].items():
+            regions = set(entry["subnets"])
             parent = f"projects/{entry['projectId']}"
             capped = {(p.inputs["quotaId"], p.inputs["dimensions"]["region"])
                       for p in run.of_type(QUOTA_PREFERENCE) if p.inputs["parent"] == parent}
@@ -422,12 +423,12 @@ def test_every_family_in_every_network_region_is_capped_for_every_team(repo_runs
     preferences = {(p.inputs["parent"], p.inputs["quotaId"], p.inputs["dimensions"]["region"]):
                    p.inputs["quotaConfig"]["preferredValue"]
                    for p in repo_runs[0].of_type(QUOTA_PREFERENCE)}
-    # v6e, granted nowhere by the platform, is 0 in both of its regions.
+    # v6e, granted nowhere by the platform, is 0 in both of nlp's regions.
     for region in ("us-central1", "us-central2"):
-        assert preferences[("projects/acme-ml-shared-vision",
+        assert preferences[("projects/acme-ml-shared-nlp",
                             "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI", region)] == "0"
     # v5e is granted in us-central1 only: 0 in us-central2.
-    assert preferences[("projects/acme-ml-shared-vision",
+    assert preferences[("projects/acme-ml-shared-nlp",
                         "TPUV5sPreemptibleLitepodPerProjectPerRegionForTPUAPI",
                         "us-central2")] == "0"
 
@@ -475,7 +476,8 @@ def test_a_team_deployer_deploys_its_team_only(repo_runs) -> None:
     assert model.can(deployer, "iam.serviceAccounts.actAs", runtime)
     own = [s for s in model.kinds("subnetworks") if "-tpu-vision-" in s]
     others = [s for s in model.kinds("subnetworks") if s not in own]
-    assert len(own) == 2 and len(others) == 4  # the platform's 2 regions, nlp's 2
+    # vision's 1 region (teams.vision.regions), the platform's 2, nlp's 2.
+    assert len(own) == 1 and len(others) == 4
     assert all(model.can(deployer, "compute.subnetworks.use", s) for s in own)
     # Subnets are what no team can forge: nobody of vision may use another's.
     for principal in vision.principals.values():

@@ -14,6 +14,7 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
 
+from model import catalog
 from model.settings.rules import rule_problems
 from model.settings.schema import (
     GCP_PROJECT_KEY,
@@ -88,12 +89,31 @@ def with_suggestions(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
         if message.startswith(_UNKNOWN):
             name = key.rpartition(".")[2]
             allowed = message[len(_UNKNOWN):].split(", ")
-            match = closest(name, allowed)
+            match = closest(name, allowed) or _family_of_prefix(name, allowed)
             if match:
                 message = f"unknown key; did you mean {match}? allowed: {', '.join(allowed)}"
         out.append((key, message))
     return [(key, message) for key, message in out
-            if not (key in suggested and message.startswith("is required"))]
+            if not (key in suggested and message.startswith("is required"))
+            and not _knock_on(key, message, suggested)]
+
+
+def _family_of_prefix(name: str, allowed: list[str]) -> str | None:
+    """The TPU family whose accelerator-type prefix `name` is (v5litepod: v5e), where a
+    family is allowed (a quota's keys)."""
+    return next((g.name for g in catalog.GENERATIONS.values()
+                 if g.type_prefix == name and g.name in allowed), None)
+
+
+def _knock_on(key: str, message: str, suggested: set[str]) -> bool:
+    """A sibling's "applies only with <name>" where <name> is the key a misspelt one
+    meant (`maxWait: applies only with fallback` after `fallbacks: unknown key`)."""
+    prefix = "applies only with "
+    if not message.startswith(prefix):
+        return False
+    parent = key.rpartition(".")[0]
+    meant = message[len(prefix):].split(" ", 1)[0]
+    return (f"{parent}.{meant}" if parent else meant) in suggested
 
 
 def _gather(raw: Mapping[str, Any], stack: str) -> tuple[dict[str, Any], list]:

@@ -329,6 +329,10 @@ class TeamSettings(_Model):
     # never changed or reused, so its subnets never move.
     subnet_slot: int | None = Field(default=None, ge=0)
     alerts: AlertsSettings | None = None  # required: its channel (rules/alerts.py)
+    # Regions the team's subnets and quota caps exist in, beside those of the nodes the
+    # platform declares for it (model/team_regions.py): where its team stack's nodes and
+    # their fallback candidates run.
+    regions: list[str] = Field(default_factory=list)
 
     def job(self, name: str) -> JobConfig:
         return JobConfig.from_dict(self.jobs[name], resolved=False)

@@ -13,8 +13,9 @@ from components.stack_config import StackFileError
 from model.settings.schema import SettingsError
 from ops.plan.diff import WAY_OUT, diff_plans, load_plan, render_diff
 from ops.plan.offline import Plan, PlanError, offline_plan
-from ops.plan.proof import plan_proof
+from ops.plan.proof import Proof, plan_proof
 from ops.plan.report import check_format, duplicate_urns, plain, render
+from ops.plan.screen import fit_lines, screen, terminal_columns
 from ops.terminal import PROG, fail, from_caller
 from ops.tpu.api import TpuApiError
 from ops.tpu.target import TargetError
@@ -22,7 +23,7 @@ from policy.evaluate import evaluate, load_config
 
 
 def print_report(result: Plan, fmt: str | None, against: Path | None,
-                 out: Path | None = None, live: bool = False) -> int:
+                 out: Path | None = None, live: bool = False, detail: bool = False) -> int:
     """The PR-comment rendering (ops/plan/report.py, ops/plan/diff.py) and the permission
     proof (ops/plan/proof.py); exit 1 on a policy violation, a duplicate URN, a step the
     engine (or GCP) refuses, or an operation the stack's deployer may not do. `out` gets the
@@ -43,11 +44,13 @@ def print_report(result: Plan, fmt: str | None, against: Path | None,
         diff = diff_plans(base, head)
         refused = len(diff.refused)
         text = render_diff(diff, fmt or "markdown", violations)
+    elif (fmt or "table") == "table":  # the terminal's one screen (ops/plan/screen.py)
+        text = screen(head, violations, detail=detail)
     else:
         text = render(head, fmt or "table", violations)
     print(text, end="")
     proof = plan_proof(result.settings, result.run)
-    print("\n".join(proof.lines()), file=sys.stderr if fmt == "json" else sys.stdout)
+    print(proof_text(proof, fmt, against), file=sys.stderr if fmt == "json" else sys.stdout)
     if refused:
         print(f"{PROG}: {refused} step(s) would be refused by `pulumi up` (see Diagnostics): "
               f"{WAY_OUT}", file=sys.stderr)
@@ -56,6 +59,17 @@ def print_report(result: Plan, fmt: str | None, against: Path | None,
               f"(permission proof, docs/teams.md)", file=sys.stderr)
     blocking = [v for v in violations if not v.advisory]
     return 1 if blocking or duplicate_urns(head) or refused or proof.findings else 0
+
+
+def proof_text(proof: Proof, fmt: str | None, against: Path | None) -> str:
+    """The proof's lines; one that did not run is a warning (a team stack without `ci`:
+    nobody's rights were proved), never silence. Within COLUMNS on a terminal."""
+    text = "\n".join(proof.lines())
+    if proof.identity is None:
+        text = f"WARNING: {text}"
+    if (fmt or "table") == "table" and not against:
+        text = fit_lines(text, terminal_columns())
+    return text
 
 
 def with_live_headroom(head: dict[str, Any], result: Plan) -> dict[str, Any]:
@@ -99,14 +113,18 @@ def register(app: typer.Typer) -> None:
             help="Read fallback candidates' quota headroom from Cloud Quotas and the TPU "
                  "API (needs the stack's credentials); offline it is an upper bound or "
                  "unknown."),
+        detail: bool = typer.Option(
+            False, "--detail",
+            help="On a terminal, every resource, cost line and training step besides the "
+                 "summary."),
     ) -> None:
-        """Offline plan of a stack: resources by component and the cost estimate."""
+        """Offline plan of a stack: a summary, nodes, resources by team and component."""
         out, against = from_caller(out), from_caller(against)
         try:
             if fmt:
                 check_format(fmt)  # before the plan runs
             result = offline_plan(stack)
-            code = print_report(result, fmt, against, out, live)
+            code = print_report(result, fmt, against, out, live, detail)
         except (SettingsError, StackFileError, PlanError, ValueError, OSError, TargetError,
                 TpuApiError) as error:
             fail(error)

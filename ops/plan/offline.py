@@ -15,12 +15,19 @@ import pulumi
 
 from components.program import declare
 from components.stack_config import file_config
-from model import candidates, catalog, meter
+from model import (
+    candidates,
+    cap_usage,
+    catalog,
+    meter,
+    team_headroom,
+)
 from model.archive import PackageError
 from model.cost import RATES, StackCost, StepCost, settings_cost
 from model.settings.load import load_settings
 from model.settings.schema import StackSettings
 from model.warnings import stack_warnings
+from ops.plan import platform_facts
 from ops.plan.mock_engine import (
     GcpMocks,
     ProgramRun,
@@ -56,7 +63,9 @@ class Plan:
 
     def _spend_json(self) -> dict[str, Any]:
         """spend_json, and `held` on a team a budget stop holds (the program's output)."""
-        spend = spend_json(meter.team_previews(self.settings))
+        platform = platform_facts.platform_settings(self.settings)
+        spend = spend_json(meter.team_previews(cap_usage.with_team_budgets(self.settings,
+                                                                          platform)))
         for team, outputs in (self.run.outputs.get("teams") or {}).items():
             if isinstance(outputs, dict) and "budgetHold" in outputs and team in spend:
                 spend[team]["held"] = outputs["budgetHold"]
@@ -75,11 +84,16 @@ class Plan:
             # Per team: burn rate by the meter, the budget, what a budget stop deletes,
             # each node's run-time limits (model/meter.py).
             "spend": self._spend_json(),
+            # Per team: its caps and what this stack's nodes take, ceiling, budget (issue 45).
+            "teamCaps": cap_usage.team_usage(
+                self.settings, platform_facts.platform_settings(self.settings)),
             # What the program warns on its nodes at preview and up, the same text.
-            "warnings": [warning.text for warning in stack_warnings(self.settings)],
+            "warnings": [warning.text for warning in stack_warnings(
+                self.settings, platform_facts.data_location(self.settings))],
             # Nodes with fallback only: absent from a plan without any (issue 35).
-            **({"candidates": rows} if (rows := candidates.stack_candidates(self.settings))
-               else {}),
+            **({"candidates": rows} if (rows := candidates.stack_candidates(
+                self.settings, team_headroom.cap_headroom(
+                    platform_facts.platform_settings(self.settings)))) else {}),
         }
 
     def _resource_json(self, r: Registration) -> dict[str, Any]:
@@ -174,6 +188,7 @@ def offline_plan(stack: str, config: dict[str, str] | None = None,
     """
     config = config if config is not None else file_config(stack)
     settings = load_settings(config, stack)
+    platform_facts.check_team(settings)
     try:
         mock = None if bucket_objects is None else GcpMocks(
             stack_outputs=referenced_stack_outputs(config), bucket_objects=bucket_objects)

@@ -234,16 +234,19 @@ NODE_HEADERS = ("node", "GCP node", "accelerator", "runtime", "provisioning", "U
                 "USD/month", "spot saving USD/hour")
 
 
-def node_tables(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
+def node_tables(plan: Mapping[str, Any], *, markdown: bool,
+                columns: int = TERMINAL_COLUMNS) -> list[str]:
     """The node table; on a terminal, as two (what runs, what it costs) that fit."""
     rows = node_rows(plan)
     if markdown:
         return [table(NODE_HEADERS, rows, markdown=True)]
+    if not rows:
+        return []
     split = NODE_HEADERS.index("USD/hour")
     return ["\n\n".join([
-        table(NODE_HEADERS[:split], [r[:split] for r in rows], markdown=False),
+        table(NODE_HEADERS[:split], [r[:split] for r in rows], markdown=False, columns=columns),
         table((NODE_HEADERS[0], *NODE_HEADERS[split:]), [[r[0], *r[split:]] for r in rows],
-              markdown=False)])]
+              markdown=False, columns=columns)])]
 
 
 STEP_HEADERS = ("node", "model", "batch", "step seconds", "USD/step", "USD/1,000 steps",
@@ -284,10 +287,12 @@ def step_rows(plan: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
-def step_tables(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
+def step_tables(plan: Mapping[str, Any], *, markdown: bool,
+                columns: int = TERMINAL_COLUMNS) -> list[str]:
     """The cost of a training step per node, or nothing for a plan without it."""
     rows = step_rows(plan)
-    return [table(STEP_HEADERS, rows, markdown=markdown), *recipe_lines(plan)] if rows else []
+    return [table(STEP_HEADERS, rows, markdown=markdown, columns=columns),
+            *recipe_lines(plan)] if rows else []
 
 
 def recipe_lines(plan: Mapping[str, Any]) -> list[str]:
@@ -353,9 +358,9 @@ def spend_section(plan: Mapping[str, Any]) -> str | None:
         line = f"- team {team}: burn {money(p.get('usdPerHour'))}/hour"
         budget, hours = p.get("budgetUsdPerMonth"), p.get("hoursToBudget")
         if budget is not None:
-            spent = "never at this rate" if hours is None else \
-                f"in {hours:,.0f} h ({hours / 24:,.1f} days) at this rate"
-            line += f"; budget {money(budget)}/month spent {spent}"
+            spent = "not reached: none of its nodes runs here" if hours is None else \
+                f"reached in {hours:,.0f} h ({hours / 24:,.1f} days) at this rate"
+            line += f"; budget {money(budget)}/month, {spent}"
         if p.get("budgetAction") == "stop":
             deletes = ", ".join(p.get("budgetStopDeletes") or []) or "no node of this stack"
             line += (f"; budgetAction stop: a budget stop saves and deletes {deletes} (and "
@@ -416,7 +421,8 @@ CANDIDATE_HEADERS = ("node", "#", "zone", "type", "provisioning", "USD/h", "USD/
                      "quota left", "resv. left")
 
 
-def candidate_tables(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
+def candidate_tables(plan: Mapping[str, Any], *, markdown: bool,
+                     columns: int = TERMINAL_COLUMNS) -> list[str]:
     """Each node with fallback: its candidates in order (model/candidates.py)."""
     rows = [[name if row["position"] == 1 else "", str(row["position"]), row["zone"],
              row["acceleratorType"], row["provisioning"], money(row["usdPerHour"]),
@@ -429,13 +435,13 @@ def candidate_tables(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
     if plan.get("headroomRead") == "live":
         title += " (quota headroom read live: Cloud Quotas' limit less the project's usage)"
     return [heading(title, markdown=markdown, level=3),
-            table(CANDIDATE_HEADERS, rows, markdown=markdown)]
+            table(CANDIDATE_HEADERS, rows, markdown=markdown, columns=columns)]
 
 
 def warnings_section(plan: Mapping[str, Any], *, markdown: bool) -> list[str]:
     """The plan's warnings (a stop save that may not fit its notice, a node reading its
     data across regions), or nothing."""
-    warnings = plan.get("warnings", [])
+    warnings = list(dict.fromkeys(plan.get("warnings", [])))  # each text once
     if not warnings:
         return []
     if markdown:
@@ -487,7 +493,7 @@ def _resource_rows(plan: Mapping[str, Any]) -> list[list[str]]:
             for r in plan.get("resources", []) if r.get("custom", True)]
 
 
-def resource_table(rows: list[list[str]]) -> str:
+def resource_table(rows: list[list[str]], columns: int = TERMINAL_COLUMNS) -> str:
     """The terminal's resource table: rows under a `[component]` line each, so the
     component takes no column of its own and the table fits TERMINAL_COLUMNS."""
     grouped: list[list[str]] = []
@@ -495,7 +501,8 @@ def resource_table(rows: list[list[str]]) -> str:
         grouped.append([f"[{component or 'stack'}]", "", "", ""])
         grouped += [[f"  {row[0]}", row[1], row[2], row[4]] for row in rows
                     if row[3] == component]
-    return table(("resource", "GCP name", "type", "protected"), grouped, markdown=False)
+    return table(("resource", "GCP name", "type", "protected"), grouped, markdown=False,
+                 columns=columns)
 
 
 def _text(plan: Mapping[str, Any], violations: Sequence[Violation], *, markdown: bool) -> str:

@@ -64,6 +64,18 @@ def catalog_checks(node: ExpectedNode) -> list[Check]:
     ]
 
 
+def candidate_catalog_checks(node: ExpectedNode) -> list[Check]:
+    """The catalog's word on each further fallback candidate's zone."""
+    checks = []
+    for subject, zone, wanted, _ in placements(node)[1:]:
+        gen = catalog.parse_accelerator_type(wanted).generation
+        ok = zone in gen.zones
+        checks.append(Check(subject, f"catalog: {gen.name} in {zone}", "ok" if ok else "fail",
+                            "" if ok else f"the catalog lists {gen.name} only in "
+                                          f"{', '.join(gen.zones)}"))
+    return checks
+
+
 def live_checks(api: TpuApi, target: StackTarget) -> tuple[list[Check], list[Unread]]:
     """One list of accelerator types and one of runtime versions per (project, zone),
     the pairs concurrently: what a zone offers depends on the project asking. A pair
@@ -75,25 +87,33 @@ def live_checks(api: TpuApi, target: StackTarget) -> tuple[list[Check], list[Unr
     checks = [Check(f"{u.zone} ({u.project})", "zone's offers",
                     "fail" if u.kind == "no-zone" else "not checked", u.error) for u in unread]
     for node in target.nodes:
-        if (node.project, node.zone) not in offered:
-            continue
-        types, runtimes = offered[(node.project, node.zone)]
-        wanted = node.tpu.accelerator_type
-        checks.append(_offered(node, f"zone offers {wanted}", wanted in types, sorted(types)))
-        checks.append(
-            _offered(
-                node,
-                f"zone offers {node.runtime_version}",
-                node.runtime_version in runtimes,
-                sorted(runtimes),
-            )
-        )
+        for subject, zone, wanted, runtime in placements(node):
+            if (node.project, zone) not in offered:
+                continue
+            types, runtimes = offered[(node.project, zone)]
+            checks.append(_offered(subject, zone, f"zone offers {wanted}", wanted in types,
+                                   sorted(types)))
+            checks.append(_offered(subject, zone, f"zone offers {runtime}", runtime in runtimes,
+                                   sorted(runtimes)))
     return checks, unread
 
 
-def _offered(node: ExpectedNode, what: str, ok: bool, choices: list[str]) -> Check:
-    detail = "" if ok else f"{node.zone} offers: {', '.join(choices) or 'nothing'}"
-    return Check(node.node_id, what, "ok" if ok else "fail", detail)
+def placements(node: ExpectedNode) -> list[tuple[str, str, str, str]]:
+    """(subject, zone, accelerator type, runtime) of the node's own placement and of each
+    further fallback candidate (issue 45: preflight checks every candidate's zone)."""
+    own = [(node.node_id, node.zone, node.tpu.accelerator_type, node.runtime_version)]
+    count = len(node.candidates)
+    for position, candidate in enumerate(node.candidates[1:], start=2):
+        wanted = candidate.get("accelerator_type") or catalog.slice_for(
+            candidate["generation"], candidate["accelerator_topology"]).accelerator_type
+        own.append((f"{node.node_id} candidate {position}/{count}", candidate["zone"], wanted,
+                    candidate["runtime_version"]))
+    return own
+
+
+def _offered(subject: str, zone: str, what: str, ok: bool, choices: list[str]) -> Check:
+    detail = "" if ok else f"{zone} offers: {', '.join(choices) or 'nothing'}"
+    return Check(subject, what, "ok" if ok else "fail", detail)
 
 
 def quota_checks(target: StackTarget, lookup: QuotaLookup | None) -> list[Check]:
@@ -135,7 +155,8 @@ def preflight(
 ) -> PreflightReport:
     """Catalog and quota checks always; live checks when `api` is given and credentials
     work. Without a quota lookup the quota rows say "not checked" with the chips needed."""
-    checks = [check for node in target.nodes for check in catalog_checks(node)]
+    checks = [check for node in target.nodes for check in
+              (*catalog_checks(node), *candidate_catalog_checks(node))]
     if api is None:
         return PreflightReport(
             (*checks, *quota_checks(target, None)), live=False,

@@ -101,7 +101,7 @@ def test_the_preview_shows_each_teams_burn_budget_stop_and_limits() -> None:
     assert plan["spend"]["vision"]["budgetAction"] == "alert"
     text = spend_section(plan)
     assert text is not None
-    assert (f"- team nlp: burn ${burn:,.2f}/hour; budget $60,000.00/month spent in "
+    assert (f"- team nlp: burn ${burn:,.2f}/hour; budget $60,000.00/month, reached in "
             f"{60_000 / burn:,.0f} h ({60_000 / burn / 24:,.1f} days) at this rate; budgetAction "
             "stop: a budget stop saves and deletes platform-nlp-pod, platform-nlp-sweep (and "
             "every node labelled team=nlp in its project)") in text

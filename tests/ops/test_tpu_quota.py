@@ -151,14 +151,19 @@ def test_preflight_of_the_platform_shows_each_team_cap_against_the_live_quota(
     path = f"/v1/projects/acme-ml-shared-vision/locations/global/services/tpu.googleapis.com/" \
            f"quotaInfos/{V5E_SPOT}"
     bodies[path] = quota_info(("us-central1", 128), (None, 0))
+    bodies[path.replace("-vision/", "-nlp/")] = quota_info(("us-central1", 128), (None, 0))
     report = live_preflight(target(expected_node("dev-a")), tpu, settings,
                             env={"TPU_STACK_QUOTAS_ENDPOINT": endpoint})
     rows = {(c.subject, c.what): c for c in report.checks}
     vision = rows[("v5e preemptible in us-central1 (acme-ml-shared-vision)", "cap at 64 chips")]
     assert vision.outcome == "ok" and vision.detail.startswith("lowers 128 to 64 at once")
-    other_region = rows[("v5e preemptible in us-central2 (acme-ml-shared-vision)",
+    # A region of the team without the platform's v5e quota: capped at 0.
+    other_region = rows[("v5e preemptible in us-central2 (acme-ml-shared-nlp)",
                          "cap at 0 chips")]
     assert other_region.detail == "keeps 0"
+    # A region the team does not use has no cap at all (teams.vision.regions; issue 45).
+    assert not [c for c in report.checks if c.subject.endswith(
+        "in us-central2 (acme-ml-shared-vision)")]
     # An id the stand-in does not know is a failure before `up`, not after.
     nlp_v6e = rows[("v6e onDemand in us-central1 (acme-ml-shared-nlp)", "cap at 0 chips")]
     assert nlp_v6e.outcome == "fail"

@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import model.settings
+import model.settings.load
 from ops.cli import app
+from ops.plan import mock_engine, platform_facts
 
 
 def _count_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The stacks load_settings is called for, wherever a module imported it from."""
-    original: Callable[..., Any] = model.settings.load_settings
+    original: Callable[..., Any] = model.settings.load.load_settings
     calls: list[str] = []
 
     def counted(raw: Any, stack: str, *args: Any, **kwargs: Any) -> Any:
@@ -30,13 +31,17 @@ def _count_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-# A team stack's plan also reads its platform stack's settings, once: the outputs its
-# StackReference would read (ops/plan/mock_engine.py, referenced_stack_outputs).
-@pytest.mark.parametrize(("stack", "parsed"), [("dev", ["dev"]),
-                                               ("team-vision", ["team-vision", "platform"])])
+# A team stack's plan also reads its platform stack's settings: once for the outputs its
+# StackReference would read (ops/plan/mock_engine.py, referenced_stack_outputs), once for
+# what the team's plan shows of its platform (ops/plan/platform_facts.py: its data's
+# location, the team's caps and budget), each once per process.
+@pytest.mark.parametrize(("stack", "parsed"), [
+    ("dev", ["dev"]), ("team-vision", ["team-vision", "platform", "platform"])])
 def test_one_plan_parses_the_settings_once(monkeypatch: pytest.MonkeyPatch, stack: str,
                                            parsed: list[str]) -> None:
     calls = _count_calls(monkeypatch)
+    platform_facts._platform.cache_clear()
+    mock_engine.planned_stack_run.cache_clear()  # another test of this process may have run it
 
     result = CliRunner().invoke(app, ["plan", "--stack", stack, "--format", "json"])
 

@@ -182,9 +182,11 @@ def test_the_plan_lists_the_warnings_the_program_logs(stack):
         return
     assert far == [
         "node pod in us-central2-b reads trainData from gs://acme-ml-shared-platform-data "
-        "(us-central1), outside its region us-central2: GCS charges for data read across "
-        "regions, every epoch (cloud.google.com/storage/pricing, data transfer within Google "
-        "Cloud); keep the data in a bucket in us-central2, or the node in the bucket's region"]
+        "(us-central1) and writes checkpoints to gs://acme-ml-shared-platform-nlp-checkpoints "
+        "(us-central1), outside its region us-central2: GCS charges for data moved across "
+        "regions, every epoch for training data, ~$20/TB moved (unconfirmed, model/catalog.py; "
+        "cloud.google.com/storage/pricing, data transfer within Google Cloud); keep the "
+        "buckets in the node's region, or the node in the buckets' region"]
     assert f"WARNING: {far[0]}" in render(plain(plan.to_json()), "table", [])
 
 

@@ -199,7 +199,8 @@ def _fallback_problems(key: str, node: NodeSettings) -> Problems:
     seen: dict[tuple[Any, ...], str] = {_placement(node): "the node's own placement"}
     for index, candidate in enumerate(node.candidates[1:]):
         entry_key = f"{key}.fallback[{index}]"
-        problems = list(_candidate_problems(entry_key, candidate))
+        inherited = node.fallback[index].provisioning is None
+        problems = list(_candidate_problems(entry_key, candidate, inherited))
         yield from problems
         if problems:
             continue
@@ -229,8 +230,12 @@ def _queueable_problems(key: str, node: NodeSettings) -> Problems:
                     f"candidate is a queued resource): use {instead}")
 
 
-def _candidate_problems(key: str, candidate: NodeSettings) -> Problems:
-    yield from _queueable_problems(f"{key}.provisioning", candidate)
+def _candidate_problems(key: str, candidate: NodeSettings, inherited: bool = False
+                        ) -> Problems:
+    """A candidate's own problems; its provisioning's only where the entry sets it (an
+    inherited one is the node's, said once at the node's key; issue 45)."""
+    if not inherited:
+        yield from _queueable_problems(f"{key}.provisioning", candidate)
     yield from _queue_problems(key, candidate)
     yield from placement_problems(key, candidate, candidate=True)
 

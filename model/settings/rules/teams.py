@@ -18,6 +18,7 @@ from model.naming import (
 from model.settings.rules.ci import ci_problems
 from model.settings.rules.nodes import node_list_problems
 from model.settings.rules.stack import jobs_problems, labels_problems, range_problem
+from model.settings.rules.team_regions import team_region_problems
 from model.settings.schema import (
     BILLING_RE,
     NAMESPACE,
@@ -105,6 +106,7 @@ def _team_problems(s: StackSettings, name: str, team: TeamSettings) -> Problems:
     yield from jobs_problems(f"{key}.jobs", team.jobs)
     yield from node_list_problems(f"{key}.nodes", team.nodes, team.jobs, f"{key}.jobs")
     yield from team_quota_problems(f"{key}.quota", name, team.nodes, team.quota)
+    yield from team_region_problems(name, team)
 
 
 def _sized(nodes: list[NodeSettings]) -> list[NodeSettings]:
@@ -193,12 +195,22 @@ def project_quota_problems(quota: Mapping[str, Mapping[str, ProjectChips]],
                    f"{region} ({_chips_detail(sorted(by_team.items()))}); {granted}")
 
 
+def family_hint(name: str) -> str:
+    """`; did you mean v5e?` for a family written as its accelerator-type prefix
+    (v5litepod) or misspelt, else ""."""
+    by_prefix = next((g.name for g in catalog.GENERATIONS.values()
+                      if name.lower() == g.type_prefix.lower()), None)
+    if by_prefix:
+        return f"; did you mean {by_prefix}? ({name} is its accelerator-type prefix)"
+    return did_you_mean(name, sorted(catalog.GENERATIONS), set())
+
+
 def _quota_declaration_problems(quota: Mapping[str, Mapping[str, ProjectChips]]) -> Problems:
     for family, by_region in quota.items():
         try:
             gen = catalog.generation(family)
         except catalog.CatalogError as error:
-            yield (f"{QUOTA_KEY}.{family}", str(error))
+            yield (f"{QUOTA_KEY}.{family}", f"{error}{family_hint(family)}")
             continue
         offered = sorted({catalog.region_of(zone) for zone in gen.zones})
         for region in by_region:
@@ -349,7 +361,7 @@ def _team_reservation_problems(s: StackSettings, key: str,
     for index, node in enumerate(nodes):
         where = f"{key}[{index}]"
         example = f"projects/{s.gcp_project}/locations/{node.zone}/reservations/<NAME>"
-        if node.provisioning == "reserved":
+        if node.provisioning == "reserved" and not node.fallback:  # else the node rule's
             yield (f"{where}.provisioning",
                    f"reserved capacity in a team's project finds no reservation: the TPU API "
                    f"looks in the node's own project; name the platform's: provisioning: "
@@ -391,7 +403,11 @@ def _team_subnet_problems(s: StackSettings) -> Problems:
             yield (slot_key, f"{team.subnet_slot}: {cidr} holds slots 0 to "
                              f"{subnets.team_slots(cidr) - 1}")
         elif team.subnet_slot in owners:
+            taken = {spec.subnet_slot for spec in s.teams.values()}
+            free = next(slot for slot in range(subnets.team_slots(cidr) + 1)
+                        if slot not in taken)
             yield (slot_key, f"{team.subnet_slot} is team {owners[team.subnet_slot]}'s: each "
-                             f"team has a slot of its own")
+                             f"team has a slot of its own; slot {free} is free "
+                             f"(subnetSlot: {free})")
         else:
             owners[team.subnet_slot] = name
