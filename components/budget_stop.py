@@ -5,7 +5,9 @@ Pub/Sub topic the team's budget notifies (every update, `all_updates_rule`), the
 budget-stop function (functions/budget_stop, a Cloud Run function built from its source
 archive) triggered by that topic, and a service account of the function's own holding,
 in the team's project only, the TPU permissions it needs (a custom role), plus
-creating its marker objects under `budget-stop/<team>/` of the artifacts bucket.
+creating its marker objects under `budget-stop/<team>/` of the artifacts bucket. The
+function's runtime account and the build account it is built as are made by the
+bootstrap, which grants the deployer actAs on them (model/function_accounts.py).
 
 `price_table` and `function_source` are pure: the function's prices come from
 model/catalog.py, so the meter it acts on is the stack's own.
@@ -28,7 +30,7 @@ from model.archive import REPO_ROOT
 from model.budget_hold import marker_prefix
 from model.meter import price_table
 from model.naming import Naming
-from model.roles import BUDGET_STOP_ROLE, DEPLOYER_ACCOUNT_ROLES
+from model.roles import BUDGET_STOP_ROLE
 
 FUNCTION_DIR = Path(__file__).resolve().parents[1] / "functions" / "budget_stop"
 FUNCTION_FILES = ("main.py", "spend.py", "requirements.txt")
@@ -85,9 +87,12 @@ TIMEOUT_SECONDS = 540
 # predefined TPU role is this narrow; roles/tpu.admin would also create nodes). IAM
 # permission names: cloud.google.com/iam/docs/roles-permissions/tpu (ops/tpu/api.py
 # PERMISSIONS): list and get to find them, update to set the stop request, delete.
+# Its queued resources are checked with the node permissions: IAM has no
+# tpu.queuedResources.* permission (a custom role listing one is refused, `400
+# Permission ... is not valid`); iann0036/iam-dataset gcp/map.json maps
+# tpu.projects.locations.queuedResources.{list,get,delete} to tpu.nodes.{list,get,delete}.
 PERMISSIONS = ("tpu.nodes.list", "tpu.nodes.get", "tpu.nodes.update", "tpu.nodes.delete",
-               "tpu.queuedresources.list", "tpu.queuedresources.get",
-               "tpu.queuedresources.delete", "tpu.operations.get")
+               "tpu.operations.get")
 # Its markers: create only (no read, no overwrite: storage.objects.delete would be needed
 # for that, cloud.google.com/storage/docs/access-control/iam-permissions, no delete).
 MARKER_PERMISSIONS = ("storage.objects.create",)
@@ -105,14 +110,15 @@ class BudgetStopArgs:
     artifacts_bucket: pulumi.Input[str]  # the source archive and the markers live here
     horizon_hours: float
     labels: dict[str, str]
-    deployer: str | None = None  # the platform deployer's email (teamProjects.deployer)
+    # The accounts the bootstrap made (model/function_accounts.py): emails.
+    runtime_account: str
+    build_account: str
 
 
 class BudgetStop(pulumi.ComponentResource):
-    """The topic a team's budget notifies, the function it triggers, and its account."""
+    """The topic a team's budget notifies, the function it triggers, and its grants."""
 
     topic_path: pulumi.Output[str]  # projects/<p>/topics/<id>: what the budget takes
-    account: gcp.serviceaccount.Account
     function: gcp.cloudfunctionsv2.Function
 
     def __init__(self, name: str, args: BudgetStopArgs,
@@ -125,12 +131,8 @@ class BudgetStop(pulumi.ComponentResource):
         gcp.pubsub.TopicIAMMember(f"{t}budget-billing-publisher", project=topic.project,
                                   topic=topic.name, role="roles/pubsub.publisher",
                                   member=BILLING_PUBLISHER, opts=child)
-        self.account = gcp.serviceaccount.Account(
-            f"{t}budget-stop", account_id=args.naming.account_id("budget-stop", args.team),
-            display_name=f"tpu-stack budget stop of team {args.team}"[:100],
-            project=args.platform_project, opts=child)
-        member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
-        grants = self._grants(args, member, child) + self._deployer_grants(args, child)
+        member = f"serviceAccount:{args.runtime_account}"
+        grants = self._grants(args, member, child)
         source = self._source(args, child)
         self.function = gcp.cloudfunctionsv2.Function(
             f"{t}budget-stop", name=args.naming.cloud_function("budget-stop", args.team),
@@ -138,16 +140,18 @@ class BudgetStop(pulumi.ComponentResource):
             description=f"Stops and deletes team {args.team}'s TPUs at its budget",
             build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
                 runtime=RUNTIME, entry_point=ENTRY_POINT,
+                service_account=pulumi.Output.concat(
+                    "projects/", args.platform_project, "/serviceAccounts/", args.build_account),
                 source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
                     storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
                         bucket=source.bucket, object=source.name))),
             service_config=gcp.cloudfunctionsv2.FunctionServiceConfigArgs(
-                service_account_email=self.account.email, timeout_seconds=TIMEOUT_SECONDS,
+                service_account_email=args.runtime_account, timeout_seconds=TIMEOUT_SECONDS,
                 max_instance_count=1, available_memory="256M",
                 environment_variables=self._environment(args)),
             event_trigger=gcp.cloudfunctionsv2.FunctionEventTriggerArgs(
                 trigger_region=REGION, event_type=PUBSUB_EVENT, pubsub_topic=self.topic_path,
-                service_account_email=self.account.email,
+                service_account_email=args.runtime_account,
                 # A budget notification comes again within hours: no retry storm.
                 retry_policy="RETRY_POLICY_DO_NOT_RETRY"),
             opts=child.merge(pulumi.ResourceOptions(depends_on=grants)))
@@ -157,7 +161,7 @@ class BudgetStop(pulumi.ComponentResource):
         gcp.cloudrunv2.ServiceIamMember(f"{t}budget-stop-invoker", project=args.platform_project,
                                         location=REGION, name=self.function.name,
                                         role=INVOKER_ROLE, member=member, opts=child)
-        self.register_outputs({"topic": self.topic_path, "serviceAccount": self.account.email})
+        self.register_outputs({"topic": self.topic_path, "serviceAccount": args.runtime_account})
 
     def _grants(self, args: BudgetStopArgs, member: pulumi.Input[str],
                 child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
@@ -189,21 +193,6 @@ class BudgetStop(pulumi.ComponentResource):
                 expression=prefix.apply(lambda p: f'resource.name.startsWith("{p}")')),
             opts=child)
         return [tpu, markers]
-
-    def _deployer_grants(self, args: BudgetStopArgs,
-                         child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
-        """Deploying a function needs actAs on its runtime account (cloud.google.com/
-        functions/docs/reference/iam/roles, "Additional configuration for deployment"),
-        and its Eventarc trigger on the trigger's account: the deployer administers and
-        acts as this account alone, as it does the platform's runtime account (an
-        admin's first `up` applies these: no principal grants itself)."""
-        if args.deployer is None:
-            return []
-        return [gcp.serviceaccount.IAMMember(
-            f"{args.team}-budget-stop-deployer-{role.rsplit('.', 1)[-1]}",
-            service_account_id=self.account.name, role=role,
-            member=f"serviceAccount:{args.deployer}", opts=child)
-            for role in DEPLOYER_ACCOUNT_ROLES]
 
     def _source(self, args: BudgetStopArgs,
                 child: pulumi.ResourceOptions) -> gcp.storage.BucketObject:

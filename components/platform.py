@@ -45,7 +45,7 @@ from components.teams import (
     budgets_provider,
 )
 from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
-from model import catalog, cost, subnets, team_state
+from model import catalog, cost, function_accounts, subnets, team_state
 from model.bootstrap import granted_in_host_project
 from model.budget_hold import BudgetHold, budget_hold, janitor_held, settings_digest
 from model.candidates import one_quota_warning
@@ -306,7 +306,8 @@ class TpuPlatform(pulumi.ComponentResource):
             artifacts_bucket=self.buckets.buckets["artifacts"].name,
             horizon_hours=settings.teams[team].budget_horizon_hours,
             labels=self._labels("budget-stop"),
-            deployer=settings.team_projects.deployer if settings.team_projects else None),
+            runtime_account=function_accounts.runtime_account(settings, team),
+            build_account=function_accounts.build_account(settings)),
             opts=after_apis)
 
     def _budget(self, team: str, stopper: BudgetStop | None = None) -> TeamBudget | None:

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from model import function_accounts
 from model.roles import (
+    ACT_AS_ROLE,
     BUDGET_STOP_ROLE,
     DEPLOYER_ROLES,
     MEMBER_PROJECT_ROLES,
@@ -134,6 +136,24 @@ def deployer_grants(settings: StackSettings, deployer: str,
                             HOST_STORAGE_ROLE, member))
     if settings.teams and settings.billing_account:  # the teams' budgets (platform.py)
         grants.append(Grant(f"billingAccounts/{settings.billing_account}", BUDGETS_ROLE, member))
+    return grants
+
+
+def function_account_grants(settings: StackSettings, deployer: str,
+                            teams: list[str] | None = None) -> list[Grant]:
+    """The budget-stop functions' accounts the bootstrap makes (model/function_accounts.py):
+    the deployer acts as each (on that account's own allow policy), the build account
+    builds in the host project. `teams`: only those teams' runtime accounts."""
+    stopping = function_accounts.stop_teams(settings)
+    if not stopping:
+        return []
+    build = function_accounts.build_account(settings)
+    chosen = [t for t in stopping if teams is None or t in teams]
+    emails = [function_accounts.runtime_account(settings, t) for t in chosen] + [build]
+    grants = [Grant(function_accounts.account_name(settings, email), ACT_AS_ROLE,
+                    f"serviceAccount:{deployer}") for email in emails]
+    grants.append(Grant(f"projects/{settings.gcp_project}", function_accounts.BUILDER_ROLE,
+                        f"serviceAccount:{build}"))
     return grants
 
 

@@ -268,7 +268,7 @@ class Applier:
     # Projects holding the reservations the stack's reserved nodes may use.
     reservation_projects: frozenset[str] = frozenset()
     unchecked: list[str] = field(default_factory=list)  # types without a table row
-    self_grants: list[str] = field(default_factory=list)  # grants to the applier: an admin's
+    self_grants: list[str] = field(default_factory=list)  # grants to the applier (checked)
 
 
 def prove(resources: Iterable[Mapping[str, Any]], model: IamModel,
@@ -288,8 +288,8 @@ def prove(resources: Iterable[Mapping[str, Any]], model: IamModel,
         inputs = {**(resource.get("outputs") or {}), **(resource.get("inputs") or {})}
         label = f"{kind} {resource.get('name')}"
         if row.grant and inputs.get("member") == applier.identity:
-            applier.self_grants.append(label)  # nobody grants itself: an admin's step
-            continue
+            # A grant to the applier is checked like any other (issue 44): GCP does.
+            applier.self_grants.append(label)
         findings += _row_findings(label, row, inputs, model, applier.identity)
         findings += _runs_as_findings(label, kind, inputs, model, applier.identity)
         findings += _reservation_findings(label, kind, inputs, applier)

@@ -248,6 +248,8 @@ def test_a_resource_type_without_a_row_is_named_as_not_proved() -> None:
 BUDGET_STOP_ACCOUNT = ("projects/acme-ml-shared/serviceAccounts/platform-nlp-budget-stop@"
                        "acme-ml-shared.iam.gserviceaccount.com")
 RESERVATION = "projects/acme-ml-shared/locations/us-central1-a/reservations/v5e-pool"
+BUILD_ACCOUNT = ("projects/acme-ml-shared/serviceAccounts/platform-function-build@"
+                 "acme-ml-shared.iam.gserviceaccount.com")
 
 
 def _platform_with(change) -> dict[str, str]:
@@ -333,11 +335,14 @@ FUNCTION = "gcp:cloudfunctionsv2/function:Function nlp-budget-stop"
     ("the budget stop's role in the folder's condition", {
         ("gcp:projects/iAMMember:IAMMember nlp-budget-stop-tpu",
          "resourcemanager.projects.setIamPolicy", "projects/acme-ml-shared-nlp")}),
-    ("nlp-budget-stop-deployer-serviceAccountUser", {
+    ("the bootstrap's actAs on the runtime account", {
         (FUNCTION, "iam.serviceAccounts.actAs", BUDGET_STOP_ACCOUNT)}),
-    ("nlp-budget-stop-deployer-serviceAccountAdmin", {
-        ("gcp:serviceaccount/account:Account nlp-budget-stop", "iam.serviceAccounts.update",
-         BUDGET_STOP_ACCOUNT)}),
+    ("the bootstrap's actAs on the build account", {
+        (FUNCTION, "iam.serviceAccounts.actAs", BUILD_ACCOUNT)}),
+    ("the bootstrap's builder grant", {
+        (FUNCTION, "cloudbuild.builds.create", "projects/acme-ml-shared"),
+        (FUNCTION, "storage.objects.get", "projects/_/buckets/acme-ml-shared-platform-artifacts/"
+                                          "objects/functions/budget-stop-*.zip")}),
 ])
 def test_each_grant_the_budget_stop_needs_when_removed_is_named(
         budget_stop_stack, monkeypatch, removed, refused) -> None:
@@ -347,8 +352,9 @@ def test_each_grant_the_budget_stop_needs_when_removed_is_named(
     elif removed.startswith("the budget stop's role"):
         monkeypatch.setattr(bootstrap, "BUDGET_STOP_ROLE", "not_the_budget_stop")
     else:
-        run = without(run, removed)
-    found = {(f.resource, f.permission, f.on) for f in plan_proof(settings, run).findings}
+        monkeypatch.setattr(*_without_bootstrap_grant(removed))
+    found = {(f.resource, f.permission, _glob_source(f.on))
+             for f in plan_proof(settings, run).findings}
     assert refused <= found, found
     assert {f[1] for f in found} <= {p for _, p, _ in refused} | {
         # the same grant's other operations and permissions
@@ -356,6 +362,27 @@ def test_each_grant_the_budget_stop_needs_when_removed_is_named(
         "cloudfunctions.functions.update", "cloudfunctions.functions.delete",
         "run.services.getIamPolicy", "iam.roles.update", "iam.roles.delete",
         "iam.serviceAccounts.delete"}, found
+
+
+def _without_bootstrap_grant(removed: str):
+    """The bootstrap's grants for the functions' accounts, less the one `removed` names."""
+    from ops.plan import proof as proof_module
+
+    grants = proof_module.function_account_grants
+
+    def dropped(grant) -> bool:
+        if "builder" in removed:
+            return grant.role == "roles/cloudbuild.builds.builder"
+        account = BUDGET_STOP_ACCOUNT if "runtime" in removed else BUILD_ACCOUNT
+        return grant.resource == account
+    return proof_module, "function_account_grants", lambda *a: [
+        g for g in grants(*a) if not dropped(g)]
+
+
+def _glob_source(on: str) -> str:
+    """The source object's name holds its content's hash."""
+    head, sep, _ = on.partition("/objects/functions/budget-stop-")
+    return f"{head}{sep}*.zip" if sep else on
 
 
 def test_a_fallback_node_needs_act_as_each_candidate_s_subnet_and_reservation(
@@ -372,7 +399,7 @@ def test_a_fallback_node_needs_act_as_each_candidate_s_subnet_and_reservation(
     kept = [r for r in without(run, "platform-deployer-act-as").registrations if r is not node]
     findings = plan_proof(settings, ProgramRun([*kept, changed], run.outputs)).findings
     mine = {(f.permission, f.on.split(" ")[0]) for f in findings
-            if f.resource.endswith("node-nlp-burst-fallback")}
+            if f.resource.endswith("node-nlp-burst-fallback") and f.identity == PLATFORM_DEPLOYER}
     assert mine == {
         ("iam.serviceAccounts.actAs", "projects/acme-ml-shared-nlp/serviceAccounts/"
          "platform-nlp-runtime@acme-ml-shared-nlp.iam.gserviceaccount.com"),

@@ -22,10 +22,12 @@ from model.bootstrap import (
     UNKNOWN_HOST_PARENT,
     Grant,
     deployer_grants,
+    function_account_grants,
     quota_contact_grant,
 )
 from model.settings.schema import StackSettings
 from ops.plan.mock_engine import ProgramRun, planned_stack_run
+from policy.acting import prove_acting
 from policy.iam import Binding, IamModel
 from policy.permissions import Applier, Finding, prove
 
@@ -73,6 +75,7 @@ def plan_proof(settings: StackSettings, run: ProgramRun,
                                             "whoever runs `pulumi up` applies it")
         if settings.teams and settings.team_projects and settings.team_projects.folder_id:
             grants += deployer_grants(settings, deployer)
+            grants += function_account_grants(settings, deployer)
             contact = quota_contact_grant(settings)
             grants += [contact] if contact else []
     model = IamModel.of(_as_dict(r) for plan in runs for r in plan.registrations)
@@ -80,7 +83,7 @@ def plan_proof(settings: StackSettings, run: ProgramRun,
     _place_projects(model, settings, runs)
     applier = Applier(f"serviceAccount:{deployer}", _admin_applied(settings, run),
                       frozenset({f"projects/{settings.gcp_project}"}))
-    findings = prove(resources, model, applier)
+    findings = prove(resources, model, applier) + prove_acting(resources, model, applier, {})
     return Proof(applier.identity, findings, sorted(set(applier.unchecked)))
 
 
