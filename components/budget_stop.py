@@ -30,7 +30,7 @@ from model.archive import REPO_ROOT
 from model.budget_hold import marker_prefix
 from model.meter import price_table
 from model.naming import Naming
-from model.roles import BUDGET_STOP_ROLE
+from model.roles import BUDGET_STOP_PERMISSIONS, BUDGET_STOP_ROLE, marker_role
 
 FUNCTION_DIR = Path(__file__).resolve().parents[1] / "functions" / "budget_stop"
 FUNCTION_FILES = ("main.py", "spend.py", "requirements.txt")
@@ -83,19 +83,9 @@ BILLING_PUBLISHER = "serviceAccount:billing-budget-alert@system.gserviceaccount.
 # Run functions may run up to 540 s (cloud.google.com/functions/docs/configuring/timeout).
 SAVE_GRACE_SECONDS = catalog.STANDARD_NOTICE_SECONDS + 30
 TIMEOUT_SECONDS = 540
-# What the function does in the team's project, and only there (a custom role: no
-# predefined TPU role is this narrow; roles/tpu.admin would also create nodes). IAM
-# permission names: cloud.google.com/iam/docs/roles-permissions/tpu (ops/tpu/api.py
-# PERMISSIONS): list and get to find them, update to set the stop request, delete.
-# Its queued resources are checked with the node permissions: IAM has no
-# tpu.queuedResources.* permission (a custom role listing one is refused, `400
-# Permission ... is not valid`); iann0036/iam-dataset gcp/map.json maps
-# tpu.projects.locations.queuedResources.{list,get,delete} to tpu.nodes.{list,get,delete}.
-PERMISSIONS = ("tpu.nodes.list", "tpu.nodes.get", "tpu.nodes.update", "tpu.nodes.delete",
-               "tpu.operations.get")
-# Its markers: create only (no read, no overwrite: storage.objects.delete would be needed
-# for that, cloud.google.com/storage/docs/access-control/iam-permissions, no delete).
-MARKER_PERMISSIONS = ("storage.objects.create",)
+# The function's TPU and marker permissions: custom roles the bootstrap creates with a
+# fixed list (model/bootstrap.py), so the deployer holds no iam.roleAdmin (issue 44).
+PERMISSIONS = BUDGET_STOP_PERMISSIONS
 INVOKER_ROLE = "roles/run.invoker"
 
 
@@ -167,23 +157,14 @@ class BudgetStop(pulumi.ComponentResource):
                 child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
         """The TPU permissions in the team's project; creating markers under its prefix."""
         t = f"{args.team}-"
-        role = gcp.projects.IAMCustomRole(
-            f"{t}budget-stop-role", role_id=args.naming.custom_role_id(BUDGET_STOP_ROLE),
-            title=f"tpu-stack budget stop of team {args.team}"[:100],
-            description="Find, ask to save and delete the team's TPU nodes and queued resources",
-            permissions=list(PERMISSIONS), project=args.team_project, opts=child)
-        role_name = pulumi.Output.all(role.project, role.role_id).apply(
-            lambda parts: f"projects/{parts[0]}/roles/{parts[1]}")
+        # Both roles are the bootstrap's (model/bootstrap.py custom_roles), by name.
+        role_name = pulumi.Output.concat("projects/", args.team_project, "/roles/",
+                                         args.naming.custom_role_id(BUDGET_STOP_ROLE))
         tpu = gcp.projects.IAMMember(f"{t}budget-stop-tpu", project=args.team_project,
                                      role=role_name, member=member, opts=child)
-        marker_role = gcp.projects.IAMCustomRole(
-            f"{t}budget-stop-marker-role",
-            role_id=args.naming.custom_role_id(f"budget_stop_markers_{args.team}"),
-            title=f"tpu-stack budget stop markers of team {args.team}"[:100],
-            description="Create the team's budget-stop marker objects",
-            permissions=list(MARKER_PERMISSIONS), project=args.platform_project, opts=child)
-        marker_role_name = pulumi.Output.all(marker_role.project, marker_role.role_id).apply(
-            lambda parts: f"projects/{parts[0]}/roles/{parts[1]}")
+        marker_role_name = pulumi.Output.concat(
+            "projects/", args.platform_project, "/roles/",
+            args.naming.custom_role_id(marker_role(args.team)))
         prefix = pulumi.Output.concat("projects/_/buckets/", args.artifacts_bucket,
                                       f"/objects/{marker_prefix(args.team)}")
         markers = gcp.storage.BucketIAMMember(

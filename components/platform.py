@@ -282,8 +282,9 @@ class TpuPlatform(pulumi.ComponentResource):
 
     @property
     def _has_budgets(self) -> bool:
-        """Budgets exist where billing is configured and teams are served."""
-        return bool(self.settings.teams and self.settings.billing_account)
+        """Budgets exist where teams are served: on the account their projects bill to
+        (teamProjects.billingAccount, else billing.account), never dropped (issue 44)."""
+        return bool(self.settings.teams and self.settings.team_billing_account)
 
     @property
     def _budget_stops(self) -> list[str]:
@@ -315,14 +316,15 @@ class TpuPlatform(pulumi.ComponentResource):
         for a month, else (neither given) last month's spend; notifying the budget-stop
         function's topic when the team's budget stops its TPUs."""
         settings = self.settings
-        if not settings.billing_account:
+        account = settings.team_billing_account
+        if not account:
             return None
-        billing = settings.billing or BillingSettings(account=settings.billing_account)
+        billing = settings.billing or BillingSettings(account=account)
         spec = settings.teams[team]
         usd_per_month = spec.budget_usd_per_month
         if usd_per_month is None and spec.quota.usd_per_hour is not None:
             usd_per_month = spec.quota.usd_per_hour * catalog.HOURS_PER_MONTH
-        return TeamBudget(billing.account, usd_per_month, billing.alert_thresholds,
+        return TeamBudget(account, usd_per_month, billing.alert_thresholds,
                           pubsub_topic=stopper.topic_path if stopper else None)
 
     # ---- a team stack -----------------------------------------------------

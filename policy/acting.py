@@ -228,6 +228,31 @@ def budget_findings(resources: list[Mapping[str, Any]], model: IamModel,
     return found
 
 
+# ---- no role-content escape ----------------------------------------------------------
+
+def role_escalation_findings(model: IamModel, applier: Applier) -> list[Finding]:
+    """A custom role the applier may grant and may also edit (iam.roles.update where the
+    role lives): it could add any permission to the role, then grant it, to itself
+    included. modifiedGrantsByRole limits which role names a request changes, never
+    what they hold (cloud.google.com/iam/docs/setting-limits-on-granting-roles)."""
+    found = []
+    for role in sorted(model.custom_roles):
+        if not role.startswith("projects/"):
+            continue
+        project = "/".join(role.split("/")[:2])
+        places = [project, *model.kinds("buckets")]
+        if not any(model.can_grant(applier.identity, role, place) for place in places):
+            continue
+        if model.can(applier.identity, "iam.roles.update", project):
+            found.append(Finding(
+                f"the custom role {role}", applier.identity, "update", "iam.roles.update",
+                project, "an escalation: it may grant this role and edit what it holds; "
+                "remove roles/iam.roleAdmin from its grants there and let the bootstrap "
+                "create the role with a fixed permission list (model/bootstrap.py "
+                "custom_roles)"))
+    return found
+
+
 def prove_acting(resources: list[Mapping[str, Any]], model: IamModel, applier: Applier,
                  bootstrap_roles: Mapping[str, Iterable[str]]) -> list[Finding]:
     """Every refusal of an identity other than the applier's own table rows."""
@@ -235,4 +260,5 @@ def prove_acting(resources: list[Mapping[str, Any]], model: IamModel, applier: A
     return [*custom_role_findings(resources, applier, bootstrap_roles),
             *tpu_agent_findings(mine, model),
             *function_findings(mine, model, applier),
-            *budget_findings(mine, model, applier)]
+            *budget_findings(mine, model, applier),
+            *role_escalation_findings(model, applier)]

@@ -329,9 +329,6 @@ FUNCTION = "gcp:cloudfunctionsv2/function:Function nlp-budget-stop"
         ("gcp:cloudrunv2/serviceIamMember:ServiceIamMember nlp-budget-stop-invoker",
          "run.services.setIamPolicy",
          "projects/acme-ml-shared/locations/us-central1/services/platform-nlp-budget-stop")}),
-    ("roles/iam.roleAdmin", {
-        ("gcp:projects/iAMCustomRole:IAMCustomRole nlp-budget-stop-marker-role",
-         "iam.roles.create", "projects/acme-ml-shared")}),
     ("the budget stop's role in the folder's condition", {
         ("gcp:projects/iAMMember:IAMMember nlp-budget-stop-tpu",
          "resourcemanager.projects.setIamPolicy", "projects/acme-ml-shared-nlp")}),

@@ -40,25 +40,74 @@ def findings(run: ProgramRun):
     return plan_proof(settings_for("platform"), run).findings
 
 
-def test_item_1_a_custom_role_permission_iam_does_not_know_is_refused(platform_run) -> None:
-    run, role = changed(platform_run, "nlp-budget-stop-role")
-    role.inputs["permissions"] = [*role.inputs["permissions"], "tpu.queuedresources.list",
-                                  "not.a.permission"]
-    found = {f.permission: f for f in findings(run)}
+def test_item_1_a_custom_role_permission_iam_does_not_know_is_refused(
+        platform_run, monkeypatch) -> None:
+    """The budget stop's role (the bootstrap's) listing the old queuedresources names."""
+    from model import bootstrap
+
+    monkeypatch.setattr(bootstrap, "BUDGET_STOP_PERMISSIONS", (
+        *bootstrap.BUDGET_STOP_PERMISSIONS, "tpu.queuedresources.list", "not.a.permission"))
+    found = {f.permission: f for f in findings(platform_run)}
     assert set(found) == {"tpu.queuedresources.list", "not.a.permission"}
     queued = found["tpu.queuedresources.list"]
-    assert queued.resource == "gcp:projects/iAMCustomRole:IAMCustomRole nlp-budget-stop-role"
-    assert queued.identity == DEPLOYER
-    assert queued.on == "projects/acme-ml-shared-nlp/roles/platform_budget_stop"
+    role = "projects/acme-ml-shared-nlp/roles/platform_budget_stop"
+    assert queued.resource == f"the bootstrap's custom role {role}"
+    assert queued.identity == "the bootstrap (an admin)"
+    assert queued.on == role
     assert queued.fix.startswith("list tpu.nodes.list instead (iann0036/iam-dataset "
                                  "gcp/map.json")
     assert found["not.a.permission"].fix.startswith("remove not.a.permission")
 
 
-def test_item_1_the_budget_stop_role_lists_permissions_iam_knows() -> None:
+def test_item_1_a_plan_s_custom_role_is_checked_too() -> None:
+    role = {"type": "gcp:projects/iAMCustomRole:IAMCustomRole", "name": "storage-deployer",
+            "inputs": {"project": "p", "roleId": "r",
+                       "permissions": ["storage.buckets.create", "storage.bucket.delete"]}}
+    [refused] = prove_acting([role], IamModel(), Applier(DEPLOYER), {})
+    assert (refused.resource, refused.identity, refused.permission, refused.on) == (
+        "gcp:projects/iAMCustomRole:IAMCustomRole storage-deployer", DEPLOYER,
+        "storage.bucket.delete", "projects/p/roles/r")
+    assert refused.fix == "remove storage.bucket.delete (did you mean storage.buckets.delete?)"
+
+
+def test_item_1_every_custom_role_lists_permissions_iam_knows() -> None:
+    from model.bootstrap import custom_roles
+
     known, _ = known_permissions()
     assert set(budget_stop.PERMISSIONS) <= known
+    roles = custom_roles(settings_for("platform"))
+    assert len(roles) == 3  # vision's storage role; nlp's TPU and markers roles
+    for role in roles:
+        assert set(role.permissions) <= known, role
     assert "tpu.queuedresources.list" not in known and "tpu.nodes.list" in known
+
+
+def test_item_7_a_deployer_that_may_edit_a_role_it_grants_is_refused(
+        platform_run, monkeypatch) -> None:
+    """roleAdmin back on the teams' folder: the deployer could widen nlp's TPU role (or
+    vision's storage role) and grant it, to itself included."""
+    from model import bootstrap
+
+    monkeypatch.setattr(bootstrap, "PLATFORM_FOLDER_ROLES", {
+        **bootstrap.PLATFORM_FOLDER_ROLES, "roles/iam.roleAdmin": "custom roles"})
+    refused = [f for f in findings(platform_run) if f.permission == "iam.roles.update"]
+    assert {(f.resource, f.on) for f in refused} == {
+        ("the custom role projects/acme-ml-shared-nlp/roles/platform_budget_stop",
+         "projects/acme-ml-shared-nlp"),
+        ("the custom role projects/acme-ml-shared-vision/roles/platform_tpuStackStorageDeployer",
+         "projects/acme-ml-shared-vision")}
+    assert {f.identity for f in refused} == {DEPLOYER}
+    assert all("remove roles/iam.roleAdmin" in f.fix for f in refused)
+
+
+def test_item_7_the_deployer_holds_no_role_admin() -> None:
+    from model.bootstrap import deployer_grants
+
+    settings = settings_for("platform")
+    roles = {g.role for g in deployer_grants(settings, DEPLOYER.split(":", 1)[1])}
+    assert "roles/iam.roleAdmin" not in roles
+    assert not [r for r in run_program(file_config("platform"), "platform").registrations
+                if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole"]
 
 
 def test_item_2_a_grant_to_the_deployer_itself_is_checked(platform_run) -> None:
@@ -125,3 +174,46 @@ def test_item_6_the_trigger_account_must_invoke_the_function(platform_run) -> No
     assert refused.identity == f"serviceAccount:{RUNTIME}"
     assert refused.on.endswith("/services/platform-nlp-budget-stop")
     assert refused.fix.startswith("grant roles/run.invoker on ")
+
+
+# ---- a newcomer's findings: budgets never dropped ------------------------------------
+
+def _team_billing_only() -> dict[str, str]:
+    """teamProjects.billingAccount set, no tpu-stack:billing."""
+    import json
+
+    data = file_config("platform")
+    billing = json.loads(data.pop("tpu-stack:billing"))
+    projects = json.loads(data["tpu-stack:teamProjects"])
+    projects["billingAccount"] = billing["account"]
+    data["tpu-stack:teamProjects"] = json.dumps(projects)
+    return data
+
+
+def test_newcomer_budgets_are_declared_on_the_teams_billing_account() -> None:
+    from model.bootstrap import BUDGETS_ROLE, deployer_grants
+    from model.meter import team_previews
+    from model.settings.load import load_settings
+
+    data = _team_billing_only()
+    settings = load_settings(data, "platform")
+    run = run_program(data, "platform")
+    budgets = run.of_type("gcp:billing/budget:Budget")
+    assert sorted(b.name for b in budgets) == ["nlp-budget", "vision-budget"]
+    assert {b.inputs["billingAccount"] for b in budgets} == {"01AB23-45CD67-89EF01"}
+    assert ("billingAccounts/01AB23-45CD67-89EF01", BUDGETS_ROLE) in {
+        (g.resource, g.role) for g in deployer_grants(settings, DEPLOYER.split(":", 1)[1])}
+    assert plan_proof(settings, run).findings == []
+    previews = {p.team: p.budget_usd_per_month for p in team_previews(settings)}
+    assert previews["nlp"] == 60000
+
+
+def test_newcomer_the_preview_prints_no_budget_the_plan_does_not_declare() -> None:
+    from model.meter import team_previews
+    from model.settings.schema import StackSettings
+
+    settings = settings_for("platform")
+    no_billing = StackSettings.model_construct(**{**dict(settings), "billing": None,
+                                                  "team_projects": None})
+    assert no_billing.team_billing_account is None
+    assert {p.budget_usd_per_month for p in team_previews(no_billing)} == {None}

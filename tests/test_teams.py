@@ -420,8 +420,12 @@ def test_a_budget_per_team_on_its_whole_project(repo_stacks) -> None:
     assert not repo_stacks["team-vision"].of_type(BUDGET)
 
 
-def test_no_billing_account_no_budget(three_teams) -> None:
-    assert not three_teams.of_type(BUDGET)
+def test_the_teams_billing_account_holds_their_budgets(three_teams) -> None:
+    """No tpu-stack:billing, teamProjects.billingAccount set: the budgets are declared on
+    the account the teams' projects bill to, never dropped (issue 44)."""
+    budgets = three_teams.of_type(BUDGET)
+    assert len(budgets) == 3
+    assert {b.inputs["billingAccount"] for b in budgets} == {TEAM_PROJECTS["billingAccount"]}
 
 
 def test_cost_per_team_in_the_outputs(repo_stacks, three_teams) -> None:
@@ -546,9 +550,9 @@ def test_budgets_use_a_provider_billing_the_project_with_the_budgets_api_on() ->
         assert services["billingbudgets.googleapis.com"].urn in budget.dependencies
 
 
-def test_no_budget_no_budgets_api_and_no_provider(three_teams) -> None:
-    assert not three_teams.of_type("pulumi:providers:gcp")
-    assert "billingbudgets.googleapis.com" not in {
+def test_budgets_on_the_teams_billing_account_have_their_api_and_provider(three_teams) -> None:
+    assert [p.name for p in three_teams.of_type("pulumi:providers:gcp")] == ["budgets"]
+    assert "billingbudgets.googleapis.com" in {
         s.inputs["service"] for s in three_teams.of_type("gcp:projects/service:Service")}
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from model.bootstrap import (
     UNKNOWN_HOST_PARENT,
     Grant,
+    custom_roles,
     deployer_grants,
     function_account_grants,
     quota_contact_grant,
@@ -60,7 +61,10 @@ def plan_proof(settings: StackSettings, run: ProgramRun,
     resources = [_as_dict(r) for r in run.registrations]
     runs = [run]
     grants: list[Grant] = list(extra_grants)
+    roles = {role.name: role.permissions for role in custom_roles(settings)}
     if settings.is_team_stack:
+        roles = {role.name: role.permissions
+                 for role in custom_roles(_platform_settings(settings.platform_stack or ""))}
         platform = planned_stack_run(settings.platform_stack or "")
         runs.insert(0, platform)
         entry = platform.outputs.get("teams", {}).get(settings.team, {})
@@ -79,12 +83,19 @@ def plan_proof(settings: StackSettings, run: ProgramRun,
             contact = quota_contact_grant(settings)
             grants += [contact] if contact else []
     model = IamModel.of(_as_dict(r) for plan in runs for r in plan.registrations)
+    model.custom_roles.update({name: frozenset(p) for name, p in roles.items()})
     _add_grants(model, grants)
     _place_projects(model, settings, runs)
     applier = Applier(f"serviceAccount:{deployer}", _admin_applied(settings, run),
                       frozenset({f"projects/{settings.gcp_project}"}))
-    findings = prove(resources, model, applier) + prove_acting(resources, model, applier, {})
+    findings = prove(resources, model, applier) + prove_acting(resources, model, applier, roles)
     return Proof(applier.identity, findings, sorted(set(applier.unchecked)))
+
+
+def _platform_settings(reference: str) -> StackSettings:
+    from components.stack_config import settings_for  # the program's config reader
+
+    return settings_for(reference.rsplit("/", 1)[-1])
 
 
 def _stack_deployer(settings: StackSettings, run: ProgramRun) -> str | None:

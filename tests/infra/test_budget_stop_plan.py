@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from components.budget_stop import ENTRY_POINT, PUBSUB_EVENT, RUNTIME
+from model.bootstrap import custom_roles
+from model.settings.load import load_settings
 from ops.plan.mock_engine import ProgramRun, Registration, run_program
 from policy.iam import IamModel
 from tests.infra.stack_fixtures import as_cli
@@ -72,6 +74,8 @@ def test_the_topic_budget_rule_and_trigger_are_wired(run: ProgramRun) -> None:
 def test_the_functions_account_deletes_tpus_in_its_teams_project_and_nowhere_else(
         run: ProgramRun) -> None:
     model = IamModel.of(run.registrations)
+    settings = load_settings(as_cli(stack(budgetAction="stop", budgetHorizonHours=12)), "test")
+    model.custom_roles.update({r.name: frozenset(r.permissions) for r in custom_roles(settings)})
     assert not model.unresolved
     account = "serviceAccount:test-vision-budget-stop@acme-ml-test.iam.gserviceaccount.com"
     nodes = {r.inputs["project"]: f"projects/{r.inputs['project']}/locations/"
@@ -104,11 +108,11 @@ def test_budget_action_stop_needs_a_budget_in_usd_and_a_billing_account() -> Non
     data = stack(budgetAction="stop")
     del data["tpu-stack:teams"]["vision"]["budgetUsdPerMonth"]
     del data["tpu-stack:billing"]
+    # The budget lives on the teams' billing account (teamProjects.billingAccount here,
+    # issue 44): no tpu-stack:billing is needed for it.
     assert problems_of(data) == [
         ("tpu-stack:teams.vision.budgetUsdPerMonth", "is required with budgetAction: stop (the "
-         "budget the team's nodes are stopped at, in USD a month)"),
-        ("tpu-stack:teams.vision.budgetAction", "stop needs a budget: set "
-                                                "tpu-stack:billing.account")]
+         "budget the team's nodes are stopped at, in USD a month)")]
     keys = [key for key, _ in problems_of(stack(budgetAction="never"))]
     assert keys == ["tpu-stack:teams.vision.budgetAction"]
 
