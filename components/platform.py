@@ -308,7 +308,7 @@ class TpuPlatform(pulumi.ComponentResource):
             horizon_hours=settings.teams[team].budget_horizon_hours,
             labels=self._labels("budget-stop"),
             runtime_account=function_accounts.runtime_account(settings, team),
-            build_account=function_accounts.build_account(settings)),
+            build_account=function_accounts.build_account(settings, team)),
             opts=after_apis)
 
     def _budget(self, team: str, stopper: BudgetStop | None = None) -> TeamBudget | None:

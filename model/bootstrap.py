@@ -184,17 +184,17 @@ def function_account_grants(settings: StackSettings, deployer: str,
                             teams: list[str] | None = None) -> list[Grant]:
     """The budget-stop functions' accounts the bootstrap makes (model/function_accounts.py):
     the deployer acts as each (on that account's own allow policy), the build account
-    builds in the host project. `teams`: only those teams' runtime accounts."""
-    stopping = function_accounts.stop_teams(settings)
-    if not stopping:
-        return []
-    build = function_accounts.build_account(settings)
-    chosen = [t for t in stopping if teams is None or t in teams]
-    emails = [function_accounts.runtime_account(settings, t) for t in chosen] + [build]
-    grants = [Grant(function_accounts.account_name(settings, email), ACT_AS_ROLE,
-                    f"serviceAccount:{deployer}") for email in emails]
-    grants.append(Grant(f"projects/{settings.gcp_project}", function_accounts.BUILDER_ROLE,
-                        f"serviceAccount:{build}"))
+    builds in the host project. `teams`: only those teams' accounts."""
+    grants = []
+    for team in function_accounts.stop_teams(settings):
+        if teams is not None and team not in teams:
+            continue
+        build = function_accounts.build_account(settings, team)
+        for email in (function_accounts.runtime_account(settings, team), build):
+            grants.append(Grant(function_accounts.account_name(settings, email), ACT_AS_ROLE,
+                                f"serviceAccount:{deployer}"))
+        grants.append(Grant(f"projects/{settings.gcp_project}", function_accounts.BUILDER_ROLE,
+                            f"serviceAccount:{build}"))
     return grants
 
 

@@ -5,8 +5,9 @@ platform deployer grants itself nothing on them (issue 44).
 In the host project the deployer holds iam.serviceAccountCreator only: an account it
 made there it could not administer, and granting itself actAs on it is a setIamPolicy
 on that account, which GCP refuses. So the bootstrap (an admin) makes, per team with
-`budgetAction: stop`, the function's runtime account, and once per platform the
-functions' build account, and grants the deployer actAs on each (that account only).
+`budgetAction: stop`, the function's runtime account and its build account, and grants
+the deployer actAs on each (that account only). Per team, so a bootstrap for one team
+(`--team`) makes all it needs and nothing another team's run made.
 
 The build account: a Cloud Run function (gen2) without `buildConfig.serviceAccount`
 builds as the Compute Engine default account (cloud.google.com/functions/docs/securing/
@@ -46,16 +47,14 @@ def runtime_account(settings: StackSettings, team: str) -> str:
     return account_email(settings, RUNTIME_ACCOUNT, team)
 
 
-def build_account(settings: StackSettings) -> str:
-    return account_email(settings, BUILD_ACCOUNT)
+def build_account(settings: StackSettings, team: str) -> str:
+    return account_email(settings, BUILD_ACCOUNT, team)
 
 
 def accounts(settings: StackSettings, teams: list[str] | None = None) -> list[tuple[str, str]]:
     """(account id, display name) of every account the bootstrap makes in the host
     project for `teams` (default: every team)."""
     chosen = [t for t in stop_teams(settings) if teams is None or t in teams]
-    made = [(settings.naming.account_id(RUNTIME_ACCOUNT, t), f"tpu-stack budget stop of team {t}")
-            for t in chosen]
-    if stop_teams(settings):
-        made.append((settings.naming.account_id(BUILD_ACCOUNT), "tpu-stack functions' builds"))
-    return made
+    return [(settings.naming.account_id(logical, t), f"{what} of team {t}")
+            for t in chosen for logical, what in ((RUNTIME_ACCOUNT, "tpu-stack budget stop"),
+                                                  (BUILD_ACCOUNT, "tpu-stack budget stop build"))]

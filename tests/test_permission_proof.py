@@ -248,7 +248,7 @@ def test_a_resource_type_without_a_row_is_named_as_not_proved() -> None:
 BUDGET_STOP_ACCOUNT = ("projects/acme-ml-shared/serviceAccounts/platform-nlp-budget-stop@"
                        "acme-ml-shared.iam.gserviceaccount.com")
 RESERVATION = "projects/acme-ml-shared/locations/us-central1-a/reservations/v5e-pool"
-BUILD_ACCOUNT = ("projects/acme-ml-shared/serviceAccounts/platform-function-build@"
+BUILD_ACCOUNT = ("projects/acme-ml-shared/serviceAccounts/platform-nlp-function-build@"
                  "acme-ml-shared.iam.gserviceaccount.com")
 
 

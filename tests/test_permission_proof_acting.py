@@ -217,3 +217,56 @@ def test_newcomer_the_preview_prints_no_budget_the_plan_does_not_declare() -> No
                                                   "team_projects": None})
     assert no_billing.team_billing_account is None
     assert {p.budget_usd_per_month for p in team_previews(no_billing)} == {None}
+
+
+# ---- a newcomer's findings: the bootstrap as docs/teams.md writes it ------------------
+
+def _bootstrap_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bootstrap_team_projects.py"
+    spec = importlib.util.spec_from_file_location("bootstrap_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_newcomer_the_bootstrap_for_one_team_makes_that_team_only(tmp_path, capsys) -> None:
+    script = _bootstrap_script()
+    assert script.main(["--stack", "platform", "--deployer", DEPLOYER.split(":", 1)[1],
+                        "--customer-id", "C0abc123", "--host-parent", "organizations/42",
+                        "--team", "nlp", "--out-dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    created = [line.split()[3] for line in lines if line.startswith("gcloud projects create")]
+    assert created == ["acme-ml-shared-nlp"]
+    assert [line.split()[4] for line in lines if line.startswith("gcloud iam roles create")] \
+        == ["platform_budget_stop", "platform_budget_stop_markers_nlp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "platform-host-grants.json", "platform-team-grants.json"]
+    assert not any("vision" in line for line in lines if "create" in line)
+
+
+def test_newcomer_the_bootstrap_writes_under_cache_by_default() -> None:
+    script = _bootstrap_script()
+    assert script.OUT_DIR.relative_to(script.REPO_ROOT).as_posix() == ".cache/bootstrap"
+
+
+def test_newcomer_an_unknown_team_is_one_clear_message(capsys) -> None:
+    script = _bootstrap_script()
+    with pytest.raises(SystemExit):
+        script.main(["--deployer", "d@x.iam.gserviceaccount.com", "--customer-id", "C0",
+                     "--host-parent", "organizations/1", "--team", "speech"])
+    assert "--team speech: not in tpu-stack:teams of platform (nlp, vision)" in \
+        capsys.readouterr().err
+
+
+def test_newcomer_docs_name_every_role_the_admin_needs() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "teams.md").read_text()
+    assert ".venv/infra/bin/python scripts/bootstrap_team_projects.py" in text
+    for role in ("roles/orgpolicy.policyAdmin", "roles/resourcemanager.projectCreator",
+                 "roles/billing.user", "roles/iam.roleAdmin", "roles/iam.serviceAccountAdmin",
+                 "roles/resourcemanager.folderIamAdmin", "roles/billing.admin"):
+        assert role in text, role

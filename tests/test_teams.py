@@ -648,6 +648,12 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
                       *(("acme-ml-shared", role) for role in budget_stop_host_roles(settings)),
                       ("42", XPN_ADMIN), ("gs://acme-pulumi-state", HOST_STORAGE_ROLE),
                       ("01AB23-45CD67-89EF01", BUDGETS_ROLE),
+                      # nlp's budget-stop accounts, the bootstrap's (issue 44)
+                      ("platform-nlp-budget-stop@acme-ml-shared.iam.gserviceaccount.com",
+                       "roles/iam.serviceAccountUser"),
+                      ("platform-nlp-function-build@acme-ml-shared.iam.gserviceaccount.com",
+                       "roles/iam.serviceAccountUser"),
+                      ("acme-ml-shared", "roles/cloudbuild.builds.builder"),
                       ("246813579024", "roles/cloudquotas.admin")]  # the quota contact's
     assert "--member=group:ml-platform@acme.example" in commands[-1]
     roles = {role for _, role in grants}

@@ -58,7 +58,7 @@ def test_the_topic_budget_rule_and_trigger_are_wired(run: ProgramRun) -> None:
     assert function.inputs["serviceConfig"]["serviceAccountEmail"] == account
     build = function.inputs["buildConfig"]
     assert build["serviceAccount"] == ("projects/acme-ml-test/serviceAccounts/"
-                                       "test-function-build@acme-ml-test.iam.gserviceaccount.com")
+                                       "test-vision-function-build@acme-ml-test.iam.gserviceaccount.com")
     assert (build["runtime"], build["entryPoint"]) == (RUNTIME, ENTRY_POINT)
     source = [r for r in run.of_type("gcp:storage/bucketObject:BucketObject")
               if r.inputs.get("name") == build["source"]["storageSource"]["object"]]
