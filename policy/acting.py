@@ -31,10 +31,13 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from model import shared_reservations
+from model.settings.schema import SharedReservationSettings
 from policy.iam import FALLBACK_TPU, QUEUED_TPU, IamModel, predefined_roles
 from policy.permissions import Applier, Finding, fix_for
 
@@ -228,6 +231,38 @@ def budget_findings(resources: list[Mapping[str, Any]], model: IamModel,
     return found
 
 
+# ---- another project's reservation -----------------------------------------------------
+
+@dataclass(frozen=True)
+class Sharing:
+    """The shared reservations a stack declares, and the owners the bootstrap allows."""
+
+    declared: tuple[SharedReservationSettings, ...] = ()
+    allowed: tuple[str, ...] = ()
+
+
+def reservation_findings(resources: list[Mapping[str, Any]], applier: Applier,
+                         sharing: Sharing) -> list[Finding]:
+    """A queued resource (a fallback node's candidate) naming another project's
+    reservation: one refusal naming what is missing (model/shared_reservations.py)."""
+    found = []
+    for resource in resources:
+        if resource["type"] not in (QUEUED_TPU, FALLBACK_TPU):
+            continue
+        inputs = _inputs(resource)
+        candidates = [inputs, *(c for c in inputs.get("candidates") or ()
+                                if isinstance(c, Mapping))]
+        names = dict.fromkeys(str(c["reservation_name"]) for c in candidates
+                              if c.get("reservation_name"))
+        for name in names:
+            gap = shared_reservations.missing(name, str(inputs.get("project")),
+                                              list(sharing.declared), list(sharing.allowed))
+            if gap is not None:
+                found.append(Finding(_label(resource), applier.identity, "create",
+                                     "a shared reservation", f"{name} ({gap.what})", gap.fix))
+    return found
+
+
 # ---- no role-content escape ----------------------------------------------------------
 
 def role_escalation_findings(model: IamModel, applier: Applier) -> list[Finding]:
@@ -254,11 +289,13 @@ def role_escalation_findings(model: IamModel, applier: Applier) -> list[Finding]
 
 
 def prove_acting(resources: list[Mapping[str, Any]], model: IamModel, applier: Applier,
-                 bootstrap_roles: Mapping[str, Iterable[str]]) -> list[Finding]:
+                 bootstrap_roles: Mapping[str, Iterable[str]],
+                 sharing: Sharing = Sharing()) -> list[Finding]:
     """Every refusal of an identity other than the applier's own table rows."""
     mine = [r for r in resources if r.get("urn") not in applier.admin_applied]
     return [*custom_role_findings(resources, applier, bootstrap_roles),
             *tpu_agent_findings(mine, model),
             *function_findings(mine, model, applier),
             *budget_findings(mine, model, applier),
+            *reservation_findings(mine, applier, sharing),
             *role_escalation_findings(model, applier)]

@@ -44,6 +44,7 @@ from model.bootstrap import (
 )
 from model.roles import DOMAIN_POLICY, ENFORCED_POLICIES
 from model.settings.schema import StackSettings
+from model.shared_reservations import OWNER_POLICY, owners_allowed
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = REPO_ROOT / ".cache" / "bootstrap"  # ignored by git (.gitignore: .cache/)
@@ -55,7 +56,8 @@ _GRANT_COMMANDS = {"folders": ["resource-manager", "folders"], "projects": ["pro
 
 def commands(settings: StackSettings, deployer: str, customer_id: str,
              condition_files: dict[str, str], host_parent: str,
-             contact_kind: str = "group", teams: list[str] | None = None) -> list[list[str]]:
+             contact_kind: str = "group", teams: list[str] | None = None,
+             organization: str | None = None) -> list[list[str]]:
     """Every command, in order: projects, billing, custom roles, the functions' accounts,
     org policies, the deployer's grants, the quota contact's. `teams`: only those
     teams' projects, roles and accounts (default: every team's).
@@ -81,6 +83,9 @@ def commands(settings: StackSettings, deployer: str, customer_id: str,
                         constraint, where])
         run.append(["gcloud", "resource-manager", "org-policies", "allow", DOMAIN_POLICY,
                     customer_id, where])
+    for owner in owners_allowed(settings):  # model/shared_reservations.py
+        run.append(["gcloud", "resource-manager", "org-policies", "allow", OWNER_POLICY, owner,
+                    f"--organization={organization or 'ORGANIZATION_ID'}"])
     grants = deployer_grants(settings, deployer, host_parent)
     grants += function_account_grants(settings, deployer, teams)
     contact = quota_contact_grant(settings, contact_kind)
@@ -130,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-parent", required=True,
                         help="where the host project lives: folders/N or organizations/N "
                              "(`gcloud projects describe <host> --format='value(parent)'`)")
+    parser.add_argument("--organization", help="the organization id (digits): where the "
+                        "shared reservations' owner policy is set (tpu-stack:sharedReservations)")
     parser.add_argument("--quota-contact-kind", choices=("group", "user"), default="group",
                         help="what teamProjects.quotaContact is (IAM member type)")
     args = parser.parse_args(argv)
@@ -138,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"stack {args.stack} declares no tpu-stack:teams / teamProjects")
     if not args.host_parent.startswith(("folders/", "organizations/")):
         parser.error(f"--host-parent {args.host_parent!r}: folders/N or organizations/N")
+    if owners_allowed(settings) and not (args.organization or "").isdigit():
+        parser.error("--organization <digits> is required with tpu-stack:sharedReservations "
+                     "(the owner projects' org policy is set on the organization)")
     unknown = sorted(set(args.team or ()) - set(settings.teams))
     if unknown:
         parser.error(f"--team {', '.join(unknown)}: not in tpu-stack:teams of {args.stack} "
@@ -151,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
           f"projectIamAdmin on the folder and on the host project")
     for command in commands(settings, args.deployer, args.customer_id,
                             {k: str(v) for k, v in files.items()}, args.host_parent,
-                            args.quota_contact_kind, args.team):
+                            args.quota_contact_kind, args.team, args.organization):
         print(shlex.join(command))
     return 0
 

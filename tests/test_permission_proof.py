@@ -282,6 +282,12 @@ def budget_stop_stack() -> tuple[object, ProgramRun]:
 @pytest.fixture(scope="module")
 def fallback_stack() -> tuple[object, ProgramRun]:
     data = _platform_with(_fallback)
+    # The host's v5e pool, shared with nlp's project (model/shared_reservations.py).
+    shared = json.loads(data["tpu-stack:sharedReservations"])
+    shared.append({"name": "v5e-pool", "owner": "acme-ml-shared",
+                   "ownerProjectNumber": "123456789012", "zone": "us-central1-a",
+                   "generation": "v5e", "consumers": ["acme-ml-shared-nlp"]})
+    data["tpu-stack:sharedReservations"] = json.dumps(shared)
     return load_settings(data, "platform"), run_program(data, "platform")
 
 
@@ -402,4 +408,6 @@ def test_a_fallback_node_needs_act_as_each_candidate_s_subnet_and_reservation(
          "platform-nlp-runtime@acme-ml-shared-nlp.iam.gserviceaccount.com"),
         ("compute.subnetworks.use", "projects/other-host/regions/us-central1/subnetworks/"
                                     "elsewhere"),
-        ("a reservation", "projects/elsewhere")}
+        ("a reservation", "projects/elsewhere"),
+        # nor declared shared with nlp's project (issue 44)
+        ("a shared reservation", "projects/elsewhere/locations/us-central1-a/reservations/r")}

@@ -236,7 +236,8 @@ def test_newcomer_the_bootstrap_for_one_team_makes_that_team_only(tmp_path, caps
     script = _bootstrap_script()
     assert script.main(["--stack", "platform", "--deployer", DEPLOYER.split(":", 1)[1],
                         "--customer-id", "C0abc123", "--host-parent", "organizations/42",
-                        "--team", "nlp", "--out-dir", str(tmp_path)]) == 0
+                        "--organization", "42", "--team", "nlp",
+                        "--out-dir", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     created = [line.split()[3] for line in lines if line.startswith("gcloud projects create")]
     assert created == ["acme-ml-shared-nlp"]
@@ -256,7 +257,8 @@ def test_newcomer_an_unknown_team_is_one_clear_message(capsys) -> None:
     script = _bootstrap_script()
     with pytest.raises(SystemExit):
         script.main(["--deployer", "d@x.iam.gserviceaccount.com", "--customer-id", "C0",
-                     "--host-parent", "organizations/1", "--team", "speech"])
+                     "--host-parent", "organizations/1", "--organization", "1",
+                     "--team", "speech"])
     assert "--team speech: not in tpu-stack:teams of platform (nlp, vision)" in \
         capsys.readouterr().err
 
@@ -270,3 +272,63 @@ def test_newcomer_docs_name_every_role_the_admin_needs() -> None:
                  "roles/billing.user", "roles/iam.roleAdmin", "roles/iam.serviceAccountAdmin",
                  "roles/resourcemanager.folderIamAdmin", "roles/billing.admin"):
         assert role in text, role
+
+
+# ---- item 3: another project's reservation, shared ------------------------------------
+
+POD = "pulumi-python:dynamic/tpu:QueuedTpu node-nlp-pod-queued"
+V4_PODS = "projects/acme-ml-shared/locations/us-central2-b/reservations/v4-pods"
+
+
+def _sharing(**change):
+    """The shipped platform's settings with its one shared reservation changed (None:
+    none declared)."""
+    settings = settings_for("platform")
+    [shared] = settings.shared_reservations
+    declared = [] if change.get("drop") else [shared.model_copy(update=change)]
+    return settings.model_copy(update={"shared_reservations": declared})
+
+
+@pytest.mark.parametrize("change, what, fix", [
+    ({"drop": True}, "a reservation of another project not declared shared with it",
+     "declare it, as requested from Google (share type fixed then): "
+     "tpu-stack:sharedReservations: {name: v4-pods, owner: acme-ml-shared, "
+     "ownerProjectNumber: <N>, zone: us-central2-b, generation: <v4 or later>, "
+     "shareType: SPECIFIC_PROJECTS, consumers: [acme-ml-shared-nlp]}"),
+    ({"generation": "v3"}, "a shared reservation of v3 (sharing is v4 and later)",
+     "use a reservation of the node's own project, or a v4+ one"),
+    ({"share_type": "LOCAL"}, "share type LOCAL (shared with no other project)",
+     "a reservation requested with share type SPECIFIC_PROJECTS naming acme-ml-shared-nlp"),
+    ({"consumers": ["acme-ml-shared-vision"]}, "acme-ml-shared-nlp is not among its consumers",
+     "add acme-ml-shared-nlp to its consumers (at Google, then in "
+     "tpu-stack:sharedReservations)"),
+])
+def test_item_3_another_project_s_reservation_needs_sharing(platform_run, change, what,
+                                                            fix) -> None:
+    [refused] = plan_proof(_sharing(**change), platform_run).findings
+    assert (refused.resource, refused.identity, refused.permission) == (
+        POD, DEPLOYER, "a shared reservation")
+    assert refused.on == f"{V4_PODS} ({what})"
+    assert refused.fix == fix
+
+
+def test_item_3_the_owner_must_be_allowed_by_the_org_policy(platform_run,
+                                                            monkeypatch) -> None:
+    from ops.plan import proof as proof_module
+
+    monkeypatch.setattr(proof_module, "owners_allowed", lambda settings: [])
+    [refused] = plan_proof(settings_for("platform"), platform_run).findings
+    assert refused.on == (f"{V4_PODS} (owner acme-ml-shared not allowed by "
+                          f"compute.sharedReservationsOwnerProjects)")
+    assert refused.fix == ("the bootstrap's `org-policies allow compute.sharedReservationsOwner"
+                           "Projects projects/123456789012`")
+
+
+def test_item_3_the_bootstrap_allows_each_owner() -> None:
+    script = _bootstrap_script()
+    commands = script.commands(settings_for("platform"), "d@x.iam.gserviceaccount.com",
+                               "C0", {"folders": "f", "projects": "p"}, "organizations/1",
+                               organization="42")
+    assert ["gcloud", "resource-manager", "org-policies", "allow",
+            "compute.sharedReservationsOwnerProjects", "projects/123456789012",
+            "--organization=42"] in commands

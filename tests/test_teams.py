@@ -666,7 +666,9 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
     policies = {c[4] for c in commands if c[3] in ("enable-enforce", "allow")}
     assert policies == {"storage.publicAccessPrevention", "compute.skipDefaultNetworkCreation",
                         "iam.allowedPolicyMemberDomains",
-                        "iam.automaticIamGrantsForDefaultServiceAccounts"}
+                        "iam.automaticIamGrantsForDefaultServiceAccounts",
+                        # the shared v4 reservation's owner (model/shared_reservations.py)
+                        "compute.sharedReservationsOwnerProjects"}
     condition = bootstrap.grants_condition(settings)["expression"]
     assert "roles/owner" not in condition and "'roles/tpu.admin'" in condition
     assert "'roles/browser'" in condition  # the team preview accounts' role (finding 1)

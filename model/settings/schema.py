@@ -341,6 +341,19 @@ class BillingSettings(_Model):
     alert_thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.9, 1.0])
 
 
+class SharedReservationSettings(_Model):
+    """One of `tpu-stack:sharedReservations`: another project's TPU reservation, shared
+    with the consumer projects named (model/shared_reservations.py, issue 44)."""
+
+    name: str
+    owner: str  # the owner project's id
+    owner_project_number: str  # the org policy names the owner by number
+    zone: str
+    generation: str
+    share_type: str = "SPECIFIC_PROJECTS"
+    consumers: list[str] = Field(default_factory=list)  # consumer project ids
+
+
 class StackSettings(_Model):
     """The whole stack config, checked."""
 
@@ -369,6 +382,7 @@ class StackSettings(_Model):
     # platform writes this team's outputs (model/team_state.py outputs_object); the
     # team stack reads them there instead of the platform's whole stack file.
     platform_outputs_bucket: str | None = None
+    shared_reservations: list[SharedReservationSettings] = Field(default_factory=list)
 
     @field_validator("platform_stack", "platform_outputs_bucket", mode="before")
     @classmethod

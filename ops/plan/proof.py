@@ -27,8 +27,9 @@ from model.bootstrap import (
     quota_contact_grant,
 )
 from model.settings.schema import StackSettings
+from model.shared_reservations import owners_allowed
 from ops.plan.mock_engine import ProgramRun, planned_stack_run
-from policy.acting import prove_acting
+from policy.acting import Sharing, prove_acting
 from policy.iam import Binding, IamModel
 from policy.permissions import Applier, Finding, prove
 
@@ -61,10 +62,11 @@ def plan_proof(settings: StackSettings, run: ProgramRun,
     resources = [_as_dict(r) for r in run.registrations]
     runs = [run]
     grants: list[Grant] = list(extra_grants)
-    roles = {role.name: role.permissions for role in custom_roles(settings)}
+    owner = _platform_settings(settings.platform_stack or "") if settings.is_team_stack \
+        else settings  # the settings that declare the bootstrap's roles and sharing
+    roles = {role.name: role.permissions for role in custom_roles(owner)}
+    sharing = Sharing(tuple(owner.shared_reservations), tuple(owners_allowed(owner)))
     if settings.is_team_stack:
-        roles = {role.name: role.permissions
-                 for role in custom_roles(_platform_settings(settings.platform_stack or ""))}
         platform = planned_stack_run(settings.platform_stack or "")
         runs.insert(0, platform)
         entry = platform.outputs.get("teams", {}).get(settings.team, {})
@@ -88,7 +90,8 @@ def plan_proof(settings: StackSettings, run: ProgramRun,
     _place_projects(model, settings, runs)
     applier = Applier(f"serviceAccount:{deployer}", _admin_applied(settings, run),
                       frozenset({f"projects/{settings.gcp_project}"}))
-    findings = prove(resources, model, applier) + prove_acting(resources, model, applier, roles)
+    findings = prove(resources, model, applier) + prove_acting(resources, model, applier, roles,
+                                                              sharing)
     return Proof(applier.identity, findings, sorted(set(applier.unchecked)))
 
 
