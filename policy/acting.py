@@ -231,6 +231,33 @@ def budget_findings(resources: list[Mapping[str, Any]], model: IamModel,
     return found
 
 
+# ---- grants IAM refuses outright -------------------------------------------------------
+
+BASIC_ROLES = ("roles/owner", "roles/editor", "roles/viewer")
+PUBLIC_MEMBERS = ("allUsers", "allAuthenticatedUsers")
+
+
+def conditional_grant_findings(resources: list[Mapping[str, Any]],
+                               applier: Applier) -> list[Finding]:
+    """A condition on a basic role, or on allUsers / allAuthenticatedUsers: IAM refuses
+    the binding (cloud.google.com/iam/docs/conditions-overview, "Limitations": basic
+    roles and public principals cannot take conditions)."""
+    found = []
+    for resource in resources:
+        inputs = _inputs(resource)
+        if not (inputs.get("condition") and "role" in inputs):
+            continue
+        members = [inputs["member"]] if "member" in inputs else list(inputs.get("members") or ())
+        public = [m for m in members if m in PUBLIC_MEMBERS]
+        if inputs["role"] in BASIC_ROLES or public:
+            what = inputs["role"] if inputs["role"] in BASIC_ROLES else public[0]
+            found.append(Finding(_label(resource), applier.identity, "create",
+                                 "a conditional grant", f"{what} (IAM takes no condition here)",
+                                 "drop the condition, or grant a predefined role to a "
+                                 "named principal"))
+    return found
+
+
 # ---- another project's reservation -----------------------------------------------------
 
 @dataclass(frozen=True)
@@ -298,4 +325,5 @@ def prove_acting(resources: list[Mapping[str, Any]], model: IamModel, applier: A
             *function_findings(mine, model, applier),
             *budget_findings(mine, model, applier),
             *reservation_findings(mine, applier, sharing),
+            *conditional_grant_findings(mine, applier),
             *role_escalation_findings(model, applier)]

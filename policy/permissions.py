@@ -117,8 +117,13 @@ TABLE: dict[str, Row] = {
         _project, ("compute.networks.create",), ("compute.networks.update",),
         ("compute.networks.delete",), _REST.format("compute") + "v1/networks/insert"),
     "gcp:compute/subnetwork:Subnetwork": Row(
-        _project, ("compute.subnetworks.create",), ("compute.subnetworks.update",),
-        ("compute.subnetworks.delete",), _REST.format("compute") + "v1/subnetworks/insert"),
+        # Turning Private Google Access on or off is its own method and permission
+        # (v1/subnetworks/setPrivateIpGoogleAccess: compute.subnetworks.
+        # setPrivateIpGoogleAccess), which an update of that field calls (issue 44).
+        _project, ("compute.subnetworks.create",),
+        ("compute.subnetworks.update", "compute.subnetworks.setPrivateIpGoogleAccess"),
+        ("compute.subnetworks.delete",), _REST.format("compute") + "v1/subnetworks/insert "
+        "(update: .../patch and .../setPrivateIpGoogleAccess)"),
     "gcp:compute/firewall:Firewall": Row(
         _project, ("compute.firewalls.create", "compute.networks.updatePolicy"),
         ("compute.firewalls.update", "compute.networks.updatePolicy"),
@@ -131,8 +136,9 @@ TABLE: dict[str, Row] = {
         "organization or folder: cloud.google.com/vpc/docs/shared-vpc, Shared VPC Admin)"),
     "gcp:compute/sharedVPCServiceProject:SharedVPCServiceProject": Row(
         _attached, ("compute.organizations.enableXpnResource",), (),
-        ("compute.organizations.enableXpnResource",),
-        _REST.format("compute") + "v1/projects/enableXpnResource"),
+        ("compute.organizations.disableXpnResource",),
+        _REST.format("compute") + "v1/projects/enableXpnResource (delete: "
+        "v1/projects/disableXpnResource, compute.organizations.disableXpnResource)"),
     "gcp:serviceaccount/account:Account": Row(
         _project, ("iam.serviceAccounts.create",), ("iam.serviceAccounts.update",),
         ("iam.serviceAccounts.delete",),
@@ -175,10 +181,15 @@ TABLE: dict[str, Row] = {
         "cloud.google.com/storage/docs/json_api/v1/buckets/insert "
         "(cloud.google.com/storage/docs/access-control/iam-json)"),
     "gcp:storage/bucketObject:BucketObject": Row(
-        _bucket, ("storage.objects.create",), ("storage.objects.create",),
+        # A changed object is a new upload under the same name: overwriting needs
+        # storage.objects.delete too (cloud.google.com/storage/docs/access-control/
+        # iam-permissions: objects.insert "also requires storage.objects.delete" to
+        # overwrite an existing object).
+        _bucket, ("storage.objects.create",), ("storage.objects.create",
+                                               "storage.objects.delete"),
         ("storage.objects.delete",),
         "cloud.google.com/storage/docs/json_api/v1/objects/insert "
-        "(cloud.google.com/storage/docs/access-control/iam-json)"),
+        "(cloud.google.com/storage/docs/access-control/iam-permissions)"),
     "gcp:cloudquota/sQuotaPreference:SQuotaPreference": Row(
         _quota_parent, ("cloudquotas.quotas.update",), ("cloudquotas.quotas.update",), (),
         "cloud.google.com/docs/quotas/reference/rest/v1/projects.locations."
@@ -303,7 +314,9 @@ QUOTA_PREFERENCE = "gcp:cloudquota/sQuotaPreference:SQuotaPreference"
 def _contact_findings(label: str, kind: str, inputs: Inputs, model: IamModel) -> list[Finding]:
     """"The Google account for the email address must have quota update permission for
     the project, folder or organization this quota preference is for" (Cloud Quotas v1
-    QuotaPreference.contact_email): the contact, as a group or a user."""
+    QuotaPreference.contact_email): the contact, as a group or a user. Unconfirmed: that
+    a group's email is accepted there (the API asks for a Google account's email; a
+    `user:` contact is the confirmed form, issue 44)."""
     contact = inputs.get("contactEmail") if kind == QUOTA_PREFERENCE else None
     if not contact:
         return []
@@ -312,7 +325,7 @@ def _contact_findings(label: str, kind: str, inputs: Inputs, model: IamModel) ->
         return []
     return [Finding(label, f"the quota contact {contact}", "create", permission, parent,
                     f"grant roles/cloudquotas.admin on {parent} (or its folder) to "
-                    f"group:{contact} or user:{contact}")]
+                    f"user:{contact} (a group: unconfirmed)")]
 
 
 def _row_findings(label: str, row: Row, inputs: Inputs, model: IamModel,

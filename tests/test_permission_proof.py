@@ -157,7 +157,10 @@ def test_finding_4_the_shared_vpc_host_needs_xpn_admin_where_the_host_lives(
         (host, "compute.organizations.disableXpnHost"),
         # Attaching a team's project is checked on the host's side too.
         (f"{attach} vision-shared-vpc", "compute.organizations.enableXpnResource"),
-        (f"{attach} nlp-shared-vpc", "compute.organizations.enableXpnResource")}
+        (f"{attach} nlp-shared-vpc", "compute.organizations.enableXpnResource"),
+        # and detaching it (disableXpnResource, issue 44)
+        (f"{attach} vision-shared-vpc", "compute.organizations.disableXpnResource"),
+        (f"{attach} nlp-shared-vpc", "compute.organizations.disableXpnResource")}
     assert {f.on for f in findings} == {"projects/acme-ml-shared"}
     assert all(f.fix == "grant roles/compute.xpnAdmin on projects/acme-ml-shared"
                for f in findings)

@@ -332,3 +332,76 @@ def test_item_3_the_bootstrap_allows_each_owner() -> None:
     assert ["gcloud", "resource-manager", "org-policies", "allow",
             "compute.sharedReservationsOwnerProjects", "projects/123456789012",
             "--organization=42"] in commands
+
+
+# ---- item 8: the table's rows -----------------------------------------------------------
+
+def _row_needs(kind: str, operation: str) -> tuple[str, ...]:
+    from policy.permissions import TABLE
+
+    return TABLE[kind].needs(operation)
+
+
+def test_item_8_detaching_a_service_project_is_disable_xpn_resource() -> None:
+    kind = "gcp:compute/sharedVPCServiceProject:SharedVPCServiceProject"
+    assert _row_needs(kind, "delete") == ("compute.organizations.disableXpnResource",)
+
+
+def test_item_8_overwriting_an_object_needs_delete(platform_run) -> None:
+    """The deployer with object create only on the artifacts bucket: a changed object
+    (an update) is refused for storage.objects.delete."""
+    from policy.permissions import prove
+
+    obj = {"type": "gcp:storage/bucketObject:BucketObject", "name": "o",
+           "inputs": {"bucket": "b", "name": "x"}}
+    creator = {"type": "gcp:projects/iAMCustomRole:IAMCustomRole",
+               "inputs": {"project": "p", "roleId": "creator",
+                          "permissions": ["storage.objects.create"]}}
+    grant = {"type": "gcp:storage/bucketIAMMember:BucketIAMMember",
+             "inputs": {"bucket": "b", "role": "projects/p/roles/creator", "member": DEPLOYER}}
+    found = prove([obj], IamModel.of([creator, grant]), Applier(DEPLOYER))
+    assert {(f.operation, f.permission) for f in found} == {
+        ("update", "storage.objects.delete"), ("delete", "storage.objects.delete")}
+    assert {f.on for f in found} == {"projects/_/buckets/b"}
+
+
+def test_item_8_private_google_access_is_its_own_permission() -> None:
+    kind = "gcp:compute/subnetwork:Subnetwork"
+    assert "compute.subnetworks.setPrivateIpGoogleAccess" in _row_needs(kind, "update")
+
+
+def test_item_8_a_grant_on_a_bucket_counts_for_that_bucket() -> None:
+    from policy.permissions import prove
+
+    grant = {"type": "gcp:storage/bucketIAMMember:BucketIAMMember",
+             "inputs": {"bucket": "b", "role": "roles/storage.admin", "member": DEPLOYER}}
+    obj = {"type": "gcp:storage/bucketObject:BucketObject", "name": "o",
+           "inputs": {"bucket": "b", "name": "x"}}
+    assert prove([obj], IamModel.of([grant]), Applier(DEPLOYER)) == []
+
+
+@pytest.mark.parametrize("role, member, what", [
+    ("roles/editor", "user:a@acme.example", "roles/editor"),
+    ("roles/storage.objectViewer", "allUsers", "allUsers")])
+def test_item_8_iam_takes_no_condition_on_basic_roles_or_public_members(role, member,
+                                                                          what) -> None:
+    grant = {"type": "gcp:storage/bucketIAMMember:BucketIAMMember", "name": "g",
+             "inputs": {"bucket": "b", "role": role, "member": member,
+                        "condition": {"title": "t", "expression": "true"}}}
+    [refused] = prove_acting([grant], IamModel(), Applier(DEPLOYER), {})
+    assert (refused.resource, refused.permission, refused.on) == (
+        "gcp:storage/bucketIAMMember:BucketIAMMember g", "a conditional grant",
+        f"{what} (IAM takes no condition here)")
+
+
+def test_item_8_a_group_quota_contact_is_marked_unconfirmed(platform_run,
+                                                             monkeypatch) -> None:
+    from model import bootstrap
+    from ops.plan import proof as proof_module
+
+    monkeypatch.setattr(proof_module, "quota_contact_grant", lambda settings: None)
+    refused = [f for f in findings(platform_run) if f.identity.startswith("the quota")]
+    assert refused and {f.fix.rsplit(" to ", 1)[1] for f in refused} == {
+        "user:ml-platform@acme.example (a group: unconfirmed)"}
+    assert bootstrap.quota_contact_grant(settings_for("platform"), "user").member == \
+        "user:ml-platform@acme.example"
