@@ -9,6 +9,10 @@ Run against a checkout (or a git directory) of that repository:
 
     .venv/infra/bin/python -m policy.generate_roles --dataset /path/to/iam-dataset
 
+It also writes policy/iam_permissions.json: every permission of PERMISSION_SERVICES
+that some predefined role of the dataset holds (all `gcp/roles/*.json`), against which
+the proof checks each custom role (policy/acting.py; issue 44).
+
 Which roles: every role the stack's components grant (their constants) and the
 ones the isolation tests ask about. The basic roles (owner, editor, viewer) list
 thousands of permissions: they keep only the services the evaluator is asked

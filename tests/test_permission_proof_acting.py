@@ -405,3 +405,32 @@ def test_item_8_a_group_quota_contact_is_marked_unconfirmed(platform_run,
         "user:ml-platform@acme.example (a group: unconfirmed)"}
     assert bootstrap.quota_contact_grant(settings_for("platform"), "user").member == \
         "user:ml-platform@acme.example"
+
+
+# ---- a fresh team that stops at its budget ----------------------------------------------
+
+def test_a_fresh_team_with_a_budget_stop_proves_clean_with_the_bootstrap_s_grants() -> None:
+    """`teams.speech` with `budgetAction: stop` added to the shipped platform: the bootstrap
+    (`--team speech`) makes its roles and accounts and grants the deployer actAs on them;
+    the plan then proves clean with no other edit."""
+    import json
+
+    from model.bootstrap import custom_roles, function_account_grants
+    from model.settings.load import load_settings
+
+    data = file_config("platform")
+    teams = json.loads(data["tpu-stack:teams"])
+    teams["speech"] = {"subnetSlot": 2, "members": ["group:ml-speech@acme.example"],
+                       "quota": {"v5e": {"spot": 8}}, "budgetUsdPerMonth": 5000,
+                       "budgetAction": "stop"}
+    data["tpu-stack:teams"] = json.dumps(teams)
+    settings = load_settings(data, "platform")
+    proof = plan_proof(settings, run_program(data, "platform"))
+    assert proof.findings == [], "\n".join(proof.lines())
+    assert {r.name for r in custom_roles(settings, ["speech"])} == {
+        "projects/acme-ml-shared-speech/roles/platform_budget_stop",
+        "projects/acme-ml-shared/roles/platform_budget_stop_markers_speech"}
+    assert {g.resource.rsplit("/", 1)[-1] for g in function_account_grants(
+        settings, DEPLOYER.split(":", 1)[1], ["speech"]) if "serviceAccounts" in g.resource} \
+        == {"platform-speech-budget-stop@acme-ml-shared.iam.gserviceaccount.com",
+            "platform-speech-function-build@acme-ml-shared.iam.gserviceaccount.com"}
