@@ -21,7 +21,9 @@ where IAM checks them, each row citing its API method's reference. Beside the ta
   `projects/OWNER/locations/ZONE/reservations/NAME`, cloud.google.com/tpu/docs/
   reference/rest/v2/projects.locations.queuedResources).
 A missing permission is a `Finding` naming the resource, the identity, the permission,
-where, and the grant that would fix it.
+where, and the grant that would fix it. What IAM itself refuses and the other identities
+that act (custom roles' permissions, service agents, build and trigger accounts, a
+budget's topic, shared reservations, role-content escapes) are policy/acting.py's.
 """
 
 from __future__ import annotations
