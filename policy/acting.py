@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from model import shared_reservations
+from model.budget_hold import marker_prefix
+from model.roles import BUDGET_STOP_PERMISSIONS
 from model.settings.schema import SharedReservationSettings
 from policy.iam import FALLBACK_TPU, QUEUED_TPU, IamModel, predefined_roles
 from policy.permissions import Applier, Finding, fix_for
@@ -197,6 +199,7 @@ def function_findings(resources: list[Mapping[str, Any]], model: IamModel,
             if source.get("bucket") and source.get("object"):
                 found += _need(model, label, builder, "storage.objects.get",
                                f"projects/_/buckets/{source['bucket']}/objects/{source['object']}")
+        found += runtime_findings(label, inputs, model)
         trigger = (inputs.get("eventTrigger") or {}).get("serviceAccountEmail")
         if trigger:
             service = (f"projects/{inputs['project']}/locations/{inputs['location']}/services/"
@@ -204,6 +207,23 @@ def function_findings(resources: list[Mapping[str, Any]], model: IamModel,
             found += _need(model, label, f"serviceAccount:{trigger}", "run.routes.invoke",
                            service, f"grant roles/run.invoker on {service} to "
                                     f"serviceAccount:{trigger}")
+    return found
+
+
+def runtime_findings(label: str, inputs: Mapping[str, Any], model: IamModel) -> list[Finding]:
+    """The budget-stop function's runtime account (functions/budget_stop: its environment
+    names the team's project and marker bucket) holds what its code calls: the TPU
+    permissions in the team's project and creating its markers."""
+    config = inputs.get("serviceConfig") or {}
+    env, account = config.get("environmentVariables") or {}, config.get("serviceAccountEmail")
+    if not (account and env.get("TPU_STACK_PROJECT") and env.get("TPU_STACK_TEAM")):
+        return []
+    who, project = f"serviceAccount:{account}", f"projects/{env['TPU_STACK_PROJECT']}"
+    found = [f for p in BUDGET_STOP_PERMISSIONS for f in _need(model, label, who, p, project)]
+    if env.get("TPU_STACK_MARKER_BUCKET"):
+        marker = (f"projects/_/buckets/{env['TPU_STACK_MARKER_BUCKET']}/objects/"
+                  f"{marker_prefix(str(env['TPU_STACK_TEAM']))}marker.json")
+        found += _need(model, label, who, "storage.objects.create", marker)
     return found
 
 

@@ -356,7 +356,9 @@ def test_each_grant_the_budget_stop_needs_when_removed_is_named(
     if removed.startswith("roles/"):
         monkeypatch.setattr(*_without_host_role(removed))
     elif removed.startswith("the budget stop's role"):
-        monkeypatch.setattr(bootstrap, "BUDGET_STOP_ROLE", "not_the_budget_stop")
+        listed = bootstrap.granted_in_team_projects
+        monkeypatch.setattr(bootstrap, "granted_in_team_projects", lambda settings: [
+            role for role in listed(settings) if not role.endswith("/platform_budget_stop")])
     else:
         monkeypatch.setattr(*_without_bootstrap_grant(removed))
     found = {(f.resource, f.permission, _glob_source(f.on))

@@ -434,3 +434,15 @@ def test_a_fresh_team_with_a_budget_stop_proves_clean_with_the_bootstrap_s_grant
         settings, DEPLOYER.split(":", 1)[1], ["speech"]) if "serviceAccounts" in g.resource} \
         == {"platform-speech-budget-stop@acme-ml-shared.iam.gserviceaccount.com",
             "platform-speech-function-build@acme-ml-shared.iam.gserviceaccount.com"}
+
+
+@pytest.mark.parametrize("removed, permission", [
+    ("nlp-budget-stop-tpu", "tpu.nodes.delete"),
+    ("nlp-budget-stop-markers", "storage.objects.create")])
+def test_item_6_the_runtime_account_holds_what_the_function_calls(platform_run, removed,
+                                                                  permission) -> None:
+    kept = [r for r in platform_run.registrations if r.name != removed]
+    refused = [f for f in findings(ProgramRun(kept, platform_run.outputs))
+               if f.identity == f"serviceAccount:{RUNTIME}"]
+    assert permission in {f.permission for f in refused}
+    assert all(f.resource == FUNCTION for f in refused)
