@@ -5,7 +5,9 @@ Pub/Sub topic the team's budget notifies (every update, `all_updates_rule`), the
 budget-stop function (functions/budget_stop, a Cloud Run function built from its source
 archive) triggered by that topic, and a service account of the function's own holding,
 in the team's project only, the TPU permissions it needs (a custom role), plus
-creating its marker objects under `budget-stop/<team>/` of the artifacts bucket.
+creating its marker objects under `budget-stop/<team>/` of the artifacts bucket. The
+function's runtime account and the build account it is built as are made by the
+bootstrap, which grants the deployer actAs on them (model/function_accounts.py).
 
 `price_table` and `function_source` are pure: the function's prices come from
 model/catalog.py, so the meter it acts on is the stack's own.
@@ -29,7 +31,11 @@ from model.budget_hold import marker_prefix
 from model.meter import price_table
 from model.naming import Naming
 from model.pulumi_types import COMPONENT_BUDGET_STOP
-from model.roles import BUDGET_STOP_ROLE, DEPLOYER_ACCOUNT_ROLES
+from model.roles import (
+    BUDGET_STOP_PERMISSIONS,
+    BUDGET_STOP_ROLE,
+    marker_role,
+)
 
 FUNCTION_DIR = Path(__file__).resolve().parents[1] / "functions" / "budget_stop"
 FUNCTION_FILES = ("main.py", "spend.py", "requirements.txt")
@@ -82,16 +88,9 @@ BILLING_PUBLISHER = "serviceAccount:billing-budget-alert@system.gserviceaccount.
 # Run functions may run up to 540 s (cloud.google.com/functions/docs/configuring/timeout).
 SAVE_GRACE_SECONDS = catalog.STANDARD_NOTICE_SECONDS + 30
 TIMEOUT_SECONDS = 540
-# What the function does in the team's project, and only there (a custom role: no
-# predefined TPU role is this narrow; roles/tpu.admin would also create nodes). IAM
-# permission names: cloud.google.com/iam/docs/roles-permissions/tpu (ops/tpu/api.py
-# PERMISSIONS): list and get to find them, update to set the stop request, delete.
-PERMISSIONS = ("tpu.nodes.list", "tpu.nodes.get", "tpu.nodes.update", "tpu.nodes.delete",
-               "tpu.queuedresources.list", "tpu.queuedresources.get",
-               "tpu.queuedresources.delete", "tpu.operations.get")
-# Its markers: create only (no read, no overwrite: storage.objects.delete would be needed
-# for that, cloud.google.com/storage/docs/access-control/iam-permissions, no delete).
-MARKER_PERMISSIONS = ("storage.objects.create",)
+# The function's TPU and marker permissions: custom roles the bootstrap creates with a
+# fixed list (model/bootstrap.py), so the deployer holds no iam.roleAdmin (issue 44).
+PERMISSIONS = BUDGET_STOP_PERMISSIONS
 INVOKER_ROLE = "roles/run.invoker"
 
 
@@ -106,14 +105,15 @@ class BudgetStopArgs:
     artifacts_bucket: pulumi.Input[str]  # the source archive and the markers live here
     horizon_hours: float
     labels: dict[str, str]
-    deployer: str | None = None  # the platform deployer's email (teamProjects.deployer)
+    # The accounts the bootstrap made (model/function_accounts.py): emails.
+    runtime_account: str
+    build_account: str
 
 
 class BudgetStop(pulumi.ComponentResource):
-    """The topic a team's budget notifies, the function it triggers, and its account."""
+    """The topic a team's budget notifies, the function it triggers, and its grants."""
 
     topic_path: pulumi.Output[str]  # projects/<p>/topics/<id>: what the budget takes
-    account: gcp.serviceaccount.Account
     function: gcp.cloudfunctionsv2.Function
 
     def __init__(self, name: str, args: BudgetStopArgs,
@@ -126,12 +126,8 @@ class BudgetStop(pulumi.ComponentResource):
         gcp.pubsub.TopicIAMMember(f"{t}budget-billing-publisher", project=topic.project,
                                   topic=topic.name, role="roles/pubsub.publisher",
                                   member=BILLING_PUBLISHER, opts=child)
-        self.account = gcp.serviceaccount.Account(
-            f"{t}budget-stop", account_id=args.naming.account_id("budget-stop", args.team),
-            display_name=f"tpu-stack budget stop of team {args.team}"[:100],
-            project=args.platform_project, opts=child)
-        member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
-        grants = self._grants(args, member, child) + self._deployer_grants(args, child)
+        member = f"serviceAccount:{args.runtime_account}"
+        grants = self._grants(args, member, child)
         source = self._source(args, child)
         self.function = gcp.cloudfunctionsv2.Function(
             f"{t}budget-stop", name=args.naming.cloud_function("budget-stop", args.team),
@@ -139,16 +135,18 @@ class BudgetStop(pulumi.ComponentResource):
             description=f"Stops and deletes team {args.team}'s TPUs at its budget",
             build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
                 runtime=RUNTIME, entry_point=ENTRY_POINT,
+                service_account=pulumi.Output.concat(
+                    "projects/", args.platform_project, "/serviceAccounts/", args.build_account),
                 source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
                     storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
                         bucket=source.bucket, object=source.name))),
             service_config=gcp.cloudfunctionsv2.FunctionServiceConfigArgs(
-                service_account_email=self.account.email, timeout_seconds=TIMEOUT_SECONDS,
+                service_account_email=args.runtime_account, timeout_seconds=TIMEOUT_SECONDS,
                 max_instance_count=1, available_memory="256M",
                 environment_variables=self._environment(args)),
             event_trigger=gcp.cloudfunctionsv2.FunctionEventTriggerArgs(
                 trigger_region=REGION, event_type=PUBSUB_EVENT, pubsub_topic=self.topic_path,
-                service_account_email=self.account.email,
+                service_account_email=args.runtime_account,
                 # A budget notification comes again within hours: no retry storm.
                 retry_policy="RETRY_POLICY_DO_NOT_RETRY"),
             opts=child.merge(pulumi.ResourceOptions(depends_on=grants)))
@@ -158,29 +156,20 @@ class BudgetStop(pulumi.ComponentResource):
         gcp.cloudrunv2.ServiceIamMember(f"{t}budget-stop-invoker", project=args.platform_project,
                                         location=REGION, name=self.function.name,
                                         role=INVOKER_ROLE, member=member, opts=child)
-        self.register_outputs({"topic": self.topic_path, "serviceAccount": self.account.email})
+        self.register_outputs({"topic": self.topic_path, "serviceAccount": args.runtime_account})
 
     def _grants(self, args: BudgetStopArgs, member: pulumi.Input[str],
                 child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
         """The TPU permissions in the team's project; creating markers under its prefix."""
         t = f"{args.team}-"
-        role = gcp.projects.IAMCustomRole(
-            f"{t}budget-stop-role", role_id=args.naming.custom_role_id(BUDGET_STOP_ROLE),
-            title=f"tpu-stack budget stop of team {args.team}"[:100],
-            description="Find, ask to save and delete the team's TPU nodes and queued resources",
-            permissions=list(PERMISSIONS), project=args.team_project, opts=child)
-        role_name = pulumi.Output.all(role.project, role.role_id).apply(
-            lambda parts: f"projects/{parts[0]}/roles/{parts[1]}")
+        # Both roles are the bootstrap's (model/bootstrap.py custom_roles), by name.
+        role_name = pulumi.Output.concat("projects/", args.team_project, "/roles/",
+                                         args.naming.custom_role_id(BUDGET_STOP_ROLE))
         tpu = gcp.projects.IAMMember(f"{t}budget-stop-tpu", project=args.team_project,
                                      role=role_name, member=member, opts=child)
-        marker_role = gcp.projects.IAMCustomRole(
-            f"{t}budget-stop-marker-role",
-            role_id=args.naming.custom_role_id(f"budget_stop_markers_{args.team}"),
-            title=f"tpu-stack budget stop markers of team {args.team}"[:100],
-            description="Create the team's budget-stop marker objects",
-            permissions=list(MARKER_PERMISSIONS), project=args.platform_project, opts=child)
-        marker_role_name = pulumi.Output.all(marker_role.project, marker_role.role_id).apply(
-            lambda parts: f"projects/{parts[0]}/roles/{parts[1]}")
+        marker_role_name = pulumi.Output.concat(
+            "projects/", args.platform_project, "/roles/",
+            args.naming.custom_role_id(marker_role(args.team)))
         prefix = pulumi.Output.concat("projects/_/buckets/", args.artifacts_bucket,
                                       f"/objects/{marker_prefix(args.team)}")
         markers = gcp.storage.BucketIAMMember(
@@ -190,21 +179,6 @@ class BudgetStop(pulumi.ComponentResource):
                 expression=prefix.apply(lambda p: f'resource.name.startsWith("{p}")')),
             opts=child)
         return [tpu, markers]
-
-    def _deployer_grants(self, args: BudgetStopArgs,
-                         child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
-        """Deploying a function needs actAs on its runtime account (cloud.google.com/
-        functions/docs/reference/iam/roles, "Additional configuration for deployment"),
-        and its Eventarc trigger on the trigger's account: the deployer administers and
-        acts as this account alone, as it does the platform's runtime account (an
-        admin's first `up` applies these: no principal grants itself)."""
-        if args.deployer is None:
-            return []
-        return [gcp.serviceaccount.IAMMember(
-            f"{args.team}-budget-stop-deployer-{role.rsplit('.', 1)[-1]}",
-            service_account_id=self.account.name, role=role,
-            member=f"serviceAccount:{args.deployer}", opts=child)
-            for role in DEPLOYER_ACCOUNT_ROLES]
 
     def _source(self, args: BudgetStopArgs,
                 child: pulumi.ResourceOptions) -> gcp.storage.BucketObject:

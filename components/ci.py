@@ -210,18 +210,7 @@ class CiIdentity(pulumi.ComponentResource):
                 condition=condition, opts=pulumi.ResourceOptions(parent=self))
 
     def _grant_deployer_roles(self, args: CiArgs, kept: pulumi.ResourceOptions) -> None:
-        storage_role = gcp.projects.IAMCustomRole(
-            f"{self.prefix}storage-deployer",
-            role_id=args.naming.custom_role_id(STORAGE_ROLE),
-            title="tpu-stack storage deployer",
-            description="Create and manage tpu-stack buckets and their objects",
-            permissions=list(STORAGE_PERMISSIONS),
-            project=args.project_id,
-            opts=kept,
-        )
-        # The role's name as IAM writes it (projects/<p>/roles/<id>), known at preview.
-        role_name = pulumi.Output.all(storage_role.project, storage_role.role_id).apply(
-            lambda parts: f"projects/{parts[0]}/roles/{parts[1]}")
+        role_name = self._storage_role(args, kept)
         profile = DEPLOYER_ROLES if args.scope else TEAM_DEPLOYER_ROLES
         roles = [*_logical_roles(profile), ("storage-deployer", role_name)]
         self._grant(self.deployer, "deployer", roles, args, self._conditions(args))
@@ -234,6 +223,22 @@ class CiIdentity(pulumi.ComponentResource):
                     f"{self.prefix}deployer-{logical}-{index}", service_account_id=account,
                     role=role, member=self.deployer.email.apply(lambda e: f"serviceAccount:{e}"),
                     opts=pulumi.ResourceOptions(parent=self))
+
+    def _storage_role(self, args: CiArgs, kept: pulumi.ResourceOptions) -> pulumi.Output[str]:
+        """The storage custom role's name (projects/<p>/roles/<id>). A team's deployer's
+        (no scope) is the bootstrap's, made with a fixed permission list (model/bootstrap.py
+        custom_roles): the platform deployer holds no iam.roleAdmin where it grants it
+        (issue 44). A single stack's is made here, by the admin's first `up`."""
+        role_id = args.naming.custom_role_id(STORAGE_ROLE)
+        if args.scope is None:
+            return pulumi.Output.concat("projects/", args.project_id, "/roles/", role_id)
+        storage_role = gcp.projects.IAMCustomRole(
+            f"{self.prefix}storage-deployer", role_id=role_id,
+            title="tpu-stack storage deployer",
+            description="Create and manage tpu-stack buckets and their objects",
+            permissions=list(STORAGE_PERMISSIONS), project=args.project_id, opts=kept)
+        return pulumi.Output.all(storage_role.project, storage_role.role_id).apply(
+            lambda parts: f"projects/{parts[0]}/roles/{parts[1]}")
 
     @staticmethod
     def _conditions(args: CiArgs) -> dict[str, pulumi.Output[str]]:

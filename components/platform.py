@@ -47,7 +47,7 @@ from components.teams import (
     budgets_provider,
 )
 from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
-from model import catalog, cost, subnets, team_state
+from model import catalog, cost, function_accounts, subnets, team_state
 from model.bootstrap import granted_in_host_project
 from model.budget_hold import BudgetHold, budget_hold, janitor_held, settings_digest
 from model.naming import label_value
@@ -303,8 +303,9 @@ class TpuPlatform(pulumi.ComponentResource):
 
     @property
     def _has_budgets(self) -> bool:
-        """Budgets exist where billing is configured and teams are served."""
-        return bool(self.settings.teams and self.settings.billing_account)
+        """Budgets exist where teams are served: on the account their projects bill to
+        (teamProjects.billingAccount, else billing.account), never dropped (issue 44)."""
+        return bool(self.settings.teams and self.settings.team_billing_account)
 
     @property
     def _budget_stops(self) -> list[str]:
@@ -328,7 +329,8 @@ class TpuPlatform(pulumi.ComponentResource):
             artifacts_bucket=self.buckets.buckets["artifacts"].name,
             horizon_hours=settings.teams[team].budget_horizon_hours,
             labels=self._labels("budget-stop"),
-            deployer=settings.team_projects.deployer if settings.team_projects else None),
+            runtime_account=function_accounts.runtime_account(settings, team),
+            build_account=function_accounts.build_account(settings, team)),
             opts=after_apis)
 
     def _budget(self, team: str, stopper: BudgetStop | None = None) -> TeamBudget | None:
@@ -336,14 +338,15 @@ class TpuPlatform(pulumi.ComponentResource):
         for a month, else (neither given) last month's spend; notifying the budget-stop
         function's topic when the team's budget stops its TPUs."""
         settings = self.settings
-        if not settings.billing_account:
+        account = settings.team_billing_account
+        if not account:
             return None
-        billing = settings.billing or BillingSettings(account=settings.billing_account)
+        billing = settings.billing or BillingSettings(account=account)
         spec = settings.teams[team]
         usd_per_month = spec.budget_usd_per_month
         if usd_per_month is None and spec.quota.usd_per_hour is not None:
             usd_per_month = spec.quota.usd_per_hour * catalog.HOURS_PER_MONTH
-        return TeamBudget(billing.account, usd_per_month, billing.alert_thresholds,
+        return TeamBudget(account, usd_per_month, billing.alert_thresholds,
                           pubsub_topic=stopper.topic_path if stopper else None)
 
     # ---- a team stack -----------------------------------------------------

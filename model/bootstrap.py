@@ -17,9 +17,11 @@ Where each grant lives:
 - the billing account: billing.costsManager, for the teams' budgets
   (cloud.google.com/billing/docs/how-to/budgets: Billing Account Costs Manager);
 - with a team's `budgetAction: stop`, the host project again: BUDGET_STOP_HOST_ROLES, for
-  the budget stop's topic, function, Cloud Run invoker grant and marker custom role
-  (components/budget_stop.py). Its grant of the TPU custom role in the team's project
-  fits the folder's condition, which names that role in every team project.
+  the budget stop's topic, function and Cloud Run invoker grant (components/
+  budget_stop.py). Its grant of the TPU custom role in the team's project fits the
+  folder's condition, which names that role in every team project.
+The custom roles the deployer grants are the bootstrap's (custom_roles), made with a
+fixed permission list: the deployer holds iam.roleAdmin nowhere (issue 44).
 And to the quota contact (`teamProjects.quotaContact`), Quota Administrator on the
 teams' folder (quota_contact_grant).
 """
@@ -28,18 +30,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from model import function_accounts
 from model.roles import (
+    ACT_AS_ROLE,
+    BUDGET_STOP_PERMISSIONS,
     BUDGET_STOP_ROLE,
     DEPLOYER_ROLES,
+    MARKER_PERMISSIONS,
     MEMBER_PROJECT_ROLES,
     METRICS_SCOPE_ROLE,
     PLATFORM_FOLDER_ROLES,
     PREVIEW_ROLES,
     PROJECT_ROLES,
+    STORAGE_PERMISSIONS,
     STORAGE_ROLE,
     TEAM_DEPLOYER_ROLES,
     TPU_XPN_AGENT_ROLE,
     grants_only,
+    marker_role,
 )
 from model.settings.schema import StackSettings
 
@@ -62,13 +70,47 @@ BUDGET_STOP_HOST_ROLES = {
     # run.services.setIamPolicy: the one Cloud Run role holding it (Cloud Run Developer
     # "can get but not set IAM policies", cloud.google.com/run/docs/securing/managing-access).
     "roles/run.admin": "the trigger account's run.invoker on the function's service",
-    # iam.roles.create/update/delete in the host project: the markers' custom role. The
-    # host's projectIamAdmin condition names no custom role, so a role it could widen
-    # is grantable on buckets only, where storage.admin already lets it grant anything.
-    "roles/iam.roleAdmin": "the budget stop's marker custom role",
 }
 # The host project's parent as the proof names it when the bootstrap is not told.
 UNKNOWN_HOST_PARENT = "folders/HOST_PARENT"
+
+
+@dataclass(frozen=True)
+class CustomRole:
+    """A custom role the bootstrap creates with a fixed permission list: the deployer,
+    which may grant it, holds no iam.roleAdmin to change it (issue 44)."""
+
+    project: str
+    role_id: str
+    title: str
+    permissions: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"projects/{self.project}/roles/{self.role_id}"
+
+
+def custom_roles(settings: StackSettings, teams: list[str] | None = None) -> list[CustomRole]:
+    """Per team (`teams`: those only): its deployer's storage role in its project (a team
+    with `ci`), and with `budgetAction: stop` the budget stop's TPU role there and its
+    markers' role in the host project."""
+    naming, made = settings.naming, []
+    for team in sorted(settings.teams):
+        spec = settings.teams[team]
+        if teams is not None and team not in teams:
+            continue
+        project = naming.team_project(team)
+        if spec.ci is not None:
+            made.append(CustomRole(project, naming.custom_role_id(STORAGE_ROLE),
+                                   "tpu-stack storage deployer", STORAGE_PERMISSIONS))
+        if spec.budget_action == "stop":
+            made.append(CustomRole(project, naming.custom_role_id(BUDGET_STOP_ROLE),
+                                   f"tpu-stack budget stop of team {team}"[:100],
+                                   BUDGET_STOP_PERMISSIONS))
+            made.append(CustomRole(settings.gcp_project, naming.custom_role_id(marker_role(team)),
+                                   f"tpu-stack budget stop markers of team {team}"[:100],
+                                   MARKER_PERMISSIONS))
+    return made
 
 
 @dataclass(frozen=True)
@@ -134,8 +176,27 @@ def deployer_grants(settings: StackSettings, deployer: str,
     if settings.team_projects.state_bucket:  # the teams' state grants and outputs objects
         grants.append(Grant(f"projects/_/buckets/{settings.team_projects.state_bucket}",
                             HOST_STORAGE_ROLE, member))
-    if settings.teams and settings.billing_account:  # the teams' budgets (platform.py)
-        grants.append(Grant(f"billingAccounts/{settings.billing_account}", BUDGETS_ROLE, member))
+    if settings.teams and settings.team_billing_account:  # the teams' budgets (platform.py)
+        grants.append(Grant(f"billingAccounts/{settings.team_billing_account}", BUDGETS_ROLE,
+                            member))
+    return grants
+
+
+def function_account_grants(settings: StackSettings, deployer: str,
+                            teams: list[str] | None = None) -> list[Grant]:
+    """The budget-stop functions' accounts the bootstrap makes (model/function_accounts.py):
+    the deployer acts as each (on that account's own allow policy), the build account
+    builds in the host project. `teams`: only those teams' accounts."""
+    grants = []
+    for team in function_accounts.stop_teams(settings):
+        if teams is not None and team not in teams:
+            continue
+        build = function_accounts.build_account(settings, team)
+        for email in (function_accounts.runtime_account(settings, team), build):
+            grants.append(Grant(function_accounts.account_name(settings, email), ACT_AS_ROLE,
+                                f"serviceAccount:{deployer}"))
+        grants.append(Grant(f"projects/{settings.gcp_project}", function_accounts.BUILDER_ROLE,
+                            f"serviceAccount:{build}"))
     return grants
 
 

@@ -136,7 +136,10 @@ def team_previews(settings: StackSettings) -> list[TeamPreview]:
         hourly = {node_id: node_hourly_usd(node) for node_id, node in nodes}
         previews.append(TeamPreview(
             team=team, usd_per_hour=sum(v or 0.0 for v in hourly.values()),
-            budget_usd_per_month=spec.budget_usd_per_month if spec else None,
+            # A budget only where the plan declares one (platform.py: on the teams'
+            # billing account), never one it dropped (issue 44).
+            budget_usd_per_month=spec.budget_usd_per_month
+            if spec and settings.team_billing_account else None,
             budget_action=action,
             stop_deletes=tuple(node_id for node_id, _ in nodes) if action == "stop" else (),
             limits=tuple(NodeLimits(node_id, node.max_runtime, node.idle_stop)

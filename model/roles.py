@@ -73,13 +73,15 @@ BOOTSTRAP_ROLES = {
 # no roles/billing.user: projects are made and linked to billing by the bootstrap
 # (an admin), so the deployer cannot make projects outside every cap and budget.
 # Folder roles reach every project in the folder (resource hierarchy): keep the
-# folder for team projects only.
+# folder for team projects only. No roles/iam.roleAdmin: with it the deployer could
+# add any permission to a custom role its projectIamAdmin condition lets it grant
+# (modifiedGrantsByRole limits role names, not their content); the custom roles are
+# the bootstrap's, made with a fixed permission list (model/bootstrap.py, issue 44).
 PLATFORM_FOLDER_ROLES = {
     "roles/serviceusage.serviceUsageAdmin": "TeamProject enables each team project's APIs",
     "roles/resourcemanager.projectIamAdmin": "TeamProject's project grants (the bootstrap "
                                              "limits it with modifiedGrantsByRole)",
     "roles/iam.serviceAccountAdmin": "the teams' runtime, deployer and preview accounts",
-    "roles/iam.roleAdmin": "each team deployer's storage custom role",
     "roles/iam.workloadIdentityPoolAdmin": "each team deployer's pool and GitHub provider",
     "roles/cloudquotas.admin": "the teams' TPU quota caps",
     "roles/compute.xpnAdmin": "attaches team projects to the Shared VPC host",
@@ -210,8 +212,31 @@ TPU_AGENT_DOMAIN = "gcp-sa-tpu.iam.gserviceaccount.com"
 
 
 # The TPU custom role's id in the team's project (naming.custom_role_id): the bootstrap
-# names it in the folder's grant condition (model/bootstrap.py).
+# creates it and names it in the folder's grant condition (model/bootstrap.py).
 BUDGET_STOP_ROLE = "budget_stop"
+
+
+# What the budget-stop function does in the team's project, and only there (a custom
+# role: no predefined TPU role is this narrow; roles/tpu.admin would also create nodes).
+# IAM permission names: cloud.google.com/iam/docs/roles-permissions/tpu (ops/tpu/api.py
+# PERMISSIONS): list and get to find them, update to set the stop request, delete.
+# Its queued resources are checked with the node permissions: IAM has no
+# tpu.queuedResources.* permission (a custom role listing one is refused, `400
+# Permission ... is not valid`, terraform-google-modules/terraform-google-iam#158);
+# iann0036/iam-dataset gcp/map.json maps tpu.projects.locations.queuedResources.
+# {list,get,delete} to tpu.nodes.{list,get,delete}.
+BUDGET_STOP_PERMISSIONS = ("tpu.nodes.list", "tpu.nodes.get", "tpu.nodes.update",
+                           "tpu.nodes.delete", "tpu.operations.get")
+
+
+# Its markers: create only (no read, no overwrite: storage.objects.delete would be needed
+# for that, cloud.google.com/storage/docs/access-control/iam-permissions, no delete).
+MARKER_PERMISSIONS = ("storage.objects.create",)
+
+
+def marker_role(team: str) -> str:
+    """The markers' custom role id (naming.custom_role_id) in the host project."""
+    return f"budget_stop_markers_{team}"
 
 
 # Object roles per bucket purpose: read what the job consumes, write what it

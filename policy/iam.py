@@ -269,6 +269,9 @@ def binding_target(module: str, inputs: Mapping[str, Any]) -> str | None:
         return f"projects/_/buckets/{str(inputs['bucket']).removeprefix('b/')}"
     if module == "serviceaccount":
         return str(inputs["serviceAccountId"])
+    if module == "cloudrunv2" and "name" in inputs:  # a Cloud Run service's own policy
+        return (f"projects/{inputs['project']}/locations/{inputs['location']}/services/"
+                f"{inputs['name']}")
     if module == "compute" and "subnetwork" in inputs:
         subnet = str(inputs["subnetwork"])
         if subnet.startswith("projects/"):

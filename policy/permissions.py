@@ -21,7 +21,9 @@ where IAM checks them, each row citing its API method's reference. Beside the ta
   `projects/OWNER/locations/ZONE/reservations/NAME`, cloud.google.com/tpu/docs/
   reference/rest/v2/projects.locations.queuedResources).
 A missing permission is a `Finding` naming the resource, the identity, the permission,
-where, and the grant that would fix it.
+where, and the grant that would fix it. What IAM itself refuses and the other identities
+that act (custom roles' permissions, service agents, build and trigger accounts, a
+budget's topic, shared reservations, role-content escapes) are policy/acting.py's.
 """
 
 from __future__ import annotations
@@ -154,8 +156,13 @@ TABLE: dict[str, Row] = {
         _project, ("compute.networks.create",), ("compute.networks.update",),
         ("compute.networks.delete",), _REST.format("compute") + "v1/networks/insert"),
     COMPUTE_SUBNETWORK: Row(
-        _project, ("compute.subnetworks.create",), ("compute.subnetworks.update",),
-        ("compute.subnetworks.delete",), _REST.format("compute") + "v1/subnetworks/insert"),
+        # Turning Private Google Access on or off is its own method and permission
+        # (v1/subnetworks/setPrivateIpGoogleAccess: compute.subnetworks.
+        # setPrivateIpGoogleAccess), which an update of that field calls (issue 44).
+        _project, ("compute.subnetworks.create",),
+        ("compute.subnetworks.update", "compute.subnetworks.setPrivateIpGoogleAccess"),
+        ("compute.subnetworks.delete",), _REST.format("compute") + "v1/subnetworks/insert "
+        "(update: .../patch and .../setPrivateIpGoogleAccess)"),
     COMPUTE_FIREWALL: Row(
         _project, ("compute.firewalls.create", "compute.networks.updatePolicy"),
         ("compute.firewalls.update", "compute.networks.updatePolicy"),
@@ -168,8 +175,9 @@ TABLE: dict[str, Row] = {
         "organization or folder: cloud.google.com/vpc/docs/shared-vpc, Shared VPC Admin)"),
     COMPUTE_SHARED_VPC_SERVICE_PROJECT: Row(
         _attached, ("compute.organizations.enableXpnResource",), (),
-        ("compute.organizations.enableXpnResource",),
-        _REST.format("compute") + "v1/projects/enableXpnResource"),
+        ("compute.organizations.disableXpnResource",),
+        _REST.format("compute") + "v1/projects/enableXpnResource (delete: "
+        "v1/projects/disableXpnResource, compute.organizations.disableXpnResource)"),
     SERVICEACCOUNT_ACCOUNT: Row(
         _project, ("iam.serviceAccounts.create",), ("iam.serviceAccounts.update",),
         ("iam.serviceAccounts.delete",),
@@ -212,10 +220,15 @@ TABLE: dict[str, Row] = {
         "cloud.google.com/storage/docs/json_api/v1/buckets/insert "
         "(cloud.google.com/storage/docs/access-control/iam-json)"),
     STORAGE_BUCKET_OBJECT: Row(
-        _bucket, ("storage.objects.create",), ("storage.objects.create",),
+        # A changed object is a new upload under the same name: overwriting needs
+        # storage.objects.delete too (cloud.google.com/storage/docs/access-control/
+        # iam-permissions: objects.insert "also requires storage.objects.delete" to
+        # overwrite an existing object).
+        _bucket, ("storage.objects.create",), ("storage.objects.create",
+                                               "storage.objects.delete"),
         ("storage.objects.delete",),
         "cloud.google.com/storage/docs/json_api/v1/objects/insert "
-        "(cloud.google.com/storage/docs/access-control/iam-json)"),
+        "(cloud.google.com/storage/docs/access-control/iam-permissions)"),
     CLOUDQUOTA_S_QUOTA_PREFERENCE: Row(
         _quota_parent, ("cloudquotas.quotas.update",), ("cloudquotas.quotas.update",), (),
         "cloud.google.com/docs/quotas/reference/rest/v1/projects.locations."
@@ -345,7 +358,7 @@ class Applier:
     # Projects holding the reservations the stack's reserved nodes may use.
     reservation_projects: frozenset[str] = frozenset()
     unchecked: list[str] = field(default_factory=list)  # types without a table row
-    self_grants: list[str] = field(default_factory=list)  # grants to the applier: an admin's
+    self_grants: list[str] = field(default_factory=list)  # grants to the applier (checked)
 
 
 def prove(resources: Iterable[Mapping[str, Any]], model: IamModel,
@@ -365,8 +378,8 @@ def prove(resources: Iterable[Mapping[str, Any]], model: IamModel,
         inputs = {**(resource.get("outputs") or {}), **(resource.get("inputs") or {})}
         label = f"{kind} {resource.get('name')}"
         if row.grant and inputs.get("member") == applier.identity:
-            applier.self_grants.append(label)  # nobody grants itself: an admin's step
-            continue
+            # A grant to the applier is checked like any other (issue 44): GCP does.
+            applier.self_grants.append(label)
         findings += _row_findings(label, row, inputs, model, applier.identity)
         findings += _runs_as_findings(label, kind, inputs, model, applier.identity)
         findings += _reservation_findings(label, kind, inputs, applier)
@@ -379,7 +392,9 @@ def prove(resources: Iterable[Mapping[str, Any]], model: IamModel,
 def _contact_findings(label: str, kind: str, inputs: Inputs, model: IamModel) -> list[Finding]:
     """"The Google account for the email address must have quota update permission for
     the project, folder or organization this quota preference is for" (Cloud Quotas v1
-    QuotaPreference.contact_email): the contact, as a group or a user."""
+    QuotaPreference.contact_email): the contact, as a group or a user. Unconfirmed: that
+    a group's email is accepted there (the API asks for a Google account's email; a
+    `user:` contact is the confirmed form, issue 44)."""
     contact = inputs.get("contactEmail") if kind == CLOUDQUOTA_S_QUOTA_PREFERENCE else None
     if not contact:
         return []
@@ -388,7 +403,7 @@ def _contact_findings(label: str, kind: str, inputs: Inputs, model: IamModel) ->
         return []
     return [Finding(label, f"the quota contact {contact}", "create", permission, parent,
                     f"grant roles/cloudquotas.admin on {parent} (or its folder) to "
-                    f"group:{contact} or user:{contact}")]
+                    f"user:{contact} (a group: unconfirmed)")]
 
 
 def _row_findings(label: str, row: Row, inputs: Inputs, model: IamModel,

@@ -168,7 +168,10 @@ def test_finding_4_the_shared_vpc_host_needs_xpn_admin_where_the_host_lives(
         (host, "compute.organizations.disableXpnHost"),
         # Attaching a team's project is checked on the host's side too.
         (f"{attach} vision-shared-vpc", "compute.organizations.enableXpnResource"),
-        (f"{attach} nlp-shared-vpc", "compute.organizations.enableXpnResource")}
+        (f"{attach} nlp-shared-vpc", "compute.organizations.enableXpnResource"),
+        # and detaching it (disableXpnResource, issue 44)
+        (f"{attach} vision-shared-vpc", "compute.organizations.disableXpnResource"),
+        (f"{attach} nlp-shared-vpc", "compute.organizations.disableXpnResource")}
     assert {f.on for f in findings} == {"projects/acme-ml-shared"}
     assert all(f.fix == "grant roles/compute.xpnAdmin on projects/acme-ml-shared"
                for f in findings)
@@ -260,6 +263,8 @@ def test_a_resource_type_without_a_row_is_named_as_not_proved() -> None:
 BUDGET_STOP_ACCOUNT = ("projects/acme-ml-shared/serviceAccounts/platform-nlp-budget-stop@"
                        "acme-ml-shared.iam.gserviceaccount.com")
 RESERVATION = "projects/acme-ml-shared/locations/us-central1-a/reservations/v5e-pool"
+BUILD_ACCOUNT = ("projects/acme-ml-shared/serviceAccounts/platform-nlp-function-build@"
+                 "acme-ml-shared.iam.gserviceaccount.com")
 
 
 def _platform_with(change) -> dict[str, str]:
@@ -292,6 +297,12 @@ def budget_stop_stack() -> tuple[object, ProgramRun]:
 @pytest.fixture(scope="module")
 def fallback_stack() -> tuple[object, ProgramRun]:
     data = _platform_with(_fallback)
+    # The host's v5e pool, shared with nlp's project (model/shared_reservations.py).
+    shared = json.loads(data["tpu-stack:sharedReservations"])
+    shared.append({"name": "v5e-pool", "owner": "acme-ml-shared",
+                   "ownerProjectNumber": "123456789012", "zone": "us-central1-a",
+                   "generation": "v5e", "consumers": ["acme-ml-shared-nlp"]})
+    data["tpu-stack:sharedReservations"] = json.dumps(shared)
     return load_settings(data, "platform"), run_program(data, "platform")
 
 
@@ -339,17 +350,17 @@ FUNCTION = "gcp:cloudfunctionsv2/function:Function nlp-budget-stop"
         ("gcp:cloudrunv2/serviceIamMember:ServiceIamMember nlp-budget-stop-invoker",
          "run.services.setIamPolicy",
          "projects/acme-ml-shared/locations/us-central1/services/platform-nlp-budget-stop")}),
-    ("roles/iam.roleAdmin", {
-        ("gcp:projects/iAMCustomRole:IAMCustomRole nlp-budget-stop-marker-role",
-         "iam.roles.create", "projects/acme-ml-shared")}),
     ("the budget stop's role in the folder's condition", {
         ("gcp:projects/iAMMember:IAMMember nlp-budget-stop-tpu",
          "resourcemanager.projects.setIamPolicy", "projects/acme-ml-shared-nlp")}),
-    ("nlp-budget-stop-deployer-serviceAccountUser", {
+    ("the bootstrap's actAs on the runtime account", {
         (FUNCTION, "iam.serviceAccounts.actAs", BUDGET_STOP_ACCOUNT)}),
-    ("nlp-budget-stop-deployer-serviceAccountAdmin", {
-        ("gcp:serviceaccount/account:Account nlp-budget-stop", "iam.serviceAccounts.update",
-         BUDGET_STOP_ACCOUNT)}),
+    ("the bootstrap's actAs on the build account", {
+        (FUNCTION, "iam.serviceAccounts.actAs", BUILD_ACCOUNT)}),
+    ("the bootstrap's builder grant", {
+        (FUNCTION, "cloudbuild.builds.create", "projects/acme-ml-shared"),
+        (FUNCTION, "storage.objects.get", "projects/_/buckets/acme-ml-shared-platform-artifacts/"
+                                          "objects/functions/budget-stop-*.zip")}),
 ])
 def test_each_grant_the_budget_stop_needs_when_removed_is_named(
         budget_stop_stack, monkeypatch, removed, refused) -> None:
@@ -357,10 +368,13 @@ def test_each_grant_the_budget_stop_needs_when_removed_is_named(
     if removed.startswith("roles/"):
         monkeypatch.setattr(*_without_host_role(removed))
     elif removed.startswith("the budget stop's role"):
-        monkeypatch.setattr(bootstrap, "BUDGET_STOP_ROLE", "not_the_budget_stop")
+        listed = bootstrap.granted_in_team_projects
+        monkeypatch.setattr(bootstrap, "granted_in_team_projects", lambda settings: [
+            role for role in listed(settings) if not role.endswith("/platform_budget_stop")])
     else:
-        run = without(run, removed)
-    found = {(f.resource, f.permission, f.on) for f in plan_proof(settings, run).findings}
+        monkeypatch.setattr(*_without_bootstrap_grant(removed))
+    found = {(f.resource, f.permission, _glob_source(f.on))
+             for f in plan_proof(settings, run).findings}
     assert refused <= found, found
     assert {f[1] for f in found} <= {p for _, p, _ in refused} | {
         # the same grant's other operations and permissions
@@ -368,6 +382,27 @@ def test_each_grant_the_budget_stop_needs_when_removed_is_named(
         "cloudfunctions.functions.update", "cloudfunctions.functions.delete",
         "run.services.getIamPolicy", "iam.roles.update", "iam.roles.delete",
         "iam.serviceAccounts.delete"}, found
+
+
+def _without_bootstrap_grant(removed: str):
+    """The bootstrap's grants for the functions' accounts, less the one `removed` names."""
+    from ops.plan import proof as proof_module
+
+    grants = proof_module.function_account_grants
+
+    def dropped(grant) -> bool:
+        if "builder" in removed:
+            return grant.role == "roles/cloudbuild.builds.builder"
+        account = BUDGET_STOP_ACCOUNT if "runtime" in removed else BUILD_ACCOUNT
+        return grant.resource == account
+    return proof_module, "function_account_grants", lambda *a: [
+        g for g in grants(*a) if not dropped(g)]
+
+
+def _glob_source(on: str) -> str:
+    """The source object's name holds its content's hash."""
+    head, sep, _ = on.partition("/objects/functions/budget-stop-")
+    return f"{head}{sep}*.zip" if sep else on
 
 
 def test_a_fallback_node_needs_act_as_each_candidate_s_subnet_and_reservation(
@@ -384,10 +419,12 @@ def test_a_fallback_node_needs_act_as_each_candidate_s_subnet_and_reservation(
     kept = [r for r in without(run, "platform-deployer-act-as").registrations if r is not node]
     findings = plan_proof(settings, ProgramRun([*kept, changed], run.outputs)).findings
     mine = {(f.permission, f.on.split(" ")[0]) for f in findings
-            if f.resource.endswith("node-nlp-burst-fallback")}
+            if f.resource.endswith("node-nlp-burst-fallback") and f.identity == PLATFORM_DEPLOYER}
     assert mine == {
         ("iam.serviceAccounts.actAs", "projects/acme-ml-shared-nlp/serviceAccounts/"
          "platform-nlp-runtime@acme-ml-shared-nlp.iam.gserviceaccount.com"),
         ("compute.subnetworks.use", "projects/other-host/regions/us-central1/subnetworks/"
                                     "elsewhere"),
-        ("a reservation", "projects/elsewhere")}
+        ("a reservation", "projects/elsewhere"),
+        # nor declared shared with nlp's project (issue 44)
+        ("a shared reservation", "projects/elsewhere/locations/us-central1-a/reservations/r")}

@@ -133,8 +133,7 @@ def repo_runs() -> list[ProgramRun]:
     return [run_program(file_config(stack), stack) for stack in ("platform", "team-vision")]
 
 
-@pytest.fixture(scope="module")
-def three_teams() -> ProgramRun:
+def three_teams_config() -> dict[str, str]:
     """A platform that declares three teams' nodes, each team with a deployer."""
     teams = {name: team(name, spot(), pod(), ci=CI) for name in ("vision", "nlp", "speech")}
     teams["vision"]["nodes"].append(spot("queue", provisioning="queued", queue={"spot": True}))
@@ -142,11 +141,30 @@ def three_teams() -> ProgramRun:
     data["tpu-stack:quota"] = {"v5e": {"us-central1": {"preemptible": 64}},
                                "v4": {"us-central2": {"onDemand": 64}}}
     data["tpu-stack:teamProjects"] = {**data["tpu-stack:teamProjects"], "stateBucket": STATE}
-    return run_program(as_cli(data), "shared")
+    return as_cli(data)
+
+
+@pytest.fixture(scope="module")
+def three_teams() -> ProgramRun:
+    return run_program(three_teams_config(), "shared")
+
+
+def of_resources(resources: Any) -> IamModel:
+    """The model of plan resources and the custom roles the bootstrap makes outside every
+    plan (model/bootstrap.py custom_roles: the platform's and three_teams')."""
+    from components.stack_config import settings_for
+    from model.bootstrap import custom_roles
+    from model.settings.load import load_settings
+
+    model = IamModel.of(resources)
+    for settings in (settings_for("platform"), load_settings(three_teams_config(), "shared")):
+        model.custom_roles.update({r.name: frozenset(r.permissions)
+                                   for r in custom_roles(settings)})
+    return model
 
 
 def model_of(runs: list[ProgramRun]) -> IamModel:
-    return IamModel.of(r for run in runs for r in run.registrations)
+    return of_resources(r for run in runs for r in run.registrations)
 
 
 # ---- teams cannot touch each other ------------------------------------------------
@@ -185,7 +203,7 @@ def test_the_isolation_check_catches_a_leaked_grant(three_teams) -> None:
     leak.inputs.update(project=teams["vision"].project.removeprefix("projects/"),
                        role="roles/tpu.admin", member=teams["nlp"].principals["deployer"])
     leak.inputs.pop("condition", None)
-    leaky = IamModel.of([*three_teams.registrations, leak])
+    leaky = of_resources([*three_teams.registrations, leak])
     found = crossings(leaky, teams)
     assert ("nlp", "deployer", "tpu.nodes.update") in {f[:3] for f in found}
     assert {f[3] for f in found} >= {r for r in teams["vision"].resources if "/nodes/" in r}
@@ -376,7 +394,7 @@ def test_the_state_check_catches_a_bucket_wide_grant(three_teams) -> None:
     leak = {"type": STORAGE_BUCKET_IAM_MEMBER,
             "inputs": {"bucket": STATE, "role": "roles/storage.objectUser",
                        "member": teams["nlp"].principals["deployer"]}}
-    model = IamModel.of([*three_teams.registrations, leak])
+    model = of_resources([*three_teams.registrations, leak])
     assert model.can(teams["nlp"].principals["deployer"], "storage.objects.create",
                      state_files("team-vision")[0])
 
@@ -506,8 +524,8 @@ def bootstrap_grants(stack: str = "platform") -> list[dict[str, Any]]:
 
 
 def test_the_platform_deployer_makes_no_project_and_grants_only_team_roles(repo_runs) -> None:
-    model = IamModel.of([*(r for run in repo_runs for r in run.registrations),
-                         *bootstrap_grants()])
+    model = of_resources([*(r for run in repo_runs for r in run.registrations),
+                          *bootstrap_grants()])
     teams = teams_of(repo_runs)
     folder = "folders/246813579024"
     for t in teams.values():

@@ -441,8 +441,12 @@ def test_a_budget_per_team_on_its_whole_project(repo_stacks) -> None:
     assert not repo_stacks["team-vision"].of_type(BUDGET)
 
 
-def test_no_billing_account_no_budget(three_teams) -> None:
-    assert not three_teams.of_type(BUDGET)
+def test_the_teams_billing_account_holds_their_budgets(three_teams) -> None:
+    """No tpu-stack:billing, teamProjects.billingAccount set: the budgets are declared on
+    the account the teams' projects bill to, never dropped (issue 44)."""
+    budgets = three_teams.of_type(BUDGET)
+    assert len(budgets) == 3
+    assert {b.inputs["billingAccount"] for b in budgets} == {TEAM_PROJECTS["billingAccount"]}
 
 
 def test_cost_per_team_in_the_outputs(repo_stacks, three_teams) -> None:
@@ -567,9 +571,9 @@ def test_budgets_use_a_provider_billing_the_project_with_the_budgets_api_on() ->
         assert services["billingbudgets.googleapis.com"].urn in budget.dependencies
 
 
-def test_no_budget_no_budgets_api_and_no_provider(three_teams) -> None:
-    assert not three_teams.of_type(PROVIDER_GCP)
-    assert "billingbudgets.googleapis.com" not in {
+def test_budgets_on_the_teams_billing_account_have_their_api_and_provider(three_teams) -> None:
+    assert [p.name for p in three_teams.of_type(PROVIDER_GCP)] == ["budgets"]
+    assert "billingbudgets.googleapis.com" in {
         s.inputs["service"] for s in three_teams.of_type(PROJECTS_SERVICE)}
 
 
@@ -667,6 +671,12 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
                       ("acme-ml-shared", METRICS_SCOPE_ROLE),
                       ("42", XPN_ADMIN), ("gs://acme-pulumi-state", HOST_STORAGE_ROLE),
                       ("01AB23-45CD67-89EF01", BUDGETS_ROLE),
+                      # nlp's budget-stop accounts, the bootstrap's (issue 44)
+                      ("platform-nlp-budget-stop@acme-ml-shared.iam.gserviceaccount.com",
+                       "roles/iam.serviceAccountUser"),
+                      ("platform-nlp-function-build@acme-ml-shared.iam.gserviceaccount.com",
+                       "roles/iam.serviceAccountUser"),
+                      ("acme-ml-shared", "roles/cloudbuild.builds.builder"),
                       ("246813579024", "roles/cloudquotas.admin")]  # the quota contact's
     assert "--member=group:ml-platform@acme.example" in commands[-1]
     roles = {role for _, role in grants}
@@ -679,7 +689,9 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
     policies = {c[4] for c in commands if c[3] in ("enable-enforce", "allow")}
     assert policies == {"storage.publicAccessPrevention", "compute.skipDefaultNetworkCreation",
                         "iam.allowedPolicyMemberDomains",
-                        "iam.automaticIamGrantsForDefaultServiceAccounts"}
+                        "iam.automaticIamGrantsForDefaultServiceAccounts",
+                        # the shared v4 reservation's owner (model/shared_reservations.py)
+                        "compute.sharedReservationsOwnerProjects"}
     condition = bootstrap.grants_condition(settings)["expression"]
     assert "roles/owner" not in condition and "'roles/tpu.admin'" in condition
     assert "'roles/browser'" in condition  # the team preview accounts' role (finding 1)

@@ -374,6 +374,19 @@ class ControllerSettings(_Model):
     interval: ControllerInterval = "5m"
 
 
+class SharedReservationSettings(_Model):
+    """One of `tpu-stack:sharedReservations`: another project's TPU reservation, shared
+    with the consumer projects named (model/shared_reservations.py, issue 44)."""
+
+    name: str
+    owner: str  # the owner project's id
+    owner_project_number: str  # the org policy names the owner by number
+    zone: str
+    generation: str
+    share_type: str = "SPECIFIC_PROJECTS"
+    consumers: list[str] = Field(default_factory=list)  # consumer project ids
+
+
 class StackSettings(_Model):
     """The whole stack config, checked."""
 
@@ -404,6 +417,7 @@ class StackSettings(_Model):
     # team stack reads them there instead of the platform's whole stack file.
     platform_outputs_bucket: str | None = None
     alerts: AlertsSettings | None = None  # the stack's own alerts (a standalone stack's)
+    shared_reservations: list[SharedReservationSettings] = Field(default_factory=list)
 
     @field_validator("platform_stack", "platform_outputs_bucket", mode="before")
     @classmethod

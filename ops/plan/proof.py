@@ -21,12 +21,16 @@ from typing import Any
 from model.bootstrap import (
     UNKNOWN_HOST_PARENT,
     Grant,
+    custom_roles,
     deployer_grants,
+    function_account_grants,
     quota_contact_grant,
 )
 from model.pulumi_types import COMPONENT_CI_IDENTITY
 from model.settings.schema import StackSettings
+from model.shared_reservations import owners_allowed
 from ops.plan.mock_engine import ProgramRun, planned_stack_run
+from policy.acting import Sharing, prove_acting
 from policy.iam import Binding, IamModel
 from policy.permissions import Applier, Finding, prove
 
@@ -57,6 +61,10 @@ def plan_proof(settings: StackSettings, run: ProgramRun,
     resources = [_as_dict(r) for r in run.registrations]
     runs = [run]
     grants: list[Grant] = list(extra_grants)
+    owner = _platform_settings(settings.platform_stack or "") if settings.is_team_stack \
+        else settings  # the settings that declare the bootstrap's roles and sharing
+    roles = {role.name: role.permissions for role in custom_roles(owner)}
+    sharing = Sharing(tuple(owner.shared_reservations), tuple(owners_allowed(owner)))
     if settings.is_team_stack:
         platform = planned_stack_run(settings.platform_stack or "")
         runs.insert(0, platform)
@@ -72,15 +80,24 @@ def plan_proof(settings: StackSettings, run: ProgramRun,
                                             "whoever runs `pulumi up` applies it")
         if settings.teams and settings.team_projects and settings.team_projects.folder_id:
             grants += deployer_grants(settings, deployer)
+            grants += function_account_grants(settings, deployer)
             contact = quota_contact_grant(settings)
             grants += [contact] if contact else []
     model = IamModel.of(_as_dict(r) for plan in runs for r in plan.registrations)
+    model.custom_roles.update({name: frozenset(p) for name, p in roles.items()})
     _add_grants(model, grants)
     _place_projects(model, settings, runs)
     applier = Applier(f"serviceAccount:{deployer}", _admin_applied(settings, run),
                       frozenset({f"projects/{settings.gcp_project}"}))
-    findings = prove(resources, model, applier)
+    findings = prove(resources, model, applier) + prove_acting(resources, model, applier, roles,
+                                                              sharing)
     return Proof(applier.identity, findings, sorted(set(applier.unchecked)))
+
+
+def _platform_settings(reference: str) -> StackSettings:
+    from components.stack_config import settings_for  # the program's config reader
+
+    return settings_for(reference.rsplit("/", 1)[-1])
 
 
 def _stack_deployer(settings: StackSettings, run: ProgramRun) -> str | None:

@@ -274,7 +274,7 @@ def _budget_action_problems(s: StackSettings, name: str, team: TeamSettings) -> 
     if team.budget_usd_per_month is None:
         yield (f"{key}.budgetUsdPerMonth", "is required with budgetAction: stop (the budget "
                                            "the team's nodes are stopped at, in USD a month)")
-    if not s.billing_account:
+    if not s.team_billing_account:  # the budget lives where the team's project bills
         yield (f"{key}.budgetAction", f"stop needs a budget: set {NAMESPACE}:billing.account")
 
 
