@@ -11,7 +11,7 @@ maxRuntime (each a delete). Printed:
 
 - baseline: the same lists one (project, zone) pair after another, with no planning:
   what reading the actual state costs done naively;
-- the controller run (controller/run.py run_once: lease, lists, plan, apply, audit),
+- the controller run (ops/controller/run.py run_once: lease, lists, plan, apply, audit),
   its time, its ratio to the baseline, and its TPU API calls against the bound
   pairs x pages + actions (pages: a node list's and a queued list's, per pair; actions:
   the calls the steps made, each counted).
@@ -37,12 +37,12 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 from google.api_core import exceptions as gexc  # noqa: E402
 from google.cloud import tpu_v2  # noqa: E402
 
-from controller.manifest import Manifest  # noqa: E402
-from controller.run import run_once  # noqa: E402
 from model import catalog  # noqa: E402
+from model.fleet import ExpectedNode, StackTarget  # noqa: E402
+from model.manifest import Manifest  # noqa: E402
 from node_agent.contract import MAX_RUNTIME_KEY  # noqa: E402
+from ops.controller.run import run_once  # noqa: E402
 from ops.tpu.api import TpuApi  # noqa: E402
-from ops.tpu.target import ExpectedNode, StackTarget  # noqa: E402
 
 NOW = datetime.now(timezone.utc)
 ZONES = [f"{region}-{letter}" for region in ("us-central1", "us-east5", "europe-west4",
@@ -113,7 +113,7 @@ class FakeClient:
 
 
 class MemoryStore:
-    """controller/store.py Store's interface, in memory."""
+    """ops/controller/store.py Store's interface, in memory."""
 
     def __init__(self, manifests: list[Manifest]) -> None:
         self._manifests, self._moves, self.audit = manifests, [], None
@@ -132,7 +132,7 @@ class MemoryStore:
         self._moves = list(moves)
 
     def try_lease(self, run_id: str, now: datetime, seconds: float) -> Any:
-        from controller.store import Lease
+        from ops.controller.store import Lease
 
         return Lease("memory", now + timedelta(seconds=seconds))
 

@@ -54,13 +54,13 @@ from rich.console import Console  # noqa: E402
 
 from cloud.tpu import ENDPOINT_ENV  # noqa: E402
 from model import catalog  # noqa: E402
+from model.fleet import ExpectedNode, StackTarget  # noqa: E402
 from node_agent.contract import STATUS_KEY  # noqa: E402
 from ops.tpu import api as tpu_api  # noqa: E402
 from ops.tpu import status as node_status  # noqa: E402
 from ops.tpu import status_views  # noqa: E402
 from ops.tpu.api import NodeStatus, TpuApi  # noqa: E402
 from ops.tpu.logs import WORKER0_STATUS, AgentLogs  # noqa: E402
-from ops.tpu.target import ExpectedNode, StackTarget  # noqa: E402
 from tests.fakes.tpu_api import FakeTpuApi, GrpcFront  # noqa: E402
 
 PLATFORM = "acme-ml-shared"

@@ -38,7 +38,10 @@ from model.roles import (
 )
 
 FUNCTION_DIR = Path(__file__).resolve().parents[1] / "functions" / "budget_stop"
-FUNCTION_FILES = ("main.py", "spend.py", "requirements.txt")
+FUNCTION_FILES = ("main.py", "requirements.txt")
+# The meter's arithmetic, shared with the stack's own meter (model/meter.py): the archive
+# carries model/spend.py at its root, where main.py imports it as `spend`.
+SHARED_FILES = {"spend.py": REPO_ROOT / "model" / "spend.py"}
 PRICES_NAME = "prices.json"
 ENTRY_POINT = "budget_stop"
 # A fixed time for every member: the archive's bytes depend on its content only.
@@ -50,6 +53,7 @@ def function_source() -> bytes:
     """The function's source archive (zip): its files and the catalog's prices, the same
     bytes on every machine for the same content."""
     members = {name: (FUNCTION_DIR / name).read_bytes() for name in FUNCTION_FILES}
+    members.update({name: path.read_bytes() for name, path in SHARED_FILES.items()})
     members[PRICES_NAME] = json.dumps(price_table(), sort_keys=True, indent=1).encode()
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:

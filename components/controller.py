@@ -17,7 +17,7 @@ controller"): declared by a platform stack, or a standalone stack, with
   queued resources; get operations) and actAs on the TPU runtime accounts (a request it
   creates runs its node as one: cloud.google.com/iam/docs/service-accounts-actas); in its
   bucket, objects under controller/ and the budget markers (read) only;
-- the stack's manifest (controller/manifest.py) as a BucketObject of JSON.
+- the stack's manifest (model/manifest.py) as a BucketObject of JSON.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components.budget_stop import INVOKER_ROLE, REGION, RUNTIME, STAGING
-from controller.manifest import BudgetTeam, manifest_json, object_name
-from controller.store import OBJECT_PREFIX
 from model import catalog
 from model.archive import REPO_ROOT
+from model.fleet import target_for
+from model.manifest import OBJECT_PREFIX, BudgetTeam, manifest_json, object_name
 from model.naming import Naming
 
 TYPE = "tpu-stack:index:Controller"
@@ -44,7 +44,7 @@ FUNCTION_DIR = REPO_ROOT / "functions" / "controller"
 # The repo modules the function imports (its closure: tests/controller/
 # test_controller_function.py runs the archive with nothing else on the path).
 SOURCE_FILES = (
-    "cloud/*.py", "controller/*.py", "model/*.py", "model/*.json", "model/settings/*.py",
+    "cloud/*.py", "ops/controller/*.py", "model/*.py", "model/*.json", "model/settings/*.py",
     "model/settings/rules/*.py", "node_agent/__init__.py", "node_agent/contract.py",
     "ops/__init__.py", "ops/tpu/__init__.py", "ops/tpu/actions.py", "ops/tpu/api.py",
     "ops/tpu/target.py", "components/__init__.py", "components/fallback_tpu.py",
@@ -242,8 +242,6 @@ def declare_for(platform: pulumi.ComponentResource, opts: pulumi.ResourceOptions
     manages the stack's project and its teams' projects, acts as their runtime accounts
     (the team's as components/teams.py names it), runs on the budget topics of the teams
     whose budget stops their TPUs, and gets the stack's manifest."""
-    from ops.tpu.target import target_for
-
     settings = platform.settings  # type: ignore[attr-defined]
     naming = settings.naming
     bucket = platform.buckets.buckets["artifacts"].name  # type: ignore[attr-defined]

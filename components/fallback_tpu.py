@@ -50,6 +50,7 @@ from components.queued_tpu import (
     force_delete,
 )
 from model import capacity, naming
+from model.candidates import candidate_label
 from model.pulumi_types import DYNAMIC_MODULE, FALLBACK_TPU_NAME
 
 # What a candidate sets of the request; everything else is the node's, shared.
@@ -86,11 +87,6 @@ def merged(props: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
     return {**shared, **{k: candidate.get(k) for k in PLACEMENT_KEYS}}
 
 
-def label(index: int, count: int, candidate: dict[str, Any]) -> str:
-    """`2/4 us-east5-b spot`: where the node is and on which tier."""
-    return f"{index}/{count} {candidate['zone']} {candidate.get('provisioning') or 'on-demand'}"
-
-
 def _placement(candidate: dict[str, Any]) -> capacity.Placement:
     return capacity.Placement(candidate["zone"], candidate.get("generation") or "",
                               candidate.get("quota_type") or "", int(candidate.get("chips") or 0))
@@ -104,7 +100,7 @@ def removed_candidates(olds: list[dict[str, Any]], news: list[dict[str, Any]]) -
     """Labels (`2/3 us-east5-b spot`) of the old candidates the new list no longer has:
     a node running on one of them is replaced (diff); the plan, which does not know
     which one it runs on, shows the edit as a replacement (ops/plan/steps.py)."""
-    return [label(i, len(olds), c) for i, c in enumerate(olds, start=1)
+    return [candidate_label(i, len(olds), c) for i, c in enumerate(olds, start=1)
             if not any(_same(c, n) for n in news)]
 
 
@@ -214,7 +210,7 @@ def _fallback_fields(props: dict[str, Any], index: int,
                      attempts: list[dict[str, Any]]) -> dict[str, Any]:
     candidates = props["candidates"]
     return {"candidates": candidates, "candidate": index + 1, "placement": candidates[index],
-            "candidate_label": label(index + 1, len(candidates), candidates[index]),
+            "candidate_label": candidate_label(index + 1, len(candidates), candidates[index]),
             "attempts": attempts}
 
 
@@ -266,8 +262,8 @@ def submit(client: Any, props: dict[str, Any]) -> tuple[int, Any, list[Attempt]]
             continue
         failure, queued = _submit_candidate(client, request_of(props, index))
         if failure is None:
-            attempts.append(Attempt(index + 1, "took", label(index + 1, len(candidates),
-                                                             candidate)))
+            took = candidate_label(index + 1, len(candidates), candidate)
+            attempts.append(Attempt(index + 1, "took", took))
             return index, queued, attempts
         attempts.append(Attempt(index + 1, failure.kind, failure.detail))
         if not failure.moves_on and failure.kind != "unclassified":
@@ -448,32 +444,6 @@ def retarget(props: dict[str, Any], placement: dict[str, Any]) -> dict[str, Any]
 
 
 # ---- the resource ------------------------------------------------------------------
-
-
-def candidate_props(node: Any, subnetwork: pulumi.Input[str]) -> dict[str, Any]:
-    """One candidate (a NodeSettings) as the provider's placement."""
-    tpu = node.tpu
-    by_shape = node.accelerator_type is None
-    queue = node.queue
-    # Every candidate is queued: its label names the tier (`2/4 us-east5-b spot`).
-    tier = ("spot" if node.spot else "reserved" if queue and queue.reservation_name else
-            "guaranteed" if queue and queue.guaranteed else "on-demand")
-    return {
-        "zone": node.zone,
-        "provisioning": tier,
-        "accelerator_type": node.accelerator_type,
-        "accelerator_config_type": tpu.generation.api_type if by_shape else None,
-        "accelerator_topology": tpu.topology if by_shape else None,
-        "runtime_version": node.runtime,
-        "subnetwork": subnetwork,
-        "spot": node.spot,
-        "guaranteed": bool(queue and queue.guaranteed),
-        "reservation_name": queue.reservation_name if queue else None,
-        "valid_until_seconds": queue.valid_until_seconds if queue else None,
-        "generation": tpu.generation.name,
-        "chips": tpu.chips,
-        "quota_type": node.quota_type,
-    }
 
 
 class FallbackTpu(dyn.Resource, module=DYNAMIC_MODULE, name=FALLBACK_TPU_NAME):

@@ -9,9 +9,10 @@ import pulumi
 import pulumi_gcp as gcp
 
 import node_agent as agent
-from components.fallback_tpu import FallbackTpu, candidate_props
+from components.fallback_tpu import FallbackTpu
 from components.queued_tpu import QueuedTpu
 from model import catalog
+from model.candidates import candidate_props
 from model.pulumi_types import COMPONENT_TPU_NODE
 from model.settings.schema import NodeSettings, QueueSettings
 from node_agent import desired

@@ -2,7 +2,7 @@
 
 The budget-stop function records each stop with a create-only marker object,
 `budget-stop/<team>/<budget>/<interval start>/at-<threshold>.json`, in the platform's
-artifacts bucket (functions/budget_stop/spend.py marker_name). The platform program
+artifacts bucket (model/spend.py marker_name). The platform program
 lists those markers at every preview and up (`read_markers`, the pulumi-gcp invoke
 gcp.storage.get_bucket_objects) and leaves a held team's nodes out of the program, so
 neither the next `pulumi up` nor the heal workflow's `pulumi up --refresh` recreates

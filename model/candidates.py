@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from model import catalog, cost
 from model.settings.schema import NodeSettings, StackSettings
@@ -186,3 +187,35 @@ def stack_candidates(settings: StackSettings, headroom: Headroom = declared_head
     return {node.name: [row.to_json() for row in candidate_rows(
                 node, jobs.get(id(node)), headroom(settings, node), reservations)]
             for _, node in settings.all_nodes if node.fallback}
+
+
+def candidate_props(node: Any, subnetwork: Any) -> dict[str, Any]:
+    """One candidate (a NodeSettings) as the fallback provider's placement
+    (components/fallback_tpu.py); `subnetwork` a name or a Pulumi input of one."""
+    tpu = node.tpu
+    by_shape = node.accelerator_type is None
+    queue = node.queue
+    # Every candidate is queued: its label names the tier (`2/4 us-east5-b spot`).
+    tier = ("spot" if node.spot else "reserved" if queue and queue.reservation_name else
+            "guaranteed" if queue and queue.guaranteed else "on-demand")
+    return {
+        "zone": node.zone,
+        "provisioning": tier,
+        "accelerator_type": node.accelerator_type,
+        "accelerator_config_type": tpu.generation.api_type if by_shape else None,
+        "accelerator_topology": tpu.topology if by_shape else None,
+        "runtime_version": node.runtime,
+        "subnetwork": subnetwork,
+        "spot": node.spot,
+        "guaranteed": bool(queue and queue.guaranteed),
+        "reservation_name": queue.reservation_name if queue else None,
+        "valid_until_seconds": queue.valid_until_seconds if queue else None,
+        "generation": tpu.generation.name,
+        "chips": tpu.chips,
+        "quota_type": node.quota_type,
+    }
+
+
+def candidate_label(index: int, count: int, candidate: dict[str, Any]) -> str:
+    """`2/4 us-east5-b spot`: where the node is and on which tier."""
+    return f"{index}/{count} {candidate['zone']} {candidate.get('provisioning') or 'on-demand'}"

@@ -1,6 +1,6 @@
 """The spend meter: what TPUs cost by the catalog's list prices, and when a budget runs out.
 
-The same arithmetic the budget-stop function acts on (functions/budget_stop/spend.py,
+The same arithmetic the budget-stop function acts on (model/spend.py,
 priced by components/budget_stop.py `price_table` from model/catalog.py): each
 node's hourly list price (spot or on-demand) times the hours it ran. Billing data lags by
 hours; the meter does not, but it knows TPUs only (no disks, egress, logging), list
@@ -15,8 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from functions.budget_stop import spend
-from model import catalog
+from model import catalog, spend
 from model.settings.schema import NodeSettings, StackSettings
 
 # Cloud Billing budgets' calendar periods begin "at 12 AM US and Canadian Pacific Time
@@ -151,7 +150,7 @@ def team_previews(settings: StackSettings) -> list[TeamPreview]:
 def price_table() -> dict[str, dict[str, float | None]]:
     """Per accelerator-type prefix, USD per hour of one unit of the number in the type's
     name (TensorCores or chips, catalog.Naming), on-demand and spot: what
-    functions/budget_stop/spend.py prices a node with."""
+    model/spend.py prices a node with."""
     table: dict[str, dict[str, float | None]] = {}
     for generation in catalog.GENERATIONS.values():
         units_per_chip = generation.cores_per_chip \

@@ -21,12 +21,12 @@ from model.archive import REPO_ROOT
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"tpu_training", "node_agent"}),
     frozenset({"cloud"}),
-    frozenset({"functions"}),
     frozenset({"model"}),
     frozenset({"components"}),
     frozenset({"policy"}),
     frozenset({"ops"}),
-    frozenset({"__main__", "bench", "scripts", "tests", "training_tests"}),  # the root scripts
+    # The entry points: the program, the functions' sources, benchmarks, scripts, tests.
+    frozenset({"__main__", "functions", "bench", "scripts", "tests", "training_tests"}),
 )
 PURE = ("model", "cloud")  # import no pulumi, directly or through our modules
 PULUMI = {"pulumi", "pulumi_gcp"}
@@ -156,7 +156,8 @@ def test_no_import_from_a_lower_layer_to_a_higher_one() -> None:
 OPS_LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"ops", "ops.terminal", "ops.local"}),  # the fakes
     frozenset({"ops.plan", "ops.tpu"}),  # the core
-    frozenset({"ops.rehearse", "ops.report"}),  # the core over a rehearsal: boots it, draws it
+    # The core over the core: the rehearsal (boots a node), its report, the controller.
+    frozenset({"ops.rehearse", "ops.report", "ops.controller"}),
     frozenset({"ops.parser", "ops.commands"}),  # the typer app; the verbs
     frozenset({"ops.cli"}),
 )

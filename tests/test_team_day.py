@@ -140,9 +140,9 @@ def test_a_team_stack_node_s_candidates_show_headroom_from_the_team_cap() -> Non
 
 
 def test_preflight_checks_every_candidate_s_zone_in_the_catalog() -> None:
+    from model.fleet import target_for
     from model.settings.load import load_settings
     from ops.tpu.preflight import candidate_catalog_checks, placements
-    from ops.tpu.target import target_for
 
     settings = load_settings(with_speech(file_config("platform")), "platform")
     (bert,) = [n for n in target_for(settings).nodes if n.logical == "bert"]

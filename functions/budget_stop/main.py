@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import functions_framework
-import spend  # this folder is the function's source root (functions-framework adds it)
+import spend  # model/spend.py, at the archive's root (components/budget_stop.py SHARED_FILES)
 from google.api_core import exceptions as gexc
 from google.api_core import retry as gretry
 from google.cloud import storage, tpu_v2

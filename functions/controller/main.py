@@ -2,7 +2,7 @@
 
 Deployed by components/controller.py, invoked over HTTP by Cloud Scheduler (every
 interval) and by the teams' budget topics' push subscriptions: any call is one run
-(controller/run.py run_once: lease, list, plan, apply, audit); the body is not read.
+(ops/controller/run.py run_once: lease, list, plan, apply, audit); the body is not read.
 Answers 200 with the run's summary, also when another run holds the lease.
 
 Environment (set by the stack): TPU_STACK_CONTROLLER_BUCKET (its bucket: manifests,
@@ -21,8 +21,8 @@ from typing import Any
 import functions_framework
 
 from cloud.tpu import ENDPOINT_ENV, tpu_client
-from controller.run import DEFAULT_INTERVAL_SECONDS, run_once
-from controller.store import Store
+from ops.controller.run import DEFAULT_INTERVAL_SECONDS, run_once
+from ops.controller.store import Store
 from ops.tpu.api import TpuApi
 
 BUCKET_ENV = "TPU_STACK_CONTROLLER_BUCKET"

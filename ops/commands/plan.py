@@ -10,6 +10,7 @@ from typing import Any
 import typer
 
 from components.stack_config import StackFileError
+from model.fleet import TargetError
 from model.settings.schema import SettingsError
 from ops.plan.diff import WAY_OUT, diff_plans, load_plan, render_diff
 from ops.plan.offline import Plan, PlanError, offline_plan
@@ -18,7 +19,6 @@ from ops.plan.report import check_format, duplicate_urns, plain, render
 from ops.plan.screen import fit_lines, screen, terminal_columns
 from ops.terminal import PROG, fail, from_caller
 from ops.tpu.api import TpuApiError
-from ops.tpu.target import TargetError
 from policy.evaluate import evaluate, load_config
 
 

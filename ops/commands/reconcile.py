@@ -1,5 +1,5 @@
 """`tpuctl reconcile --stack S`: the plan the controller would apply to the stack, from
-the same planner (controller/plan.py); `--apply` acts, taking the controller's lease in
+the same planner (ops/controller/plan.py); `--apply` acts, taking the controller's lease in
 its bucket so it never acts beside a cloud run. Also the controller's last run."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from controller.manifest import Manifest
-from controller.run import last_run_lines, run_once
-from controller.store import Store
+from model.manifest import Manifest
 from ops.commands.tpu import ApplyOption, StackOption, clear_errors
+from ops.controller.run import last_run_lines, run_once
+from ops.controller.store import Store
 from ops.terminal import console as make_console
 from ops.tpu import logs as agent_logs
 from ops.tpu.target import load_target

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import typer
 
+from model.fleet import TargetError
 from ops.report.history import stack_history
 from ops.report.page import render
 from ops.terminal import console as make_console
 from ops.terminal import fail, from_caller
 from ops.tpu import status as node_status
-from ops.tpu.target import TargetError, load_target
+from ops.tpu.target import load_target
 
 REPORT_NAME = "report.html"
 

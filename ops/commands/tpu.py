@@ -26,15 +26,17 @@ from rich.table import Table
 from rich.text import Text
 
 from components.stack_config import settings_for
+from model.fleet import StackTarget, TargetError
+from ops.controller import view as controller_view
 from ops.terminal import console as make_console
 from ops.terminal import fail
 from ops.tpu import actions as node_actions
-from ops.tpu import controller_view, preflight, rehearsal_record, status_views
 from ops.tpu import logs as agent_logs
+from ops.tpu import preflight, rehearsal_record, status_views
 from ops.tpu import quota as tpu_quota
 from ops.tpu import status as node_status
 from ops.tpu.api import NoCredentialsError, NodeStatus, Read, TpuApi, TpuApiError, Unread
-from ops.tpu.target import StackTarget, TargetError, load_target
+from ops.tpu.target import load_target
 
 console = make_console()
 

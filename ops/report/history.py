@@ -18,10 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from functions.budget_stop import spend
+from model import spend
+from model.fleet import StackTarget
 from model.meter import price_table
 from ops.tpu import rehearsal_record as record
-from ops.tpu.target import StackTarget
 
 STARTED = "tpu_training started"
 STEP_LINE = re.compile(r"tpu_training step=(\d+) loss=(\S+)")

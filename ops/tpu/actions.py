@@ -17,9 +17,9 @@ from google.api_core import exceptions as gexc
 
 from model import capacity, catalog
 from model.budget_hold import janitor_marker
+from model.fleet import ExpectedNode, StackTarget
 from node_agent.contract import MAX_RUNTIME_KEY
 from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi
-from ops.tpu.target import ExpectedNode, StackTarget
 
 Verb = Literal["delete-node", "delete-queued", "reset-queued", "stop-node", "report",
                "move-queued"]

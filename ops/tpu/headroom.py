@@ -24,6 +24,7 @@ from google.cloud import tpu_v2, tpu_v2alpha1
 
 from cloud.tpu import ENDPOINT_ENV
 from model import candidates, catalog
+from model.fleet import StackTarget
 from model.settings.schema import NodeSettings, StackSettings
 from ops.tpu.api import (
     NoCredentialsError,
@@ -35,7 +36,6 @@ from ops.tpu.api import (
     belongs_to,
 )
 from ops.tpu.quota import Get, QuotaReader, QuotaReadError, lazy_get, limit_in, plain_get
-from ops.tpu.target import StackTarget
 
 TPU_API = "https://tpu.googleapis.com"
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from model import catalog
+from model.fleet import ExpectedNode, StackTarget
 from ops.tpu.api import NoCredentialsError, TpuApi, Unread
-from ops.tpu.target import ExpectedNode, StackTarget
 
 Outcome = Literal["ok", "fail", "not checked"]
 # (project, region, generation, spot) -> chips the quota allows, or None if unknown.

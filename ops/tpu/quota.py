@@ -25,12 +25,12 @@ from typing import Any
 
 from cloud import gcp_credentials
 from model import catalog
+from model.fleet import StackTarget
 from model.settings.schema import StackSettings
 from model.team_quota import SKIPPED_SAFETY_CHECK, QuotaCap, stack_caps
 from ops.tpu.api import TpuApi
 from ops.tpu.preflight import Check, PreflightReport, preflight
 from ops.tpu.state_layout import STORAGE_API, layout_check
-from ops.tpu.target import StackTarget
 
 QUOTAS_API = "https://cloudquotas.googleapis.com/v1"
 # A stand-in Cloud Quotas (tests' loopback fake): anonymous, plain HTTP.

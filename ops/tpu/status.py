@@ -14,9 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from functions.budget_stop import spend
-from model import catalog, meter
+from model import catalog, meter, spend
 from model.archive import REPO_ROOT
+from model.fleet import ExpectedNode, StackTarget
 from model.meter import price_table
 from model.naming import label_value
 from node_agent.contract import UNFINISHED_STATES
@@ -31,7 +31,6 @@ from ops.tpu.api import (
     TpuApi,
     Unread,
 )
-from ops.tpu.target import ExpectedNode, StackTarget
 
 Until = Literal["ready", "running", "done"]
 UNTIL_CHOICES: tuple[Until, ...] = ("ready", "running", "done")

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from model import meter
+from model.fleet import StackTarget
 from node_agent.common import parse_utc
 from ops.tpu.api import NodeStatus, QueuedStatus, Unread
 from ops.tpu.status import (
@@ -32,7 +33,6 @@ from ops.tpu.status import (
     unseen,
     utilisation_advice,
 )
-from ops.tpu.target import StackTarget
 
 STATE_STYLE = {"READY": "green", REHEARSED: "cyan", f"{REHEARSED} (stale)": "yellow",
                "CREATING": "yellow", "PREEMPTED": "red", "TERMINATED": "red"}

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from cloud.tpu import ENDPOINT_ENV
-from controller.store import Store
+from ops.controller.store import Store
 from ops.local.storage_emulator import StorageEmulator
 from tests.controller.world import BUCKET, PROJECT, QUOTA, TAKES, WAITS, World
 from tests.fakes.gcs_preconditions import CreateOnlyProxy

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from components.fallback_tpu import FallbackTpuProvider
-from controller import plan as planner
 from node_agent.contract import STOP_REQUEST_KEY as STOP_KEY
+from ops.controller import plan as planner
 from tests.controller.world import (
     NODE,
     PROJECT,
@@ -177,7 +177,7 @@ def test_a_team_past_its_budget_is_saved_then_deleted_and_a_failed_delete_is_ret
 
 def test_a_held_teams_team_stack_nodes_are_saved_then_deleted_though_no_manifest_names_them(
         world: World) -> None:
-    from controller.manifest import BudgetTeam
+    from model.manifest import BudgetTeam
 
     labels = {"stack": "team-vision", "managed-by": "pulumi", "team": "vision"}
     world.publish(stack(plain_node("dev-a")), budget_teams=(BudgetTeam("vision", PROJECT,

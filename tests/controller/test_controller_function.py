@@ -30,7 +30,7 @@ from tests.controller.world import (
 SERVE_ONCE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import functions_framework, controller
+import functions_framework, ops.controller as controller
 app = functions_framework.create_app(sys.argv[2], sys.argv[1] + "/main.py", "http")
 answer = app.test_client().post("/", data=b"{}")
 print(json.dumps({"status": answer.status_code, "body": answer.get_json(),
@@ -71,5 +71,5 @@ def test_the_archive_is_the_same_bytes_for_the_same_sources() -> None:
     assert controller_source() == controller_source()
     with zipfile.ZipFile(io.BytesIO(controller_source())) as archive:
         names = archive.namelist()
-    assert {"main.py", "requirements.txt", "controller/run.py"} <= set(names)
+    assert {"main.py", "requirements.txt", "ops/controller/run.py"} <= set(names)
     assert not [n for n in names if n.startswith("tests/")]

@@ -11,10 +11,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from components.fallback_tpu import FallbackTpuProvider
-from controller.run import last_run_lines
 from ops.cli import app
 from ops.commands import reconcile as reconcile_cmd
-from ops.tpu import controller_view
+from ops.controller import view as controller_view
+from ops.controller.run import last_run_lines
 from tests.controller.world import (
     BUCKET,
     NODE,

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from controller import run as controller_run
-from controller.manifest import BudgetTeam, manifest_json
-from controller.store import Store
 from model import catalog
+from model.fleet import ExpectedNode, StackTarget
+from model.manifest import BudgetTeam, manifest_json
+from ops.controller import run as controller_run
+from ops.controller.store import Store
 from ops.tpu.api import TpuApi
-from ops.tpu.target import ExpectedNode, StackTarget
 from tests.fakes.tpu_api import FakeTpuApi
 
 PROJECT = "acme-ml-dev"

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from components.budget_stop import ENTRY_POINT, function_source
-from functions.budget_stop import spend
-from model import catalog
+from model import catalog, spend
 from model.meter import price_table
 from ops.local.storage_emulator import StorageEmulator
 from tests.fakes.gcs_preconditions import CreateOnlyProxy

@@ -72,8 +72,8 @@ def test_lift_budget_hold_names_a_month() -> None:
 
 def test_a_node_the_janitor_deleted_stays_out_until_its_settings_change() -> None:
     from model.budget_hold import janitor_marker
+    from model.fleet import target_for
     from model.settings.load import load_settings
-    from ops.tpu.target import target_for
 
     config = stack(budgetAction="stop")
     stack_target = target_for(load_settings(as_cli(config), "test", None))  # what tpuctl reads

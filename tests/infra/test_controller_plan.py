@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from components.controller import ENTRY_POINT
-from controller.manifest import parse
+from model.manifest import parse
 from ops.plan.mock_engine import ProgramRun, run_program
 from policy.iam import IamModel
 from tests.infra.stack_fixtures import as_cli

@@ -10,13 +10,12 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from components.stack_config import file_config
-from functions.budget_stop import spend
-from model import catalog, meter
+from model import catalog, meter, spend
+from model.fleet import StackTarget
 from model.settings.load import load_settings
 from ops.tpu.api import NodeStatus
 from ops.tpu.status import lost_usd, node_lost_usd, spend_of
 from ops.tpu.status_views import COLUMNS, spend_line, status_rows, status_table
-from ops.tpu.target import StackTarget
 
 NOW = datetime(2026, 12, 10, 20, 0, tzinfo=timezone.utc)
 

@@ -17,8 +17,8 @@ from google.cloud.monitoring_dashboard_v1.types import Dashboard
 from google.protobuf.json_format import ParseError
 
 from components.stack_config import file_config
-from functions.budget_stop import spend
 from model import monitoring as m
+from model import spend
 from model.archive import REPO_ROOT
 from model.settings.load import load_settings
 from model.settings.schema import SettingsError

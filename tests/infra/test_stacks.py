@@ -307,7 +307,7 @@ def test_a_node_itself_waits_for_the_tpu_api_its_grants_and_its_package() -> Non
 @pytest.mark.parametrize("stack", STACKS)
 def test_tpuctl_expects_exactly_the_nodes_the_plan_declares(stack: str) -> None:
     from components.stack_config import settings_for
-    from ops.tpu.target import target_for
+    from model.fleet import target_for
 
     run = run_program(file_config(stack), stack)
     declared = {vm.inputs["name"] for vm in run.of_type(TPU_V2_VM)}

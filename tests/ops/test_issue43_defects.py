@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from cloud.tpu import tpu_client
 from model import capacity
 from ops.cli import app
-from ops.tpu import commands as tpu_cmds
+from ops.commands import tpu as tpu_cmds
 from ops.tpu.actions import fallback_recovery_plan, queued_janitor_plan
 from ops.tpu.api import QueuedStatus
 from tests.fakes.tpu_api import FakeTpuApi

@@ -18,9 +18,10 @@ from cloud import gcp_credentials
 from cloud.gcp_credentials import GcpAuth
 from cloud.tpu import ENDPOINT_ENV
 from model.archive import REPO_ROOT
+from model.fleet import TargetError
 from ops.tpu.api import TpuApi
 from ops.tpu.logs import AgentLogs
-from ops.tpu.target import TargetError, load_target
+from ops.tpu.target import load_target
 
 DEPLOYER = "dev-deployer@acme-ml-dev.iam.gserviceaccount.com"
 OTHER = "someone@acme-ml-dev.iam.gserviceaccount.com"

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from model.fleet import StackTarget, TargetError
 from ops.tpu import status, status_views
 from ops.tpu.api import (
     REQUESTS_PER_PROJECT_ENV,
@@ -19,7 +20,6 @@ from ops.tpu.api import (
     interleaved,
     requests_per_project,
 )
-from ops.tpu.target import StackTarget, TargetError
 from tests.fakes.tpu_api import FakeTpuApi, GrpcFront, running
 from tests.ops.tpu_world import expected_node
 

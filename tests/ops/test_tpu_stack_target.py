@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ops.tpu.target import TargetError, load_target
+from model.fleet import TargetError
+from ops.tpu.target import load_target
 from tests.repo_stacks import repo_stacks
 
 

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import pytest
 
 from components.stack_config import file_config
+from model.fleet import StackTarget, target_for
 from model.settings.load import load_settings
 from ops.tpu import status
 from ops.tpu.actions import apply_actions, recovery_plan
 from ops.tpu.api import TpuApi
 from ops.tpu.preflight import preflight
-from ops.tpu.target import StackTarget, target_for
 from tests.fakes.tpu_api import FakeTpuApi, running
 
 LABELS = {"stack": "platform", "managed-by": "pulumi"}

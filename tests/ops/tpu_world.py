@@ -1,7 +1,7 @@
 """The project, zones, labels and stack targets the tpuctl tests share."""
 
 from model import catalog
-from ops.tpu.target import ExpectedNode, StackTarget
+from model.fleet import ExpectedNode, StackTarget
 
 PROJECT = "acme-ml-dev"
 ZONE = "us-central1-b"

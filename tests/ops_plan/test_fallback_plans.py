@@ -69,8 +69,8 @@ def test_a_node_with_fallback_is_one_fallback_tpu_with_a_subnet_per_candidate_re
     assert regions == {"us-central1", "europe-west4", "us-west4"}
     assert evaluate(plan, load_config()) == []  # the pack reads it as a TPU node
     # tpuctl recover queues a candidate on the subnet the program made for its region.
+    from model.fleet import target_for
     from model.settings.load import load_settings
-    from ops.tpu.target import target_for
 
     (expected,) = target_for(load_settings(config, "dev")).nodes
     for sent, known in zip(node["inputs"]["candidates"], expected.candidates, strict=True):

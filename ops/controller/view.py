@@ -10,11 +10,11 @@ from rich.console import Console
 from rich.text import Text
 
 from components.stack_config import StackFileError, settings_for
-from controller.run import last_run_lines
-from controller.store import Store
+from model.fleet import StackTarget
 from model.settings.schema import SettingsError
+from ops.controller.run import last_run_lines
+from ops.controller.store import Store
 from ops.tpu import logs as agent_logs
-from ops.tpu.target import StackTarget
 
 
 def controller_enabled(stack: str) -> bool:

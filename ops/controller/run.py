@@ -1,4 +1,4 @@
-"""One controller run: lease, read, plan, apply, audit (controller/__init__.py).
+"""One controller run: lease, read, plan, apply, audit (ops/controller/__init__.py).
 
 The actual state is read with lists only: per (project, zone) pair where a manifest's
 node may live, one node list and one queued-resource list (every page), the pairs
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from controller import plan as planner
-from controller.apply import Applier, Outcome
-from controller.manifest import Manifest
-from controller.store import Store, run_id
 from model.budget_hold import budget_hold
+from model.manifest import Manifest
+from ops.controller import plan as planner
+from ops.controller.apply import Applier, Outcome
+from ops.controller.store import Store, run_id
 from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi, parent
 
 DEFAULT_INTERVAL_SECONDS = 300.0  # Cloud Scheduler every 5 minutes (components/controller.py)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from model import catalog
-from ops.tpu.target import ExpectedNode, StackTarget
+from model.fleet import ExpectedNode, StackTarget
 
 VERSION = 1
 PREFIX = "controller/manifests/"
@@ -106,3 +106,6 @@ def _node(body: Mapping[str, Any]) -> ExpectedNode:
         capacity=body.get("capacity") or "", candidates=tuple(body.get("candidates") or ()),
         max_wait_seconds=int(body.get("maxWaitSeconds") or 0),
         settings_digest=body.get("settingsDigest") or "", queued_id=body.get("queuedId") or "")
+
+
+OBJECT_PREFIX = "controller/"  # everything the controller writes (its grant's condition)

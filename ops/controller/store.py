@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.manifest import PREFIX as MANIFEST_PREFIX
-from controller.manifest import Manifest, ManifestError, parse
-from controller.plan import Move
 from model.budget_hold import MARKER_PREFIX
+from model.manifest import PREFIX as MANIFEST_PREFIX
+from model.manifest import Manifest, ManifestError, parse
+from ops.controller.plan import Move
 
-OBJECT_PREFIX = "controller/"  # everything the controller writes (its grant's condition)
 LEASE_PREFIX = "controller/lease/"
 MOVES = "controller/moves.json"
 AUDIT_PREFIX = "controller/audit/"

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from controller.plan import Move, Step
-from controller.store import Store
 from model import capacity
+from model.fleet import ExpectedNode
 from node_agent.contract import STOP_REQUEST_KEY
+from ops.controller.plan import Move, Step
+from ops.controller.store import Store
 from ops.tpu.api import NodeStatus, TpuApi
-from ops.tpu.target import ExpectedNode
 
 # How long before the lease ends a run stops starting steps: the longest step (a delete
 # confirmed gone, then a create) must end inside the lease.

@@ -1,6 +1,6 @@
 """The controller's pure planner: what to change, each change with its reason.
 
-Inputs: the manifests (desired state, controller/manifest.py), the actual state (the
+Inputs: the manifests (desired state, model/manifest.py), the actual state (the
 TPU API's node and queued-resource lists, and the (project, zone) pairs that could not
 be read), the holds (teams held by a budget stop), the moves in flight (store.py) and
 the agents' last status. Output: one list of Steps. No I/O: `tpuctl reconcile` prints
@@ -37,12 +37,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.manifest import Manifest
+from model.fleet import ExpectedNode
+from model.manifest import Manifest
 from model.naming import label_value
 from node_agent.contract import STOP_REQUEST_KEY
 from ops.tpu import actions
 from ops.tpu.api import NodeStatus, QueuedStatus
-from ops.tpu.target import ExpectedNode
 
 # The budget stop's save grace: the longest stop notice the agent honours (120 s) plus
 # 30 s of teardown (components/budget_stop.py SAVE_GRACE_SECONDS).
