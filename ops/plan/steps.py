@@ -36,6 +36,8 @@ path, line and commit; `citation(rule)`):
 from __future__ import annotations
 
 import ipaddress
+import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -205,6 +207,66 @@ def _folder(value: str) -> str:
     return value.removeprefix("folders/")
 
 
+def _int64(value: str) -> bool:
+    """tpgresource.StringToFixed64 parses (strconv.ParseInt base 10, 64 bits)."""
+    return re.fullmatch(r"[+-]?[0-9]+", value) is not None and -2**63 <= int(value) < 2**63
+
+
+def _monitored_project_name(old: str, new: str) -> bool:
+    """resource_monitoring_monitored_project.go
+    ResourceMonitoringMonitoredProjectNameDiffSuppressFunc: never for an empty value; the
+    same short name; or a project number against a project id (either way)."""
+    if old == "" or new == "":
+        return False
+    old_short, new_short = _last_segment(old), _last_segment(new)
+    return old_short == new_short or _int64(old_short) != _int64(new_short)
+
+
+def _without_computed(old: Any, new: Any) -> Any:
+    """resource_monitoring_dashboard.go removeComputedKeys: the old object without the
+    keys the new one lacks (or holds null), through objects and the objects of lists.
+    Where the Go type assertions would panic (a shape changed), the old value stays."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return old
+    out = {}
+    for key, value in old.items():
+        if new.get(key) is None:
+            continue
+        if isinstance(value, dict):
+            value = _without_computed(value, new[key])
+        elif isinstance(value, list) and isinstance(new[key], list):
+            value = [_without_computed(item, new[key][i]) if i < len(new[key]) else item
+                     for i, item in enumerate(value)]
+        out[key] = value
+    return out
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """reflect.DeepEqual of decoded JSON (a bool is no number)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_json_equal, a, b))
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return float(a) == float(b)  # both float64 to encoding/json
+    return type(a) is type(b) and a == b
+
+
+def _dashboard_json(old: str, new: str) -> bool:
+    """resource_monitoring_dashboard.go monitoringDashboardDiffSuppress: both parse as JSON
+    objects (structure.ExpandJsonFromString), and the old one without the keys the new
+    one does not set equals the new one."""
+    try:
+        old_map, new_map = json.loads(old), json.loads(new)
+    except ValueError:
+        return False
+    if not isinstance(old_map, dict) or not isinstance(new_map, dict):
+        return False
+    return _json_equal(_without_computed(old_map, new_map), new_map)
+
+
 NORMALISERS: dict[str, Callable[[str, str], bool]] = {
     "inline:upper": lambda old, new: old.upper() == new.upper(),  # state holds upper(old)
     "inline:lower": lambda old, new: old.lower() == new.lower(),
@@ -222,6 +284,8 @@ NORMALISERS: dict[str, Callable[[str, str], bool]] = {
     # start date); unset and MONTH are the same while no custom period is set, and the
     # program sets none (components/teams.py budgets a calendar month).
     "checkValAndDefaultStringSuppress": lambda old, new: {old, new} <= {"", "MONTH"},
+    "resourceMonitoringMonitoredProjectNameDiffSuppress": _monitored_project_name,
+    "monitoringDashboardDiffSuppress": _dashboard_json,
 }
 
 

@@ -14,6 +14,8 @@ from model.pulumi_types import (
     CLOUDQUOTA_S_QUOTA_PREFERENCE,
     COMPUTE_FIREWALL,
     COMPUTE_SUBNETWORK,
+    MONITORING_DASHBOARD,
+    MONITORING_MONITORED_PROJECT,
     PROJECTS_IAM_MEMBER,
     STORAGE_BUCKET,
     STORAGE_BUCKET_IAM_MEMBER,
@@ -92,7 +94,10 @@ def test_every_entry_and_rule_cites_repo_path_and_commit():
 UNMODELLED = {"diffSuppressEnableLogging",
               "IpDiffSuppress", "jwksJsonDiffSuppress",
               "EmptyOrDefaultStringSuppress", "inline", "hierachicalNamespaceDiffSuppress",
-              "CompareCryptoKeyVersions"}
+              "CompareCryptoKeyVersions",
+              "authHeaderDiffSuppress", "LastSlashDiffSuppress", "crossSeriesReducerDiffSuppress",
+              "comparePubsubSubscriptionExpirationPolicy", "IgnoreMissingKeyInMap",
+              "DurationDiffSuppress"}
 ENGINE_RULES = {"protectRefusesReplace", "protectedDependentBails", "protectRefusesDelete",
                 "retainOnDeleteKeeps", "deletesBesideARefusalRun",
                 "deleteFirstDependentsGoFirst", "sameStepWithoutDiff", "displayPrefixes",
@@ -147,6 +152,15 @@ def test_no_unmodelled_normalisation_is_on_an_input_the_program_sets():
      {"A": "1", "LOG_EXECUTION_ID": "true"}, {"A": "1"}, True),
     (CLOUDFUNCTIONSV2_FUNCTION, "serviceConfig.environmentVariables",
      {"A": "1"}, {"A": "2"}, False),
+    (MONITORING_MONITORED_PROJECT, "name", "locations/global/metricsScopes/s/projects/123",
+     "acme-ml", True),  # the API's project number against the id the program sets
+    (MONITORING_MONITORED_PROJECT, "name", "projects/acme-a", "acme-b", False),
+    (MONITORING_MONITORED_PROJECT, "name", "", "acme-a", False),
+    (MONITORING_DASHBOARD, "dashboardJson", '{"a": 1, "etag": "x", "b": [{"c": 2, "d": 3}]}',
+     '{"a": 1.0, "b": [{"c": 2}]}', True),  # keys the config lacks: the API's
+    (MONITORING_DASHBOARD, "dashboardJson", '{"a": 1}', '{"a": 2}', False),
+    (MONITORING_DASHBOARD, "dashboardJson", '{"a": 1}', '{"a": 1, "b": 2}', False),
+    (MONITORING_DASHBOARD, "dashboardJson", '{"a": true}', '{"a": 1}', False),
 ])
 def test_normalised_values_compare_as_the_provider_compares_them(token, path, old, new, same):
     assert no_diff(type_facts(token), path, old, new) is same

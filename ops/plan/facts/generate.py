@@ -40,6 +40,7 @@ from model.pulumi_types import (
     CLOUDFUNCTIONSV2_FUNCTION,
     CLOUDQUOTA_S_QUOTA_PREFERENCE,
     CLOUDRUNV2_SERVICE_IAM_MEMBER,
+    CLOUDSCHEDULER_JOB,
     COMPUTE_FIREWALL,
     COMPUTE_NETWORK,
     COMPUTE_SHARED_VPC_HOST_PROJECT,
@@ -50,12 +51,18 @@ from model.pulumi_types import (
     DYNAMIC_QUEUED_TPU,
     IAM_WORKLOAD_IDENTITY_POOL,
     IAM_WORKLOAD_IDENTITY_POOL_PROVIDER,
+    LOGGING_METRIC,
+    MONITORING_ALERT_POLICY,
+    MONITORING_DASHBOARD,
+    MONITORING_MONITORED_PROJECT,
+    MONITORING_NOTIFICATION_CHANNEL,
     ORGANIZATIONS_PROJECT,
     PROJECTS_IAM_CUSTOM_ROLE,
     PROJECTS_IAM_MEMBER,
     PROJECTS_SERVICE,
     PROJECTS_SERVICE_IDENTITY,
     PROVIDER_GCP,
+    PUBSUB_SUBSCRIPTION,
     PUBSUB_TOPIC,
     PUBSUB_TOPIC_IAM_MEMBER,
     SERVICEACCOUNT_ACCOUNT,
@@ -103,6 +110,10 @@ TYPES: dict[str, TypeSource] = {
         "google_cloud_run_v2_service_iam_member",
         (GO + "cloudrunv2/iam_cloud_run_v2_service.go", IAM + "resource_iam_member.go"),
         ("CloudRunV2ServiceIamSchema", "IamMemberBaseSchema")),
+    CLOUDSCHEDULER_JOB: TypeSource(
+        "google_cloud_scheduler_job",
+        (GO + "cloudscheduler/resource_cloud_scheduler_job.go",), (),
+        "mmv1/products/cloudscheduler/Job.yaml"),
     COMPUTE_FIREWALL: TypeSource(
         "google_compute_firewall", (GO + "compute/resource_compute_firewall.go",), (),
         "mmv1/products/compute/Firewall.yaml"),
@@ -130,6 +141,25 @@ TYPES: dict[str, TypeSource] = {
         "google_iam_workload_identity_pool_provider",
         (GO + "iambeta/resource_iam_workload_identity_pool_provider.go",), (),
         "mmv1/products/iambeta/WorkloadIdentityPoolProvider.yaml"),
+    LOGGING_METRIC: TypeSource(
+        "google_logging_metric", (GO + "logging/resource_logging_metric.go",), (),
+        "mmv1/products/logging/Metric.yaml"),
+    MONITORING_ALERT_POLICY: TypeSource(
+        "google_monitoring_alert_policy",
+        (GO + "monitoring/resource_monitoring_alert_policy.go",), (),
+        "mmv1/products/monitoring/AlertPolicy.yaml"),
+    # Handwritten (magic-modules mmv1/third_party/terraform/services/monitoring/): no YAML.
+    MONITORING_DASHBOARD: TypeSource(
+        "google_monitoring_dashboard",
+        (GO + "monitoring/resource_monitoring_dashboard.go",), ()),
+    MONITORING_MONITORED_PROJECT: TypeSource(
+        "google_monitoring_monitored_project",
+        (GO + "monitoring/resource_monitoring_monitored_project.go",), (),
+        "mmv1/products/monitoring/MonitoredProject.yaml"),
+    MONITORING_NOTIFICATION_CHANNEL: TypeSource(
+        "google_monitoring_notification_channel",
+        (GO + "monitoring/resource_monitoring_notification_channel.go",), (),
+        "mmv1/products/monitoring/NotificationChannel.yaml"),
     ORGANIZATIONS_PROJECT: TypeSource(
         "google_project", (GO + "resourcemanager/resource_google_project.go",), ()),
     PROJECTS_IAM_CUSTOM_ROLE: TypeSource(
@@ -148,6 +178,9 @@ TYPES: dict[str, TypeSource] = {
     PUBSUB_TOPIC: TypeSource(
         "google_pubsub_topic", (GO + "pubsub/resource_pubsub_topic.go",), (),
         "mmv1/products/pubsub/Topic.yaml"),
+    PUBSUB_SUBSCRIPTION: TypeSource(
+        "google_pubsub_subscription", (GO + "pubsub/resource_pubsub_subscription.go",), (),
+        "mmv1/products/pubsub/Subscription.yaml"),
     PUBSUB_TOPIC_IAM_MEMBER: TypeSource(
         "google_pubsub_topic_iam_member",
         (GO + "pubsub/iam_pubsub_topic.go", IAM + "resource_iam_member.go"),
