@@ -16,12 +16,13 @@ def platform_settings(settings: StackSettings) -> StackSettings | None:
     """The platform stack's settings for a team stack; the stack's own otherwise."""
     if not settings.is_team_stack:
         return settings
-    return _platform((settings.platform_stack or "").rsplit("/", 1)[-1])
+    return read_platform((settings.platform_stack or "").rsplit("/", 1)[-1])
 
 
 @functools.cache
-def _platform(stack: str) -> StackSettings | None:
-    """Read once per process, as mock_engine.planned_stack_run plans it once."""
+def read_platform(stack: str) -> StackSettings | None:
+    """A platform stack's settings from its file here, read once per process (as
+    mock_engine.planned_stack_run plans it once); None where it does not load."""
     try:
         return settings_for(stack)
     except (StackFileError, SettingsError, OSError):

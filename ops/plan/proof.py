@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.stack_config import settings_for
 from model.bootstrap import (
     UNKNOWN_HOST_PARENT,
     Grant,
@@ -29,6 +30,7 @@ from model.bootstrap import (
 from model.pulumi_types import COMPONENT_CI_IDENTITY
 from model.settings.schema import StackSettings
 from model.shared_reservations import owners_allowed
+from ops.plan import platform_facts
 from ops.plan.mock_engine import ProgramRun, planned_stack_run
 from policy.acting import Sharing, prove_acting
 from policy.iam import Binding, IamModel
@@ -95,9 +97,9 @@ def plan_proof(settings: StackSettings, run: ProgramRun,
 
 
 def _platform_settings(reference: str) -> StackSettings:
-    from components.stack_config import settings_for  # the program's config reader
-
-    return settings_for(reference.rsplit("/", 1)[-1])
+    stack = reference.rsplit("/", 1)[-1]
+    # The same read a team's plan makes of its platform; an unreadable one raises its error.
+    return platform_facts.read_platform(stack) or settings_for(stack)
 
 
 def _stack_deployer(settings: StackSettings, run: ProgramRun) -> str | None:

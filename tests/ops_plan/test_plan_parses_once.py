@@ -40,7 +40,7 @@ def _count_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_one_plan_parses_the_settings_once(monkeypatch: pytest.MonkeyPatch, stack: str,
                                            parsed: list[str]) -> None:
     calls = _count_calls(monkeypatch)
-    platform_facts._platform.cache_clear()
+    platform_facts.read_platform.cache_clear()
     mock_engine.planned_stack_run.cache_clear()  # another test of this process may have run it
 
     result = CliRunner().invoke(app, ["plan", "--stack", stack, "--format", "json"])
