@@ -39,9 +39,12 @@ from model.roles import (
 
 FUNCTION_DIR = Path(__file__).resolve().parents[1] / "functions" / "budget_stop"
 FUNCTION_FILES = ("main.py", "requirements.txt")
-# The meter's arithmetic, shared with the stack's own meter (model/meter.py): the archive
-# carries model/spend.py at its root, where main.py imports it as `spend`.
-SHARED_FILES = {"spend.py": REPO_ROOT / "model" / "spend.py"}
+# Shared with the rest of tpu-stack, at these paths in the archive: the meter's arithmetic
+# (model/spend.py, the stack's own meter's too: model/meter.py), at the root where main.py
+# imports it as `spend`, and the one TPU client (cloud/).
+SHARED_FILES = {"spend.py": REPO_ROOT / "model" / "spend.py",
+                **{f"cloud/{name}": REPO_ROOT / "cloud" / name
+                   for name in ("__init__.py", "gcp_credentials.py", "tpu.py")}}
 PRICES_NAME = "prices.json"
 ENTRY_POINT = "budget_stop"
 # A fixed time for every member: the archive's bytes depend on its content only.

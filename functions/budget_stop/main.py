@@ -38,12 +38,12 @@ from typing import Any
 import functions_framework
 import spend  # model/spend.py, at the archive's root (components/budget_stop.py SHARED_FILES)
 from google.api_core import exceptions as gexc
-from google.api_core import retry as gretry
 from google.cloud import storage, tpu_v2
 from google.protobuf import field_mask_pb2
 
+from cloud.tpu import tpu_client, transient_retry
+
 STOP_KEY = "tpu-stack-stop"  # node_agent/contract.py STOP_REQUEST_KEY: the same key
-ENDPOINT_ENV = "TPU_STACK_TPU_ENDPOINT"
 PRICES_FILE = Path(__file__).with_name("prices.json")
 MANAGED_BY = "pulumi"
 
@@ -76,20 +76,10 @@ def log(event: str, **fields: object) -> None:
     print(json.dumps({"message": event, **fields}, default=str), file=sys.stdout, flush=True)
 
 
-def tpu_client() -> tpu_v2.TpuClient:
-    endpoint = os.environ.get(ENDPOINT_ENV)
-    if not endpoint:
-        return tpu_v2.TpuClient()  # the function's own service account
-    from google.auth.credentials import AnonymousCredentials
-
-    return tpu_v2.TpuClient(credentials=AnonymousCredentials(), transport="rest",
-                            client_options={"api_endpoint": endpoint})
-
-
-# 503, 429, 500 and dropped connections: the TPU v2 client retries none itself.
-RETRY = gretry.Retry(predicate=gretry.if_exception_type(
-    gexc.ServiceUnavailable, gexc.TooManyRequests, gexc.InternalServerError, ConnectionError),
-    initial=0.1, maximum=5.0, multiplier=2.0, timeout=60.0)
+# The one TPU client of tpu-stack (cloud/tpu.py, carried in the archive): the function's
+# own service account, or anonymous REST against $TPU_STACK_TPU_ENDPOINT; 503, 429, 500
+# and dropped connections retried (the TPU v2 client retries none itself).
+RETRY = transient_retry()
 
 
 class Team:
