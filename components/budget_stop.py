@@ -16,9 +16,7 @@ model/catalog.py, so the meter it acts on is the stack's own.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import pulumi_gcp as gcp
 from model import catalog
 from model.archive import REPO_ROOT
 from model.budget_hold import marker_prefix
+from model.function_archive import zip_members
 from model.meter import price_table
 from model.naming import Naming
 from model.pulumi_types import COMPONENT_BUDGET_STOP
@@ -47,8 +46,6 @@ SHARED_FILES = {"spend.py": REPO_ROOT / "model" / "spend.py",
                    for name in ("__init__.py", "gcp_credentials.py", "tpu.py")}}
 PRICES_NAME = "prices.json"
 ENTRY_POINT = "budget_stop"
-# A fixed time for every member: the archive's bytes depend on its content only.
-_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 STAGING = REPO_ROOT / ".cache" / "functions"  # where Pulumi's FileAsset reads the archive
 
 
@@ -58,13 +55,7 @@ def function_source() -> bytes:
     members = {name: (FUNCTION_DIR / name).read_bytes() for name in FUNCTION_FILES}
     members.update({name: path.read_bytes() for name, path in SHARED_FILES.items()})
     members[PRICES_NAME] = json.dumps(price_table(), sort_keys=True, indent=1).encode()
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name in sorted(members):
-            info = zipfile.ZipInfo(name, _ZIP_TIME)
-            info.external_attr = 0o644 << 16
-            archive.writestr(info, members[name], zipfile.ZIP_DEFLATED)
-    return buffer.getvalue()
+    return zip_members(members)
 
 
 # ---- the Pulumi side ---------------------------------------------------------------
@@ -189,17 +180,8 @@ class BudgetStop(pulumi.ComponentResource):
 
     def _source(self, args: BudgetStopArgs,
                 child: pulumi.ResourceOptions) -> gcp.storage.BucketObject:
-        data = function_source()
-        digest = hashlib.sha256(data).hexdigest()[:16]
-        path = STAGING / f"budget-stop-{digest}.zip"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        # A code change is a new object (a new name), which redeploys the function.
-        return gcp.storage.BucketObject(
-            f"{args.team}-budget-stop-source-{digest}", bucket=args.artifacts_bucket,
-            name=f"functions/budget-stop-{digest}.zip", source=pulumi.FileAsset(str(path)),
-            content_type="application/zip", opts=child)
+        return source_object(f"{args.team}-budget-stop", "budget-stop", function_source(),
+                             args.artifacts_bucket, child)
 
     @staticmethod
     def _environment(args: BudgetStopArgs) -> dict[str, pulumi.Input[str]]:
@@ -212,3 +194,17 @@ class BudgetStop(pulumi.ComponentResource):
                 "TPU_STACK_STOP_AT": "1"}
 
 
+def source_object(resource_name: str, kind: str, data: bytes, bucket: pulumi.Input[str],
+                  opts: pulumi.ResourceOptions) -> gcp.storage.BucketObject:
+    """A function's source archive as `functions/<kind>-<digest>.zip`, staged where
+    Pulumi's FileAsset reads it. A code change is a new object (a new name), which
+    redeploys the function."""
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    path = STAGING / f"{kind}-{digest}.zip"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return gcp.storage.BucketObject(
+        f"{resource_name}-source-{digest}", bucket=bucket,
+        name=f"functions/{kind}-{digest}.zip", source=pulumi.FileAsset(str(path)),
+        content_type="application/zip", opts=opts)

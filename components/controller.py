@@ -22,19 +22,17 @@ controller"): declared by a platform stack, or a standalone stack, with
 
 from __future__ import annotations
 
-import hashlib
-import io
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
 
-from components.budget_stop import INVOKER_ROLE, REGION, RUNTIME, STAGING
+from components.budget_stop import INVOKER_ROLE, REGION, RUNTIME, source_object
 from model import catalog
 from model.archive import REPO_ROOT
 from model.fleet import target_for
+from model.function_archive import zip_members
 from model.manifest import OBJECT_PREFIX, BudgetTeam, manifest_json, object_name
 from model.naming import Naming
 
@@ -50,7 +48,6 @@ SOURCE_FILES = (
     "ops/tpu/target.py", "components/__init__.py", "components/fallback_tpu.py",
     "components/queued_tpu.py", "components/stack_config.py",
     "training/wheels.lock")  # model/catalog.py reads the TF versions it carries at import
-_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 # Cloud Scheduler (cloud.google.com/scheduler/docs/reference/rest) and what a gen2
 # function needs (components/budget_stop.py APIS).
 APIS = ("cloudscheduler.googleapis.com", "cloudfunctions.googleapis.com",
@@ -84,13 +81,7 @@ def controller_source() -> bytes:
     for pattern in SOURCE_FILES:
         for path in sorted(REPO_ROOT.glob(pattern)):
             members[path.relative_to(REPO_ROOT).as_posix()] = path.read_bytes()
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name in sorted(members):
-            info = zipfile.ZipInfo(name, _ZIP_TIME)
-            info.external_attr = 0o644 << 16
-            archive.writestr(info, members[name], zipfile.ZIP_DEFLATED)
-    return buffer.getvalue()
+    return zip_members(members)
 
 
 @dataclass(frozen=True)
@@ -216,16 +207,8 @@ class Controller(pulumi.ComponentResource):
 
     def _source(self, args: ControllerArgs,
                 child: pulumi.ResourceOptions) -> gcp.storage.BucketObject:
-        data = controller_source()
-        digest = hashlib.sha256(data).hexdigest()[:16]
-        path = STAGING / f"controller-{digest}.zip"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        return gcp.storage.BucketObject(
-            f"controller-source-{digest}", bucket=args.bucket,
-            name=f"functions/controller-{digest}.zip", source=pulumi.FileAsset(str(path)),
-            content_type="application/zip", opts=child)
+        return source_object("controller", "controller", controller_source(), args.bucket,
+                             child)
 
 
 def manifest_object(stack: str, bucket: pulumi.Input[str], text: str,
