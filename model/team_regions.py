@@ -44,10 +44,6 @@ def regions_warning(settings: StackSettings, team: str) -> str | None:
             f"its own; set {regions_key(team)} to the regions its team stack uses")
 
 
-def stack_warnings(settings: StackSettings) -> list[str]:
-    return [w for team in sorted(settings.teams) if (w := regions_warning(settings, team))]
-
-
 def add_region_hint(team: str, regions: list[str], region: str) -> str:
     """The exact key and value that gives `team` a subnet and quota caps in `region`."""
     value = ", ".join(sorted({*regions, region}))
