@@ -27,6 +27,8 @@ from model.settings.schema import StackSettings
 BUILDER_ROLE = "roles/cloudbuild.builds.builder"
 BUILD_ACCOUNT = "function-build"
 RUNTIME_ACCOUNT = "budget-stop"
+# The controller's own account (components/controller.py), one per stack that enables it.
+CONTROLLER_ACCOUNT = "controller"
 
 
 def stop_teams(settings: StackSettings) -> list[str]:
@@ -41,6 +43,12 @@ def account_email(settings: StackSettings, logical: str, team: str | None = None
 def account_name(settings: StackSettings, email: str) -> str:
     """The account's IAM resource name (its allow policy's)."""
     return f"projects/{settings.gcp_project}/serviceAccounts/{email}"
+
+
+def controller_account(settings: StackSettings) -> str:
+    """The email the controller runs as: every stack that reads or grants to it (its
+    own, a team stack granting it read on the team's objects) derives it here."""
+    return account_email(settings, CONTROLLER_ACCOUNT)
 
 
 def runtime_account(settings: StackSettings, team: str) -> str:
