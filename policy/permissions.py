@@ -37,6 +37,7 @@ from model.pulumi_types import (
     CLOUDFUNCTIONSV2_FUNCTION,
     CLOUDQUOTA_S_QUOTA_PREFERENCE,
     CLOUDRUNV2_SERVICE_IAM_MEMBER,
+    CLOUDSCHEDULER_JOB,
     COMPONENT_PREFIX,
     COMPUTE_FIREWALL,
     COMPUTE_NETWORK,
@@ -53,6 +54,7 @@ from model.pulumi_types import (
     PROJECTS_SERVICE,
     PROJECTS_SERVICE_IDENTITY,
     PROVIDER_PREFIX,
+    PUBSUB_SUBSCRIPTION,
     PUBSUB_TOPIC,
     PUBSUB_TOPIC_IAM_MEMBER,
     PULUMI_PREFIX,
@@ -303,14 +305,13 @@ TABLE: dict[str, Row] = {
         _project, ("cloudscheduler.jobs.create",), ("cloudscheduler.jobs.update",),
         ("cloudscheduler.jobs.delete",),
         "cloud.google.com/scheduler/docs/reference/rest/v1/projects.locations.jobs/create "
-        "(cloud.google.com/scheduler/docs/access-control; its OIDC token's account also "
-        "needs actAs: unconfirmed here, not proven)"),
+        "(cloud.google.com/scheduler/docs/access-control; its OIDC token's account: RUNS_AS)"),
     "gcp:pubsub/subscription:Subscription": Row(
         _project, ("pubsub.subscriptions.create",), ("pubsub.subscriptions.update",),
         ("pubsub.subscriptions.delete",),
         "cloud.google.com/pubsub/docs/reference/rest/v1/projects.subscriptions/create "
-        "(cloud.google.com/pubsub/docs/access-control; pubsub.topics.attachSubscription on "
-        "the topic too: not proven here)"),
+        "(cloud.google.com/pubsub/docs/access-control; its OIDC token's account: RUNS_AS; "
+        "pubsub.topics.attachSubscription on the topic too: not proven here)"),
 }
 # Types nothing applies in GCP (an explicit provider, a stack reference, components).
 NO_API = (PROVIDER_PREFIX, PULUMI_PREFIX, COMPONENT_PREFIX)
@@ -321,7 +322,15 @@ NO_API = (PROVIDER_PREFIX, PULUMI_PREFIX, COMPONENT_PREFIX)
 # docs/reference/iam/roles, "Additional configuration for deployment") and on its
 # trigger's account (Eventarc: a trigger's creator acts as its service account,
 # cloud.google.com/eventarc/docs/access-control; as recalled, unconfirmed here).
+# A Scheduler job's and a push subscription's OIDC token account: the deployer "must have
+# the iam.serviceAccounts.actAs permission for that service account" (cloud.google.com/
+# scheduler/docs/http-target-auth), "The caller (for CreateSubscription,
+# UpdateSubscription, and ModifyPushConfig RPCs) must have the iam.serviceAccounts.actAs
+# permission for the service account" (googleapis google/pubsub/v1/pubsub.proto,
+# PushConfig.OidcToken.service_account_email).
 RUNS_AS = {TPU_V2_VM: (("serviceAccount", "email"),),
+           CLOUDSCHEDULER_JOB: (("httpTarget", "oidcToken", "serviceAccountEmail"),),
+           PUBSUB_SUBSCRIPTION: (("pushConfig", "oidcToken", "serviceAccountEmail"),),
            DYNAMIC_QUEUED_TPU: (("service_account_email",),),
            DYNAMIC_FALLBACK_TPU: (("service_account_email",),),
            CLOUDFUNCTIONSV2_FUNCTION: (("serviceConfig", "serviceAccountEmail"),
