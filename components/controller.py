@@ -13,10 +13,13 @@ controller"): declared by a platform stack, or a standalone stack, with
   an OIDC token: cloud.google.com/pubsub/docs/push, "Authentication"), so a budget
   notification runs it at once;
 - its own service account holding only what its steps need: in each project it manages
-  a custom role (list, get, update, stop, delete nodes; list, get, create, delete, reset
-  queued resources; get operations) and actAs on the TPU runtime accounts (a request it
-  creates runs its node as one: cloud.google.com/iam/docs/service-accounts-actas); in its
-  bucket, objects under controller/ and the budget markers (read) only;
+  its TPU custom role (model/roles.py CONTROLLER_PERMISSIONS) and actAs on the TPU
+  runtime accounts (a request it creates runs its node as one: cloud.google.com/iam/docs/
+  service-accounts-actas); in its bucket, objects under controller/ and the budget markers
+  (read) only. The account, its build account and its custom roles are the bootstrap's
+  (model/function_accounts.py, model/bootstrap.py custom_roles), as the budget stop's
+  are: the deployer holds iam.roleAdmin nowhere and may not administer an account it
+  made (issue 44);
 - the stack's manifest (model/manifest.py) as a BucketObject of JSON.
 """
 
@@ -29,12 +32,15 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components.budget_stop import INVOKER_ROLE, REGION, RUNTIME, source_object
-from model import catalog
+from model import catalog, function_accounts
 from model.archive import REPO_ROOT
+from model.bootstrap import controller_host_roles
 from model.fleet import target_for
 from model.function_archive import zip_members
 from model.manifest import OBJECT_PREFIX, BudgetTeam, manifest_json, object_name
 from model.naming import Naming
+from model.roles import CONTROLLER_OBJECTS_ROLE, CONTROLLER_ROLE
+from model.settings.schema import StackSettings
 
 TYPE = "tpu-stack:index:Controller"
 ENTRY_POINT = "controller"
@@ -52,16 +58,6 @@ SOURCE_FILES = (
 # function needs (components/budget_stop.py APIS).
 APIS = ("cloudscheduler.googleapis.com", "cloudfunctions.googleapis.com",
         "cloudbuild.googleapis.com", "artifactregistry.googleapis.com", "run.googleapis.com")
-# IAM permission names: cloud.google.com/iam/docs/roles-permissions/tpu (ops/tpu/api.py
-# PERMISSIONS names the method each is checked on).
-TPU_PERMISSIONS = ("tpu.nodes.list", "tpu.nodes.get", "tpu.nodes.update", "tpu.nodes.stop",
-                   "tpu.nodes.delete", "tpu.queuedresources.list", "tpu.queuedresources.get",
-                   "tpu.queuedresources.create", "tpu.queuedresources.delete",
-                   "tpu.queuedresources.reset", "tpu.operations.get")
-# Its objects: read the manifests and markers, write the lease, moves and audit (an
-# overwrite is a delete too: cloud.google.com/storage/docs/access-control/iam-permissions).
-OBJECT_PERMISSIONS = ("storage.objects.get", "storage.objects.list", "storage.objects.create",
-                      "storage.objects.delete")
 ACT_AS_ROLE = "roles/iam.serviceAccountUser"
 # A run takes seconds; an HTTP function may run up to 3600 s (cloud.google.com/functions/
 # docs/configuring/timeout): the lease's slot bounds a run anyway.
@@ -92,6 +88,9 @@ class ControllerArgs:
     interval: str  # ControllerSettings.interval
     managed_projects: Sequence[str]  # where its nodes are
     labels: dict[str, str]
+    # The accounts the bootstrap made (model/function_accounts.py): emails.
+    account: str
+    build_account: str
     runtime_accounts: Sequence[pulumi.Input[str]] = ()  # account names it acts as
     budget_topics: Sequence[pulumi.Input[str]] = ()  # projects/<p>/topics/<t>
     # Logs buckets whose agents' status objects it lists (idle stops): read only.
@@ -103,18 +102,13 @@ class ControllerArgs:
 class Controller(pulumi.ComponentResource):
     """The function, its schedule, its budget subscriptions and its account."""
 
-    account: gcp.serviceaccount.Account
     function: gcp.cloudfunctionsv2.Function
 
     def __init__(self, name: str, args: ControllerArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.account = gcp.serviceaccount.Account(
-            "controller", account_id=args.naming.account_id("controller"),
-            display_name="tpu-stack placement and limits controller", project=args.project,
-            opts=child)
-        member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
+        member = f"serviceAccount:{args.account}"
         grants = self._grants(args, member, child)
         source = self._source(args, child)
         self.function = gcp.cloudfunctionsv2.Function(
@@ -123,11 +117,13 @@ class Controller(pulumi.ComponentResource):
             description="Places TPU requests on their candidates, enforces limits and budgets",
             build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
                 runtime=RUNTIME, entry_point=ENTRY_POINT,
+                service_account=pulumi.Output.concat(
+                    "projects/", args.project, "/serviceAccounts/", args.build_account),
                 source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
                     storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
                         bucket=source.bucket, object=source.name))),
             service_config=gcp.cloudfunctionsv2.FunctionServiceConfigArgs(
-                service_account_email=self.account.email, timeout_seconds=TIMEOUT_SECONDS,
+                service_account_email=args.account, timeout_seconds=TIMEOUT_SECONDS,
                 # One instance: the lease makes a second useless anyway.
                 max_instance_count=1, available_memory="512M",
                 environment_variables={
@@ -148,7 +144,7 @@ class Controller(pulumi.ComponentResource):
             http_target=gcp.cloudscheduler.JobHttpTargetArgs(
                 uri=self.function.url, http_method="POST",
                 oidc_token=gcp.cloudscheduler.JobHttpTargetOidcTokenArgs(
-                    service_account_email=self.account.email, audience=self.function.url)),
+                    service_account_email=args.account, audience=self.function.url)),
             opts=child.merge(pulumi.ResourceOptions(depends_on=[invoker])))
         for index, topic in enumerate(args.budget_topics):
             gcp.pubsub.Subscription(
@@ -161,24 +157,20 @@ class Controller(pulumi.ComponentResource):
                 push_config=gcp.pubsub.SubscriptionPushConfigArgs(
                     push_endpoint=self.function.url,
                     oidc_token=gcp.pubsub.SubscriptionPushConfigOidcTokenArgs(
-                        service_account_email=self.account.email,
+                        service_account_email=args.account,
                         audience=self.function.url)),
                 opts=child.merge(pulumi.ResourceOptions(depends_on=[invoker])))
-        self.register_outputs({"serviceAccount": self.account.email,
+        self.register_outputs({"serviceAccount": args.account,
                                "url": self.function.url})
 
     def _grants(self, args: ControllerArgs, member: pulumi.Input[str],
                 child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
-        grants: list[pulumi.Resource] = []
-        for index, project in enumerate(sorted(set(args.managed_projects))):
-            role = gcp.projects.IAMCustomRole(
-                f"controller-role-{index}", role_id=args.naming.custom_role_id("controller"),
-                title="tpu-stack controller",
-                description="List, place, stop and delete the stack's TPU nodes and requests",
-                permissions=list(TPU_PERMISSIONS), project=project, opts=child)
-            grants.append(gcp.projects.IAMMember(
+        # Both roles are the bootstrap's (model/bootstrap.py custom_roles), by name.
+        grants: list[pulumi.Resource] = [
+            gcp.projects.IAMMember(
                 f"controller-tpu-{index}", project=project, member=member, opts=child,
-                role=pulumi.Output.concat("projects/", role.project, "/roles/", role.role_id)))
+                role=f"projects/{project}/roles/{args.naming.custom_role_id(CONTROLLER_ROLE)}")
+            for index, project in enumerate(sorted(set(args.managed_projects)))]
         for index, account in enumerate(args.runtime_accounts):
             grants.append(gcp.serviceaccount.IAMMember(
                 f"controller-acts-as-{index}", service_account_id=account, role=ACT_AS_ROLE,
@@ -188,15 +180,12 @@ class Controller(pulumi.ComponentResource):
             grants.append(gcp.storage.BucketIAMMember(
                 f"controller-status-{index}", bucket=bucket, member=member,
                 role="roles/storage.objectViewer", opts=child))
-        objects = gcp.projects.IAMCustomRole(
-            "controller-objects-role", role_id=args.naming.custom_role_id("controller_objects"),
-            title="tpu-stack controller objects", description="The controller's own objects",
-            permissions=list(OBJECT_PERMISSIONS), project=args.project, opts=child)
+        objects_role = pulumi.Output.concat("projects/", args.project, "/roles/",
+                                            args.naming.custom_role_id(CONTROLLER_OBJECTS_ROLE))
         prefix = pulumi.Output.concat("projects/_/buckets/", args.bucket, "/objects/")
         grants.append(gcp.storage.BucketIAMMember(
             "controller-objects", bucket=args.bucket, member=member, opts=child,
-            role=pulumi.Output.concat("projects/", objects.project, "/roles/", objects.role_id),
-            condition=gcp.storage.BucketIAMMemberConditionArgs(
+            role=objects_role, condition=gcp.storage.BucketIAMMemberConditionArgs(
                 title="controller objects and budget markers",
                 # objects.list is checked on the bucket itself (its resource type).
                 expression=prefix.apply(lambda p: (
@@ -222,13 +211,16 @@ def manifest_object(stack: str, bucket: pulumi.Input[str], text: str,
 
 def declare_for(platform: pulumi.ComponentResource, opts: pulumi.ResourceOptions) -> Controller:
     """The controller of a platform (or standalone) stack (components/platform.py): it
-    manages the stack's project and its teams' projects, acts as their runtime accounts
+    manages the stack's project and every team's project (the nodes of the platform's
+    and of the team stacks: the bootstrap made its TPU role in each), acts as their
+    runtime accounts
     (the team's as components/teams.py names it), runs on the budget topics of the teams
     whose budget stops their TPUs, and gets the stack's manifest."""
     settings = platform.settings  # type: ignore[attr-defined]
     naming = settings.naming
     bucket = platform.buckets.buckets["artifacts"].name  # type: ignore[attr-defined]
-    teams = sorted({team for team, _node in settings.named_nodes if team})
+    # Every team's project and runtime account: a team stack's nodes are its own.
+    teams = sorted(settings.teams)
     identity = platform.identity  # type: ignore[attr-defined]
     accounts: list[pulumi.Input[str]] = [identity.account.name]
     for team in teams:
@@ -239,13 +231,21 @@ def declare_for(platform: pulumi.ComponentResource, opts: pulumi.ResourceOptions
                                    naming.cloud_function("budget", team))
               for team in sorted(settings.teams)
               if settings.teams[team].budget_action == "stop" and settings.billing_account]
+    if function_accounts.bootstrap_made(settings):
+        controller_opts = opts
+    else:  # a standalone stack: its plan makes what a platform's bootstrap makes
+        controller_opts = opts.merge(pulumi.ResourceOptions(
+            depends_on=standalone_identity(settings, opts)))
     controller = Controller("controller", ControllerArgs(
         naming=naming, project=settings.gcp_project, bucket=bucket,
         interval=settings.controller.interval,
+        account=function_accounts.controller_account(settings),
+        build_account=function_accounts.controller_build_account(settings),
         managed_projects=[settings.node_project(t) for t in (None, *teams)],
         labels=naming.labels("controller", settings.team, settings.labels),
         runtime_accounts=accounts, budget_topics=topics,
-        status_buckets=[platform.buckets.buckets["logs"].name]), opts=opts)  # type: ignore[attr-defined]
+        status_buckets=[platform.buckets.buckets["logs"].name]),  # type: ignore[attr-defined]
+        opts=controller_opts)
     regions = set(settings.regions)
     zones = tuple(z for z in catalog.all_zones() if catalog.region_of(z) in regions)
     budget_teams = tuple(BudgetTeam(team, naming.team_project(team), zones)
@@ -254,3 +254,27 @@ def declare_for(platform: pulumi.ComponentResource, opts: pulumi.ResourceOptions
     text = manifest_json(target_for(settings), budget_teams=budget_teams)
     manifest_object(settings.stack, bucket, text, opts)
     return controller
+
+
+def standalone_identity(settings: StackSettings,
+                        opts: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+    """A standalone stack's controller accounts, custom roles and build grant: what
+    model/bootstrap.py has a platform's admin make (custom_roles, function_account_grants),
+    by the same names and permission lists."""
+    made: list[pulumi.Resource] = []
+    for logical, display in ((function_accounts.CONTROLLER_ACCOUNT, "tpu-stack controller"),
+                             (function_accounts.CONTROLLER_BUILD_ACCOUNT,
+                              "tpu-stack controller build")):
+        made.append(gcp.serviceaccount.Account(
+            logical, account_id=settings.naming.account_id(logical), display_name=display,
+            project=settings.gcp_project, opts=opts))
+    for role in controller_host_roles(settings):
+        made.append(gcp.projects.IAMCustomRole(
+            f"{role.role_id}-role", role_id=role.role_id, title=role.title,
+            permissions=list(role.permissions), project=role.project, opts=opts))
+    build = function_accounts.controller_build_account(settings)
+    made.append(gcp.projects.IAMMember(
+        "controller-build-builder", project=settings.gcp_project,
+        role=function_accounts.BUILDER_ROLE, member=f"serviceAccount:{build}",
+        opts=opts.merge(pulumi.ResourceOptions(depends_on=made[:2]))))
+    return made

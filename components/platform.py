@@ -118,11 +118,13 @@ class TpuPlatform(pulumi.ComponentResource):
     def _declare_platform(self) -> None:
         settings = self.settings
         naming = settings.naming
-        apis = (*APIS, *(CI_APIS if settings.ci else ()),
-                *((BUDGETS_API,) if self._has_budgets else ()),
-                *(BUDGET_STOP_APIS if self._budget_stops else ()),
-                *(CONTROLLER_APIS if settings.controller and settings.controller.enabled
-                  else ()))
+        # Each API once: the functions need several of the same (a second Service of one
+        # name would be a duplicate URN).
+        apis = tuple(dict.fromkeys((
+            *APIS, *(CI_APIS if settings.ci else ()),
+            *((BUDGETS_API,) if self._has_budgets else ()),
+            *(BUDGET_STOP_APIS if self._budget_stops else ()),
+            *(CONTROLLER_APIS if function_accounts.controller_enabled(settings) else ()))))
         self.project = Project("project", ProjectArgs(
             project_id=settings.gcp_project, settings=settings.project,
             labels=self._labels("project"), apis=apis), opts=self._child())

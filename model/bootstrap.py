@@ -19,7 +19,11 @@ Where each grant lives:
 - with a team's `budgetAction: stop`, the host project again: BUDGET_STOP_HOST_ROLES, for
   the budget stop's topic, function and Cloud Run invoker grant (components/
   budget_stop.py). Its grant of the TPU custom role in the team's project fits the
-  folder's condition, which names that role in every team project.
+  folder's condition, which names that role in every team project;
+- with `tpu-stack:controller` on, the host project again: CONTROLLER_HOST_ROLES, for the
+  controller's schedule, function and invoker grant (components/controller.py); its
+  custom roles (its TPU role in the host and every team project, its objects role in
+  the host) are named in both conditions.
 The custom roles the deployer grants are the bootstrap's (custom_roles), made with a
 fixed permission list: the deployer holds iam.roleAdmin nowhere (issue 44).
 And to the quota contact (`teamProjects.quotaContact`), Quota Administrator on the
@@ -35,6 +39,10 @@ from model.roles import (
     ACT_AS_ROLE,
     BUDGET_STOP_PERMISSIONS,
     BUDGET_STOP_ROLE,
+    CONTROLLER_OBJECT_PERMISSIONS,
+    CONTROLLER_OBJECTS_ROLE,
+    CONTROLLER_PERMISSIONS,
+    CONTROLLER_ROLE,
     DEPLOYER_ROLES,
     MARKER_PERMISSIONS,
     MEMBER_PROJECT_ROLES,
@@ -71,6 +79,15 @@ BUDGET_STOP_HOST_ROLES = {
     # "can get but not set IAM policies", cloud.google.com/run/docs/securing/managing-access).
     "roles/run.admin": "the trigger account's run.invoker on the function's service",
 }
+# What the controller (components/controller.py) needs in the host project beyond the
+# budget stop's roles: its schedule, its function and that function's invoker grant.
+CONTROLLER_HOST_ROLES = {
+    # cloudscheduler.jobs.create/update/delete: no narrower predefined role holds them
+    # (iann0036/iam-dataset gcp/roles/cloudscheduler.*.json: only cloudscheduler.admin).
+    "roles/cloudscheduler.admin": "the controller's Cloud Scheduler job",
+    "roles/cloudfunctions.developer": "the controller's function",
+    "roles/run.admin": "the controller account's run.invoker on the function's service",
+}
 # The host project's parent as the proof names it when the bootstrap is not told.
 UNKNOWN_HOST_PARENT = "folders/HOST_PARENT"
 
@@ -92,9 +109,12 @@ class CustomRole:
 
 def custom_roles(settings: StackSettings, teams: list[str] | None = None) -> list[CustomRole]:
     """Per team (`teams`: those only): its deployer's storage role in its project (a team
-    with `ci`), and with `budgetAction: stop` the budget stop's TPU role there and its
-    markers' role in the host project."""
+    with `ci`), with `budgetAction: stop` the budget stop's TPU role there and its
+    markers' role in the host project, and with the controller on its TPU role there;
+    and, for the whole stack (`teams` None), the controller's roles in the host project."""
     naming, made = settings.naming, []
+    if teams is None:
+        made += controller_host_roles(settings)
     for team in sorted(settings.teams):
         spec = settings.teams[team]
         if teams is not None and team not in teams:
@@ -110,7 +130,24 @@ def custom_roles(settings: StackSettings, teams: list[str] | None = None) -> lis
             made.append(CustomRole(settings.gcp_project, naming.custom_role_id(marker_role(team)),
                                    f"tpu-stack budget stop markers of team {team}"[:100],
                                    MARKER_PERMISSIONS))
+        if function_accounts.controller_enabled(settings):
+            made.append(_controller_tpu_role(settings, project))
     return made
+
+
+def _controller_tpu_role(settings: StackSettings, project: str) -> CustomRole:
+    return CustomRole(project, settings.naming.custom_role_id(CONTROLLER_ROLE),
+                      "tpu-stack controller", CONTROLLER_PERMISSIONS)
+
+
+def controller_host_roles(settings: StackSettings) -> list[CustomRole]:
+    """The controller's TPU role and objects role in the host project, when it is on."""
+    if not function_accounts.controller_enabled(settings):
+        return []
+    return [_controller_tpu_role(settings, settings.gcp_project),
+            CustomRole(settings.gcp_project, settings.naming.custom_role_id(
+                CONTROLLER_OBJECTS_ROLE), "tpu-stack controller objects",
+                CONTROLLER_OBJECT_PERMISSIONS)]
 
 
 @dataclass(frozen=True)
@@ -132,9 +169,11 @@ def granted_in_team_projects(settings: StackSettings) -> list[str]:
     are listed: its deployer's storage role and the budget stop's TPU role (listed for
     every team, so turning `budgetAction: stop` on needs no new bootstrap; a condition
     naming a role nobody grants admits nothing more)."""
+    roles = (STORAGE_ROLE, BUDGET_STOP_ROLE,
+             *((CONTROLLER_ROLE,) if function_accounts.controller_enabled(settings) else ()))
     custom = [f"projects/{settings.naming.team_project(team)}/roles/"
               f"{settings.naming.custom_role_id(role)}"
-              for team in settings.teams for role in (STORAGE_ROLE, BUDGET_STOP_ROLE)]
+              for team in settings.teams for role in roles]
     return sorted({*PROJECT_ROLES, *MEMBER_PROJECT_ROLES, *TEAM_DEPLOYER_ROLES, *PREVIEW_ROLES,
                    *custom})
 
@@ -142,8 +181,8 @@ def granted_in_team_projects(settings: StackSettings) -> list[str]:
 def granted_in_host_project(settings: StackSettings) -> list[str]:
     """Project roles the stack grants in its own project, the deployer's own excepted:
     the runtime account's, the preview account's and, with teams, the teams' TPU
-    service agents' tpu.xpnAgent."""
-    roles = {*PROJECT_ROLES, *PREVIEW_ROLES}
+    service agents' tpu.xpnAgent, and with the controller on its roles there."""
+    roles = {*PROJECT_ROLES, *PREVIEW_ROLES, *(r.name for r in controller_host_roles(settings))}
     return sorted(roles | ({TPU_XPN_AGENT_ROLE} if settings.teams else set()))
 
 
@@ -170,7 +209,7 @@ def deployer_grants(settings: StackSettings, deployer: str,
                     if role == PROJECT_IAM_ADMIN else None) for role in PLATFORM_FOLDER_ROLES]
     grants += [Grant(host, role, member, host_condition(settings)["expression"]
                      if role == PROJECT_IAM_ADMIN else None)
-               for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE, *budget_stop_host_roles(settings),
+               for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE, *function_host_roles(settings),
                             METRICS_SCOPE_ROLE)]
     grants.append(Grant(host_parent, XPN_ADMIN, member))
     if settings.team_projects.state_bucket:  # the teams' state grants and outputs objects
@@ -184,15 +223,20 @@ def deployer_grants(settings: StackSettings, deployer: str,
 
 def function_account_grants(settings: StackSettings, deployer: str,
                             teams: list[str] | None = None) -> list[Grant]:
-    """The budget-stop functions' accounts the bootstrap makes (model/function_accounts.py):
-    the deployer acts as each (on that account's own allow policy), the build account
-    builds in the host project. `teams`: only those teams' accounts."""
+    """The functions' accounts the bootstrap makes (model/function_accounts.py: the budget
+    stops' and, when on, the controller's): the deployer acts as each (on that account's
+    own allow policy), the build account builds in the host project. `teams`: only those
+    teams' accounts (and not the controller's, which is the stack's)."""
+    pairs = [(function_accounts.runtime_account(settings, team),
+              function_accounts.build_account(settings, team))
+             for team in function_accounts.stop_teams(settings)
+             if teams is None or team in teams]
+    if teams is None and function_accounts.controller_enabled(settings):
+        pairs.append((function_accounts.controller_account(settings),
+                      function_accounts.controller_build_account(settings)))
     grants = []
-    for team in function_accounts.stop_teams(settings):
-        if teams is not None and team not in teams:
-            continue
-        build = function_accounts.build_account(settings, team)
-        for email in (function_accounts.runtime_account(settings, team), build):
+    for runtime, build in pairs:
+        for email in (runtime, build):
             grants.append(Grant(function_accounts.account_name(settings, email), ACT_AS_ROLE,
                                 f"serviceAccount:{deployer}"))
         grants.append(Grant(f"projects/{settings.gcp_project}", function_accounts.BUILDER_ROLE,
@@ -200,10 +244,14 @@ def function_account_grants(settings: StackSettings, deployer: str,
     return grants
 
 
-def budget_stop_host_roles(settings: StackSettings) -> list[str]:
-    """BUDGET_STOP_HOST_ROLES when a team's budget stops its TPUs, else none."""
+def function_host_roles(settings: StackSettings) -> list[str]:
+    """BUDGET_STOP_HOST_ROLES when a team's budget stops its TPUs, and CONTROLLER_HOST_ROLES
+    when the controller is on: the host roles the functions need, each once."""
     stops = any(team.budget_action == "stop" for team in settings.teams.values())
-    return sorted(BUDGET_STOP_HOST_ROLES) if stops else []
+    roles = set(BUDGET_STOP_HOST_ROLES) if stops else set()
+    if function_accounts.controller_enabled(settings):
+        roles |= set(CONTROLLER_HOST_ROLES)
+    return sorted(roles)
 
 
 def quota_contact_grant(settings: StackSettings, kind: str = "group") -> Grant | None:

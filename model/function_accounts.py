@@ -27,8 +27,10 @@ from model.settings.schema import StackSettings
 BUILDER_ROLE = "roles/cloudbuild.builds.builder"
 BUILD_ACCOUNT = "function-build"
 RUNTIME_ACCOUNT = "budget-stop"
-# The controller's own account (components/controller.py), one per stack that enables it.
+# The controller's own accounts (components/controller.py), one pair per stack that
+# enables it: it runs as the first and is built as the second, for the reasons above.
 CONTROLLER_ACCOUNT = "controller"
+CONTROLLER_BUILD_ACCOUNT = "controller-build"
 
 
 def stop_teams(settings: StackSettings) -> list[str]:
@@ -45,10 +47,25 @@ def account_name(settings: StackSettings, email: str) -> str:
     return f"projects/{settings.gcp_project}/serviceAccounts/{email}"
 
 
+def controller_enabled(settings: StackSettings) -> bool:
+    return settings.controller is not None and settings.controller.enabled
+
+
+def bootstrap_made(settings: StackSettings) -> bool:
+    """Whether the bootstrap (scripts/bootstrap_team_projects.py, a platform stack's)
+    makes the functions' accounts and custom roles; a standalone stack has none, so its
+    plan declares the controller's itself, applied by whoever runs `pulumi up`."""
+    return settings.team_projects is not None
+
+
 def controller_account(settings: StackSettings) -> str:
     """The email the controller runs as: every stack that reads or grants to it (its
     own, a team stack granting it read on the team's objects) derives it here."""
     return account_email(settings, CONTROLLER_ACCOUNT)
+
+
+def controller_build_account(settings: StackSettings) -> str:
+    return account_email(settings, CONTROLLER_BUILD_ACCOUNT)
 
 
 def runtime_account(settings: StackSettings, team: str) -> str:
@@ -61,8 +78,13 @@ def build_account(settings: StackSettings, team: str) -> str:
 
 def accounts(settings: StackSettings, teams: list[str] | None = None) -> list[tuple[str, str]]:
     """(account id, display name) of every account the bootstrap makes in the host
-    project for `teams` (default: every team)."""
+    project for `teams` (default: every team, and the controller's when it is on)."""
     chosen = [t for t in stop_teams(settings) if teams is None or t in teams]
-    return [(settings.naming.account_id(logical, t), f"{what} of team {t}")
+    made = [(settings.naming.account_id(logical, t), f"{what} of team {t}")
             for t in chosen for logical, what in ((RUNTIME_ACCOUNT, "tpu-stack budget stop"),
                                                   (BUILD_ACCOUNT, "tpu-stack budget stop build"))]
+    if teams is None and controller_enabled(settings):
+        made += [(settings.naming.account_id(CONTROLLER_ACCOUNT), "tpu-stack controller"),
+                 (settings.naming.account_id(CONTROLLER_BUILD_ACCOUNT),
+                  "tpu-stack controller build")]
+    return made

@@ -239,6 +239,25 @@ def marker_role(team: str) -> str:
     return f"budget_stop_markers_{team}"
 
 
+# The controller's custom roles (components/controller.py; docs/design.md, "The
+# controller"), made by the bootstrap with these fixed lists (model/bootstrap.py
+# custom_roles): its TPU role in every project it manages, and its objects role in the
+# host project, granted there on its bucket under a condition (its prefix, the markers).
+CONTROLLER_ROLE = "controller"
+CONTROLLER_OBJECTS_ROLE = "controller_objects"
+# List, place, stop and delete nodes and their queued resources. IAM checks every
+# queuedResources method with the tpu.nodes.* permission of the same verb (iann0036/
+# iam-dataset gcp/map.json: queuedResources.{list,get,create,delete,reset} ->
+# tpu.nodes.{list,get,create,delete,reset}); stop is a node method (ops/tpu/api.py).
+CONTROLLER_PERMISSIONS = ("tpu.nodes.list", "tpu.nodes.get", "tpu.nodes.create",
+                          "tpu.nodes.update", "tpu.nodes.stop", "tpu.nodes.delete",
+                          "tpu.nodes.reset", "tpu.operations.get")
+# Read the manifests and markers, write the lease, moves and audit (an overwrite is a
+# delete too: cloud.google.com/storage/docs/access-control/iam-permissions).
+CONTROLLER_OBJECT_PERMISSIONS = ("storage.objects.get", "storage.objects.list",
+                                 "storage.objects.create", "storage.objects.delete")
+
+
 # Object roles per bucket purpose: read what the job consumes, write what it
 # produces. roles/storage.objectUser is read/write/delete on objects without
 # any IAM or bucket administration (cloud.google.com/storage/docs/access-control/iam-roles).

@@ -62,6 +62,7 @@ def granted_roles() -> list[str]:
                        *r.MEMBER_PROJECT_ROLES, r.NETWORK_USER_ROLE,
                        r.TPU_XPN_AGENT_ROLE, bootstrap.XPN_ADMIN, bootstrap.BUDGETS_ROLE,
                        bootstrap.HOST_STORAGE_ROLE, *bootstrap.BUDGET_STOP_HOST_ROLES,
+                       *bootstrap.CONTROLLER_HOST_ROLES,
                        function_accounts.BUILDER_ROLE, "roles/run.invoker",
                        "roles/pubsub.publisher"}
     return sorted(roles | set(EXTRA_ROLES))

@@ -76,7 +76,9 @@ def test_item_1_every_custom_role_lists_permissions_iam_knows() -> None:
     known, _ = known_permissions()
     assert set(budget_stop.PERMISSIONS) <= known
     roles = custom_roles(settings_for("platform"))
-    assert len(roles) == 3  # vision's storage role; nlp's TPU and markers roles
+    # vision's storage role; nlp's TPU and markers roles; the controller's TPU role in the
+    # host, nlp's and vision's projects and its objects role in the host
+    assert len(roles) == 7
     for role in roles:
         assert set(role.permissions) <= known, role
     assert "tpu.queuedresources.list" not in known and "tpu.nodes.list" in known
@@ -95,7 +97,9 @@ def test_item_7_a_deployer_that_may_edit_a_role_it_grants_is_refused(
         ("the custom role projects/acme-ml-shared-nlp/roles/platform_budget_stop",
          "projects/acme-ml-shared-nlp"),
         ("the custom role projects/acme-ml-shared-vision/roles/platform_tpuStackStorageDeployer",
-         "projects/acme-ml-shared-vision")}
+         "projects/acme-ml-shared-vision"),
+        *((f"the custom role projects/{p}/roles/platform_controller", f"projects/{p}")
+          for p in ("acme-ml-shared-nlp", "acme-ml-shared-vision"))}
     assert {f.identity for f in refused} == {DEPLOYER}
     assert all("remove roles/iam.roleAdmin" in f.fix for f in refused)
 
@@ -242,7 +246,7 @@ def test_newcomer_the_bootstrap_for_one_team_makes_that_team_only(tmp_path, caps
     created = [line.split()[3] for line in lines if line.startswith("gcloud projects create")]
     assert created == ["acme-ml-shared-nlp"]
     assert [line.split()[4] for line in lines if line.startswith("gcloud iam roles create")] \
-        == ["platform_budget_stop", "platform_budget_stop_markers_nlp"]
+        == ["platform_budget_stop", "platform_budget_stop_markers_nlp", "platform_controller"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "platform-host-grants.json", "platform-team-grants.json"]
     assert not any("vision" in line for line in lines if "create" in line)
@@ -430,7 +434,9 @@ def test_a_fresh_team_with_a_budget_stop_proves_clean_with_the_bootstrap_s_grant
     assert proof.findings == [], "\n".join(proof.lines())
     assert {r.name for r in custom_roles(settings, ["speech"])} == {
         "projects/acme-ml-shared-speech/roles/platform_budget_stop",
-        "projects/acme-ml-shared/roles/platform_budget_stop_markers_speech"}
+        "projects/acme-ml-shared/roles/platform_budget_stop_markers_speech",
+        # The shipped platform runs the controller: it manages the new team's project too.
+        "projects/acme-ml-shared-speech/roles/platform_controller"}
     assert {g.resource.rsplit("/", 1)[-1] for g in function_account_grants(
         settings, DEPLOYER.split(":", 1)[1], ["speech"]) if "serviceAccounts" in g.resource} \
         == {"platform-speech-budget-stop@acme-ml-shared.iam.gserviceaccount.com",
@@ -447,3 +453,53 @@ def test_item_6_the_runtime_account_holds_what_the_function_calls(platform_run, 
                if f.identity == f"serviceAccount:{RUNTIME}"]
     assert permission in {f.permission for f in refused}
     assert all(f.resource == FUNCTION for f in refused)
+
+
+# ---- the controller (issue 43): its identities, the bootstrap's ------------------------
+
+CONTROLLER = "platform-controller@acme-ml-shared.iam.gserviceaccount.com"
+CONTROLLER_NAME = f"projects/acme-ml-shared/serviceAccounts/{CONTROLLER}"
+
+
+def test_the_shipped_platform_runs_the_controller_and_proves_clean(platform_run) -> None:
+    settings = settings_for("platform")
+    assert settings.controller is not None and settings.controller.enabled
+    assert [r.name for r in platform_run.of_type("gcp:cloudscheduler/job:Job")] == ["controller"]
+    proof = plan_proof(settings, platform_run)
+    assert proof.findings == [], "\n".join(proof.lines())
+
+
+def test_the_controller_s_roles_are_the_bootstrap_s_with_permissions_iam_knows() -> None:
+    from model.bootstrap import custom_roles
+
+    made = {r.name: r.permissions for r in custom_roles(settings_for("platform"))}
+    tpu_roles = [name for name in made if name.endswith("/roles/platform_controller")]
+    assert sorted(tpu_roles) == sorted(f"projects/{p}/roles/platform_controller" for p in (
+        "acme-ml-shared", "acme-ml-shared-nlp", "acme-ml-shared-vision"))
+    assert "tpu.nodes.create" in made[tpu_roles[0]]
+    assert not [p for p in made[tpu_roles[0]] if p.startswith("tpu.queuedresources")]
+    known, _services = known_permissions()
+    for name, permissions in made.items():
+        assert set(permissions) <= known, (name, set(permissions) - known)
+
+
+@pytest.mark.parametrize("kind, name", [
+    ("gcp:cloudscheduler/job:Job", "controller"),
+    ("gcp:pubsub/subscription:Subscription", "controller-budget-0"),
+    ("gcp:cloudfunctionsv2/function:Function", "controller")])
+def test_without_the_bootstrap_s_act_as_the_controller_s_oidc_and_runtime_uses_are_refused(
+        platform_run, monkeypatch, kind, name) -> None:
+    """The Scheduler job's and the push subscription's OIDC token account, and the
+    function's runtime account, each need the deployer's actAs on that account."""
+    from ops.plan import proof as proof_module
+
+    granted = proof_module.function_account_grants
+
+    def without_controller(*args, **kwargs):
+        return [g for g in granted(*args, **kwargs) if g.resource != CONTROLLER_NAME]
+
+    monkeypatch.setattr(proof_module, "function_account_grants", without_controller)
+    refused = [f for f in findings(platform_run) if f.resource == f"{kind} {name}"]
+    assert {(f.permission, f.on) for f in refused} == {
+        ("iam.serviceAccounts.actAs", CONTROLLER_NAME)}
+    assert {f.identity for f in refused} == {DEPLOYER}

@@ -644,7 +644,7 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
         BUDGETS_ROLE,
         HOST_STORAGE_ROLE,
         XPN_ADMIN,
-        budget_stop_host_roles,
+        function_host_roles,
     )
     from model.roles import DEPLOYER_ROLES, METRICS_SCOPE_ROLE, PLATFORM_FOLDER_ROLES
 
@@ -666,7 +666,7 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
     assert grants == [*(("246813579024", role) for role in PLATFORM_FOLDER_ROLES),
                       *(("acme-ml-shared", role) for role in (*DEPLOYER_ROLES, HOST_STORAGE_ROLE)),
                       # nlp's budget stops its TPUs: its topic, function and invoker grant
-                      *(("acme-ml-shared", role) for role in budget_stop_host_roles(settings)),
+                      *(("acme-ml-shared", role) for role in function_host_roles(settings)),
                       # the fleet dashboard's metrics scope links the teams' projects
                       ("acme-ml-shared", METRICS_SCOPE_ROLE),
                       ("42", XPN_ADMIN), ("gs://acme-pulumi-state", HOST_STORAGE_ROLE),
@@ -675,6 +675,12 @@ def test_the_bootstrap_makes_the_projects_and_grants_no_project_creation() -> No
                       ("platform-nlp-budget-stop@acme-ml-shared.iam.gserviceaccount.com",
                        "roles/iam.serviceAccountUser"),
                       ("platform-nlp-function-build@acme-ml-shared.iam.gserviceaccount.com",
+                       "roles/iam.serviceAccountUser"),
+                      ("acme-ml-shared", "roles/cloudbuild.builds.builder"),
+                      # the controller's accounts, the bootstrap's too (issue 43)
+                      ("platform-controller@acme-ml-shared.iam.gserviceaccount.com",
+                       "roles/iam.serviceAccountUser"),
+                      ("platform-controller-build@acme-ml-shared.iam.gserviceaccount.com",
                        "roles/iam.serviceAccountUser"),
                       ("acme-ml-shared", "roles/cloudbuild.builds.builder"),
                       ("246813579024", "roles/cloudquotas.admin")]  # the quota contact's

@@ -8,28 +8,48 @@ from __future__ import annotations
 import pytest
 
 from components.controller import ENTRY_POINT
+from model import function_accounts
+from model.bootstrap import custom_roles
 from model.manifest import parse
+from model.settings.load import load_settings
+from model.settings.schema import StackSettings
 from ops.plan.mock_engine import ProgramRun, run_program
 from policy.iam import IamModel
 from tests.infra.stack_fixtures import as_cli
-from tests.infra.test_budget_stop_plan import ACCOUNT, FUNCTION, one, stack
+from tests.infra.test_budget_stop_plan import FUNCTION, one, stack
 
 JOB = "gcp:cloudscheduler/job:Job"
 SUBSCRIPTION = "gcp:pubsub/subscription:Subscription"
 OBJECT = "gcp:storage/bucketObject:BucketObject"
 
 
-@pytest.fixture(scope="module")
-def run() -> ProgramRun:
+def _config() -> dict[str, str]:
     data = stack(budgetAction="stop")
     data["tpu-stack:controller"] = {"enabled": True, "interval": "5m"}
-    return run_program(as_cli(data), "test")
+    return as_cli(data)
+
+
+@pytest.fixture(scope="module")
+def run() -> ProgramRun:
+    return run_program(_config(), "test")
+
+
+@pytest.fixture(scope="module")
+def settings() -> StackSettings:
+    return load_settings(_config(), "test")
 
 
 def test_scheduler_calls_the_function_every_interval_as_the_controllers_account(
-        run: ProgramRun) -> None:
+        run: ProgramRun, settings: StackSettings) -> None:
     function = one(run, FUNCTION, "controller")
-    account = one(run, ACCOUNT, "controller").outputs["email"]
+    account = function_accounts.controller_account(settings)
+    assert account == "test-controller@acme-ml-test.iam.gserviceaccount.com"
+    # Built as its own build account, the bootstrap's (model/function_accounts.py).
+    assert function.inputs["buildConfig"]["serviceAccount"] == (
+        "projects/acme-ml-test/serviceAccounts/"
+        "test-controller-build@acme-ml-test.iam.gserviceaccount.com")
+    assert "controller" not in {r.name for r in run.of_type("gcp:serviceaccount/account:Account")}
+    assert not run.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
     [job] = run.of_type(JOB)
 
     assert function.inputs["buildConfig"]["entryPoint"] == ENTRY_POINT
@@ -54,9 +74,12 @@ def test_the_stack_writes_its_manifest_with_every_node(run: ProgramRun) -> None:
 
 
 def test_the_controllers_account_acts_on_tpus_it_manages_and_its_own_objects_only(
-        run: ProgramRun) -> None:
+        run: ProgramRun, settings: StackSettings) -> None:
     model = IamModel.of(run.registrations)
-    account = "serviceAccount:" + one(run, ACCOUNT, "controller").outputs["email"]
+    # Its roles are the bootstrap's, with their fixed lists (model/bootstrap.py).
+    model.custom_roles.update({r.name: frozenset(r.permissions) for r in custom_roles(settings)})
+    assert not model.unresolved
+    account = "serviceAccount:" + function_accounts.controller_account(settings)
     nodes = [f"projects/{r.inputs['project']}/locations/{r.inputs['zone']}/nodes/"
              f"{r.inputs['name']}" for r in run.of_type("gcp:tpu/v2Vm:V2Vm")]
     buckets = {r.inputs["name"].rsplit("-", 1)[-1]: r.inputs["name"]
