@@ -25,7 +25,7 @@ controller"): declared by a platform stack, or a standalone stack, with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pulumi
@@ -91,8 +91,10 @@ class ControllerArgs:
     # The accounts the bootstrap made (model/function_accounts.py): emails.
     account: str
     build_account: str
-    runtime_accounts: Sequence[pulumi.Input[str]] = ()  # account names it acts as
-    budget_topics: Sequence[pulumi.Input[str]] = ()  # projects/<p>/topics/<t>
+    # Keyed by a stable name (the team, `stack`): a resource's name never shifts when a
+    # team is added (an index would replace every grant after it).
+    runtime_accounts: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # names
+    budget_topics: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # by team
     # Logs buckets whose agents' status objects it lists (idle stops): read only.
     status_buckets: Sequence[pulumi.Input[str]] = ()
     deployer: str | None = None
@@ -137,19 +139,19 @@ class Controller(pulumi.ComponentResource):
         gcp.cloudscheduler.Job(
             "controller", name=args.naming.cloud_function("controller"), project=args.project,
             region=REGION, schedule=SCHEDULES[args.interval], time_zone="Etc/UTC",
+            # No attemptDeadline: its default (180 s, the provider's EmptyOrDefaultStringSuppress
+            # ("180s"), resource_cloud_scheduler_job.go) is far above a run's seconds, and a
+            # run past it is only marked failed by Scheduler: the lease bounds a run.
             description="Runs the tpu-stack controller",
-            # HTTP targets allow 15 s to 30 min (cloud.google.com/scheduler/docs/reference/
-            # rest/v1/projects.locations.jobs, Job.attemptDeadline; as recalled, unconfirmed).
-            attempt_deadline=f"{TIMEOUT_SECONDS}s",
             http_target=gcp.cloudscheduler.JobHttpTargetArgs(
                 uri=self.function.url, http_method="POST",
                 oidc_token=gcp.cloudscheduler.JobHttpTargetOidcTokenArgs(
                     service_account_email=args.account, audience=self.function.url)),
             opts=child.merge(pulumi.ResourceOptions(depends_on=[invoker])))
-        for index, topic in enumerate(args.budget_topics):
+        for team, topic in sorted(args.budget_topics.items()):
             gcp.pubsub.Subscription(
-                f"controller-budget-{index}", project=args.project, topic=topic,
-                name=args.naming.cloud_function(f"controller-budget-{index}"),
+                f"controller-budget-{team}", project=args.project, topic=topic,
+                name=args.naming.cloud_function("controller-budget", team),
                 # The longest ack deadline Pub/Sub allows (600 s, cloud.google.com/pubsub/
                 # docs/reference/rest/v1/projects.subscriptions; as recalled, unconfirmed):
                 # a push is acknowledged by the function's 200, after its run.
@@ -168,12 +170,12 @@ class Controller(pulumi.ComponentResource):
         # Both roles are the bootstrap's (model/bootstrap.py custom_roles), by name.
         grants: list[pulumi.Resource] = [
             gcp.projects.IAMMember(
-                f"controller-tpu-{index}", project=project, member=member, opts=child,
+                f"controller-tpu-{project}", project=project, member=member, opts=child,
                 role=f"projects/{project}/roles/{args.naming.custom_role_id(CONTROLLER_ROLE)}")
-            for index, project in enumerate(sorted(set(args.managed_projects)))]
-        for index, account in enumerate(args.runtime_accounts):
+            for project in sorted(set(args.managed_projects))]
+        for key, account in sorted(args.runtime_accounts.items()):
             grants.append(gcp.serviceaccount.IAMMember(
-                f"controller-acts-as-{index}", service_account_id=account, role=ACT_AS_ROLE,
+                f"controller-acts-as-{key}", service_account_id=account, role=ACT_AS_ROLE,
                 member=member, opts=child))
         for index, bucket in enumerate(args.status_buckets):
             # objects.list and get of the status objects (ops/tpu/logs.py published_jobs).
@@ -222,15 +224,15 @@ def declare_for(platform: pulumi.ComponentResource, opts: pulumi.ResourceOptions
     # Every team's project and runtime account: a team stack's nodes are its own.
     teams = sorted(settings.teams)
     identity = platform.identity  # type: ignore[attr-defined]
-    accounts: list[pulumi.Input[str]] = [identity.account.name]
+    accounts: dict[str, pulumi.Input[str]] = {"stack": identity.account.name}
     for team in teams:
         project = naming.team_project(team)
-        accounts.append(f"projects/{project}/serviceAccounts/"
-                        f"{naming.account_id('runtime', team)}@{project}.iam.gserviceaccount.com")
-    topics = [pulumi.Output.concat("projects/", settings.gcp_project, "/topics/",
-                                   naming.cloud_function("budget", team))
+        accounts[team] = (f"projects/{project}/serviceAccounts/"
+                          f"{naming.account_id('runtime', team)}@{project}.iam.gserviceaccount.com")
+    topics = {team: pulumi.Output.concat("projects/", settings.gcp_project, "/topics/",
+                                         naming.cloud_function("budget", team))
               for team in sorted(settings.teams)
-              if settings.teams[team].budget_action == "stop" and settings.billing_account]
+              if settings.teams[team].budget_action == "stop" and settings.billing_account}
     if function_accounts.bootstrap_made(settings):
         controller_opts = opts
     else:  # a standalone stack: its plan makes what a platform's bootstrap makes

@@ -485,7 +485,7 @@ def test_the_controller_s_roles_are_the_bootstrap_s_with_permissions_iam_knows()
 
 @pytest.mark.parametrize("kind, name", [
     ("gcp:cloudscheduler/job:Job", "controller"),
-    ("gcp:pubsub/subscription:Subscription", "controller-budget-0"),
+    ("gcp:pubsub/subscription:Subscription", "controller-budget-nlp"),
     ("gcp:cloudfunctionsv2/function:Function", "controller")])
 def test_without_the_bootstrap_s_act_as_the_controller_s_oidc_and_runtime_uses_are_refused(
         platform_run, monkeypatch, kind, name) -> None:

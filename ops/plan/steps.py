@@ -286,6 +286,9 @@ NORMALISERS: dict[str, Callable[[str, str], bool]] = {
     "checkValAndDefaultStringSuppress": lambda old, new: {old, new} <= {"", "MONTH"},
     "resourceMonitoringMonitoredProjectNameDiffSuppress": _monitored_project_name,
     "monitoringDashboardDiffSuppress": _dashboard_json,
+    # resource_cloud_scheduler_job.go LastSlashDiffSuppress: one trailing slash of each
+    # side is dropped, then they compare as written.
+    "LastSlashDiffSuppress": lambda old, new: old.removesuffix("/") == new.removesuffix("/"),
 }
 
 
@@ -317,7 +320,29 @@ def _function_environment(old: Any, new: Any) -> bool:
     return old == new
 
 
+def _auth_header(old: Any, new: Any) -> bool:
+    """resource_cloud_scheduler_job.go authHeaderDiffSuppress on an oidc_token (or
+    oauth_token) block: an `audience` (`scope`) the configuration leaves out is the
+    API's default (the target's URI; cloud-platform) in the state, no change. Read here
+    as: the same block once a key the new block leaves empty is dropped from the old one
+    (the program sets the audience, so for its inputs this compares as written)."""
+    old_block, new_block = (_block(v) for v in (old, new))
+    for key in ("audience", "scope"):
+        if not new_block.get(key):
+            old_block.pop(key, None)
+            new_block.pop(key, None)
+    return old_block == new_block
+
+
+def _block(value: Any) -> dict[str, Any]:
+    """A MaxItems-1 block as the bridge passes it: an object, or a list of one."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return dict(value or {})
+
+
 LIST_NORMALISERS: dict[str, Callable[[Any, Any], bool]] = {
+    "authHeaderDiffSuppress": _auth_header,
     "diffSuppressSourceRanges": _source_ranges,
     "tpuServiceAccountAddedScopesSuppress": _tpu_scopes,
     "environmentVariablesDiffSuppress": _function_environment,
