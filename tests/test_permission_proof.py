@@ -343,7 +343,10 @@ FUNCTION = "gcp:cloudfunctionsv2/function:Function nlp-budget-stop"
     ("roles/pubsub.admin", {
         (TOPIC, "pubsub.topics.create", "projects/acme-ml-shared"),
         ("gcp:pubsub/topicIAMMember:TopicIAMMember nlp-budget-billing-publisher",
-         "pubsub.topics.setIamPolicy", "projects/acme-ml-shared/topics/platform-nlp-budget")}),
+         "pubsub.topics.setIamPolicy", "projects/acme-ml-shared/topics/platform-nlp-budget"),
+        # the controller's push subscription on that topic (issue 43)
+        ("gcp:pubsub/subscription:Subscription controller-budget-nlp",
+         "pubsub.subscriptions.create", "projects/acme-ml-shared")}),
     ("roles/cloudfunctions.developer", {
         (FUNCTION, "cloudfunctions.functions.create", "projects/acme-ml-shared")}),
     ("roles/run.admin", {
@@ -379,6 +382,7 @@ def test_each_grant_the_budget_stop_needs_when_removed_is_named(
     assert {f[1] for f in found} <= {p for _, p, _ in refused} | {
         # the same grant's other operations and permissions
         "pubsub.topics.update", "pubsub.topics.delete", "pubsub.topics.getIamPolicy",
+        "pubsub.subscriptions.update", "pubsub.subscriptions.delete",
         "cloudfunctions.functions.update", "cloudfunctions.functions.delete",
         "run.services.getIamPolicy", "iam.roles.update", "iam.roles.delete",
         "iam.serviceAccounts.delete"}, found

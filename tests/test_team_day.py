@@ -68,11 +68,11 @@ def test_a_team_falling_back_into_new_regions_changes_no_other_team(speech_diff)
                if belongs_to(dict(s.resource), team)]
     assert touched == []
     assert not speech_diff.removed and not speech_diff.replacements
-    # Not speech's: the platform's own subnets in the two new regions and its
-    # internal rule over them.
+    # Not speech's: the platform's own subnets in the two new regions, its internal rule
+    # over them, and the controller's manifest, which lists speech's node.
     others = sorted((s.op, s.name) for s in moved if not belongs_to(dict(s.resource), "speech"))
     assert others == [("create", "subnet-us-south1"), ("create", "subnet-us-west4"),
-                      ("update", "allow-internal")]
+                      ("update", "allow-internal"), ("update", "controller-manifest")]
     created = {s.name for s in speech_diff.steps.of("create")}
     for region in ("us-central1", "us-west4", "us-south1"):
         assert f"speech-subnet-{region}" in created
