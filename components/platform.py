@@ -234,7 +234,9 @@ class TpuPlatform(pulumi.ComponentResource):
                                               spec.subnet_slot or 0,
                                               team_regions(settings, team)),
             budget=self._budget(team, stopper), budgets=self.budgets,
-            platform_deployer=settings.team_projects.deployer if spec.nodes else None),
+            platform_deployer=settings.team_projects.deployer if spec.nodes else None,
+            controller=(function_accounts.controller_account(settings)
+                        if function_accounts.controller_enabled(settings) else None)),
             opts=after_apis)
         for warning in self.warnings:  # at preview and up
             if warning.team == team:

@@ -171,6 +171,10 @@ class TeamProjectArgs:
     # The platform deployer, when the platform declares this team's nodes: it creates
     # them running as the team's account, so it gets actAs on that account alone.
     platform_deployer: str | None = None
+    # The controller's account (model/function_accounts.py), when the platform runs one:
+    # it creates the team's candidate requests in the team's subnets, as the deployer
+    # does at `up` (the proof's USES_SUBNET), so it holds networkUser there too.
+    controller: str | None = None
 
 
 class TeamProject(pulumi.ComponentResource):
@@ -224,6 +228,8 @@ class TeamProject(pulumi.ComponentResource):
         self.grants = [attached, self.firewall, *self._runtime_grants(child),
                        *self._tpu_agent(after), *self._platform_act_as(child)]
         self._members(child)
+        if args.controller:
+            self._network_users("controller", f"serviceAccount:{args.controller}", child)
         self.ci = self._deployer(after)
         self._quota(after)
         if args.budget:

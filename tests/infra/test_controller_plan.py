@@ -93,3 +93,20 @@ def test_the_controllers_account_acts_on_tpus_it_manages_and_its_own_objects_onl
     assert not model.can(account, "storage.objects.create", f"{artifacts}/packages/x.tar.gz")
     checkpoints = f"projects/_/buckets/{buckets['checkpoints']}/objects/ckpt/x"
     assert not model.can(account, "storage.objects.delete", checkpoints)
+
+
+def test_the_controllers_account_uses_each_teams_subnets_and_no_other(
+        run: ProgramRun, settings: StackSettings) -> None:
+    """A candidate it creates takes an address in its team's subnet of the host's Shared
+    VPC: compute.subnetworks.use there, as the deployer needs at `up`."""
+    model = IamModel.of(run.registrations)
+    model.custom_roles.update({r.name: frozenset(r.permissions) for r in custom_roles(settings)})
+    account = "serviceAccount:" + function_accounts.controller_account(settings)
+    subnets = {r.inputs["name"]: f"projects/{r.inputs['project']}/regions/"
+                                 f"{r.inputs['region']}/subnetworks/{r.inputs['name']}"
+               for r in run.of_type("gcp:compute/subnetwork:Subnetwork")}
+    teams = {name: path for name, path in subnets.items()
+             if any(f"-{team}-" in name for team in ("vision", "nlp"))}
+    assert teams and set(teams) != set(subnets)
+    for name, subnet in subnets.items():
+        assert model.can(account, "compute.subnetworks.use", subnet) == (name in teams), name
