@@ -45,6 +45,7 @@ SOURCE_FILES = (
     "cloud/*.py", "ops/controller/*.py", "model/*.py", "model/*.json", "model/settings/*.py",
     "model/settings/rules/*.py", "node_agent/__init__.py", "node_agent/contract.py",
     "ops/__init__.py", "ops/tpu/__init__.py", "ops/tpu/actions.py", "ops/tpu/api.py",
+    "ops/tpu/logs.py",  # ops/controller/agents.py lists the agents' status with it
     "ops/tpu/target.py", "components/__init__.py", "components/fallback_tpu.py",
     "components/queued_tpu.py", "components/stack_config.py",
     "training/wheels.lock")  # model/catalog.py reads the TF versions it carries at import
