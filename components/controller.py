@@ -33,7 +33,14 @@ from model import catalog
 from model.archive import REPO_ROOT
 from model.fleet import target_for
 from model.function_archive import zip_members
-from model.manifest import OBJECT_PREFIX, BudgetTeam, manifest_json, object_name
+from model.manifest import (
+    OBJECT_PREFIX,
+    BudgetTeam,
+    manifest_json,
+    object_name,
+    status_buckets,
+    team_manifest_refs,
+)
 from model.naming import Naming
 
 TYPE = "tpu-stack:index:Controller"
@@ -246,12 +253,23 @@ def declare_for(platform: pulumi.ComponentResource, opts: pulumi.ResourceOptions
         managed_projects=[settings.node_project(t) for t in (None, *teams)],
         labels=naming.labels("controller", settings.team, settings.labels),
         runtime_accounts=accounts, budget_topics=topics,
-        status_buckets=[platform.buckets.buckets["logs"].name]), opts=opts)  # type: ignore[attr-defined]
+        status_buckets=_status_buckets(platform)), opts=opts)
     regions = set(settings.regions)
     zones = tuple(z for z in catalog.all_zones() if catalog.region_of(z) in regions)
     budget_teams = tuple(BudgetTeam(team, naming.team_project(team), zones)
                          for team in sorted(settings.teams)
                          if settings.teams[team].budget_action == "stop")
-    text = manifest_json(target_for(settings), budget_teams=budget_teams)
+    text = manifest_json(target_for(settings), budget_teams=budget_teams,
+                         status_buckets=status_buckets(settings),
+                         team_manifests=team_manifest_refs(settings))
     manifest_object(settings.stack, bucket, text, opts)
     return controller
+
+
+def _status_buckets(platform: pulumi.ComponentResource) -> list[pulumi.Input[str]]:
+    """The logs buckets the manifest names for idle stops (the stack's own, its teams'),
+    as their buckets' outputs where the stack makes them, so each grant follows its bucket."""
+    made = [platform.buckets, *(s.buckets for s in platform.teams.values())]  # type: ignore[attr-defined]
+    by_name = {b.names["logs"]: b.buckets["logs"].name for b in made if "logs" in b.names}
+    return [by_name.get(name, name)
+            for name in status_buckets(platform.settings)]  # type: ignore[attr-defined]

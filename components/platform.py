@@ -33,6 +33,7 @@ from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
 from components.project import APIS, BUDGETS_API, Project, ProjectArgs
 from components.storage import BucketsArgs, TrainingBuckets
+from components.team_manifest import declare_team_manifest
 from components.team_stack import PlatformReference
 from components.teams import (
     OWN_PURPOSES,
@@ -382,6 +383,7 @@ class TpuPlatform(pulumi.ComponentResource):
             pulumi.log.warn(held.warning(n.name for n in settings.nodes), resource=self)
             declared = self.declared[team] = []
         self.nodes = [self._node(node, settings.job(node.job), placement) for node in declared]
+        declare_team_manifest(settings, space, self._child())  # issue 43: its controller
 
     # ---- shared by every shape ---------------------------------------------
 
@@ -509,6 +511,9 @@ class TpuPlatform(pulumi.ComponentResource):
             "costByTeam": {team: c.usd_per_hour for team, c in self.team_costs.items()},
             "estimatedUsdPerHour": total.usd_per_hour,
             "estimatedUsdPerMonth": total.usd_per_month,
+            # Who a team stack grants read on its manifest (components/team_manifest.py).
+            **({"controller": {"serviceAccount": function_accounts.controller_account(
+                settings)}} if settings.controller and settings.controller.enabled else {}),
         }
 
     def _team_outputs(self, team: str) -> dict[str, object]:
