@@ -16,7 +16,7 @@ from typing import Any
 from model.budget_hold import budget_hold
 from model.manifest import Manifest
 from ops.controller import plan as planner
-from ops.controller.agents import read_agents
+from ops.controller.agents import needs_status, read_agents
 from ops.controller.apply import Applier, Outcome
 from ops.controller.store import Store, run_id
 from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi, parent
@@ -98,7 +98,7 @@ def run_once(store: Store, api: TpuApi, *, apply: bool = True,
         manifests, problems = store.manifests()
     read = read_actual(api, manifests)
     moves, markers = _bookkeeping(store, strict=apply, problems=problems)
-    if agents is None:
+    if agents is None and any(needs_status(m) for m in manifests):
         agents = read_agents(store.client, manifests, read.actual.nodes, problems)
     inputs = planner.Inputs(manifests, read.actual, started,
                             held_teams(markers, manifests, started), moves, agents or {})
