@@ -148,6 +148,8 @@ def last_run_lines(record: Mapping[str, Any] | None, now: datetime) -> tuple[lis
              f"step(s): {done} done, {failed} failed"]
     lines += [f"  {s['verb']} {s['node']} ({s.get('result', 'planned')}): {s['reason']}"
               for s in steps[:10]]
+    # A team stack's manifest missing or refused, a logs bucket not listed (store.py).
+    lines += [f"  problem: {problem}" for problem in (record.get("problems") or [])[:10]]
     stale = age > 3 * interval
     if stale:
         lines.append(f"warning: the controller has not run for {age / 60:.0f} min, more than "

@@ -12,6 +12,7 @@ from dataclasses import replace
 from components.fallback_tpu import FallbackTpuProvider
 from model.manifest import TeamManifestRef, manifest_json, object_name
 from node_agent.contract import STATUS_KEY
+from ops.controller.run import last_run_lines
 from tests.controller.world import (
     PROJECT,
     TAKES,
@@ -125,6 +126,8 @@ def test_a_missing_or_foreign_team_manifest_is_a_problem_and_the_platform_is_rec
                               f"manifest of team nlp's stack team-nlp")
     assert foreign.startswith(f"gs://{TEAM_BUCKET}/controller/manifests/{TEAM_STACK}.json: "
                               f"not team vision's to give") and "team-vision-vision-x" in foreign
+    lines, _stale = last_run_lines(world.store.last_run(), world.clock(1))
+    assert f"  problem: {missing}" in lines  # tpuctl status shows them
 
 
 def test_a_malformed_team_manifest_is_a_problem_line(world: World) -> None:
