@@ -37,7 +37,14 @@ from model.archive import REPO_ROOT
 from model.bootstrap import controller_host_roles
 from model.fleet import target_for
 from model.function_archive import zip_members
-from model.manifest import OBJECT_PREFIX, BudgetTeam, manifest_json, object_name
+from model.manifest import (
+    OBJECT_PREFIX,
+    BudgetTeam,
+    manifest_json,
+    object_name,
+    status_buckets,
+    team_manifest_refs,
+)
 from model.naming import Naming
 from model.roles import CONTROLLER_OBJECTS_ROLE, CONTROLLER_ROLE
 from model.settings.schema import StackSettings
@@ -51,6 +58,7 @@ SOURCE_FILES = (
     "cloud/*.py", "ops/controller/*.py", "model/*.py", "model/*.json", "model/settings/*.py",
     "model/settings/rules/*.py", "node_agent/__init__.py", "node_agent/contract.py",
     "ops/__init__.py", "ops/tpu/__init__.py", "ops/tpu/actions.py", "ops/tpu/api.py",
+    "ops/tpu/logs.py",  # ops/controller/agents.py lists the agents' status with it
     "ops/tpu/target.py", "components/__init__.py", "components/fallback_tpu.py",
     "components/queued_tpu.py", "components/stack_config.py",
     "training/wheels.lock")  # model/catalog.py reads the TF versions it carries at import
@@ -96,7 +104,7 @@ class ControllerArgs:
     runtime_accounts: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # names
     budget_topics: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # by team
     # Logs buckets whose agents' status objects it lists (idle stops): read only.
-    status_buckets: Sequence[pulumi.Input[str]] = ()
+    status_buckets: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # by name
     deployer: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -177,10 +185,10 @@ class Controller(pulumi.ComponentResource):
             grants.append(gcp.serviceaccount.IAMMember(
                 f"controller-acts-as-{key}", service_account_id=account, role=ACT_AS_ROLE,
                 member=member, opts=child))
-        for index, bucket in enumerate(args.status_buckets):
+        for name, bucket in sorted(args.status_buckets.items()):
             # objects.list and get of the status objects (ops/tpu/logs.py published_jobs).
             grants.append(gcp.storage.BucketIAMMember(
-                f"controller-status-{index}", bucket=bucket, member=member,
+                f"controller-status-{name}", bucket=bucket, member=member,
                 role="roles/storage.objectViewer", opts=child))
         objects_role = pulumi.Output.concat("projects/", args.project, "/roles/",
                                             args.naming.custom_role_id(CONTROLLER_OBJECTS_ROLE))
@@ -246,14 +254,15 @@ def declare_for(platform: pulumi.ComponentResource, opts: pulumi.ResourceOptions
         managed_projects=[settings.node_project(t) for t in (None, *teams)],
         labels=naming.labels("controller", settings.team, settings.labels),
         runtime_accounts=accounts, budget_topics=topics,
-        status_buckets=[platform.buckets.buckets["logs"].name]),  # type: ignore[attr-defined]
-        opts=controller_opts)
+        status_buckets=_status_buckets(platform)), opts=controller_opts)
     regions = set(settings.regions)
     zones = tuple(z for z in catalog.all_zones() if catalog.region_of(z) in regions)
     budget_teams = tuple(BudgetTeam(team, naming.team_project(team), zones)
                          for team in sorted(settings.teams)
                          if settings.teams[team].budget_action == "stop")
-    text = manifest_json(target_for(settings), budget_teams=budget_teams)
+    text = manifest_json(target_for(settings), budget_teams=budget_teams,
+                         status_buckets=status_buckets(settings),
+                         team_manifests=team_manifest_refs(settings))
     manifest_object(settings.stack, bucket, text, opts)
     return controller
 
@@ -280,3 +289,12 @@ def standalone_identity(settings: StackSettings,
         role=function_accounts.BUILDER_ROLE, member=f"serviceAccount:{build}",
         opts=opts.merge(pulumi.ResourceOptions(depends_on=made[:2]))))
     return made
+
+
+def _status_buckets(platform: pulumi.ComponentResource) -> dict[str, pulumi.Input[str]]:
+    """The logs buckets the manifest names for idle stops (the stack's own, its teams'),
+    as their buckets' outputs where the stack makes them, so each grant follows its bucket."""
+    made = [platform.buckets, *(s.buckets for s in platform.teams.values())]  # type: ignore[attr-defined]
+    by_name = {b.names["logs"]: b.buckets["logs"].name for b in made if "logs" in b.names}
+    return {name: by_name.get(name, name)
+            for name in status_buckets(platform.settings)}  # type: ignore[attr-defined]

@@ -33,6 +33,7 @@ from components.network import Network, NetworkArgs
 from components.package import PackageArgs, TrainingPackage
 from components.project import APIS, BUDGETS_API, Project, ProjectArgs
 from components.storage import BucketsArgs, TrainingBuckets
+from components.team_manifest import declare_team_manifest
 from components.team_stack import PlatformReference
 from components.teams import (
     OWN_PURPOSES,
@@ -183,7 +184,7 @@ class TpuPlatform(pulumi.ComponentResource):
         self.monitoring = StackMonitoring("monitoring", MonitoringArgs(
             settings, project_id, list(self.project.services),
             {t: (a.project_id, a.services) for t, a in self.access.items()}), opts=self._child())
-        if settings.controller and settings.controller.enabled:  # issue 43
+        if function_accounts.controller_enabled(settings):  # issue 43
             self.controller = declare_controller(self, after_apis)
 
     def _write_team_outputs(self, bucket: str) -> None:
@@ -386,6 +387,7 @@ class TpuPlatform(pulumi.ComponentResource):
             pulumi.log.warn(held.warning(n.name for n in settings.nodes), resource=self)
             declared = self.declared[team] = []
         self.nodes = [self._node(node, settings.job(node.job), placement) for node in declared]
+        declare_team_manifest(settings, space, self._child())  # issue 43: its controller
 
     # ---- shared by every shape ---------------------------------------------
 
@@ -513,6 +515,9 @@ class TpuPlatform(pulumi.ComponentResource):
             "costByTeam": {team: c.usd_per_hour for team, c in self.team_costs.items()},
             "estimatedUsdPerHour": total.usd_per_hour,
             "estimatedUsdPerMonth": total.usd_per_month,
+            # Who a team stack grants read on its manifest (components/team_manifest.py).
+            **({"controller": {"serviceAccount": function_accounts.controller_account(
+                settings)}} if function_accounts.controller_enabled(settings) else {}),
         }
 
     def _team_outputs(self, team: str) -> dict[str, object]:

@@ -8,6 +8,10 @@ the same model `tpuctl` plans with). Format (docs/design.md, "The controller"):
     {"version": 1, "stack": "dev", "project": "acme-ml-dev",
      "artifactsBucket": "...", "idleStopMinutes": 60 | null,
      "budgetTeams": [{"team": "vision", "project": "acme-ml-vision", "zones": [...]}],
+     "statusBuckets": ["<logs bucket>", ...],
+     "teamManifests": [{"team": "vision", "stack": "team-vision",
+                        "project": "acme-ml-vision", "bucket": "...",
+                        "object": "controller/manifests/team-vision.json"}],
      "nodes": [{"logical": "trainer", "nodeId": "dev-trainer", "queuedId": "dev-trainer-qr",
                 "project": "acme-ml-dev", "zone": "us-east5-a", "acceleratorType": "v6e-8",
                 "runtimeVersion": "...", "spot": true, "queued": true, "team": "platform",
@@ -16,6 +20,11 @@ the same model `tpuctl` plans with). Format (docs/design.md, "The controller"):
 
 A node's maxRuntime and idleStop travel in its own metadata (node_agent/contract.py),
 which the TPU API's node list returns: the manifest need not repeat them.
+`statusBuckets`: the logs buckets where the agents of its nodes with an idleStop publish
+their status (`status/<node>/worker-0/status.json`): the controller lists those, and
+only for a stack that has any. `teamManifests` (a platform's only): where each team
+stack writes its own manifest, in the team stack's own artifacts bucket (a team stack
+cannot write the platform's bucket); the controller reads them beside the platform's.
 """
 
 from __future__ import annotations
@@ -25,8 +34,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from model import catalog
+from model import catalog, team_state
 from model.fleet import ExpectedNode, StackTarget
+from model.naming import Naming
+from model.settings.schema import StackSettings
 
 VERSION = 1
 PREFIX = "controller/manifests/"
@@ -47,10 +58,28 @@ class BudgetTeam:
 
 
 @dataclass(frozen=True)
+class TeamManifestRef:
+    """Where a team stack's manifest lives (its own artifacts bucket), and what it may
+    name: only nodes of `team` in `project`, as `stack`."""
+
+    team: str
+    stack: str
+    project: str
+    bucket: str
+    object: str
+
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.object}"
+
+
+@dataclass(frozen=True)
 class Manifest:
     target: StackTarget
     idle_stop_minutes: float | None = None
     budget_teams: tuple[BudgetTeam, ...] = ()
+    status_buckets: tuple[str, ...] = ()
+    team_manifests: tuple[TeamManifestRef, ...] = ()
 
 
 def object_name(stack: str) -> str:
@@ -58,14 +87,42 @@ def object_name(stack: str) -> str:
 
 
 def manifest_json(target: StackTarget, idle_stop_minutes: float | None = None,
-                  budget_teams: tuple[BudgetTeam, ...] = ()) -> str:
+                  budget_teams: tuple[BudgetTeam, ...] = (),
+                  status_buckets: tuple[str, ...] = (),
+                  team_manifests: tuple[TeamManifestRef, ...] = ()) -> str:
     """The manifest of `target` (ops/tpu/target.py target_for), stable bytes."""
     body = {"version": VERSION, "stack": target.stack, "project": target.project,
             "artifactsBucket": target.artifacts_bucket, "idleStopMinutes": idle_stop_minutes,
             "nodes": [_node_json(node) for node in target.nodes],
             "budgetTeams": [{"team": t.team, "project": t.project, "zones": list(t.zones)}
-                            for t in budget_teams]}
+                            for t in budget_teams],
+            "statusBuckets": list(status_buckets),
+            "teamManifests": [{"team": r.team, "stack": r.stack, "project": r.project,
+                               "bucket": r.bucket, "object": r.object}
+                              for r in team_manifests]}
     return json.dumps(body, sort_keys=True, indent=1)
+
+
+def status_buckets(settings: StackSettings) -> tuple[str, ...]:
+    """The logs buckets of the stack's nodes with an idleStop (components/platform.py
+    puts a node's status under its team's logs bucket, a stack's own under its own)."""
+    teams = {team for team, node in settings.named_nodes if node.idle_stop}
+    return tuple(sorted({settings.naming.bucket("logs", team) for team in teams}))
+
+
+def team_manifest_ref(naming: Naming, team: str) -> TeamManifestRef:
+    """Where team `team`'s own stack (team_state.team_stack: `team-<team>`, the only
+    stack its deployer may write state for) writes its manifest: the artifacts bucket
+    that stack makes (components/teams.py TeamSpace, the team stack's naming)."""
+    stack = team_state.team_stack(team)
+    own = Naming(naming.project, stack)
+    return TeamManifestRef(team, stack, naming.team_project(team),
+                           own.bucket("artifacts", team), object_name(stack))
+
+
+def team_manifest_refs(settings: StackSettings) -> tuple[TeamManifestRef, ...]:
+    """Every team of a platform stack may run a team stack: where each would write."""
+    return tuple(team_manifest_ref(settings.naming, team) for team in sorted(settings.teams))
 
 
 def _node_json(node: ExpectedNode) -> dict[str, Any]:
@@ -90,7 +147,11 @@ def parse(text: str, where: str = "manifest") -> Manifest:
         idle = body.get("idleStopMinutes")
         teams = tuple(BudgetTeam(t["team"], t["project"], tuple(t["zones"]))
                       for t in body.get("budgetTeams") or ())
-        return Manifest(target, float(idle) if idle is not None else None, teams)
+        buckets = tuple(str(b) for b in body.get("statusBuckets") or ())
+        refs = tuple(TeamManifestRef(r["team"], r["stack"], r["project"], r["bucket"],
+                                     r["object"]) for r in body.get("teamManifests") or ())
+        return Manifest(target, float(idle) if idle is not None else None, teams, buckets,
+                        refs)
     except ManifestError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, catalog.CatalogError) as error:

@@ -64,8 +64,11 @@ def team_view(outputs: dict, team: str) -> dict | None:
     if team not in (outputs.get("teams") or {}):
         return None
     entry = outputs["teams"][team]
-    return {"projectId": outputs.get("projectId"), "network": _team_network(outputs, entry),
+    view = {"projectId": outputs.get("projectId"), "network": _team_network(outputs, entry),
             "teams": {team: entry}}
+    if outputs.get("controller"):  # the platform's controller: it reads the team's manifest
+        view["controller"] = outputs["controller"]
+    return view
 
 
 def _team_network(outputs: dict, entry: dict) -> dict | None:

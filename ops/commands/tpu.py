@@ -28,6 +28,8 @@ from rich.text import Text
 from components.stack_config import settings_for
 from model.fleet import StackTarget, TargetError
 from ops.controller import view as controller_view
+from ops.controller import views as controller_views
+from ops.controller.plan import Step
 from ops.terminal import console as make_console
 from ops.terminal import fail
 from ops.tpu import actions as node_actions
@@ -301,7 +303,8 @@ def recover_cmd(
     stack: str = StackOption, team: str | None = TeamOption, apply: bool = ApplyOption
 ) -> None:
     """Delete (or re-queue) PREEMPTED and TERMINATED nodes so `pulumi up --refresh`
-    recreates them and training resumes from its checkpoint."""
+    recreates them and training resumes from its checkpoint; move a fallback node's
+    request on: the controller's placement and recovery steps for the stack."""
     with clear_errors():
         target = _load(stack, team)
         api = _api(target)
@@ -309,17 +312,12 @@ def recover_cmd(
         _readable(target, read)
         queued = node_status.read_queued(api, target)
         unread = sorted(set(read.unread) | set(queued.unread))
-        # A request whose node's zone was not read may still have its node: never reset it.
-        blind = {(u.project, u.zone) for u in read.unread}
-        requests = [q for q in queued.items if (q.name.split("/")[1], q.zone) not in blind]
-        # A node with fallback moves between its candidates (issue 35); the others as before.
-        moving = {n.node_id for n in target.nodes if n.candidates}
-        actions = node_actions.recovery_plan(
-            [n for n in read.items if n.node_id not in moving],
-            [q for q in requests if not moving & set(q.node_ids)],
-        ) + node_actions.fallback_recovery_plan(target.nodes, read.items, requests,
-                                                datetime.now(timezone.utc))
+        # The controller's plan (ops/controller/views.py): an unread pair plans nothing.
+        steps = controller_views.stack_steps(target, read.items, queued.items, unread,
+                                             datetime.now(timezone.utc))
+        actions = controller_views.actions_of(steps, controller_views.RECOVER_KINDS)
         _act(api, actions, apply, "nothing to recover: no PREEMPTED or TERMINATED nodes")
+        _not_ours(controller_views.others(steps, controller_views.RECOVER_KINDS))
     if actions and apply:
         console.print(
             "next: `pulumi up --refresh` recreates the nodes; jobs resume from checkpoints"
@@ -335,15 +333,18 @@ def janitor_cmd(
     ),
     apply: bool = ApplyOption,
 ) -> None:
-    """Stop single-host nodes whose job finished or that sit idle; report pod slices."""
+    """Stop single-host nodes whose job finished or that sit idle; report pod slices:
+    the controller's limits steps for the stack."""
     with clear_errors():
         target = _load(stack, team)
         api = _api(target)
         read = node_status.read_stack(api, target)
         _readable(target, read)
         queued = node_status.read_queued(api, target)
-        actions = node_actions.janitor_plan(read.items, idle_minutes, datetime.now(timezone.utc),
-                                            queued.items)
+        unread = sorted(set(read.unread) | set(queued.unread))
+        steps = controller_views.stack_steps(target, read.items, queued.items, unread,
+                                             datetime.now(timezone.utc), idle_minutes)
+        actions = controller_views.actions_of(steps, controller_views.JANITOR_KINDS)
         _act(api, actions, apply, "nothing to clean up: every node is busy")
         if apply and any(a.holds for a in actions):
             storage = agent_logs.AgentLogs(target.project, auth=target.auth()).client
@@ -355,7 +356,16 @@ def janitor_cmd(
         if freed:
             console.print(f"{'frees' if apply else 'would free'} {freed} chips of quota held "
                           f"by FAILED, SUSPENDED or expired queued resources")
-    _partial(target, sorted(set(read.unread) | set(queued.unread)))
+        _not_ours(controller_views.others(steps, controller_views.JANITOR_KINDS))
+    _partial(target, unread)
+
+
+def _not_ours(steps: list[Step]) -> None:
+    """The plan's other steps: one line saying which verb shows them."""
+    if steps:
+        verbs = ", ".join(sorted({s.verb for s in steps}))
+        console.print(f"the controller's plan has {len(steps)} other step(s) ({verbs}): "
+                      f"`tpuctl reconcile --stack` shows the whole plan")
 
 
 def _act(api: TpuApi, actions: list[node_actions.Action], apply: bool, nothing: str) -> None:

@@ -10,5 +10,8 @@ Layers (docs/design.md, "The controller"):
 - apply.py: carries out a plan's steps against the TPU API, a move in three recorded
   phases (intent, delete confirmed gone, create) so a killed run is finished by the next;
 - run.py: one run: lease, read, plan, apply, audit. The Cloud Run function
-  (functions/controller/main.py) and `tpuctl reconcile --apply` both call it.
+  (functions/controller/main.py) and `tpuctl reconcile --apply` both call it;
+- agents.py: the agents' last status (idle stops), one listing per logs bucket a
+  manifest names;
+- views.py: `tpuctl janitor` and `tpuctl recover`: the plan's steps of their kinds.
 """

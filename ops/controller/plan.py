@@ -70,6 +70,8 @@ class Step:
     to: Mapping[str, Any] = field(default_factory=dict, compare=False)
     chips: int = 0
     holds: str = field(default="", compare=False)  # a deletion past maxRuntime: the node
+    # Which planner made it (KINDS): `tpuctl janitor` and `recover` show some kinds only.
+    kind: str = field(default="", compare=False)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"verb": self.verb, "stack": self.stack, "node": self.node,
@@ -78,6 +80,11 @@ class Step:
             body["to"] = {"zone": self.to.get("zone"),
                           "queuedResourceId": self.to.get("queued_resource_id")}
         return body
+
+
+# The planners, in precedence; `tpuctl janitor` shows the limits steps, `tpuctl recover`
+# the placement and recovery ones (ops/controller/views.py).
+KINDS = ("budget", "move", "placement", "limits", "recovery")
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,9 @@ class Inputs:
     held_teams: Mapping[str, str] = field(default_factory=dict)  # team -> why
     moves: Sequence[Move] = ()
     agents: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # node id -> status
+    # `tpuctl janitor`: a node whose agent never reported is idle from its create time (its
+    # agent may never have started); the controller never counts silence as idleness.
+    unreported_idle: bool = False
 
 
 def plan(inputs: Inputs) -> list[Step]:
@@ -125,7 +135,7 @@ def plan(inputs: Inputs) -> list[Step]:
     for manifest in inputs.manifests:
         claimed.add(stack_plan(manifest, inputs))
     for manifest in inputs.manifests:
-        claimed.add(team_budget_steps(manifest, inputs))
+        claimed.add(_kind("budget", team_budget_steps(manifest, inputs)))
     return claimed.steps
 
 
@@ -168,14 +178,21 @@ def stack_plan(manifest: Manifest, inputs: Inputs) -> list[Step]:
             by_node.setdefault(node_id, []).append(request)
     moving = {n.node_id for n in readable if n.candidates}
     claimed = _Claims()
-    claimed.add(budget_steps(target.stack, readable, nodes, by_node, inputs))
-    claimed.add(move_steps(target.stack, ids, queued, inputs.moves))
-    claimed.add(placement_steps(target.stack, readable, nodes, by_node, inputs.now))
-    claimed.add(limit_steps(target.stack, nodes, queued, inputs.now, manifest.idle_stop_minutes))
-    claimed.add(_steps(target.stack, actions.recovery_plan(
+    claimed.add(_kind("budget", budget_steps(target.stack, readable, nodes, by_node, inputs)))
+    claimed.add(_kind("move", move_steps(target.stack, ids, queued, inputs.moves)))
+    claimed.add(_kind("placement", placement_steps(target.stack, readable, nodes, by_node,
+                                                   inputs.now)))
+    claimed.add(_kind("limits", limit_steps(target.stack, nodes, queued, inputs.now,
+                                            manifest.idle_stop_minutes,
+                                            inputs.unreported_idle)))
+    claimed.add(_kind("recovery", _steps(target.stack, actions.recovery_plan(
         [n for n in nodes if n.node_id not in moving],
-        [q for q in queued if moving.isdisjoint(q.node_ids)]), queued))
+        [q for q in queued if moving.isdisjoint(q.node_ids)]), queued)))
     return claimed.steps
+
+
+def _kind(kind: str, steps: Iterable[Step]) -> list[Step]:
+    return [replace(step, kind=kind) for step in steps]
 
 
 class _Claims:
@@ -290,13 +307,16 @@ def _one_alive(node: ExpectedNode, requests: list[QueuedStatus]
 
 
 def limit_steps(stack: str, nodes: Sequence[NodeStatus], queued: Sequence[QueuedStatus],
-                now: datetime, idle_minutes: float | None) -> list[Step]:
+                now: datetime, idle_minutes: float | None,
+                unreported_idle: bool = False) -> list[Step]:
     """janitor_plan's limits; its idle stops (a finished job is one) only when the
-    manifest sets idleStopMinutes, and only for a node whose agent reported."""
+    manifest sets idleStopMinutes, and only for a node whose agent reported (unless
+    `unreported_idle`: tpuctl janitor's rule)."""
     limits = [a for a in actions.janitor_plan(list(nodes), NEVER_IDLE_MINUTES, now, queued)
               if a.verb != "stop-node" or a.reason.startswith("stopped for good")]
     if idle_minutes is not None:
-        reported = [n for n in nodes if n.job]  # no status is no evidence of idleness
+        # No status is no evidence of idleness (but for tpuctl janitor, as before).
+        reported = [n for n in nodes if n.job or unreported_idle]
         limits += actions.janitor_plan(reported, idle_minutes, now)
     unique = {action.name: action for action in reversed(limits)}  # the first one wins
     return _steps(stack, [a for a in limits if unique[a.name] is a], queued)

@@ -16,6 +16,7 @@ from typing import Any
 from model.budget_hold import budget_hold
 from model.manifest import Manifest
 from ops.controller import plan as planner
+from ops.controller.agents import needs_status, read_agents
 from ops.controller.apply import Applier, Outcome
 from ops.controller.store import Store, run_id
 from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi, parent
@@ -97,8 +98,8 @@ def run_once(store: Store, api: TpuApi, *, apply: bool = True,
         manifests, problems = store.manifests()
     read = read_actual(api, manifests)
     moves, markers = _bookkeeping(store, strict=apply, problems=problems)
-    if agents is None and any(m.idle_stop_minutes is not None for m in manifests):
-        agents = read_agents(store, read.actual.nodes, problems)
+    if agents is None and any(needs_status(m) for m in manifests):
+        agents = read_agents(store.client, manifests, read.actual.nodes, problems)
     inputs = planner.Inputs(manifests, read.actual, started,
                             held_teams(markers, manifests, started), moves, agents or {})
     steps = planner.plan(inputs)
@@ -116,23 +117,6 @@ def run_once(store: Store, api: TpuApi, *, apply: bool = True,
     if lease is not None:
         record["audit"] = store.write_audit(record)
     return RunResult(record, steps, outcomes)
-
-
-def read_agents(store: Store, nodes: Sequence[NodeStatus], problems: list[str]
-                ) -> dict[str, dict[str, str]]:
-    """The agents' last status (what idle stops need), from the logs buckets' status
-    objects: one listing per bucket (ops/tpu/logs.py published_jobs), no per-node read.
-    Unread: no idle stop this run, and a problem saying so."""
-    from ops.tpu import logs as agent_logs
-
-    ready = [n for n in nodes if n.state == "READY"]
-    try:
-        found = agent_logs.published_jobs(agent_logs.AgentLogs("", client=store.client), ready)
-    except Exception as error:
-        problems.append(f"the agents' status was not read ({type(error).__name__}: {error}):"
-                        f" no idle stop this run")
-        return {}
-    return {node_id: job for (_zone, node_id), job in found.items()}
 
 
 def _bookkeeping(store: Store, strict: bool, problems: list[str]
@@ -164,6 +148,8 @@ def last_run_lines(record: Mapping[str, Any] | None, now: datetime) -> tuple[lis
              f"step(s): {done} done, {failed} failed"]
     lines += [f"  {s['verb']} {s['node']} ({s.get('result', 'planned')}): {s['reason']}"
               for s in steps[:10]]
+    # A team stack's manifest missing or refused, a logs bucket not listed (store.py).
+    lines += [f"  problem: {problem}" for problem in (record.get("problems") or [])[:10]]
     stale = age > 3 * interval
     if stale:
         lines.append(f"warning: the controller has not run for {age / 60:.0f} min, more than "

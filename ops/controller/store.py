@@ -1,6 +1,8 @@
 """The controller's objects in GCS (its bucket: the platform's artifacts bucket).
 
-    controller/manifests/<stack>.json   each stack's desired state (manifest.py)
+    controller/manifests/<stack>.json   each stack's desired state (manifest.py); a team
+                                        stack's is in its own artifacts bucket, where
+                                        its platform's manifest (teamManifests) says
     controller/lease/<slot>.json        the lease of one interval slot: create-only
     controller/moves.json               moves in flight (plan.py Move)
     controller/audit/<run id>.json      every run's steps, each with reason and outcome
@@ -20,13 +22,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from model.budget_hold import MARKER_PREFIX
 from model.manifest import PREFIX as MANIFEST_PREFIX
-from model.manifest import Manifest, ManifestError, parse
+from model.manifest import Manifest, ManifestError, TeamManifestRef, parse
 from ops.controller.plan import Move
 
 LEASE_PREFIX = "controller/lease/"
@@ -54,7 +56,9 @@ class Store:
 
     # ---- reading -------------------------------------------------------------------
     def manifests(self) -> tuple[list[Manifest], list[str]]:
-        """Every stack's manifest, and one problem per object that is not one."""
+        """Every stack's manifest, the team stacks' its platforms' name included, and one
+        problem per object that is not one (or cannot be read): never a crash, and the
+        other stacks are reconciled."""
         found, problems = [], []
         for blob in self.client.list_blobs(self.bucket_name, prefix=MANIFEST_PREFIX):
             try:
@@ -62,7 +66,38 @@ class Store:
                                                             f"{blob.name}"))
             except ManifestError as error:
                 problems.append(str(error))
+        refs = {(r.bucket, r.object): r for m in found for r in m.team_manifests}
+        for ref in refs.values():
+            try:
+                found.append(self.team_manifest(ref))
+            except ManifestError as error:
+                problems.append(str(error))
         return found, problems
+
+    def team_manifest(self, ref: TeamManifestRef) -> Manifest:
+        """A team stack's manifest, read where its platform's says, and held to what the
+        platform lets that team run: its stack, its team's nodes in its team's project;
+        its own budgetTeams and teamManifests are not its to give."""
+        from google.api_core import exceptions as gexc
+
+        try:
+            text = self.client.bucket(ref.bucket).blob(ref.object).download_as_text()
+        except gexc.NotFound:
+            raise ManifestError(f"{ref.uri}: no manifest of team {ref.team}'s stack "
+                                f"{ref.stack} (no team stack, or its `pulumi up` has not "
+                                f"run since the controller was enabled)") from None
+        except Exception as error:  # denied, unreachable: a problem line, never a crash
+            raise ManifestError(f"{ref.uri}: team {ref.team}'s manifest not read "
+                                f"({type(error).__name__}: {error})") from None
+        manifest = parse(text, ref.uri)
+        target = manifest.target
+        strays = [n.node_id for n in target.nodes
+                  if n.project != ref.project or n.team != ref.team]
+        if target.stack != ref.stack or strays:
+            raise ManifestError(f"{ref.uri}: not team {ref.team}'s to give: stack "
+                                f"{target.stack!r} (expected {ref.stack!r}), nodes outside "
+                                f"team {ref.team} in {ref.project}: {', '.join(strays) or 'none'}")
+        return replace(manifest, budget_teams=(), team_manifests=())
 
     def marker_names(self) -> list[str]:
         return [b.name for b in self.client.list_blobs(self.bucket_name, prefix=MARKER_PREFIX)]

@@ -101,10 +101,12 @@ class AgentLogs:
         raw = self._read(prefix, worker, "status.json")
         return None if raw is None else json.loads(raw)
 
-    def published(self, bucket: str, parent: str) -> dict[str, dict[str, str]]:
+    def published(self, bucket: str, parent: str,
+                  strict: bool = False) -> dict[str, dict[str, str]]:
         """{`<parent><node>/`: worker 0's status fields} from the custom metadata of every
         `<parent>*/worker-0/status.json`: one objects.list (1,000 objects a page) for any
-        number of nodes. {} when the bucket cannot be listed: the caller asks the nodes.
+        number of nodes. {} when the bucket cannot be listed: the caller asks the nodes;
+        `strict`: the error is raised (the controller reports it, ops/controller/agents.py).
         """
         from google.api_core import exceptions as gexc
         from google.auth import exceptions as auth_exceptions
@@ -120,6 +122,8 @@ class AgentLogs:
             items = list(listing)
         except (gexc.GoogleAPICallError, auth_exceptions.GoogleAuthError,
                 gcp_credentials.GcpCredentialsError):
+            if strict:
+                raise
             return {}
         return {
             name.removesuffix(WORKER0_STATUS): fields

@@ -419,7 +419,10 @@ def stuck(nodes: list[NodeStatus], queued: Sequence[QueuedStatus] = ()) -> list[
     ]
     present = {n.node_id for n in nodes}
     reasons += [
-        f"queued resource {q.name} is {q.state}: `tpuctl recover --apply` re-queues it"
+        # The controller's plan (ops/controller/views.py): placement moves a fallback
+        # node's request (recover), the limits delete another's (janitor).
+        f"queued resource {q.name} is {q.state}: `tpuctl recover --apply` moves a fallback "
+        f"node's request on, `tpuctl janitor --apply` deletes another's"
         for q in queued
         if q.state in QUEUED_DEAD_ENDS and not present & set(q.node_ids)
     ]

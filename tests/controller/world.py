@@ -76,8 +76,10 @@ class World:
     peak_alive: dict[str, int] = field(default_factory=dict)
 
     def publish(self, target: StackTarget, idle: float | None = None,
-                budget_teams: tuple[BudgetTeam, ...] = ()) -> None:
-        self.store.write_manifest(target.stack, manifest_json(target, idle, budget_teams))
+                budget_teams: tuple[BudgetTeam, ...] = (), **more: Any) -> None:
+        """`more`: manifest_json's status_buckets and team_manifests."""
+        self.store.write_manifest(target.stack, manifest_json(target, idle, budget_teams,
+                                                              **more))
 
     def clock(self, minutes: float) -> datetime:
         return self.started + timedelta(minutes=minutes)

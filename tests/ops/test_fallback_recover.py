@@ -36,9 +36,9 @@ FALLBACK_NODE = replace(expected_node(NODE, spot=True), queued=True, max_wait_se
 DEV = target(FALLBACK_NODE)
 
 
-def queue_request(zone: str) -> None:
+def queue_request(zone: str, node_id: str = NODE) -> None:
     """The node's request at `zone`, as the provider sends it (metadata and all)."""
-    shared = {"project": PROJECT, "node_id": NODE,
+    shared = {"project": PROJECT, "node_id": node_id,
               "network": f"projects/{PROJECT}/global/networks/dev-tpu",
               "service_account_email": "tpu-runtime@acme-ml-dev.iam.gserviceaccount.com",
               "metadata": {"tpu-stack-node": NODE}, "labels": {"stack": "dev"}}
@@ -88,19 +88,28 @@ def test_recover_apply_moves_a_request_failed_for_capacity_to_the_next_candidate
 
 
 def test_the_janitors_dry_run_lists_a_failed_request_with_the_chips_it_frees(
-        tpuctl, fake_tpu: FakeTpuApi) -> None:
-    fake_tpu.script_queued(NODE, "FAILED", zone=ZONE, error=(9, "Insufficient reserved capacity."))
-    queue_request(ZONE)
+        tpuctl, fake_tpu: FakeTpuApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The janitor shows the controller's limits steps (ops/controller/views.py): a plain
+    # queued node's FAILED request is freed; a fallback node's is placement's (it moves,
+    # `tpuctl recover`), so the janitor leaves it, as the controller does (issue 43).
+    plain = replace(expected_node("dev-plain"), queued=True)
+    monkeypatch.setattr(tpu_cmds, "load_target", lambda _stack: target(FALLBACK_NODE, plain))
+    for node_id in (NODE, "dev-plain"):
+        fake_tpu.script_queued(node_id, "FAILED", zone=ZONE,
+                               error=(9, "Insufficient reserved capacity."))
+        queue_request(ZONE, node_id)
     chips = catalog.parse_accelerator_type("v2-8").chips
 
     out = tpuctl("janitor", "--stack", "dev")
 
     assert "delete-queued" in out and f"FAILED: frees {chips} chips of v2-8" in out
     assert f"would free {chips} chips of quota" in out
-    assert fake_tpu.queued_resource(ZONE, NODE) is not None  # a dry run
+    assert fake_tpu.queued_resource(ZONE, "dev-plain") is not None  # a dry run
+    assert "other step(s) (move-queued)" in out
 
     tpuctl("janitor", "--stack", "dev", "--apply")
-    assert fake_tpu.queued_resource(ZONE, NODE) is None
+    assert fake_tpu.queued_resource(ZONE, "dev-plain") is None
+    assert fake_tpu.queued_resource(ZONE, NODE) is not None
 
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=timezone.utc)

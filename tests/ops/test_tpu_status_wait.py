@@ -138,7 +138,8 @@ def test_wait_follows_a_queued_request_and_stops_when_it_fails(
 
     assert not outcome.reached
     assert outcome.reason == (
-        f"queued resource {name} is FAILED: `tpuctl recover --apply` re-queues it")
+        f"queued resource {name} is FAILED: `tpuctl recover --apply` moves a fallback "
+        f"node's request on, `tpuctl janitor --apply` deletes another's")
 
 
 def test_wait_gives_up_after_the_timeout(fake_tpu: FakeTpuApi, tpu: TpuApi) -> None:
