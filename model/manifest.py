@@ -121,8 +121,11 @@ def team_manifest_ref(naming: Naming, team: str) -> TeamManifestRef:
 
 
 def team_manifest_refs(settings: StackSettings) -> tuple[TeamManifestRef, ...]:
-    """Every team of a platform stack may run a team stack: where each would write."""
-    return tuple(team_manifest_ref(settings.naming, team) for team in sorted(settings.teams))
+    """Where each team that deploys a team stack writes its manifest: a team with `ci`
+    (the keyless deployer its own repository deploys its team stack as, docs/teams.md);
+    a team without one has no team stack to read, and no "no manifest" line each run."""
+    return tuple(team_manifest_ref(settings.naming, team) for team in sorted(settings.teams)
+                 if settings.teams[team].ci is not None)
 
 
 def _node_json(node: ExpectedNode) -> dict[str, Any]:

@@ -93,6 +93,7 @@ def test_the_platform_names_each_teams_manifest_where_the_team_stack_writes_it()
     assert (refs["vision"].bucket, refs["vision"].object) == (TEAM_ARTIFACTS, MANIFEST)
     assert (refs["vision"].stack, refs["vision"].project) == (
         "team-vision", "acme-ml-shared-vision")
+    assert set(refs) == {"vision"}  # nlp deploys no team stack (no `ci`): nothing to read
     assert json.loads(vision_outputs.inputs["content"])["controller"] == {
         "serviceAccount": CONTROLLER}
     # nlp's nodes (idleStop) publish to nlp's logs bucket: named, and readable by it.
