@@ -37,6 +37,7 @@ class Watched:
     project_id: pulumi.Input[str]
     title: str
     scope: m.Scope
+    dashboard: str  # its Dashboard API name (model/naming.py dashboard_id)
     alerts: AlertsSettings | None
     nodes: list[NodeSettings]
     depends_on: list[pulumi.Resource] = field(default_factory=list)
@@ -68,15 +69,17 @@ class StackMonitoring(pulumi.ComponentResource):
         if not s.teams or own is not None:  # a platform's own nodes: with their alerts only
             scope = (m.project_scope(s.gcp_project) if s.teams
                      else m.node_scope(s.naming.node_prefix()))
+            board = s.naming.own_dashboard_id() if s.teams else s.naming.dashboard_id()
             self._watch(Watched("stack", None, args.host_project_id,
-                                f"tpu-stack {s.stack}", scope, own, s.nodes,
+                                f"tpu-stack {s.stack}", scope,
+                                m.dashboard_name(s.gcp_project, board), own, s.nodes,
                                 args.host_depends_on))
         for team, (project_id, after) in args.team_projects.items():
-            spec = s.teams[team]
+            spec, project = s.teams[team], s.naming.team_project(team)
             self._watch(Watched(team, team, project_id, f"tpu-stack {s.stack}: team {team}",
-                                m.project_scope(s.naming.team_project(team), (m.TPU_WORKER,)),
-                                spec.alerts,
-                                spec.nodes, after))
+                                m.project_scope(project, (m.TPU_WORKER,)),
+                                m.dashboard_name(project, s.naming.dashboard_id(team)),
+                                spec.alerts, spec.nodes, after))
         self.register_outputs({})
 
     def _child(self, depends_on: list[pulumi.Resource]) -> pulumi.ResourceOptions:
@@ -103,7 +106,9 @@ class StackMonitoring(pulumi.ComponentResource):
             self._budget_alerts(stops, opts)
         self.dashboards["fleet"] = gcp.monitoring.Dashboard(
             "fleet-dashboard", project=args.host_project_id,
-            dashboard_json=m.dashboard_json(f"tpu-stack {s.stack}: fleet", charts), opts=opts)
+            dashboard_json=m.dashboard_json(
+                f"tpu-stack {s.stack}: fleet", charts,
+                name=m.dashboard_name(s.gcp_project, s.naming.dashboard_id())), opts=opts)
 
     def _budget_alerts(self, teams: list[str], opts: pulumi.ResourceOptions) -> None:
         """Per budget-stop team, in the host project where the function logs: a budget
@@ -133,7 +138,7 @@ class StackMonitoring(pulumi.ComponentResource):
         charts = [*m.node_charts(), *m.goodput_charts(), m.hung_chart(self.hung_id)]
         self.dashboards[w.key] = gcp.monitoring.Dashboard(
             f"{w.key}-dashboard", project=w.project_id,
-            dashboard_json=m.dashboard_json(w.title, charts, w.scope), opts=opts)
+            dashboard_json=m.dashboard_json(w.title, charts, w.scope, w.dashboard), opts=opts)
         channel = self._channel(w.key, w.team or s.team, w.project_id, w.alerts, opts)
         if channel is None:  # a single-team stack without tpu-stack:alerts: no policies
             return

@@ -294,16 +294,34 @@ def _tile(index: int, chart: Chart, scope: Scope | None) -> dict[str, Any]:
     }
 
 
-def dashboard(display_name: str, charts: list[Chart], scope: Scope | None = None) -> dict[str, Any]:
+# A dashboard filter on the TPU workers' node_id (Dashboard API DashboardFilter: no
+# templateVariable, so it applies to every widget whose resource has the label), which
+# `tpuctl status` sets per node in the console link (model/naming.py dashboard_url), as
+# google/cloud-tpu-monitoring-debugging's GCE dashboard filters on worker_id
+# (gcp_resources/gce/resources/dashboard/monitoring_dashboard/dashboard_json/main.json).
+NODE_FILTER = {"labelKey": "node_id", "filterType": "RESOURCE_LABEL"}
+
+
+def dashboard_name(project: str, dashboard_id: str) -> str:
+    """The Dashboard API's resource name, `projects/<p>/dashboards/<id>`."""
+    return f"projects/{project}/dashboards/{dashboard_id}"
+
+
+def dashboard(display_name: str, charts: list[Chart], scope: Scope | None = None,
+              name: str | None = None) -> dict[str, Any]:
     """A Dashboard API message (monitoring.dashboard.v1.Dashboard, JSON): one tile per
-    chart in a two-column mosaic, every TPU filter narrowed by `scope`."""
-    return {"displayName": display_name, "mosaicLayout": {
-        "columns": COLUMNS, "tiles": [_tile(i, c, scope) for i, c in enumerate(charts)]}}
+    chart in a two-column mosaic, every TPU filter narrowed by `scope`; `name` fixes its
+    id (dashboard_name), so its console link is known offline."""
+    message: dict[str, Any] = {
+        "displayName": display_name, "dashboardFilters": [NODE_FILTER],
+        "mosaicLayout": {"columns": COLUMNS,
+                         "tiles": [_tile(i, c, scope) for i, c in enumerate(charts)]}}
+    return message if name is None else {"name": name, **message}
 
 
 def dashboard_json(display_name: str, charts: list[Chart],
-                   scope: Scope | None = None) -> str:
-    return json.dumps(dashboard(display_name, charts, scope), sort_keys=True)
+                   scope: Scope | None = None, name: str | None = None) -> str:
+    return json.dumps(dashboard(display_name, charts, scope, name), sort_keys=True)
 
 
 def tile_filters(message: dict[str, Any]) -> list[str]:
