@@ -91,3 +91,16 @@ def test_a_dashboard_message_without_a_name_stays_nameless() -> None:
     assert "name" not in m.dashboard("x", m.node_charts())
     assert m.dashboard("x", [], name="projects/p/dashboards/d")["name"] == \
         "projects/p/dashboards/d"
+
+
+def test_the_accelerator_metrics_resource_is_one_constant_marked_unconfirmed(runs) -> None:
+    """docs/tpu-facts.md: tpu_worker or GceTpuWorker is unconfirmed for accelerator/*."""
+    accelerator = [metric for metric in m.METRICS.values() if "/accelerator/" in metric.type]
+    assert len(accelerator) == 5
+    assert {(metric.resource, metric.confirmed) for metric in accelerator} == {
+        (m.TPU_WORKER_ACCELERATOR, False)}
+    assert m.TPU_WORKER_ACCELERATOR == "tpu_worker"
+    assert all("GceTpuWorker" in metric.note for metric in accelerator)
+    idle = m.idle_condition(60, m.project_scope("p"))
+    assert m.filter_types(idle.filter) == (
+        "tpu.googleapis.com/accelerator/duty_cycle", m.TPU_WORKER_ACCELERATOR)
