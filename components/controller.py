@@ -33,7 +33,7 @@ from model import catalog
 from model.archive import REPO_ROOT
 from model.fleet import target_for
 from model.function_archive import zip_members
-from model.manifest import OBJECT_PREFIX, BudgetTeam, manifest_json, object_name
+from model.manifest import OBJECT_PREFIX, BudgetTeam, TeamBudget, manifest_json, object_name
 from model.naming import Naming
 
 TYPE = "tpu-stack:index:Controller"
@@ -251,6 +251,10 @@ def declare_for(platform: pulumi.ComponentResource, opts: pulumi.ResourceOptions
     budget_teams = tuple(BudgetTeam(team, naming.team_project(team), zones)
                          for team in sorted(settings.teams)
                          if settings.teams[team].budget_action == "stop")
-    text = manifest_json(target_for(settings), budget_teams=budget_teams)
+    budgets = tuple(TeamBudget(team, settings.node_project(team), spec.budget_usd_per_month,
+                               spec.budget_horizon_hours)  # issue 46: spend_lines.py
+                    for team, spec in sorted(settings.teams.items())
+                    if spec.budget_usd_per_month is not None)
+    text = manifest_json(target_for(settings), budget_teams=budget_teams, budgets=budgets)
     manifest_object(settings.stack, bucket, text, opts)
     return controller

@@ -8,6 +8,8 @@ the same model `tpuctl` plans with). Format (docs/design.md, "The controller"):
     {"version": 1, "stack": "dev", "project": "acme-ml-dev",
      "artifactsBucket": "...", "idleStopMinutes": 60 | null,
      "budgetTeams": [{"team": "vision", "project": "acme-ml-vision", "zones": [...]}],
+     "budgets": [{"team": "vision", "project": "acme-ml-vision", "usdPerMonth": 5000,
+                  "horizonHours": 24}],
      "nodes": [{"logical": "trainer", "nodeId": "dev-trainer", "queuedId": "dev-trainer-qr",
                 "project": "acme-ml-dev", "zone": "us-east5-a", "acceleratorType": "v6e-8",
                 "runtimeVersion": "...", "spot": true, "queued": true, "team": "platform",
@@ -47,10 +49,22 @@ class BudgetTeam:
 
 
 @dataclass(frozen=True)
+class TeamBudget:
+    """A team with a monthly budget (whatever its budgetAction): the controller logs its
+    spend and runout each run (ops/controller/spend_lines.py, issue 46)."""
+
+    team: str
+    project: str  # where its nodes run
+    usd_per_month: float
+    horizon_hours: float
+
+
+@dataclass(frozen=True)
 class Manifest:
     target: StackTarget
     idle_stop_minutes: float | None = None
     budget_teams: tuple[BudgetTeam, ...] = ()
+    budgets: tuple[TeamBudget, ...] = ()
 
 
 def object_name(stack: str) -> str:
@@ -58,13 +72,16 @@ def object_name(stack: str) -> str:
 
 
 def manifest_json(target: StackTarget, idle_stop_minutes: float | None = None,
-                  budget_teams: tuple[BudgetTeam, ...] = ()) -> str:
+                  budget_teams: tuple[BudgetTeam, ...] = (),
+                  budgets: tuple[TeamBudget, ...] = ()) -> str:
     """The manifest of `target` (ops/tpu/target.py target_for), stable bytes."""
     body = {"version": VERSION, "stack": target.stack, "project": target.project,
             "artifactsBucket": target.artifacts_bucket, "idleStopMinutes": idle_stop_minutes,
             "nodes": [_node_json(node) for node in target.nodes],
             "budgetTeams": [{"team": t.team, "project": t.project, "zones": list(t.zones)}
-                            for t in budget_teams]}
+                            for t in budget_teams],
+            "budgets": [{"team": b.team, "project": b.project, "usdPerMonth": b.usd_per_month,
+                         "horizonHours": b.horizon_hours} for b in budgets]}
     return json.dumps(body, sort_keys=True, indent=1)
 
 
@@ -90,7 +107,9 @@ def parse(text: str, where: str = "manifest") -> Manifest:
         idle = body.get("idleStopMinutes")
         teams = tuple(BudgetTeam(t["team"], t["project"], tuple(t["zones"]))
                       for t in body.get("budgetTeams") or ())
-        return Manifest(target, float(idle) if idle is not None else None, teams)
+        budgets = tuple(TeamBudget(b["team"], b["project"], float(b["usdPerMonth"]),
+                                   float(b["horizonHours"])) for b in body.get("budgets") or ())
+        return Manifest(target, float(idle) if idle is not None else None, teams, budgets)
     except ManifestError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, catalog.CatalogError) as error:

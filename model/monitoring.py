@@ -113,6 +113,13 @@ HUNG_LINES = ("no progress for", "hung job stopped")
 # "spend <usd> ..." (spend.decide), the meter's figure charted per team.
 BUDGET_LINE = "budget"
 SPEND_PATTERN = r"spend ([0-9]+\.?[0-9]*)"
+# The controller's lines (functions/controller/main.py, one JSON object a line on stdout,
+# as the budget-stop function's `log`): one per run, `{"message": "controller run", ...}`,
+# and, each run, per team with a budget, the budget line above with the same `team`,
+# `act` and `reason` (ops/controller/spend_lines.py), `"source": "controller"`.
+# tests/controller/test_controller_lines.py checks the function writes them.
+CONTROLLER_RUN_LINE = "controller run"
+CONTROLLER_SOURCE = "controller"
 
 
 @dataclass(frozen=True)
@@ -142,16 +149,22 @@ BUDGET_RUNOUT = LogMetric(
     "budget-runout",
     f'resource.type="{CLOUD_RUN_REVISION}" jsonPayload.message="{BUDGET_LINE}" '
     f"jsonPayload.act=true",
-    "tpu-stack budget-stop function: a team's spend reached its budget or reaches it "
-    "within budgetHorizonHours at the meter's burn rate",
+    "tpu-stack budget-stop function or controller: a team's spend reached its budget or "
+    "reaches it within budgetHorizonHours at the meter's burn rate",
     CLOUD_RUN_REVISION, {"team": "EXTRACT(jsonPayload.team)"})
 SPEND = LogMetric(
     "team-spend",
     f'resource.type="{CLOUD_RUN_REVISION}" jsonPayload.message="{BUDGET_LINE}"',
-    "tpu-stack budget-stop function: a team's month-to-date spend (USD, the larger of "
-    "the reported cost and the meter) at each budget notification",
+    "tpu-stack budget-stop function or controller: a team's month-to-date spend (USD, the "
+    "larger of the reported cost and the meter) at each notification or controller run",
     CLOUD_RUN_REVISION, {"team": "EXTRACT(jsonPayload.team)"},
     value_extractor=f'REGEXP_EXTRACT(jsonPayload.reason, "{SPEND_PATTERN}")')
+
+CONTROLLER_RUNS = LogMetric(
+    "controller-runs",
+    f'resource.type="{CLOUD_RUN_REVISION}" jsonPayload.message="{CONTROLLER_RUN_LINE}"',
+    "tpu-stack controller: one per run (Cloud Scheduler calls it every interval)",
+    CLOUD_RUN_REVISION)
 
 
 def user_metric(metric_id: str, resource: str) -> Metric:
@@ -398,6 +411,30 @@ def budget_condition(metric_id: str, team_label: str, horizon_hours: float) -> C
                      f'{metric_filter(user_metric(metric_id, BUDGET_RUNOUT.resource))} '
                      f'metric.label."team"="{team_label}"',
                      "COMPARISON_GT", 0, 0, "ALIGN_SUM", "REDUCE_SUM")
+
+
+@dataclass(frozen=True)
+class Absence:
+    """One metric-absence condition (AlertPolicy.conditions[].conditionAbsent)."""
+
+    display_name: str
+    filter: str
+    duration_seconds: int
+
+
+# MetricAbsence.duration: "only values that are a multiple of a minute--e.g. 60s, 120s,
+# or 300s--are supported" (pulumi-gcp monitoring/_inputs.py
+# AlertPolicyConditionConditionAbsentArgs.duration, from the API's reference); an upper
+# bound is not in a stored source. The controller's intervals are whole minutes (1m-1h).
+ABSENT_INTERVALS = 3
+
+
+def controller_absent_condition(metric_id: str, interval_seconds: int) -> Absence:
+    """No controller run line for three intervals: Cloud Scheduler or the function stopped
+    (`tpuctl status` warns at the same age: ops/controller/run.py last_run_lines)."""
+    seconds = ABSENT_INTERVALS * interval_seconds
+    return Absence(f"The controller has not run for {seconds // 60} min",
+                   metric_filter(user_metric(metric_id, CONTROLLER_RUNS.resource)), seconds)
 
 
 def condition_filters(conditions: list[Condition]) -> list[str]:
