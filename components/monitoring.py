@@ -115,7 +115,8 @@ class StackMonitoring(pulumi.ComponentResource):
             "fleet-dashboard", project=args.host_project_id,
             dashboard_json=m.dashboard_json(
                 f"tpu-stack {s.stack}: fleet", charts,
-                name=m.dashboard_name(s.gcp_project, s.naming.dashboard_id())), opts=opts)
+                name=m.dashboard_name(s.gcp_project, s.naming.dashboard_id())),
+            opts=_fixed_id(opts))
 
     def _budget_alerts(self, teams: list[str], opts: pulumi.ResourceOptions) -> None:
         """Per team whose budget lines are logged (budget_line_teams), in the host project
@@ -145,7 +146,8 @@ class StackMonitoring(pulumi.ComponentResource):
         charts = [*m.node_charts(), *m.goodput_charts(), m.hung_chart(self.hung_id)]
         self.dashboards[w.key] = gcp.monitoring.Dashboard(
             f"{w.key}-dashboard", project=w.project_id,
-            dashboard_json=m.dashboard_json(w.title, charts, w.scope, w.dashboard), opts=opts)
+            dashboard_json=m.dashboard_json(w.title, charts, w.scope, w.dashboard),
+            opts=_fixed_id(opts))
         channel = self._channel(w.key, w.team or s.team, w.project_id, w.alerts, opts)
         if channel is None:  # a single-team stack without tpu-stack:alerts: no policies
             return
@@ -264,6 +266,14 @@ class StackMonitoring(pulumi.ComponentResource):
                         f"`tpuctl status --stack {stack}` shows the node and its job.",
                 mime_type="text/markdown"),
             opts=opts)
+
+
+def _fixed_id(opts: pulumi.ResourceOptions) -> pulumi.ResourceOptions:
+    """A dashboard keeps its fixed id (its `name`): a change is a delete, then a create at
+    the same id (two at once would collide), which also moves a dashboard made before
+    the ids were fixed (a generated id) to its fixed one."""
+    return pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
+        replace_on_changes=["dashboardJson"], delete_before_replace=True))
 
 
 def budget_line_teams(settings: StackSettings) -> list[str]:
