@@ -89,8 +89,9 @@ METRICS: dict[str, Metric] = {
     "memory_usage": _tpu("memory/usage", "By"),
     "network_received": _tpu("network/received_bytes_count", "By"),
     "network_sent": _tpu("network/sent_bytes_count", "By"),
-    # What the goodput library's GoodputMonitor uploads (the goodput-report branch's job
-    # records it): labels goodput_source / badput_source, accelerator_type.
+    # What the goodput library's GoodputMonitor uploads (a `goodputRecording` job starts
+    # it: training/tpu_training/goodput_recording.py): labels goodput_source /
+    # badput_source, accelerator_type.
     "goodput_time": _workload("goodput_time", "s"),
     "badput_time": _workload("badput_time", "s"),
     "disruptions": _workload("disruptions", "1"),
