@@ -248,9 +248,10 @@ def hung_chart(metric_id: str) -> Chart:
 
 
 def spend_chart(metric_id: str) -> Chart:
-    """Spend per team: the budget-stop function's meter figure at each notification.
-    Only teams with `budgetAction: stop` have a function, so only theirs are charted."""
-    return Chart("Month-to-date spend (USD) per team, budget-stop teams",
+    """Spend per team: the meter's figure on each budget line (the budget-stop function's
+    at a notification, the controller's each run): teams with budget lines only
+    (components/monitoring.py budget_line_teams)."""
+    return Chart("Month-to-date spend (USD) per team with a budget",
                  user_metric(metric_id, SPEND.resource), aligner="ALIGN_PERCENTILE_99",
                  reducer="REDUCE_MAX", group_by=('metric.label."team"',), y_label="USD")
 
