@@ -3,7 +3,9 @@
 Deployed by components/controller.py, invoked over HTTP by Cloud Scheduler (every
 interval) and by the teams' budget topics' push subscriptions: any call is one run
 (ops/controller/run.py run_once: lease, list, plan, apply, audit); the body is not read.
-Answers 200 with the run's summary, also when another run holds the lease.
+Answers 200 with the run's summary, also when another run holds the lease, and logs it
+on stdout as one JSON line, then the run's budget lines (`run_lines`: what the stack's
+controller-runs, team-spend and budget-runout log metrics count, model/monitoring.py).
 
 Environment (set by the stack): TPU_STACK_CONTROLLER_BUCKET (its bucket: manifests,
 lease, moves, audit, budget markers), TPU_STACK_CONTROLLER_INTERVAL_SECONDS;
