@@ -40,6 +40,7 @@ from model.function_archive import zip_members
 from model.manifest import (
     OBJECT_PREFIX,
     BudgetTeam,
+    TeamBudget,
     manifest_json,
     object_name,
     status_buckets,
@@ -260,9 +261,13 @@ def declare_for(platform: pulumi.ComponentResource, opts: pulumi.ResourceOptions
     budget_teams = tuple(BudgetTeam(team, naming.team_project(team), zones)
                          for team in sorted(settings.teams)
                          if settings.teams[team].budget_action == "stop")
+    budgets = tuple(TeamBudget(team, settings.node_project(team), spec.budget_usd_per_month,
+                               spec.budget_horizon_hours)  # issue 46: spend_lines.py
+                    for team, spec in sorted(settings.teams.items())
+                    if spec.budget_usd_per_month is not None)
     text = manifest_json(target_for(settings), budget_teams=budget_teams,
                          status_buckets=status_buckets(settings),
-                         team_manifests=team_manifest_refs(settings))
+                         team_manifests=team_manifest_refs(settings), budgets=budgets)
     manifest_object(settings.stack, bucket, text, opts)
     return controller
 

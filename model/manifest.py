@@ -12,6 +12,8 @@ the same model `tpuctl` plans with). Format (docs/design.md, "The controller"):
      "teamManifests": [{"team": "vision", "stack": "team-vision",
                         "project": "acme-ml-vision", "bucket": "...",
                         "object": "controller/manifests/team-vision.json"}],
+     "budgets": [{"team": "vision", "project": "acme-ml-vision", "usdPerMonth": 5000,
+                  "horizonHours": 24}],
      "nodes": [{"logical": "trainer", "nodeId": "dev-trainer", "queuedId": "dev-trainer-qr",
                 "project": "acme-ml-dev", "zone": "us-east5-a", "acceleratorType": "v6e-8",
                 "runtimeVersion": "...", "spot": true, "queued": true, "team": "platform",
@@ -74,12 +76,24 @@ class TeamManifestRef:
 
 
 @dataclass(frozen=True)
+class TeamBudget:
+    """A team with a monthly budget (whatever its budgetAction): the controller logs its
+    spend and runout each run (ops/controller/spend_lines.py, issue 46)."""
+
+    team: str
+    project: str  # where its nodes run
+    usd_per_month: float
+    horizon_hours: float
+
+
+@dataclass(frozen=True)
 class Manifest:
     target: StackTarget
     idle_stop_minutes: float | None = None
     budget_teams: tuple[BudgetTeam, ...] = ()
     status_buckets: tuple[str, ...] = ()
     team_manifests: tuple[TeamManifestRef, ...] = ()
+    budgets: tuple[TeamBudget, ...] = ()
 
 
 def object_name(stack: str) -> str:
@@ -89,7 +103,8 @@ def object_name(stack: str) -> str:
 def manifest_json(target: StackTarget, idle_stop_minutes: float | None = None,
                   budget_teams: tuple[BudgetTeam, ...] = (),
                   status_buckets: tuple[str, ...] = (),
-                  team_manifests: tuple[TeamManifestRef, ...] = ()) -> str:
+                  team_manifests: tuple[TeamManifestRef, ...] = (),
+                  budgets: tuple[TeamBudget, ...] = ()) -> str:
     """The manifest of `target` (ops/tpu/target.py target_for), stable bytes."""
     body = {"version": VERSION, "stack": target.stack, "project": target.project,
             "artifactsBucket": target.artifacts_bucket, "idleStopMinutes": idle_stop_minutes,
@@ -99,7 +114,9 @@ def manifest_json(target: StackTarget, idle_stop_minutes: float | None = None,
             "statusBuckets": list(status_buckets),
             "teamManifests": [{"team": r.team, "stack": r.stack, "project": r.project,
                                "bucket": r.bucket, "object": r.object}
-                              for r in team_manifests]}
+                              for r in team_manifests],
+            "budgets": [{"team": b.team, "project": b.project, "usdPerMonth": b.usd_per_month,
+                         "horizonHours": b.horizon_hours} for b in budgets]}
     return json.dumps(body, sort_keys=True, indent=1)
 
 
@@ -153,8 +170,10 @@ def parse(text: str, where: str = "manifest") -> Manifest:
         buckets = tuple(str(b) for b in body.get("statusBuckets") or ())
         refs = tuple(TeamManifestRef(r["team"], r["stack"], r["project"], r["bucket"],
                                      r["object"]) for r in body.get("teamManifests") or ())
-        return Manifest(target, float(idle) if idle is not None else None, teams, buckets,
-                        refs)
+        budgets = tuple(TeamBudget(b["team"], b["project"], float(b["usdPerMonth"]),
+                                   float(b["horizonHours"])) for b in body.get("budgets") or ())
+        return Manifest(target, float(idle) if idle is not None else None, teams,
+                        status_buckets=buckets, team_manifests=refs, budgets=budgets)
     except ManifestError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, catalog.CatalogError) as error:

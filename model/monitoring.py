@@ -23,6 +23,13 @@ from typing import Any
 # filter on this one).
 TPU_WORKER = "tpu_worker"
 TPU_WORKER_LABELS = ("project_id", "zone", "node_id", "worker_id")
+# The resource of the five accelerator/* metrics (duty cycle, TensorCore, HBM): the TPU
+# pages say "TPU Worker"; Google's own code puts another TPU metric (instance/
+# interruption_count) on `tpu.googleapis.com/GceTpuWorker`, and third-party code claims
+# duty_cycle is there too. The metric list (monitoring/api/metrics_gcp) was not readable:
+# unconfirmed (docs/tpu-facts.md, "Dashboards and alerts"), and this is the one place to
+# change if a running node shows them elsewhere.
+TPU_WORKER_ACCELERATOR = TPU_WORKER
 # The goodput library's resource: AI-Hypercomputer/ml-goodput-measurement
 # ml_goodput_measurement/src/monitoring.py (_upload_goodput_metrics_to_gcm,
 # resource_labels location, workload_id, replica_id).
@@ -53,34 +60,38 @@ class Metric:
     note: str = ""
 
 
-def _tpu(name: str, unit: str, note: str = "") -> Metric:
-    return Metric(f"tpu.googleapis.com/{name}", TPU_WORKER, unit, TPU_VM_DOC,
+def _tpu(name: str, unit: str, note: str = "", resource: str = TPU_WORKER) -> Metric:
+    return Metric(f"tpu.googleapis.com/{name}", resource, unit, TPU_VM_DOC,
                   confirmed=not note, note=note)
+
+
+def _accelerator(name: str, unit: str) -> Metric:
+    return _tpu(f"accelerator/{name}", unit, _ACCELERATOR_NOTE, TPU_WORKER_ACCELERATOR)
 
 
 def _workload(name: str, unit: str) -> Metric:
     return Metric(f"compute.googleapis.com/workload/{name}", WORKLOAD, unit, GOODPUT_SOURCE)
 
 
-_GENERATIONS = ("which TPU generations report it is not stated on the page as read "
-                "(docs/tpu-facts.md)")
+_ACCELERATOR_NOTE = ("its monitored resource (tpu_worker or GceTpuWorker), unit and the "
+                    "generations reporting it are not in a stored source (docs/tpu-facts.md)")
 
 # The TPU VM metrics (tpu-vm-monitoring lists all ten; cloud-tpu-monitoring-debugging's
 # GCE dashboards filter cpu, memory, network and idle_duration on resource tpu_worker).
 METRICS: dict[str, Metric] = {
-    "duty_cycle": _tpu("accelerator/duty_cycle", "%", _GENERATIONS),
-    "tensorcore_utilization": _tpu("accelerator/tensorcore_utilization", "%", _GENERATIONS),
-    "memory_used": _tpu("accelerator/memory_used", "By", _GENERATIONS),
-    "memory_total": _tpu("accelerator/memory_total", "By", _GENERATIONS),
-    "memory_bandwidth_utilization": _tpu("accelerator/memory_bandwidth_utilization", "%",
-                                         _GENERATIONS),
+    "duty_cycle": _accelerator("duty_cycle", "%"),
+    "tensorcore_utilization": _accelerator("tensorcore_utilization", "%"),
+    "memory_used": _accelerator("memory_used", "By"),
+    "memory_total": _accelerator("memory_total", "By"),
+    "memory_bandwidth_utilization": _accelerator("memory_bandwidth_utilization", "%"),
     "idle_duration": _tpu("tpu/tensorcore/idle_duration", "s"),
     "cpu_utilization": _tpu("cpu/utilization", "%"),
     "memory_usage": _tpu("memory/usage", "By"),
     "network_received": _tpu("network/received_bytes_count", "By"),
     "network_sent": _tpu("network/sent_bytes_count", "By"),
-    # What the goodput library's GoodputMonitor uploads (the goodput-report branch's job
-    # records it): labels goodput_source / badput_source, accelerator_type.
+    # What the goodput library's GoodputMonitor uploads (a `goodputRecording` job starts
+    # it: training/tpu_training/goodput_recording.py): labels goodput_source /
+    # badput_source, accelerator_type.
     "goodput_time": _workload("goodput_time", "s"),
     "badput_time": _workload("badput_time", "s"),
     "disruptions": _workload("disruptions", "1"),
@@ -103,6 +114,13 @@ HUNG_LINES = ("no progress for", "hung job stopped")
 # "spend <usd> ..." (spend.decide), the meter's figure charted per team.
 BUDGET_LINE = "budget"
 SPEND_PATTERN = r"spend ([0-9]+\.?[0-9]*)"
+# The controller's lines (functions/controller/main.py, one JSON object a line on stdout,
+# as the budget-stop function's `log`): one per run, `{"message": "controller run", ...}`,
+# and, each run, per team with a budget, the budget line above with the same `team`,
+# `act` and `reason` (ops/controller/spend_lines.py), `"source": "controller"`.
+# tests/controller/test_controller_lines.py checks the function writes them.
+CONTROLLER_RUN_LINE = "controller run"
+CONTROLLER_SOURCE = "controller"
 
 
 @dataclass(frozen=True)
@@ -132,16 +150,22 @@ BUDGET_RUNOUT = LogMetric(
     "budget-runout",
     f'resource.type="{CLOUD_RUN_REVISION}" jsonPayload.message="{BUDGET_LINE}" '
     f"jsonPayload.act=true",
-    "tpu-stack budget-stop function: a team's spend reached its budget or reaches it "
-    "within budgetHorizonHours at the meter's burn rate",
+    "tpu-stack budget-stop function or controller: a team's spend reached its budget or "
+    "reaches it within budgetHorizonHours at the meter's burn rate",
     CLOUD_RUN_REVISION, {"team": "EXTRACT(jsonPayload.team)"})
 SPEND = LogMetric(
     "team-spend",
     f'resource.type="{CLOUD_RUN_REVISION}" jsonPayload.message="{BUDGET_LINE}"',
-    "tpu-stack budget-stop function: a team's month-to-date spend (USD, the larger of "
-    "the reported cost and the meter) at each budget notification",
+    "tpu-stack budget-stop function or controller: a team's month-to-date spend (USD, the "
+    "larger of the reported cost and the meter) at each notification or controller run",
     CLOUD_RUN_REVISION, {"team": "EXTRACT(jsonPayload.team)"},
     value_extractor=f'REGEXP_EXTRACT(jsonPayload.reason, "{SPEND_PATTERN}")')
+
+CONTROLLER_RUNS = LogMetric(
+    "controller-runs",
+    f'resource.type="{CLOUD_RUN_REVISION}" jsonPayload.message="{CONTROLLER_RUN_LINE}"',
+    "tpu-stack controller: one per run (Cloud Scheduler calls it every interval)",
+    CLOUD_RUN_REVISION)
 
 
 def user_metric(metric_id: str, resource: str) -> Metric:
@@ -224,9 +248,10 @@ def hung_chart(metric_id: str) -> Chart:
 
 
 def spend_chart(metric_id: str) -> Chart:
-    """Spend per team: the budget-stop function's meter figure at each notification.
-    Only teams with `budgetAction: stop` have a function, so only theirs are charted."""
-    return Chart("Month-to-date spend (USD) per team, budget-stop teams",
+    """Spend per team: the meter's figure on each budget line (the budget-stop function's
+    at a notification, the controller's each run): teams with budget lines only
+    (components/monitoring.py budget_line_teams)."""
+    return Chart("Month-to-date spend (USD) per team with a budget",
                  user_metric(metric_id, SPEND.resource), aligner="ALIGN_PERCENTILE_99",
                  reducer="REDUCE_MAX", group_by=('metric.label."team"',), y_label="USD")
 
@@ -294,16 +319,34 @@ def _tile(index: int, chart: Chart, scope: Scope | None) -> dict[str, Any]:
     }
 
 
-def dashboard(display_name: str, charts: list[Chart], scope: Scope | None = None) -> dict[str, Any]:
+# A dashboard filter on the TPU workers' node_id (Dashboard API DashboardFilter: no
+# templateVariable, so it applies to every widget whose resource has the label), which
+# `tpuctl status` sets per node in the console link (model/naming.py dashboard_url), as
+# google/cloud-tpu-monitoring-debugging's GCE dashboard filters on worker_id
+# (gcp_resources/gce/resources/dashboard/monitoring_dashboard/dashboard_json/main.json).
+NODE_FILTER = {"labelKey": "node_id", "filterType": "RESOURCE_LABEL"}
+
+
+def dashboard_name(project: str, dashboard_id: str) -> str:
+    """The Dashboard API's resource name, `projects/<p>/dashboards/<id>`."""
+    return f"projects/{project}/dashboards/{dashboard_id}"
+
+
+def dashboard(display_name: str, charts: list[Chart], scope: Scope | None = None,
+              name: str | None = None) -> dict[str, Any]:
     """A Dashboard API message (monitoring.dashboard.v1.Dashboard, JSON): one tile per
-    chart in a two-column mosaic, every TPU filter narrowed by `scope`."""
-    return {"displayName": display_name, "mosaicLayout": {
-        "columns": COLUMNS, "tiles": [_tile(i, c, scope) for i, c in enumerate(charts)]}}
+    chart in a two-column mosaic, every TPU filter narrowed by `scope`; `name` fixes its
+    id (dashboard_name), so its console link is known offline."""
+    message: dict[str, Any] = {
+        "displayName": display_name, "dashboardFilters": [NODE_FILTER],
+        "mosaicLayout": {"columns": COLUMNS,
+                         "tiles": [_tile(i, c, scope) for i, c in enumerate(charts)]}}
+    return message if name is None else {"name": name, **message}
 
 
 def dashboard_json(display_name: str, charts: list[Chart],
-                   scope: Scope | None = None) -> str:
-    return json.dumps(dashboard(display_name, charts, scope), sort_keys=True)
+                   scope: Scope | None = None, name: str | None = None) -> str:
+    return json.dumps(dashboard(display_name, charts, scope, name), sort_keys=True)
 
 
 def tile_filters(message: dict[str, Any]) -> list[str]:
@@ -370,6 +413,30 @@ def budget_condition(metric_id: str, team_label: str, horizon_hours: float) -> C
                      f'{metric_filter(user_metric(metric_id, BUDGET_RUNOUT.resource))} '
                      f'metric.label."team"="{team_label}"',
                      "COMPARISON_GT", 0, 0, "ALIGN_SUM", "REDUCE_SUM")
+
+
+@dataclass(frozen=True)
+class Absence:
+    """One metric-absence condition (AlertPolicy.conditions[].conditionAbsent)."""
+
+    display_name: str
+    filter: str
+    duration_seconds: int
+
+
+# MetricAbsence.duration: "only values that are a multiple of a minute--e.g. 60s, 120s,
+# or 300s--are supported" (pulumi-gcp monitoring/_inputs.py
+# AlertPolicyConditionConditionAbsentArgs.duration, from the API's reference); an upper
+# bound is not in a stored source. The controller's intervals are whole minutes (1m-1h).
+ABSENT_INTERVALS = 3
+
+
+def controller_absent_condition(metric_id: str, interval_seconds: int) -> Absence:
+    """No controller run line for three intervals: Cloud Scheduler or the function stopped
+    (`tpuctl status` warns at the same age: ops/controller/run.py last_run_lines)."""
+    seconds = ABSENT_INTERVALS * interval_seconds
+    return Absence(f"The controller has not run for {seconds // 60} min",
+                   metric_filter(user_metric(metric_id, CONTROLLER_RUNS.resource)), seconds)
 
 
 def condition_filters(conditions: list[Condition]) -> list[str]:

@@ -99,6 +99,24 @@ class Naming:
         v2/rest/v2/projects.metrics, LogMetric.name)."""
         return fit(self._base(logical, team), _LOG_METRIC_MAX)
 
+    # ---- Cloud Monitoring dashboards (issue 46): ids fixed here, so `tpuctl status` knows
+    # each dashboard's console link offline. The Dashboard API takes the id in the
+    # dashboard's `name` (projects/<p>/dashboards/<id>; its CreateDashboardRequest.parent
+    # "must match the dashboard resource name": google-cloud-monitoring-dashboards 2.22,
+    # types/dashboards_service.py). The ids' character rule is not in a stored source:
+    # RFC 1035 (lowercase letters, digits, dashes, at most 63) is assumed to be accepted.
+
+    def dashboard_id(self, team: str | None = None) -> str:
+        """A team's dashboard in its own project, `tpu-stack-team-<team>` (one per team
+        project, whichever stack declares its nodes), or the stack's dashboard in its
+        own project, `tpu-stack-<stack>` (a platform's fleet, a standalone stack's own)."""
+        scope = f"team-{team}" if team else self.stack
+        return fit(_rfc1035(_slug(f"{PROJECT_NAME}-{scope}")), _RFC1035_MAX)
+
+    def own_dashboard_id(self) -> str:
+        """A platform's dashboard of its own nodes (beside its fleet's), with own alerts."""
+        return fit(_rfc1035(_slug(f"{PROJECT_NAME}-{self.stack}-own")), _RFC1035_MAX)
+
     def node_prefix(self, team: str | None = None) -> str:
         """What every node id of `team` (None: the stack's own) starts with."""
         return self._base("", team) + "-"
@@ -180,3 +198,14 @@ def candidate_request(queued_id: str, position: int) -> str:
     if position <= 1:
         return queued_id
     return fit(_rfc1035(f"{queued_id}-c{position}"), _RFC1035_MAX)
+
+
+CONSOLE = "https://console.cloud.google.com"
+
+
+def dashboard_url(project: str, dashboard_id: str, node_id: str | None = None) -> str:
+    """The Cloud Console page of a dashboard; with `node_id`, its `node_id` dashboard
+    filter set to the node (`f.rlabel.<label>=<value>`: the form seen in
+    chainguard-dev/terraform-infra-common PR #168, not in a Google page: unconfirmed)."""
+    url = f"{CONSOLE}/monitoring/dashboards/builder/{dashboard_id}?project={project}"
+    return url if node_id is None else f"{url}&f.rlabel.node_id={node_id}"

@@ -195,6 +195,7 @@ def _status_now(api: TpuApi, target: StackTarget, team: str | None = None, wide:
     table = status_views.status_table(target, nodes, queued.items, unread=unread, wide=wide)
     lines = [status_views.summary_line(s)
              for s in node_status.team_summaries(target, nodes, unread)]
+    lines += status_views.dashboard_lines(target, wide)  # issue 46: the console links
     if team is not None:  # the team's money: spend by the meter, burn, its budget
         now = datetime.now(timezone.utc)
         lines.append(status_views.spend_line(node_status.spend_of(target, team, nodes, now),

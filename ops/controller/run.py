@@ -18,6 +18,7 @@ from model.manifest import Manifest
 from ops.controller import plan as planner
 from ops.controller.agents import needs_status, read_agents
 from ops.controller.apply import Applier, Outcome
+from ops.controller.spend_lines import budget_lines  # issue 46
 from ops.controller.store import Store, run_id
 from ops.tpu.api import NodeStatus, QueuedStatus, TpuApi, parent
 
@@ -103,6 +104,7 @@ def run_once(store: Store, api: TpuApi, *, apply: bool = True,
     inputs = planner.Inputs(manifests, read.actual, started,
                             held_teams(markers, manifests, started), moves, agents or {})
     steps = planner.plan(inputs)
+    record["budgets"] = budget_lines(manifests, read.actual, places(manifests), started)
     outcomes: list[Outcome] = []
     if lease is not None:
         expected = {(m.target.stack, n.node_id): n for m in manifests for n in m.target.nodes}

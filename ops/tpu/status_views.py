@@ -18,7 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from model import meter
-from model.fleet import StackTarget
+from model.fleet import ExpectedNode, StackTarget
+from model.naming import Naming, dashboard_url
 from node_agent.common import parse_utc
 from ops.tpu.api import NodeStatus, QueuedStatus, Unread
 from ops.tpu.status import (
@@ -310,3 +311,29 @@ def spend_line(summary: meter.TeamSpend, lost: float | None, now: datetime) -> T
         parts.append(f"unpriced: {', '.join(summary.unpriced)}")
     style = "red" if left == 0 else ""
     return Text(f"team {summary.team} spend: " + "; ".join(parts), style=style)
+
+
+def dashboard_of(target: StackTarget, node: ExpectedNode) -> tuple[str, str]:
+    """(project, dashboard id) of the dashboard that charts `node` (components/
+    monitoring.py): a node in a team's own project, that team's dashboard there; a node
+    in the stack's project, the stack's (a platform's fleet, a standalone stack's own)."""
+    naming = Naming(target.project, target.stack)
+    if node.project and node.project != target.project:
+        return node.project, naming.dashboard_id(node.team)
+    return target.project, naming.dashboard_id()
+
+
+def dashboard_lines(target: StackTarget, wide: bool = False) -> list[Text]:
+    """`team nlp dashboard: <console link>` per team; with `wide`, one line per node,
+    its link with the dashboard's node_id filter set to it."""
+    lines: list[Text] = []
+    for team in sorted({node.team for node in target.nodes}):
+        nodes = [node for node in target.nodes if node.team == team]
+        boards = sorted({dashboard_of(target, node) for node in nodes})
+        lines += [Text(f"team {team} dashboard: {dashboard_url(*board)}") for board in boards]
+        if wide:
+            lines += [Text(f"  {node.node_id}: "
+                           f"{dashboard_url(*dashboard_of(target, node), node.node_id)}")
+                      for node in nodes]
+    return lines
+

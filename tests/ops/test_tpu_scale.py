@@ -385,9 +385,12 @@ def test_status_of_one_team_reads_only_its_project(
     assert {n for n in (node_id(t, z) for t in TEAMS for z in ZONES) if n in out} == {
         node_id("vision", zone) for zone in ZONES}
     team_lines = [line for line in out.splitlines() if line.startswith("team ")]
-    assert [line for line in team_lines if " spend: " not in line] == [
+    assert [line for line in team_lines if " spend: " not in line
+            and " dashboard: " not in line] == [
         "team vision: 3 nodes (READY 3); chips 24 of cap 16 OVER CAP (v5e spot 24/16); "
         "goodput -"]
+    assert [line.split(": ", 1)[0] for line in team_lines if " dashboard: " in line] == [
+        "team vision dashboard"]  # its link: tests/infra/test_dashboard_links.py
     assert [line.split(":")[0] for line in team_lines if " spend: " in line] == [
         "team vision spend"]  # its figures: tests/infra/test_meter.py
     assert all(platform[team].calls == [] for team in TEAMS if team != "vision")

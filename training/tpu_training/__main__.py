@@ -130,6 +130,8 @@ def _run(args: argparse.Namespace, stop: StopFlag) -> int:
     announce_start(stop)
     config = JobConfig.from_dict(_load_json(args.config), resolved=True)
     goodput_recording.start_recording(config, goodput)  # Google's goodput, if asked for
+    # Its uploaders are processes forked here, before TensorFlow loads and starts threads.
+    monitor = goodput_recording.start_monitoring(config)  # and its upload to Monitoring
     from tpu_training import strategy, train  # TensorFlow loads here, not for --help
     from tpu_training.tf_env import tf
 
@@ -143,6 +145,9 @@ def _run(args: argparse.Namespace, stop: StopFlag) -> int:
         # TF's GCS filesystem answers a 5xx (after its own retries) as UNAVAILABLE
         # (tsl/platform/cloud/curl_http_request.cc, CurlHttpRequest::Send).
         raise exits.UnavailableError(f"storage unavailable: {error.message}") from error
+    finally:
+        # The last upload (at most 10 s an uploader), not on a stop: the notice is the save's.
+        goodput_recording.stop_monitoring(monitor, final=not stop.requested)
     if result.outcome is train.Outcome.STOPPED:
         return exits.EXIT_STOPPED
     return exits.EXIT_FINISHED

@@ -39,6 +39,14 @@ After training ends (its last save, and the export, written) the step reached is
 recorded as started: a restart records it again, which is how the library sees a
 disruption.
 
+`start_monitoring` then starts the library's `GoodputMonitor` on the same job and log:
+its own processes read the events back every UPLOAD_INTERVAL_SECONDS and upload the job's
+goodput, badput by type and step-time deviation to Cloud Monitoring
+(`compute.googleapis.com/workload/*` on resource `compute.googleapis.com/Workload`,
+`workload_id` = the job name: what model/monitoring.py's goodput tiles and alert read)
+and to TensorBoard (`<tensorboardDir>/goodput`, else a local temporary directory); the
+job stops them at its end, after a final upload (bounded by FINAL_FLUSH_SECONDS).
+
 Optional at run time: without the library, or without Cloud Logging credentials, one
 line on stderr and the job goes on; a write that fails later is the library's
 background thread's to report (google-cloud-logging's BackgroundThreadTransport), and a
@@ -48,6 +56,7 @@ recorder call that raises turns recording off with one line, never failing the j
 from __future__ import annotations
 
 import datetime
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,6 +71,11 @@ CHECKPOINT_SAVE_EVENT = "checkpoint_save"  # the custom badput type of a blockin
 # Shorter save blocks (a look at the checkpoint state after every execution) are not
 # worth two log entries each.
 MIN_SAVE_EVENT_SECONDS = 0.001
+# The monitor's upload period: Cloud Monitoring's dashboards here align on 60 s
+# (model/monitoring.py); the final upload at the job's end waits at most this long
+# (GoodputMonitor final_flush_timeout_seconds), then the job exits anyway.
+UPLOAD_INTERVAL_SECONDS = 60
+FINAL_FLUSH_SECONDS = 10.0
 
 
 def job_name(config: JobConfig) -> str:
@@ -99,6 +113,58 @@ def start_recording(config: JobConfig, goodput: Goodput, *, cloud_logger: Any = 
     goodput.observe(LibraryRecording(recorder, note=note))
     note(f"goodput recording on: job_name={name} log={logger_name(name)}")
     return True
+
+
+def start_monitoring(config: JobConfig, *, gcp_options: Any = None,
+                     note: Callable[[str], None] = output.tell) -> Any | None:
+    """With `goodputRecording: true`, the library's GoodputMonitor uploading the job's
+    goodput (ml_goodput_measurement/src/monitoring.py: GoodputMonitor(job_name,
+    logger_name, tensorboard_dir, upload_interval, monitoring_enabled, ...,
+    gcp_options), start_goodput_uploader, start_step_deviation_uploader). `gcp_options`:
+    the library's GCPOptions (default: project and zone from the metadata server). None,
+    with one line, when off or when no upload is possible (no library, no client: no
+    credentials, no project); never raises. A write refused later (no
+    monitoring.metricWriter) is the library's worker's to log."""
+    if not config.goodputRecording:
+        return None
+    try:
+        from ml_goodput_measurement.src import monitoring as library
+    except Exception as error:
+        note(f"goodput monitoring off: {LIBRARY} is not importable ({_short(error)})")
+        return None
+    name, options = job_name(config), gcp_options
+    try:
+        options = options or library.GCPOptions()
+        monitor = library.GoodputMonitor(
+            name, logger_name(name), config.tensorboardDir or tempfile.mkdtemp(
+                prefix="goodput-"), UPLOAD_INTERVAL_SECONDS, monitoring_enabled=True,
+            include_badput_breakdown=True, include_step_deviation=True, gcp_options=options,
+            final_flush_timeout_seconds=FINAL_FLUSH_SECONDS)
+        if not options.enable_gcp_goodput_metrics:  # the library found no project or zone
+            note("goodput monitoring off: no project or zone (the metadata server's) to "
+                 "upload to Cloud Monitoring")
+            return None
+        monitor.start_goodput_uploader()
+        monitor.start_step_deviation_uploader()
+    except Exception as error:  # no credentials: the Logging or Monitoring client
+        note(f"goodput monitoring off: {_short(error)}")
+        return None
+    note(f"goodput monitoring on: job_name={name}, Cloud Monitoring project "
+         f"{options.project_id}, every {UPLOAD_INTERVAL_SECONDS} s")
+    return monitor
+
+
+def stop_monitoring(monitor: Any | None, final: bool = True,
+                    note: Callable[[str], None] = output.tell) -> None:
+    """The monitor's processes' end, after a last upload if `final` (a stopped job skips
+    it: its notice is for the save, and the next run uploads); never raises."""
+    if monitor is None:
+        return
+    try:
+        monitor.stop_goodput_uploader(skip_final_flush=not final)
+        monitor.stop_step_deviation_uploader(skip_final_flush=not final)
+    except Exception as error:
+        note(f"goodput monitoring: stopping failed ({_short(error)})")
 
 
 class LibraryRecording:
