@@ -3,7 +3,6 @@ pulumi-gcp invokes, run at preview and at up."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
@@ -30,25 +29,15 @@ def read_janitor_markers(bucket: str) -> list[str]:
 
 def team_stack_hold(settings: Any, now: datetime) -> BudgetHold | None:
     """A team stack's hold, as its platform recorded it (issue 43): the platform's
-    outputs object for the team (model/team_state.py outputs_object, in
-    `platformOutputsBucket`) carries `teams.<team>.budgetHold` while a budget stop holds
-    the team (components/platform.py `_team_outputs`); read synchronously here
-    (gcp.storage.get_bucket_object_content, the invoke PlatformReference reads it with)
-    so the nodes are left out of the program, as the platform leaves its held nodes out.
-    None on Pulumi Cloud (a StackReference: not read here), without an object, without a
-    hold, or past the hold's end."""
-    from model import team_state
+    outputs object for the team (components/team_stack.py read_outputs_object) carries
+    `teams.<team>.budgetHold` while a budget stop holds the team (components/platform.py
+    `_team_outputs`), so the nodes are left out of the program, as the platform leaves
+    its held nodes out. None without an object, without a hold, or past the hold's end."""
+    from components.team_stack import read_outputs_object
 
-    if not settings.platform_outputs_bucket:
-        return None
-    platform = (settings.platform_stack or "").rsplit("/", 1)[-1]
-    found = gcp.storage.get_bucket_object_content(
-        bucket=settings.platform_outputs_bucket,
-        name=team_state.outputs_object(platform, settings.team))
     try:
-        view = json.loads(found.content or "{}")
-        hold = view["teams"][settings.team].get("budgetHold")
-    except (ValueError, KeyError, TypeError, AttributeError):
+        hold = read_outputs_object(settings)["teams"][settings.team].get("budgetHold")
+    except (KeyError, TypeError, AttributeError):
         return None
     if not hold:
         return None

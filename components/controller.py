@@ -46,6 +46,7 @@ from model.manifest import (
     status_buckets,
     team_manifest_refs,
 )
+from model.meter import team_budgets
 from model.naming import Naming
 from model.roles import CONTROLLER_OBJECTS_ROLE, CONTROLLER_ROLE
 from model.settings.schema import StackSettings
@@ -261,10 +262,9 @@ def declare_for(platform: pulumi.ComponentResource, opts: pulumi.ResourceOptions
     budget_teams = tuple(BudgetTeam(team, naming.team_project(team), zones)
                          for team in sorted(settings.teams)
                          if settings.teams[team].budget_action == "stop")
-    budgets = tuple(TeamBudget(team, settings.node_project(team), spec.budget_usd_per_month,
-                               spec.budget_horizon_hours)  # issue 46: spend_lines.py
-                    for team, spec in sorted(settings.teams.items())
-                    if spec.budget_usd_per_month is not None)
+    budgets = tuple(TeamBudget(team, settings.node_project(team), amount,
+                               settings.teams[team].budget_horizon_hours)  # spend_lines.py
+                    for team, amount in sorted(team_budgets(settings).items()))
     text = manifest_json(target_for(settings), budget_teams=budget_teams,
                          status_buckets=status_buckets(settings),
                          team_manifests=team_manifest_refs(settings), budgets=budgets)

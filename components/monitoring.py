@@ -22,6 +22,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components.controller import INTERVAL_SECONDS
+from model import meter
 from model import monitoring as m
 from model.naming import label_value
 from model.settings.rules.alerts import idle_minutes
@@ -71,7 +72,9 @@ class StackMonitoring(pulumi.ComponentResource):
         if s.teams:
             self._fleet()
         own = s.alerts if s.alerts is not None and s.alerts.has_channel else None
-        if not s.teams or own is not None:  # a platform's own nodes: with their alerts only
+        # A platform's own nodes (none: the teams' are under teams.<t>.nodes): with their
+        # alerts only.
+        if not s.teams or (own is not None and s.nodes):
             scope = (m.project_scope(s.gcp_project) if s.teams
                      else m.node_scope(s.naming.node_prefix()))
             board = s.naming.own_dashboard_id() if s.teams else s.naming.dashboard_id()
@@ -176,7 +179,8 @@ class StackMonitoring(pulumi.ComponentResource):
         metric_id = s.naming.log_metric(m.CONTROLLER_RUNS.logical)
         metric = self._log_metric("controller-runs", m.CONTROLLER_RUNS, metric_id,
                                   args.host_project_id, opts)
-        own = self.channels.get("stack")
+        own = self.channels.get("stack") or self._channel(
+            "stack", s.team, args.host_project_id, s.alerts, opts)
         channels = [own] if own is not None else [
             channel for team in sorted(s.teams)
             if (channel := self._host_channel(team, opts)) is not None]
@@ -281,9 +285,9 @@ def budget_line_teams(settings: StackSettings) -> list[str]:
     at each notification) and, with the controller, every team with a budget (each run:
     ops/controller/spend_lines.py)."""
     controller = settings.controller is not None and settings.controller.enabled
+    budgeted = meter.team_budgets(settings) if controller else {}
     return sorted(team for team, spec in settings.teams.items()
-                  if spec.budget_action == "stop"
-                  or (controller and spec.budget_usd_per_month is not None))
+                  if spec.budget_action == "stop" or team in budgeted)
 
 
 def _absent(condition: m.Absence) -> gcp.monitoring.AlertPolicyConditionConditionAbsentArgs:

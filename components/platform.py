@@ -48,7 +48,7 @@ from components.teams import (
     budgets_provider,
 )
 from components.tpu_node import NodeLocations, TpuNode, TpuNodeArgs
-from model import catalog, cost, function_accounts, subnets, team_state
+from model import catalog, cost, function_accounts, meter, subnets, team_state
 from model.bootstrap import granted_in_host_project
 from model.budget_hold import BudgetHold, budget_hold, janitor_held, settings_digest
 from model.naming import label_value
@@ -347,10 +347,7 @@ class TpuPlatform(pulumi.ComponentResource):
         if not account:
             return None
         billing = settings.billing or BillingSettings(account=account)
-        spec = settings.teams[team]
-        usd_per_month = spec.budget_usd_per_month
-        if usd_per_month is None and spec.quota.usd_per_hour is not None:
-            usd_per_month = spec.quota.usd_per_hour * catalog.HOURS_PER_MONTH
+        usd_per_month = meter.team_budget_usd(settings.teams[team])
         return TeamBudget(account, usd_per_month, billing.alert_thresholds,
                           pubsub_topic=stopper.topic_path if stopper else None)
 

@@ -20,11 +20,10 @@ read: nothing is declared, and the controller reports the manifest missing.
 
 from __future__ import annotations
 
-import json
-
 import pulumi
 import pulumi_gcp as gcp
 
+from components.team_stack import read_outputs_object
 from components.teams import TeamSpace
 from model import team_state
 from model.fleet import target_for
@@ -39,15 +38,9 @@ STATUS_PREFIX = "status/"  # components/platform.py: <logs bucket>/status/<node 
 def platform_controller(settings: StackSettings) -> str | None:
     """The email of the platform's controller account, as its outputs object for this
     team says; None without one (no controller, Pulumi Cloud, no object yet)."""
-    if not settings.platform_outputs_bucket:
-        return None
-    platform = (settings.platform_stack or "").rsplit("/", 1)[-1]
-    found = gcp.storage.get_bucket_object_content(
-        bucket=settings.platform_outputs_bucket,
-        name=team_state.outputs_object(platform, settings.team))
     try:
-        email = json.loads(found.content or "{}")["controller"]["serviceAccount"]
-    except (ValueError, KeyError, TypeError):
+        email = read_outputs_object(settings)["controller"]["serviceAccount"]
+    except (KeyError, TypeError):
         return None
     return email if isinstance(email, str) and email else None
 

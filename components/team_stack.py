@@ -147,3 +147,22 @@ def refusal(ref: str, problems: list[tuple[str, str]]) -> str:
     count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
     return (f"the platform stack {ref} does not serve this team stack ({count}; "
             f"{TEAMS_KEY} keys are {ref}'s config):\n{lines}")
+
+
+def read_outputs_object(settings: StackSettings) -> dict[str, Any]:
+    """The platform's outputs object for this team stack's team, read synchronously at
+    program time (gcp.storage.get_bucket_object_content, the invoke the platform
+    reference reads it with): what the nodes' hold and the manifest's grant depend on
+    before any Output resolves. Empty on Pulumi Cloud (a StackReference: not read here),
+    without an object, or when it is not JSON."""
+    if not settings.platform_outputs_bucket:
+        return {}
+    platform = (settings.platform_stack or "").rsplit("/", 1)[-1]
+    found = gcp.storage.get_bucket_object_content(
+        bucket=settings.platform_outputs_bucket,
+        name=team_state.outputs_object(platform, settings.team))
+    try:
+        view = json.loads(found.content or "{}")
+    except ValueError:
+        return {}
+    return view if isinstance(view, dict) else {}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from model import catalog, spend
-from model.settings.schema import NodeSettings, StackSettings
+from model.settings.schema import NodeSettings, StackSettings, TeamSettings
 
 # Cloud Billing budgets' calendar periods begin "at 12 AM US and Canadian Pacific Time
 # (UTC-8)" (Cloud Billing Budget API, google.cloud.billing.budgets.v1 Filter): a month's
@@ -31,6 +31,23 @@ def month_start(now: datetime) -> datetime:
     if start > now:  # before 08:00 on the 1st: still last month
         start = (start - timedelta(days=1)).replace(day=1)
     return start
+
+
+def team_budget_usd(spec: TeamSettings) -> float | None:
+    """A team's monthly budget as the platform declares it (components/platform.py
+    _budget): its own figure, else its hourly ceiling for a month; None when neither is
+    given (then the budget follows last month's spend, which nothing here knows)."""
+    if spec.budget_usd_per_month is not None:
+        return spec.budget_usd_per_month
+    if spec.quota.usd_per_hour is not None:
+        return spec.quota.usd_per_hour * catalog.HOURS_PER_MONTH
+    return None
+
+
+def team_budgets(settings: StackSettings) -> dict[str, float]:
+    """Every team with a monthly budget figure (team_budget_usd), by team."""
+    return {team: amount for team, spec in settings.teams.items()
+            if (amount := team_budget_usd(spec)) is not None}
 
 
 def node_hourly_usd(node: NodeSettings) -> float | None:

@@ -109,11 +109,16 @@ def test_each_team_has_idle_hung_goodput_and_budget_alerts_routed_to_its_channel
     run = runs["platform"]
     channels = {r.urn: r.inputs for r in run.of_type(CHANNEL)}
     assert {c["labels"]["email_address"] for c in channels.values()} == {
-        "ml-nlp@acme.example", "ml-vision@acme.example"}
-    policies = run.of_type(POLICY)
+        "ml-nlp@acme.example", "ml-vision@acme.example", "ml-platform@acme.example"}
+    every = run.of_type(POLICY)
+    # The shipped platform runs the controller: every team with a budget gets a runout
+    # alert (vision's is its hourly ceiling for a month), and the stack one for the
+    # controller itself (tests/infra/test_monitoring_controller.py).
+    policies = [p for p in every if p.name != "controller-not-running"]
+    assert len(every) == len(policies) + 1
     assert sorted(p.name for p in policies) == [
         "nlp-budget-runout", "nlp-goodput", "nlp-job-hung", "nlp-tpu-idle",
-        "vision-goodput", "vision-job-hung", "vision-tpu-idle"]
+        "vision-budget-runout", "vision-goodput", "vision-job-hung", "vision-tpu-idle"]
     for policy in policies:
         # One channel (its name is known once created: the plan shows the dependency),
         # the team's own address, in the policy's own project.
@@ -147,7 +152,9 @@ def test_thresholds_and_windows_come_from_settings(runs) -> None:
     assert 'metric.label."team"="nlp"' in budget["filter"]
     assert policies["nlp-budget-runout"]["conditions"][0]["displayName"] == \
         "Budget runs out within 24 h"
-    for policy in policies.values():  # every alert filter names a documented metric
+    for policy in (p for name, p in policies.items() if name != "controller-not-running"):
+        # every threshold alert's filter names a documented metric (the controller's
+        # absence condition: tests/infra/test_monitoring_controller.py)
         for text in (threshold(policy)["filter"], threshold(policy).get("denominatorFilter")):
             metric_type, resource = m.filter_types(text or 'metric.type="x"')
             known = m.documented(metric_type or "")
@@ -159,7 +166,8 @@ def test_log_metrics_count_what_the_agent_and_the_budget_function_write(runs) ->
     metrics = by_name(runs["platform"], LOG_METRIC)
     assert {(i["project"], i["name"]) for i in metrics.values()} == {
         (NLP, "platform-job-hung"), (VISION, "platform-job-hung"),
-        (HOST, "platform-budget-runout"), (HOST, "platform-team-spend")}
+        (HOST, "platform-budget-runout"), (HOST, "platform-team-spend"),
+        (HOST, "platform-controller-runs")}  # the shipped platform runs the controller
     agent = "\n".join(p.read_text() for p in (REPO_ROOT / "node_agent").glob("*.py"))
     assert f'print(f"{m.AGENT_PREFIX}{{message}}"' in agent  # common.log's prefix
     for line in m.HUNG_LINES:  # the agent still writes each line the metric counts
@@ -245,15 +253,21 @@ def test_tiles_fill_the_mosaic_without_overlapping() -> None:
     assert [t["widget"]["title"] for t in tiles] == [c.title for c in charts]
 
 
-def test_a_platform_s_own_alerts_watch_its_own_project_only() -> None:
-    config = {**platform_config(), "tpu-stack:alerts": json.dumps({"email": "ops@acme.example"})}
-    run = run_program(config, "platform")
-    own = {name: i for name, i in policies_of(run).items() if name.startswith("stack-")}
-    assert sorted(own) == ["stack-goodput", "stack-job-hung", "stack-tpu-idle"]
-    scoped = f'resource.label."project_id"="{HOST}"'
-    assert scoped in threshold(own["stack-tpu-idle"])["filter"]
-    assert scoped in threshold(own["stack-goodput"])["denominatorFilter"]
-    assert by_name(run, DASHBOARD)["stack-dashboard"]["project"] == HOST
+def test_a_platform_s_own_alerts_watch_no_nodes_it_has_not_and_route_its_controller(
+        runs) -> None:
+    """The shipped platform sets `tpu-stack:alerts` and declares no node of its own (its
+    teams' are under teams.<t>.nodes): no idle, hung or goodput policy watches an empty
+    project; its channel gets the controller's policy alone, so a team added or removed
+    never touches it."""
+    run = runs["platform"]
+    policies = policies_of(run)
+    assert not [name for name in policies if name.startswith("stack-")]
+    assert "stack-dashboard" not in by_name(run, DASHBOARD)
+    channels = {r.urn: r.inputs for r in run.of_type(CHANNEL)}
+    [controller] = [p for p in run.of_type(POLICY) if p.name == "controller-not-running"]
+    routed = [channels[urn] for urn in controller.dependencies if urn in channels]
+    assert [c["labels"]["email_address"] for c in routed] == ["ml-platform@acme.example"]
+    assert routed[0]["project"] == HOST
 
 
 def test_a_single_team_stack_s_scope_matches_its_node_ids() -> None:

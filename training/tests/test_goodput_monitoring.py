@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from fake_cloud_logging import FakeCloudLogging
 from ml_goodput_measurement.src import goodput as library
 from ml_goodput_measurement.src import monitoring as library_monitoring
-from ml_goodput_measurement.src.goodput_utils import get_timestamp_from_log_entry
 
 from tpu_training import goodput_recording
 from tpu_training.config import JobConfig
@@ -27,22 +27,12 @@ START = datetime.datetime(2026, 12, 6, 8, tzinfo=datetime.timezone.utc)
 STEPS = 10
 
 
-class Sink:
+class Sink(FakeCloudLogging):
     """Cloud Logging for one log, in memory (as the recording tests' fake)."""
 
     entries: ClassVar[list[dict]] = []  # one log for every instance, the forked ones too
 
-    def write_cloud_logging_entry(self, entry: dict) -> None:
-        self.entries.append(dict(entry))
-
-    def read_cloud_logging_entries(self, start_time=None, end_time=None, last_entry_info=None):
-        kept = [entry for entry in self.entries
-                if (start_time is None or get_timestamp_from_log_entry(entry) > start_time)
-                and (end_time is None or get_timestamp_from_log_entry(entry) <= end_time)]
-        last = get_timestamp_from_log_entry(kept[-1]) if kept else None
-        return kept, (last, str(len(self.entries)))
-
-    def flush(self) -> None:
+    def __init__(self) -> None:  # keeps the class's one log
         pass
 
 

@@ -11,8 +11,9 @@ import io
 import sys
 
 import pytest
+from fake_cloud_logging import FakeCloudLogging
 from ml_goodput_measurement.src import goodput as library
-from ml_goodput_measurement.src.goodput_utils import BadputType, get_timestamp_from_log_entry
+from ml_goodput_measurement.src.goodput_utils import BadputType
 
 from tpu_training import goodput_recording, train
 from tpu_training.config import JobConfig
@@ -26,26 +27,6 @@ from tpu_training.stopping import StopFlag
 # execution's step time, the job counts it all as start-up; the library's elapsed time
 # also holds the gaps between runs and ends at the job's end record.
 AGREEMENT_POINTS = 3.0
-
-
-class FakeCloudLogging:
-    """Cloud Logging for one log, in memory: what the recorder writes, the calculator reads."""
-
-    def __init__(self):
-        self.entries: list[dict] = []
-
-    def write_cloud_logging_entry(self, entry: dict) -> None:
-        self.entries.append(dict(entry))
-
-    def read_cloud_logging_entries(self, start_time=None, end_time=None, last_entry_info=None):
-        kept = [entry for entry in self.entries
-                if (start_time is None or get_timestamp_from_log_entry(entry) > start_time)
-                and (end_time is None or get_timestamp_from_log_entry(entry) <= end_time)]
-        last = get_timestamp_from_log_entry(kept[-1]) if kept else None
-        return kept, (last, str(len(self.entries)))
-
-    def flush(self) -> None:
-        pass
 
 
 class StopAt:
