@@ -22,7 +22,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components.controller import INTERVAL_SECONDS
-from model import meter
+from model import function_accounts, meter
 from model import monitoring as m
 from model.naming import label_value
 from model.settings.rules.alerts import idle_minutes
@@ -88,7 +88,7 @@ class StackMonitoring(pulumi.ComponentResource):
                                 m.project_scope(project, (m.TPU_WORKER,)),
                                 m.dashboard_name(project, s.naming.dashboard_id(team)),
                                 spec.alerts, spec.nodes, after))
-        if s.controller is not None and s.controller.enabled:
+        if function_accounts.controller_enabled(s):
             self._controller_alert()
         self.register_outputs({})
 
@@ -284,7 +284,7 @@ def budget_line_teams(settings: StackSettings) -> list[str]:
     """Teams whose budget lines are logged: `budgetAction: stop` (the budget-stop function
     at each notification) and, with the controller, every team with a budget (each run:
     ops/controller/spend_lines.py)."""
-    controller = settings.controller is not None and settings.controller.enabled
+    controller = function_accounts.controller_enabled(settings)
     budgeted = meter.team_budgets(settings) if controller else {}
     return sorted(team for team, spec in settings.teams.items()
                   if spec.budget_action == "stop" or team in budgeted)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from components.stack_config import StackFileError, settings_for
+from model import function_accounts
 from model.fleet import StackTarget
 from model.settings.schema import SettingsError
 from ops.controller.run import last_run_lines
@@ -22,7 +23,7 @@ def controller_enabled(stack: str) -> bool:
         settings = settings_for(stack)
     except (SettingsError, StackFileError, OSError):  # status still shows the nodes
         return False
-    return bool(settings.controller and settings.controller.enabled)
+    return function_accounts.controller_enabled(settings)
 
 
 def show_last_run(console: Console, target: StackTarget, now: datetime | None = None) -> None:
