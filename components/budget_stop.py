@@ -131,13 +131,8 @@ class BudgetStop(pulumi.ComponentResource):
             f"{t}budget-stop", name=args.naming.cloud_function("budget-stop", args.team),
             project=args.platform_project, location=REGION, labels=args.labels,
             description=f"Stops and deletes team {args.team}'s TPUs at its budget",
-            build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
-                runtime=RUNTIME, entry_point=ENTRY_POINT,
-                service_account=pulumi.Output.concat(
-                    "projects/", args.platform_project, "/serviceAccounts/", args.build_account),
-                source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
-                    storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
-                        bucket=source.bucket, object=source.name))),
+            build_config=build_config(ENTRY_POINT, args.platform_project, args.build_account,
+                                      source),
             service_config=gcp.cloudfunctionsv2.FunctionServiceConfigArgs(
                 service_account_email=args.runtime_account, timeout_seconds=TIMEOUT_SECONDS,
                 max_instance_count=1, available_memory="256M",
@@ -192,6 +187,20 @@ class BudgetStop(pulumi.ComponentResource):
                 "TPU_STACK_SAVE_GRACE_SECONDS": str(SAVE_GRACE_SECONDS),
                 "TPU_STACK_BUDGET_HORIZON_HOURS": f"{args.horizon_hours:g}",
                 "TPU_STACK_STOP_AT": "1"}
+
+
+def build_config(entry_point: str, project: pulumi.Input[str], build_account: str,
+                 source: gcp.storage.BucketObject
+                 ) -> gcp.cloudfunctionsv2.FunctionBuildConfigArgs:
+    """A function's build from its source object, built as its own build account (the
+    bootstrap's, model/function_accounts.py), never the Compute Engine default one."""
+    return gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
+        runtime=RUNTIME, entry_point=entry_point,
+        service_account=pulumi.Output.concat("projects/", project, "/serviceAccounts/",
+                                             build_account),
+        source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
+            storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
+                bucket=source.bucket, object=source.name)))
 
 
 def source_object(resource_name: str, kind: str, data: bytes, bucket: pulumi.Input[str],

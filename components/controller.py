@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_gcp as gcp
 
-from components.budget_stop import INVOKER_ROLE, REGION, RUNTIME, source_object
+from components.budget_stop import INVOKER_ROLE, REGION, build_config, source_object
 from model import catalog, function_accounts
 from model.archive import REPO_ROOT
 from model.bootstrap import controller_host_roles
@@ -48,7 +48,7 @@ from model.manifest import (
 )
 from model.meter import team_budgets
 from model.naming import Naming
-from model.roles import CONTROLLER_OBJECTS_ROLE, CONTROLLER_ROLE
+from model.roles import ACT_AS_ROLE, CONTROLLER_OBJECTS_ROLE, CONTROLLER_READ_ROLE, CONTROLLER_ROLE
 from model.settings.schema import StackSettings
 
 TYPE = "tpu-stack:index:Controller"
@@ -68,7 +68,6 @@ SOURCE_FILES = (
 # function needs (components/budget_stop.py APIS).
 APIS = ("cloudscheduler.googleapis.com", "cloudfunctions.googleapis.com",
         "cloudbuild.googleapis.com", "artifactregistry.googleapis.com", "run.googleapis.com")
-ACT_AS_ROLE = "roles/iam.serviceAccountUser"
 # A run takes seconds; an HTTP function may run up to 3600 s (cloud.google.com/functions/
 # docs/configuring/timeout): the lease's slot bounds a run anyway.
 TIMEOUT_SECONDS = 540
@@ -127,13 +126,7 @@ class Controller(pulumi.ComponentResource):
             "controller", name=args.naming.cloud_function("controller"), project=args.project,
             location=REGION, labels=args.labels,
             description="Places TPU requests on their candidates, enforces limits and budgets",
-            build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
-                runtime=RUNTIME, entry_point=ENTRY_POINT,
-                service_account=pulumi.Output.concat(
-                    "projects/", args.project, "/serviceAccounts/", args.build_account),
-                source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
-                    storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
-                        bucket=source.bucket, object=source.name))),
+            build_config=build_config(ENTRY_POINT, args.project, args.build_account, source),
             service_config=gcp.cloudfunctionsv2.FunctionServiceConfigArgs(
                 service_account_email=args.account, timeout_seconds=TIMEOUT_SECONDS,
                 # One instance: the lease makes a second useless anyway.
@@ -191,7 +184,7 @@ class Controller(pulumi.ComponentResource):
             # objects.list and get of the status objects (ops/tpu/logs.py published_jobs).
             grants.append(gcp.storage.BucketIAMMember(
                 f"controller-status-{name}", bucket=bucket, member=member,
-                role="roles/storage.objectViewer", opts=child))
+                role=CONTROLLER_READ_ROLE, opts=child))
         objects_role = pulumi.Output.concat("projects/", args.project, "/roles/",
                                             args.naming.custom_role_id(CONTROLLER_OBJECTS_ROLE))
         prefix = pulumi.Output.concat("projects/_/buckets/", args.bucket, "/objects/")

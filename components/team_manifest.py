@@ -28,10 +28,10 @@ from components.teams import TeamSpace
 from model import team_state
 from model.fleet import target_for
 from model.manifest import manifest_json, object_name, status_buckets
+from model.roles import CONTROLLER_READ_ROLE
 from model.settings.schema import StackSettings
 
 # objects.get and objects.list (cloud.google.com/storage/docs/access-control/iam-roles).
-READ_ROLE = "roles/storage.objectViewer"
 STATUS_PREFIX = "status/"  # components/platform.py: <logs bucket>/status/<node id>/
 
 
@@ -63,7 +63,7 @@ def declare_team_manifest(settings: StackSettings, space: TeamSpace,
     # IAM conditions see an object as projects/_/buckets/<b>/objects/<name>
     # (cloud.google.com/iam/docs/conditions-resource-attributes; model/team_state.py).
     gcp.storage.BucketIAMMember(
-        "controller-reads-manifest", bucket=artifacts, role=READ_ROLE, member=member,
+        "controller-reads-manifest", bucket=artifacts, role=CONTROLLER_READ_ROLE, member=member,
         condition=gcp.storage.BucketIAMMemberConditionArgs(
             title="the team stack's controller manifest",
             expression=artifacts.apply(
@@ -72,7 +72,7 @@ def declare_team_manifest(settings: StackSettings, space: TeamSpace,
     if buckets:
         logs = space.buckets.buckets["logs"].name
         gcp.storage.BucketIAMMember(
-            "controller-reads-status", bucket=logs, role=READ_ROLE, member=member,
+            "controller-reads-status", bucket=logs, role=CONTROLLER_READ_ROLE, member=member,
             condition=gcp.storage.BucketIAMMemberConditionArgs(
                 title="the agents' status objects",
                 # objects.list is checked on the bucket itself (components/controller.py).

@@ -254,6 +254,9 @@ CONTROLLER_PERMISSIONS = ("tpu.nodes.list", "tpu.nodes.get", "tpu.nodes.create",
                           "tpu.nodes.reset", "tpu.operations.get")
 # Read the manifests and markers, write the lease, moves and audit (an overwrite is a
 # delete too: cloud.google.com/storage/docs/access-control/iam-permissions).
+# What it reads in the stacks' own buckets: their manifests and their agents' status
+# objects (get and list; cloud.google.com/storage/docs/access-control/iam-roles).
+CONTROLLER_READ_ROLE = "roles/storage.objectViewer"
 CONTROLLER_OBJECT_PERMISSIONS = ("storage.objects.get", "storage.objects.list",
                                  "storage.objects.create", "storage.objects.delete")
 
