@@ -271,9 +271,7 @@ def standalone_identity(settings: StackSettings,
     model/bootstrap.py has a platform's admin make (custom_roles, function_account_grants),
     by the same names and permission lists."""
     made: list[pulumi.Resource] = []
-    for logical, display in ((function_accounts.CONTROLLER_ACCOUNT, "tpu-stack controller"),
-                             (function_accounts.CONTROLLER_BUILD_ACCOUNT,
-                              "tpu-stack controller build")):
+    for logical, display in function_accounts.CONTROLLER_ACCOUNTS:
         made.append(gcp.serviceaccount.Account(
             logical, account_id=settings.naming.account_id(logical), display_name=display,
             project=settings.gcp_project, opts=opts))

@@ -31,6 +31,9 @@ RUNTIME_ACCOUNT = "budget-stop"
 # enables it: it runs as the first and is built as the second, for the reasons above.
 CONTROLLER_ACCOUNT = "controller"
 CONTROLLER_BUILD_ACCOUNT = "controller-build"
+# (logical name, display name) of each: the bootstrap's and a standalone stack's plan's.
+CONTROLLER_ACCOUNTS = ((CONTROLLER_ACCOUNT, "tpu-stack controller"),
+                       (CONTROLLER_BUILD_ACCOUNT, "tpu-stack controller build"))
 
 
 def stop_teams(settings: StackSettings) -> list[str]:
@@ -84,7 +87,6 @@ def accounts(settings: StackSettings, teams: list[str] | None = None) -> list[tu
             for t in chosen for logical, what in ((RUNTIME_ACCOUNT, "tpu-stack budget stop"),
                                                   (BUILD_ACCOUNT, "tpu-stack budget stop build"))]
     if teams is None and controller_enabled(settings):
-        made += [(settings.naming.account_id(CONTROLLER_ACCOUNT), "tpu-stack controller"),
-                 (settings.naming.account_id(CONTROLLER_BUILD_ACCOUNT),
-                  "tpu-stack controller build")]
+        made += [(settings.naming.account_id(logical), display)
+                 for logical, display in CONTROLLER_ACCOUNTS]
     return made
